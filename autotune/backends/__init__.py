@@ -1,0 +1,1 @@
+"""Backends evaluate one EngineConfig on one workload and return a TrialResult."""

@@ -1,0 +1,56 @@
+"""The `autotune` command line: one subcommand per module in autotune/commands/.
+
+Each command module defines HELP (one line), add_arguments(parser) and run(args) -> exit code,
+and keeps heavy imports (optuna, ray...) inside run() so `autotune --help` stays fast.
+User errors (AutotuneError) print one line and exit 2; Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from autotune import __version__
+from autotune.errors import AutotuneError
+
+COMMANDS = {
+    "run": "autotune.commands.run",
+    "bench": "autotune.commands.bench",
+    "sim-server": "autotune.commands.sim_server",
+    "export": "autotune.commands.export",
+    "dashboard": "autotune.commands.dashboard",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="autotune", description="Find the best vLLM launch flags for a model, GPU, workload and SLO."
+    )
+    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(cmd)
+        cmd.set_defaults(handler=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `autotune` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except AutotuneError as exc:
+        print(f"autotune {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"autotune {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the `autotune` CLI (see autotune/cli.py for the convention)."""

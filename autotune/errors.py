@@ -1,0 +1,13 @@
+"""Errors a user can cause. The CLI prints their message as one line and exits non-zero."""
+
+
+class AutotuneError(Exception):
+    """A user-facing error (bad input, missing file, unknown model...). Its message is one line."""
+
+
+class EngineStartupError(Exception):
+    """The engine refused to start with this config; the message is vLLM's own (verbatim)."""
+
+    def __init__(self, message: str, kind: str = "invalid_config") -> None:
+        super().__init__(message)
+        self.kind = kind  # a FailureKind value, see autotune.backends.base

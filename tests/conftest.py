@@ -1,0 +1,36 @@
+"""Shared fixtures. Ray is started once per test session (each ray.init costs seconds and memory)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A real local Ray cluster with 2 CPUs and 2 fake GPUs, shared by the whole session."""
+    import ray
+
+    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    if not ray.is_initialized():
+        ray.init(
+            address="local",
+            num_cpus=2,
+            num_gpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def repo() -> Path:
+    """The repository root (for workloads/, search_spaces/, objectives/)."""
+    return REPO
