@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Protocol
 
 from autotune.config import EngineConfig
@@ -52,8 +53,19 @@ class TrialResult:
 
 
 class Backend(Protocol):
-    """Evaluates one config on one workload. Must never raise for a bad config: return a failure."""
+    """Evaluates one config on one workload. Must never raise for a bad config: return a failure.
+
+    Backends are plain picklable objects: the executor ships them to Ray workers.
+    `gpu_ids` are the devices the executor assigned (len == tensor_parallel_size; empty for the sim);
+    `trial_dir` is where the backend may write logs (runs/<study>/trials/<n>/), or None.
+    """
 
     def evaluate(
-        self, config: EngineConfig, workload: Any, slos: Sequence[Slo] = (), seed: int = 0
+        self,
+        config: EngineConfig,
+        workload: Any,
+        slos: Sequence[Slo] = (),
+        seed: int = 0,
+        gpu_ids: Sequence[int] = (),
+        trial_dir: Path | None = None,
     ) -> TrialResult: ...
