@@ -139,9 +139,7 @@ def compute_metrics(
         if unknown:
             raise ValueError(f"goodput supports {', '.join(GOODPUT_METRICS)}, not {sorted(unknown)}")
         values = {"ttft": lambda r: r.ttft, "tpot": lambda r: r.tpot, "e2el": lambda r: r.latency}
-        good = sum(
-            all(values[m](r) * 1000.0 <= bound for m, bound in goodput_slos_ms.items()) for r in ok
-        )
+        good = sum(all(values[m](r) * 1000.0 <= bound for m, bound in goodput_slos_ms.items()) for r in ok)
         goodput = good / dur
     return BenchmarkResult(
         duration=duration,
