@@ -1,11 +1,42 @@
 """Workloads: a YAML spec -> a reproducible list of Requests (lengths, arrival times, shared prefixes).
 
-CONTRACT (filled in by the workload implementation): see `Request` and `WorkloadSpec` below.
+A `WorkloadSpec` says where the lengths come from (synthetic distributions, the shipped Azure 2023
+traces, or a JSONL file), how requests arrive (all at once, Poisson/gamma at a rate exactly like
+`vllm bench serve`, trace timestamps), an optional client-side concurrency cap, and an optional shared
+prefix for prefix-caching workloads. `requests(seed)` turns it into the same list every time for the
+same seed. The YAML schema is documented at the top of workloads/chat.yaml.
 """
 
 from __future__ import annotations
 
+import csv
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+import autotune
+from autotune.errors import AutotuneError
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+TRACES = (
+    "conv",
+    "code",
+)  # the shipped Azure LLM inference traces (CC-BY 4.0, see data/AZURE_TRACE_README.md)
+LOADS = ("fixed", "capacity")
+DISTS = ("fixed", "uniform", "normal", "lognormal")
+CHARS_PER_TOKEN = 4  # text prompts without a tokenizer: ~4 characters per token (English BPE rule of thumb)
+
+# Independent random streams, so that changing the rate keeps the same lengths and vice versa.
+_PROMPT_STREAM, _OUTPUT_STREAM, _ARRIVAL_STREAM, _PREFIX_STREAM, _TRACE_STREAM = range(5)
+# Seeds of prompt_token_ids: a prefix group's shared tokens and a request's own tokens.
+_PREFIX_TOKENS, _OWN_TOKENS = 11, 12
 
 
 @dataclass(frozen=True)
@@ -13,7 +44,8 @@ class Request:
     """One request to send: its lengths, its arrival time and the prefix it shares with others.
 
     Requests with the same `prefix_id` share their first `prefix_len` prompt tokens (prefix caching);
-    the rest of each prompt is unique to the request.
+    the rest of each prompt is unique to the request. `prompt` holds the text of a JSONL text prompt
+    (its `prompt_len` is then an estimate unless the file gave one); None means "send token ids".
     """
 
     request_id: int
@@ -22,3 +54,554 @@ class Request:
     arrival_time: float = 0.0  # seconds after the start of the run
     prefix_id: int | None = None
     prefix_len: int = 0
+    prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """A distribution of token counts, sampled as integers clipped to [min, max].
+
+    fixed: always `mean`. uniform: integers in [floor(mean*(1-r)), ceil(mean*(1+r))] like vLLM's random
+    dataset (r = range_ratio). normal: mean, std. lognormal: sigma with either the mean or the median.
+    """
+
+    dist: str
+    mean: float = 0.0
+    range_ratio: float = 0.0
+    std: float = 0.0
+    sigma: float = 0.0
+    median: float | None = None
+    min: int = 1
+    max: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dist not in DISTS:
+            raise AutotuneError(f"unknown length distribution {self.dist!r} (use one of {', '.join(DISTS)})")
+        center = self.median if self.dist == "lognormal" and self.median is not None else self.mean
+        if center <= 0:
+            raise AutotuneError(f"{self.dist} lengths need a positive mean (or median), got {center:g}")
+        if not 0 <= self.range_ratio < 1:
+            raise AutotuneError(f"range_ratio must be in [0, 1), got {self.range_ratio:g}")
+        if self.std < 0 or self.sigma < 0:
+            raise AutotuneError("std and sigma must not be negative")
+        if self.min < 1 or (self.max is not None and self.max < self.min):
+            raise AutotuneError(
+                f"length bounds must satisfy 1 <= min <= max, got min={self.min} max={self.max}"
+            )
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """`n` integer lengths."""
+        if self.dist == "fixed":
+            values = np.full(n, float(self.mean))
+        elif self.dist == "uniform":
+            low = math.floor(self.mean * (1 - self.range_ratio))
+            high = math.ceil(self.mean * (1 + self.range_ratio))
+            values = rng.integers(low, high + 1, size=n).astype(float)
+        elif self.dist == "normal":
+            values = rng.normal(self.mean, self.std, size=n)
+        else:
+            # mean of a lognormal is exp(mu + sigma^2 / 2); its median is exp(mu)
+            mu = math.log(self.median) if self.median is not None else math.log(self.mean) - self.sigma**2 / 2
+            values = rng.lognormal(mu, self.sigma, size=n)
+        return np.clip(np.rint(values), self.min, self.max).astype(np.int64)
+
+    def describe(self) -> str:
+        """E.g. "lognormal(mean 1000, sigma 0.8)"."""
+        if self.dist == "fixed":
+            return f"{self.mean:g}"
+        if self.dist == "uniform":
+            return f"uniform({self.mean:g} +/- {self.range_ratio:.0%})"
+        if self.dist == "normal":
+            return f"normal({self.mean:g}, std {self.std:g})"
+        center = f"median {self.median:g}" if self.median is not None else f"mean {self.mean:g}"
+        return f"lognormal({center}, sigma {self.sigma:g})"
+
+
+@dataclass(frozen=True)
+class TraceSource:
+    """Rows of an Azure-format CSV (TIMESTAMP, ContextTokens, GeneratedTokens).
+
+    arrivals "trace": replay the timestamps from the first row at or after `start` seconds into the
+    trace, divided by `time_scale` (2 = twice as fast). arrivals "rate": lengths only, rows sampled at
+    random, arrivals from the workload's rate. Rows with prompt + output > max_len are skipped.
+    """
+
+    name: str  # "conv" | "code" (shipped) or a path to a CSV with the same columns
+    arrivals: str = "trace"
+    time_scale: float = 1.0
+    start: float = 0.0
+    max_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.arrivals not in ("trace", "rate"):
+            raise AutotuneError(f"trace arrivals must be 'trace' or 'rate', got {self.arrivals!r}")
+        if self.time_scale <= 0 or not math.isfinite(self.time_scale):
+            raise AutotuneError(f"time_scale must be a positive number, got {self.time_scale:g}")
+        if self.start < 0:
+            raise AutotuneError(f"trace start must be >= 0 seconds, got {self.start:g}")
+        if self.max_len is not None and self.max_len < 2:
+            raise AutotuneError(f"trace max_len must be >= 2, got {self.max_len}")
+        if self.arrivals == "rate" and (self.time_scale != 1 or self.start):
+            raise AutotuneError("time_scale and start only apply to trace arrivals (arrivals: trace)")
+
+    @property
+    def path(self) -> Path:
+        """The CSV file: a shipped trace by name, else the given path."""
+        return DATA_DIR / f"{self.name}.csv" if self.name in TRACES else Path(self.name)
+
+    def read(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(seconds since the first row, prompt lengths, output lengths), sorted by time, filtered."""
+        try:
+            with self.path.open(newline="") as f:
+                rows = list(csv.DictReader(f))
+        except OSError as exc:
+            raise AutotuneError(f"cannot read trace {self.path}: {exc.strerror or exc}") from None
+        try:
+            stamps = np.array(
+                [r["TIMESTAMP"].strip().replace(" ", "T") for r in rows], dtype="datetime64[ns]"
+            )
+            prompt = np.array([int(r["ContextTokens"]) for r in rows], dtype=np.int64)
+            output = np.array([int(r["GeneratedTokens"]) for r in rows], dtype=np.int64)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise AutotuneError(
+                f"trace {self.path} is not TIMESTAMP,ContextTokens,GeneratedTokens CSV ({exc})"
+            ) from None
+        if not rows:
+            raise AutotuneError(f"trace {self.path} has no rows")
+        order = np.argsort(stamps, kind="stable")
+        seconds = (stamps[order] - stamps[order][0]) / np.timedelta64(1, "s")
+        keep = (prompt[order] >= 1) & (output[order] >= 1)
+        if self.max_len is not None:
+            keep &= prompt[order] + output[order] <= self.max_len
+        return seconds[keep], prompt[order][keep], output[order][keep]
+
+    def describe(self) -> str:
+        """E.g. "Azure conv trace x2"."""
+        label = f"Azure {self.name} trace" if self.name in TRACES else f"trace {Path(self.name).name}"
+        if self.arrivals == "rate":
+            return f"{label} lengths"
+        start = f" from {self.start:g}s" if self.start else ""
+        return f"{label} x{self.time_scale:g}{start}"
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """What to send and when. Exactly one length source: prompt_len + output_len, trace or jsonl.
+
+    With `jsonl`, rows without an output length take `output_len`. With a shared prefix, each request
+    belongs to one of `num_prefixes` groups and its prompt is `prefix_len` shared tokens followed by
+    its own sampled prompt length (like vLLM's --random-prefix-len).
+    """
+
+    name: str
+    num_requests: int
+    request_rate: float = math.inf  # req/s; inf = all at t=0 (trace replay: the trace's own times)
+    burstiness: float = 1.0  # gamma shape; 1 = Poisson
+    max_concurrency: int | None = None  # cap on requests in flight (client side, like --max-concurrency)
+    load: str = "fixed"  # "fixed" (measure at this load) or "capacity" (search the highest rate meeting SLOs)
+    prompt_len: LengthDist | None = None
+    output_len: LengthDist | None = None
+    trace: TraceSource | None = None
+    jsonl: Path | None = None
+    num_prefixes: int = 0
+    prefix_len: int = 0
+    seed: int = 0
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise AutotuneError("a workload needs a name")
+        checks = [
+            (self.num_requests >= 1, f"num_requests must be >= 1, got {self.num_requests}"),
+            (self.request_rate > 0, f"request_rate must be > 0 (or inf), got {self.request_rate:g}"),
+            (self.burstiness > 0, f"burstiness must be > 0, got {self.burstiness:g}"),
+            (
+                self.max_concurrency is None or self.max_concurrency >= 1,
+                f"max_concurrency must be >= 1, got {self.max_concurrency}",
+            ),
+            (self.load in LOADS, f"load must be one of {', '.join(LOADS)}, got {self.load!r}"),
+            (
+                self.num_prefixes >= 0 and self.prefix_len >= 0,
+                "num_prefixes and prefix_len must be >= 0",
+            ),
+            (
+                (self.num_prefixes > 0) == (self.prefix_len > 0),
+                "a shared prefix needs both num_prefixes and prefix_len > 0",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise AutotuneError(f"workload {self.name}: {message}")
+        self._check_sources()
+
+    def _check_sources(self) -> None:
+        synthetic = self.prompt_len is not None
+        sources = [
+            s for s, used in (("prompt_len", synthetic), ("trace", self.trace), ("jsonl", self.jsonl)) if used
+        ]
+        if len(sources) != 1:
+            raise AutotuneError(
+                f"workload {self.name}: give exactly one length source (prompt_len + output_len, trace or "
+                f"jsonl), got {', '.join(sources) or 'none'}"
+            )
+        if synthetic and self.output_len is None:
+            raise AutotuneError(f"workload {self.name}: prompt_len needs an output_len too")
+        if self.trace is not None and self.output_len is not None:
+            raise AutotuneError(
+                f"workload {self.name}: a trace gives its own output lengths; drop output_len"
+            )
+
+    def requests(self, seed: int = 0) -> list[Request]:
+        """The requests in arrival order; the same list for the same (spec, seed)."""
+
+        def rng(stream: int) -> np.random.Generator:
+            return np.random.default_rng([self.seed, seed, stream])
+
+        n = self.num_requests
+        prompts: list[str | None] = [None] * n
+        if self.trace is not None:
+            prompt_lens, output_lens, arrivals = self._trace_requests(rng(_TRACE_STREAM))
+        elif self.jsonl is not None:
+            prompt_lens, output_lens, prompts = self._jsonl_requests(rng(_OUTPUT_STREAM))
+            arrivals = None
+        else:
+            assert self.prompt_len is not None and self.output_len is not None
+            prompt_lens = self.prompt_len.sample(rng(_PROMPT_STREAM), n)
+            output_lens = self.output_len.sample(rng(_OUTPUT_STREAM), n)
+            arrivals = None
+        if arrivals is None:
+            arrivals = rate_arrivals(n, self.request_rate, self.burstiness, rng(_ARRIVAL_STREAM))
+        prefix_ids: list[int | None] = [None] * n
+        if self.num_prefixes:
+            if any(p is not None for p in prompts):
+                raise AutotuneError(f"workload {self.name}: a shared prefix cannot be added to text prompts")
+            groups = rng(_PREFIX_STREAM).permutation(np.arange(n) % self.num_prefixes)
+            prefix_ids = [int(g) for g in groups]
+            prompt_lens = np.asarray(prompt_lens) + self.prefix_len
+        return [
+            Request(
+                request_id=i,
+                prompt_len=int(prompt_lens[i]),
+                output_len=int(output_lens[i]),
+                arrival_time=float(arrivals[i]),
+                prefix_id=prefix_ids[i],
+                prefix_len=self.prefix_len if prefix_ids[i] is not None else 0,
+                prompt=prompts[i],
+            )
+            for i in range(n)
+        ]
+
+    def _trace_requests(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        assert self.trace is not None
+        seconds, prompt, output = self.trace.read()
+        n = self.num_requests
+        if self.trace.arrivals == "rate":
+            rows = rng.choice(len(prompt), size=n, replace=n > len(prompt))
+            return prompt[rows], output[rows], None
+        first = int(np.searchsorted(seconds, self.trace.start))
+        if len(seconds) - first < n:
+            raise AutotuneError(
+                f"workload {self.name}: the trace has {len(seconds) - first} requests after "
+                f"{self.trace.start:g}s, fewer than num_requests={n}"
+            )
+        window = slice(first, first + n)
+        arrivals = (seconds[window] - seconds[first]) / self.trace.time_scale
+        if math.isfinite(self.request_rate) and arrivals[-1] > 0:
+            # A rate given with a trace keeps the trace's burst shape and sets its mean rate, the same
+            # normalisation vLLM applies to its gamma arrivals (last arrival at N / rate).
+            arrivals = arrivals * (n / self.request_rate) / arrivals[-1]
+        return prompt[window], output[window], arrivals
+
+    def _jsonl_requests(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+        assert self.jsonl is not None
+        rows = read_jsonl(self.jsonl)
+        picked = [rows[i % len(rows)] for i in range(self.num_requests)]  # in file order, cycled
+        fallback = self.output_len.sample(rng, self.num_requests) if self.output_len is not None else None
+        output_lens = []
+        for i, (_, output_len, _) in enumerate(picked):
+            if output_len is None:
+                if fallback is None:
+                    raise AutotuneError(
+                        f"{self.jsonl}: a row has no output_len and the workload sets no output_len"
+                    )
+                output_len = int(fallback[i])
+            output_lens.append(output_len)
+        return (
+            np.array([p for p, _, _ in picked], dtype=np.int64),
+            np.array(output_lens, dtype=np.int64),
+            [text for _, _, text in picked],
+        )
+
+    def with_load(
+        self, request_rate: float | None = None, max_concurrency: int | None = None
+    ) -> WorkloadSpec:
+        """A copy at another load (the arguments given replace the spec's; lengths stay the same)."""
+        changes: dict[str, Any] = {}
+        if request_rate is not None:
+            changes["request_rate"] = float(request_rate)
+        if max_concurrency is not None:
+            changes["max_concurrency"] = int(max_concurrency)
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        """One line for progress output, e.g. "chat: 400 requests, prompt lognormal(...), ..., 12 req/s"."""
+        if self.trace is not None:
+            lengths = self.trace.describe()
+        elif self.jsonl is not None:
+            lengths = f"prompts from {self.jsonl.name}"
+        else:
+            assert self.prompt_len is not None and self.output_len is not None
+            lengths = f"prompt {self.prompt_len.describe()}, output {self.output_len.describe()}"
+        parts = [f"{self.name}: {self.num_requests} requests", lengths]
+        if self.num_prefixes:
+            parts.append(f"{self.num_prefixes} shared prefixes of {self.prefix_len} tokens")
+        parts.append(self._describe_load())
+        return ", ".join(parts)
+
+    def _describe_load(self) -> str:
+        if self.load == "capacity":
+            load = "capacity search"
+        elif self.trace is not None and self.trace.arrivals == "trace":
+            load = (
+                "trace arrivals" if math.isinf(self.request_rate) else f"trace at {self.request_rate:g} req/s"
+            )
+        elif math.isinf(self.request_rate):
+            load = "all at t=0"
+        else:
+            process = "Poisson" if self.burstiness == 1 else f"gamma(burstiness {self.burstiness:g})"
+            load = f"{process} {self.request_rate:g} req/s"
+        if self.max_concurrency is not None:
+            load += f", max concurrency {self.max_concurrency}"
+        return load
+
+
+def rate_arrivals(n: int, request_rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times as `vllm bench serve` makes them (vllm/benchmarks/serve.py get_request).
+
+    Rate inf: all at 0. Otherwise gaps ~ Gamma(shape=burstiness, scale=1/(rate*burstiness)) (burstiness
+    inf: constant gaps), accumulated from the first gap and rescaled so the last arrival is at n / rate.
+    """
+    if math.isinf(request_rate):
+        return np.zeros(n)
+    if math.isinf(burstiness):
+        gaps = np.full(n, 1.0 / request_rate)
+    else:
+        gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
+    times = np.cumsum(gaps)
+    return times * (n / request_rate) / times[-1] if times[-1] > 0 else times
+
+
+def read_jsonl(path: Path) -> list[tuple[int, int | None, str | None]]:
+    """Rows of (prompt_len, output_len or None, prompt text or None) from a JSONL file.
+
+    A row is {"prompt": text, "output_len": n?} or {"prompt_len": n, "output_len": n?}; other keys are
+    ignored. A text prompt's length is estimated as ceil(characters / 4) unless the row gives prompt_len.
+    """
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise AutotuneError(f"cannot read JSONL file {path}: {exc.strerror or exc}") from None
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise AutotuneError(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise AutotuneError(f"{where}: each line must be a JSON object")
+        text = row.get("prompt")
+        if text is not None and not isinstance(text, str):
+            raise AutotuneError(f"{where}: prompt must be a string")
+        if "prompt_len" in row:
+            prompt_len = _positive_int(row["prompt_len"], f"{where}: prompt_len")
+        elif text is not None:
+            prompt_len = max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+        else:
+            raise AutotuneError(f"{where}: a row needs prompt (text) or prompt_len (tokens)")
+        output_len = _positive_int(row["output_len"], f"{where}: output_len") if "output_len" in row else None
+        rows.append((prompt_len, output_len, text))
+    if not rows:
+        raise AutotuneError(f"JSONL file {path} has no rows")
+    return rows
+
+
+def prompt_token_ids(request: Request, vocab_size: int = 32000) -> list[int]:
+    """Deterministic prompt token ids of length `request.prompt_len`.
+
+    Requests with the same prefix_id get the same first `prefix_len` ids; the rest depends only on the
+    request id, and its first id is chosen from the request id so two requests share exactly their prefix.
+    Ids avoid the low range where tokenizers keep special tokens.
+    """
+    low = min(1000, vocab_size // 4)
+    span = vocab_size - low
+    shared = request.prefix_len if request.prefix_id is not None else 0
+    ids: list[int] = []
+    if shared:
+        prefix_rng = np.random.default_rng([_PREFIX_TOKENS, request.prefix_id])
+        ids = prefix_rng.integers(low, vocab_size, size=shared).tolist()
+    own = request.prompt_len - shared
+    if own > 0:
+        rest = np.random.default_rng([_OWN_TOKENS, request.request_id]).integers(low, vocab_size, size=own)
+        rest[0] = low + request.request_id % span
+        ids += rest.tolist()
+    return ids
+
+
+def load_workload(path_or_name: str | Path) -> WorkloadSpec:
+    """Load a workload YAML file, or a bundled one by bare name ("chat" -> workloads/chat.yaml)."""
+    path = _resolve(path_or_name)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise AutotuneError(f"cannot read workload {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise AutotuneError(f"malformed YAML in {path}{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise AutotuneError(f"workload {path} must be a YAML mapping of keys to values")
+    try:
+        spec = spec_from_dict(data, default_name=path.stem, base_dir=path.parent)
+        spec.requests()  # read the trace / JSONL now, so a bad file fails here and not mid-study
+    except AutotuneError as exc:
+        raise AutotuneError(f"{path}: {exc}") from None
+    return spec
+
+
+def _resolve(path_or_name: str | Path) -> Path:
+    path = Path(path_or_name)
+    if path.is_file():
+        return path
+    bundled_dir = Path(autotune.__file__).resolve().parents[1] / "workloads"
+    bundled = bundled_dir / f"{path_or_name}.yaml"
+    if isinstance(path_or_name, str) and path.name == path_or_name and bundled.is_file():
+        return bundled
+    names = ", ".join(sorted(p.stem for p in bundled_dir.glob("*.yaml")))
+    raise AutotuneError(
+        f"workload {str(path_or_name)!r} not found (a YAML file, or one of: {names or 'none'})"
+    )
+
+
+_TOP_KEYS = {
+    "name", "description", "num_requests", "seed", "load", "request_rate", "burstiness", "max_concurrency",
+    "prompt_len", "output_len", "trace", "jsonl", "shared_prefix",
+}  # fmt: skip
+_LENGTH_KEYS = {"dist", "mean", "median", "range_ratio", "std", "sigma", "min", "max"}
+_TRACE_KEYS = {"name", "arrivals", "time_scale", "start", "max_len"}
+_PREFIX_KEYS = {"num_prefixes", "prefix_len"}
+
+
+def spec_from_dict(
+    data: Mapping[str, Any], default_name: str = "workload", base_dir: Path | None = None
+) -> WorkloadSpec:
+    """Build a WorkloadSpec from the YAML schema; relative file paths resolve against `base_dir`."""
+    _check_keys(data, _TOP_KEYS, "workload")
+    base = base_dir or Path.cwd()
+    max_conc = data.get("max_concurrency")
+    prefix = data.get("shared_prefix") or {}
+    if not isinstance(prefix, dict):
+        raise AutotuneError("shared_prefix must be a mapping with num_prefixes and prefix_len")
+    _check_keys(prefix, _PREFIX_KEYS, "shared_prefix")
+    jsonl = data.get("jsonl")
+    return WorkloadSpec(
+        name=str(data.get("name") or default_name),
+        description=str(data.get("description") or ""),
+        num_requests=_positive_int(_required(data, "num_requests"), "num_requests"),
+        seed=_int(data.get("seed", 0), "seed"),
+        load=str(data.get("load", "fixed")),
+        request_rate=_number(data.get("request_rate", math.inf), "request_rate"),
+        burstiness=_number(data.get("burstiness", 1.0), "burstiness"),
+        max_concurrency=None if max_conc is None else _positive_int(max_conc, "max_concurrency"),
+        prompt_len=_length(data["prompt_len"], "prompt_len") if "prompt_len" in data else None,
+        output_len=_length(data["output_len"], "output_len") if "output_len" in data else None,
+        trace=_trace(data["trace"], base) if "trace" in data else None,
+        jsonl=None if jsonl is None else base / str(jsonl),
+        num_prefixes=_int(prefix.get("num_prefixes", 0), "num_prefixes"),
+        prefix_len=_int(prefix.get("prefix_len", 0), "prefix_len"),
+    )
+
+
+def _length(value: Any, what: str) -> LengthDist:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return LengthDist("fixed", mean=_positive_int(value, what))
+    if not isinstance(value, dict):
+        raise AutotuneError(f"{what} must be a token count or a mapping with dist: {'|'.join(DISTS)}")
+    _check_keys(value, _LENGTH_KEYS, what)
+    if "dist" not in value:
+        raise AutotuneError(f"{what} needs dist: one of {', '.join(DISTS)}")
+    median = value.get("median")
+    try:
+        return LengthDist(
+            dist=str(value["dist"]),
+            mean=_number(value.get("mean", 0.0), f"{what}.mean"),
+            median=None if median is None else _number(median, f"{what}.median"),
+            range_ratio=_number(value.get("range_ratio", 0.0), f"{what}.range_ratio"),
+            std=_number(value.get("std", 0.0), f"{what}.std"),
+            sigma=_number(value.get("sigma", 0.0), f"{what}.sigma"),
+            min=_positive_int(value.get("min", 1), f"{what}.min"),
+            max=None if value.get("max") is None else _positive_int(value["max"], f"{what}.max"),
+        )
+    except AutotuneError as exc:
+        raise AutotuneError(f"{what}: {exc}") from None
+
+
+def _trace(value: Any, base: Path) -> TraceSource:
+    if isinstance(value, str):
+        value = {"name": value}
+    if not isinstance(value, dict) or "name" not in value:
+        raise AutotuneError(f"trace must be {' or '.join(TRACES)}, a CSV path, or a mapping with name:")
+    _check_keys(value, _TRACE_KEYS, "trace")
+    name = str(value["name"])
+    max_len = value.get("max_len")
+    return TraceSource(
+        name=name if name in TRACES else str(base / name),
+        arrivals=str(value.get("arrivals", "trace")),
+        time_scale=_number(value.get("time_scale", 1.0), "trace.time_scale"),
+        start=_number(value.get("start", 0.0), "trace.start"),
+        max_len=None if max_len is None else _positive_int(max_len, "trace.max_len"),
+    )
+
+
+def _required(data: Mapping[str, Any], key: str) -> Any:
+    if data.get(key) is None:
+        raise AutotuneError(f"missing required key {key}")
+    return data[key]
+
+
+def _check_keys(data: Mapping[str, Any], known: set[str], what: str) -> None:
+    unknown = sorted(str(k) for k in data if k not in known)
+    if unknown:
+        raise AutotuneError(
+            f"unknown key(s) in {what}: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+        )
+
+
+def _number(value: Any, what: str) -> float:
+    """A float; "inf" and YAML's .inf are accepted for unbounded rates."""
+    if isinstance(value, bool) or value is None:
+        raise AutotuneError(f"{what} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise AutotuneError(f"{what} must be a number, got {value!r}") from None
+    if math.isnan(number):
+        raise AutotuneError(f"{what} must be a number, got nan")
+    return number
+
+
+def _int(value: Any, what: str) -> int:
+    number = _number(value, what)
+    if not math.isfinite(number) or number != int(number):
+        raise AutotuneError(f"{what} must be a whole number, got {value!r}")
+    return int(number)
+
+
+def _positive_int(value: Any, what: str) -> int:
+    number = _int(value, what)
+    if number < 1:
+        raise AutotuneError(f"{what} must be >= 1, got {value!r}")
+    return number
