@@ -1,0 +1,238 @@
+"""vLLM V1's startup: config validation and the memory plan that decides the number of KV blocks.
+
+Follows `vllm/v1/worker/gpu_worker.py` (determine_available_memory, compile_or_warm_up_model) and
+`vllm/v1/core/kv_cache_utils.py`. The order of checks is vLLM's: argument/config validation, the
+free-memory check, weight loading, the profile run (forward at the token budget plus a dummy sampler
+run), KV sizing, then CUDA-graph capture and the sampler warm-up, which allocate on top of the
+`gpu_memory_utilization` budget and are where a utilization near 1.0 dies with a CUDA OOM.
+Every error message is vLLM's own (see docs/simulator.md and vllm-facts.md section 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.backends.base import FailureKind
+from autotune.config import EngineConfig
+from autotune.errors import EngineStartupError
+from autotune.sim.hardware import GIB, GpuSpec
+from autotune.sim.models import ModelSpec
+
+MIB = 1024**2
+BLOCK_SIZE_CHOICES = (1, 8, 16, 32, 64, 128, 256)  # vLLM's --block-size choices
+CUDA_MAX_BLOCK_SIZE = 32
+KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # "auto" = the model's dtype
+MAX_CUDA_GRAPH_SIZE = 512
+
+# Calibrated against vLLM startup logs (docs/simulator.md, "Memory model"):
+TORCH_WORKSPACE_BYTES = int(0.25 * GIB)  # cuBLAS/compile workspaces inside the profiled peak
+NON_TORCH_BYTES_TP1 = int(0.13 * GIB)  # "non-torch memory" in vLLM's profile log, TP=1
+NON_TORCH_BYTES_TP = int(0.55 * GIB)  # with TP>1: NCCL and custom all-reduce buffers
+SAMPLER_BYTES_PER_LOGIT = 8  # fp32 logits plus one fp32 working copy (softmax / top-p)
+CUDA_GRAPH_BYTES_PER_LAYER = int(0.2 * MIB)  # per captured batch size and decoder layer
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Per-rank memory at startup, in bytes, and the KV cache it leaves."""
+
+    total_bytes: int
+    free_bytes: int  # free when vLLM starts (total - CUDA context)
+    requested_bytes: int  # total * gpu_memory_utilization
+    weights_bytes: int
+    activation_bytes: int  # profiled peak: forward at the token budget + dummy sampler + workspaces
+    non_torch_bytes: int
+    kv_available_bytes: int
+    kv_bytes_per_token: int
+    block_size: int
+    num_gpu_blocks: int
+    cuda_graph_sizes: tuple[int, ...]
+    cuda_graph_bytes: int
+    sampler_bytes: int  # sampler warm-up after KV allocation: min(seqs, budget) x vocab logits
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """ "GPU KV cache size: N tokens" in vLLM's log."""
+        return self.num_gpu_blocks * self.block_size
+
+    @property
+    def num_cuda_graphs(self) -> int:
+        """How many batch sizes are captured."""
+        return len(self.cuda_graph_sizes)
+
+    @property
+    def max_concurrency(self) -> float:
+        """vLLM's "Maximum concurrency for L tokens per request" needs L; see `concurrency_for`."""
+        return float(self.kv_cache_tokens)
+
+    def concurrency_for(self, max_model_len: int) -> float:
+        """How many max-length requests fit in the KV cache."""
+        return self.kv_cache_tokens / max_model_len
+
+
+def cuda_graph_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """Batch sizes vLLM captures: [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)."""
+    largest = min(2 * max_num_seqs, MAX_CUDA_GRAPH_SIZE)
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16)]
+    return tuple(s for s in sizes if s <= largest)
+
+
+def kv_dtype_bytes(config: EngineConfig, model: ModelSpec) -> int:
+    """Bytes per KV element for --kv-cache-dtype."""
+    if config.kv_cache_dtype == "auto":
+        return model.dtype_bytes
+    if config.kv_cache_dtype not in KV_DTYPE_BYTES:
+        choices = ", ".join(["auto", *KV_DTYPE_BYTES])
+        raise EngineStartupError(
+            f"argument --kv-cache-dtype: invalid choice: '{config.kv_cache_dtype}' (choose from {choices})",
+            FailureKind.INVALID_CONFIG.value,
+        )
+    return KV_DTYPE_BYTES[config.kv_cache_dtype]
+
+
+def validate_config(config: EngineConfig, model: ModelSpec) -> None:
+    """vLLM's argument and config checks (before any GPU work). `config` must be resolved."""
+    invalid = FailureKind.INVALID_CONFIG.value
+    u = config.gpu_memory_utilization
+    if u > 1:
+        raise EngineStartupError(f"GPU memory utilization must be less than 1.0. Got {u}.", invalid)
+    if u <= 0:
+        raise EngineStartupError(f"GPU memory utilization must be greater than 0. Got {u}.", invalid)
+    if config.block_size not in BLOCK_SIZE_CHOICES:
+        choices = ", ".join(str(b) for b in BLOCK_SIZE_CHOICES)
+        raise EngineStartupError(
+            f"argument --block-size: invalid choice: {config.block_size} (choose from {choices})", invalid
+        )
+    if config.block_size > CUDA_MAX_BLOCK_SIZE:
+        raise EngineStartupError(
+            f"Block size {config.block_size} is not supported on CUDA; "
+            f"the supported block sizes are 1, 8, 16 and 32.",
+            invalid,
+        )
+    assert config.max_model_len is not None and config.max_num_batched_tokens is not None
+    assert config.max_num_seqs is not None
+    if config.max_model_len > model.max_position_embeddings:
+        raise EngineStartupError(
+            f"User-specified max_model_len ({config.max_model_len}) is greater than the derived "
+            f"max_model_len (max_position_embeddings={model.max_position_embeddings} or "
+            "model_max_length=None in model's config.json). This may lead to incorrect model outputs or "
+            "CUDA errors. To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+            invalid,
+        )
+    tp = config.tensor_parallel_size
+    if tp < 1 or model.num_attention_heads % tp:
+        raise EngineStartupError(
+            f"Total number of attention heads ({model.num_attention_heads}) must be divisible by tensor "
+            f"parallel size ({tp}).",
+            invalid,
+        )
+    budget, seqs, max_len = config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len
+    if not config.enable_chunked_prefill and budget < max_len:
+        raise EngineStartupError(
+            f"max_num_batched_tokens ({budget}) is smaller than max_model_len ({max_len}). This effectively "
+            "limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer "
+            "sequences. Please increase max_num_batched_tokens or decrease max_model_len.",
+            invalid,
+        )
+    if budget < seqs:
+        raise EngineStartupError(
+            f"max_num_batched_tokens ({budget}) must be greater than or equal to max_num_seqs ({seqs}).",
+            invalid,
+        )
+    kv_dtype_bytes(config, model)
+
+
+def activation_bytes(model: ModelSpec, tp: int, num_tokens: int, num_sampled: int) -> int:
+    """Profiled activation peak: one forward over `num_tokens` plus the dummy sampler over `num_sampled`."""
+    q_kv = (model.num_attention_heads + 2 * model.num_key_value_heads) * model.head_dim // tp
+    per_token = model.dtype_bytes * (4 * model.hidden_size + 3 * model.intermediate_size // tp + q_kv)
+    return TORCH_WORKSPACE_BYTES + num_tokens * per_token + sampler_bytes(model, num_sampled)
+
+
+def sampler_bytes(model: ModelSpec, num_sampled: int) -> int:
+    """Logits (gathered to the full vocab on every rank) and a working copy, fp32."""
+    return num_sampled * model.vocab_size * SAMPLER_BYTES_PER_LOGIT
+
+
+def plan_memory(config: EngineConfig, model: ModelSpec, gpu: GpuSpec) -> MemoryPlan:
+    """Validate `config` (resolved) and size the KV cache; raise EngineStartupError like vLLM would."""
+    validate_config(config, model)
+    assert config.max_model_len is not None and config.max_num_batched_tokens is not None
+    assert config.max_num_seqs is not None
+    tp = config.tensor_parallel_size
+    total = gpu.memory_bytes
+    free = total - int(gpu.cuda_context_gib * GIB)
+    requested = int(total * config.gpu_memory_utilization)
+    if free < requested:
+        raise EngineStartupError(
+            f"Free memory on device ({free / GIB:.2f}/{total / GIB:.2f} GiB) on startup is less than desired "
+            f"GPU memory utilization ({config.gpu_memory_utilization}, {requested / GIB:.2f} GiB). Decrease "
+            "GPU memory utilization or reduce GPU memory used by other processes.",
+            FailureKind.INVALID_CONFIG.value,
+        )
+    weights = model.weight_bytes(tp)
+    non_torch = NON_TORCH_BYTES_TP1 if tp == 1 else NON_TORCH_BYTES_TP
+    if weights + non_torch > free:
+        raise _oom(weights, total, free - non_torch)
+    num_sampled = min(config.max_num_seqs, config.max_num_batched_tokens)
+    activations = activation_bytes(model, tp, config.max_num_batched_tokens, num_sampled)
+    if weights + non_torch + activations > free:
+        raise _oom(activations, total, free - weights - non_torch)
+    available = requested - weights - non_torch - activations
+    if available <= 0:
+        raise EngineStartupError(
+            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+            "initializing the engine.",
+            FailureKind.KV_CACHE_OOM.value,
+        )
+    per_token = model.kv_bytes_per_token(tp, kv_dtype_bytes(config, model))
+    page = per_token * config.block_size  # all layers of one block
+    num_blocks = available // page
+    needed_blocks = -(-config.max_model_len // config.block_size)
+    if needed_blocks > num_blocks:
+        estimated = num_blocks * config.block_size
+        raise EngineStartupError(
+            f"To serve at least one request with the models's max seq len ({config.max_model_len}), "
+            f"({needed_blocks * page / GIB:.2f} GiB KV cache is needed, which is larger than the available "
+            f"KV cache memory ({available / GIB:.2f} GiB). Based on the available memory, the estimated "
+            f"maximum model length is {estimated}. Try increasing `gpu_memory_utilization` or decreasing "
+            "`max_model_len` when initializing the engine.",
+            FailureKind.KV_CACHE_OOM.value,
+        )
+    sizes = cuda_graph_sizes(config.max_num_seqs)
+    graphs = (
+        len(sizes) * model.num_layers * CUDA_GRAPH_BYTES_PER_LAYER
+        + activation_bytes(model, tp, sizes[-1], 0)
+        - TORCH_WORKSPACE_BYTES
+    )
+    warmup = sampler_bytes(model, num_sampled)
+    headroom = free - requested  # what is physically left once the KV cache fills the budget
+    if graphs > headroom:
+        raise _oom(graphs, total, headroom)
+    if graphs + warmup > headroom:
+        raise _oom(warmup, total, headroom - graphs)
+    return MemoryPlan(
+        total_bytes=total,
+        free_bytes=free,
+        requested_bytes=requested,
+        weights_bytes=weights,
+        activation_bytes=activations,
+        non_torch_bytes=non_torch,
+        kv_available_bytes=available,
+        kv_bytes_per_token=per_token,
+        block_size=config.block_size,
+        num_gpu_blocks=num_blocks,
+        cuda_graph_sizes=sizes,
+        cuda_graph_bytes=graphs,
+        sampler_bytes=warmup,
+    )
+
+
+def _oom(tried: int, total: int, free: int) -> EngineStartupError:
+    free = max(free, 0)
+    return EngineStartupError(
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried / GIB:.2f} GiB. GPU 0 has a "
+        f"total capacity of {total / GIB:.2f} GiB of which {free / GIB:.2f} GiB is free. Including "
+        f"non-PyTorch memory, this process has {(total - free) / GIB:.2f} GiB memory in use.",
+        FailureKind.STARTUP_OOM.value,
+    )
