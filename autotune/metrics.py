@@ -78,6 +78,7 @@ class BenchmarkResult:
             "request_goodput": self.request_goodput,
             "output_throughput": self.output_throughput,
             "total_token_throughput": self.total_token_throughput,
+            "errors": list(self.errors),  # as in vLLM's result JSON; without it from_dict lost them
         }
         for metric in LATENCY_METRICS:
             for stat, value in self.latency_ms[metric].items():
@@ -139,7 +140,9 @@ def compute_metrics(
         if unknown:
             raise ValueError(f"goodput supports {', '.join(GOODPUT_METRICS)}, not {sorted(unknown)}")
         values = {"ttft": lambda r: r.ttft, "tpot": lambda r: r.tpot, "e2el": lambda r: r.latency}
-        good = sum(all(values[m](r) * 1000.0 <= bound for m, bound in goodput_slos_ms.items()) for r in ok)
+        # Compare seconds with bound / 1000 as vLLM does: value * 1000 <= bound disagrees with it at the
+        # boundary (2.007 * 1000 > 2007.0 in floating point).
+        good = sum(all(values[m](r) <= bound / 1000.0 for m, bound in goodput_slos_ms.items()) for r in ok)
         goodput = good / dur
     return BenchmarkResult(
         duration=duration,

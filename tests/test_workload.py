@@ -1,0 +1,354 @@
+"""Workloads: length distributions, vLLM-style arrivals, trace replay, JSONL, shared prefixes, YAML errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autotune.errors import AutotuneError
+from autotune.workload import (
+    DATA_DIR,
+    LengthDist,
+    Request,
+    TraceSource,
+    WorkloadSpec,
+    load_workload,
+    prompt_token_ids,
+    rate_arrivals,
+    spec_from_dict,
+)
+
+N = 4000  # large enough that sample means are within a few percent
+
+
+def synthetic(**kw) -> WorkloadSpec:
+    base = {
+        "name": "t",
+        "num_requests": N,
+        "prompt_len": LengthDist("fixed", 100),
+        "output_len": LengthDist("fixed", 10),
+    }
+    return WorkloadSpec(**{**base, **kw})
+
+
+def lengths(dist: LengthDist, n: int = N) -> np.ndarray:
+    return dist.sample(np.random.default_rng(1), n)
+
+
+def test_fixed_length():
+    assert set(lengths(LengthDist("fixed", 512)).tolist()) == {512}
+
+
+def test_uniform_length_matches_vllm_random_range():
+    values = lengths(LengthDist("uniform", 1000, range_ratio=0.25))
+    assert values.min() >= 750 and values.max() <= 1250
+    assert values.min() < 760 and values.max() > 1240  # the whole range is used
+    assert abs(values.mean() - 1000) < 10
+
+
+def test_normal_length_mean_std_and_clipping():
+    values = lengths(LengthDist("normal", 500, std=100))
+    assert abs(values.mean() - 500) < 10 and abs(values.std() - 100) < 5
+    clipped = lengths(LengthDist("normal", 500, std=400, min=200, max=700))
+    assert clipped.min() == 200 and clipped.max() == 700
+
+
+@pytest.mark.parametrize("kind", ["mean", "median"])
+def test_lognormal_length_mean_or_median(kind):
+    dist = (
+        LengthDist("lognormal", 1000, sigma=0.8)
+        if kind == "mean"
+        else LengthDist("lognormal", median=1000, sigma=0.8)
+    )
+    values = lengths(dist, 40000)
+    center = values.mean() if kind == "mean" else np.median(values)
+    assert abs(center - 1000) / 1000 < 0.04
+    if kind == "median":  # a right-skewed distribution: mean = median * exp(sigma^2/2)
+        assert abs(values.mean() / 1000 - math.exp(0.32)) < 0.05
+
+
+def test_lengths_never_below_one():
+    assert lengths(LengthDist("normal", 5, std=50)).min() == 1
+
+
+def test_requests_reproducible_per_seed():
+    spec = synthetic(prompt_len=LengthDist("lognormal", 800, sigma=1.0), request_rate=5.0)
+    assert spec.requests(seed=3) == spec.requests(seed=3)
+    assert spec.requests(seed=3) != spec.requests(seed=4)
+    assert spec.requests() != WorkloadSpec(**{**spec.__dict__, "seed": 1}).requests()
+
+
+def test_with_load_keeps_lengths_and_changes_arrivals():
+    spec = synthetic(prompt_len=LengthDist("uniform", 300, range_ratio=0.5), request_rate=4.0)
+    slow, fast = spec.requests(), spec.with_load(request_rate=8.0, max_concurrency=16).requests()
+    assert [r.prompt_len for r in slow] == [r.prompt_len for r in fast]
+    assert fast[-1].arrival_time == pytest.approx(slow[-1].arrival_time / 2)
+    assert spec.with_load(max_concurrency=16).max_concurrency == 16
+    assert spec.with_load(max_concurrency=16).request_rate == 4.0
+
+
+def test_rate_inf_sends_everything_at_zero():
+    assert {r.arrival_time for r in synthetic().requests()} == {0.0}
+
+
+def test_poisson_last_arrival_and_mean_gap():
+    rate = 10.0
+    times = np.array([r.arrival_time for r in synthetic(request_rate=rate).requests()])
+    assert times[-1] == pytest.approx(N / rate)  # vLLM rescales the last arrival to N / rate
+    assert np.all(np.diff(times) >= 0)
+    gaps = np.diff(np.concatenate([[0.0], times]))
+    assert gaps.mean() == pytest.approx(1 / rate)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.06)  # exponential gaps: CV = 1
+
+
+def test_burstiness_changes_variance_not_rate():
+    def cv(burstiness: float) -> float:
+        times = rate_arrivals(N, 10.0, burstiness, np.random.default_rng(0))
+        gaps = np.diff(np.concatenate([[0.0], times]))
+        assert times[-1] == pytest.approx(N / 10.0)
+        return gaps.std() / gaps.mean()
+
+    # gamma(shape k) gaps have a coefficient of variation 1 / sqrt(k)
+    assert cv(0.25) == pytest.approx(2.0, rel=0.1)
+    assert cv(4.0) == pytest.approx(0.5, rel=0.1)
+    assert cv(math.inf) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_fixed_concurrency_is_rate_inf_with_a_cap():
+    spec = load_workload("concurrency")
+    assert spec.max_concurrency == 64 and math.isinf(spec.request_rate)
+    assert {r.arrival_time for r in spec.requests()} == {0.0}
+
+
+def csv_rows(name: str) -> list[dict[str, str]]:
+    with (DATA_DIR / f"{name}.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def trace_spec(n: int = 50, **trace_kw) -> WorkloadSpec:
+    return WorkloadSpec(name="trace", num_requests=n, trace=TraceSource("conv", **trace_kw))
+
+
+def test_trace_replay_times_and_lengths_match_csv():
+    rows = csv_rows("conv")[:50]
+    requests = trace_spec().requests()
+    assert requests[0].arrival_time == 0.0
+    assert [r.prompt_len for r in requests] == [int(row["ContextTokens"]) for row in rows]
+    assert [r.output_len for r in requests] == [int(row["GeneratedTokens"]) for row in rows]
+    stamps = np.array([row["TIMESTAMP"].replace(" ", "T") for row in rows], dtype="datetime64[ns]")
+    expected = (stamps - stamps[0]) / np.timedelta64(1, "s")
+    assert np.allclose([r.arrival_time for r in requests], expected)
+
+
+def test_trace_time_scale_halves_times():
+    normal = [r.arrival_time for r in trace_spec().requests()]
+    fast = [r.arrival_time for r in trace_spec(time_scale=2).requests()]
+    assert np.allclose(fast, np.array(normal) / 2) and normal[-1] > 0
+
+
+def test_trace_start_window_and_rate_rescale():
+    requests = trace_spec(start=600).requests()
+    assert requests[0].arrival_time == 0.0
+    full = trace_spec(n=3000).requests()
+    # the window starts at the first row at or after 600 s into the trace
+    first = next(r for r in full if r.arrival_time >= 600)
+    assert (requests[0].prompt_len, requests[1].prompt_len) == (
+        first.prompt_len,
+        full[first.request_id + 1].prompt_len,
+    )
+    rescaled = trace_spec().with_load(request_rate=5.0).requests()
+    assert rescaled[-1].arrival_time == pytest.approx(50 / 5.0)
+
+
+def test_trace_max_len_skips_long_rows():
+    requests = WorkloadSpec(name="c", num_requests=2000, trace=TraceSource("code", max_len=2048)).requests()
+    assert max(r.prompt_len + r.output_len for r in requests) <= 2048
+
+
+def test_trace_lengths_only_uses_rate_arrivals():
+    spec = WorkloadSpec(
+        name="l", num_requests=300, request_rate=3.0, trace=TraceSource("code", arrivals="rate")
+    )
+    requests = spec.requests()
+    assert requests[-1].arrival_time == pytest.approx(100.0)
+    pairs = {(int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in csv_rows("code")}
+    assert all((r.prompt_len, r.output_len) in pairs for r in requests)
+    assert spec.requests(seed=1) != requests
+
+
+def test_jsonl_token_counts_and_text(tmp_path: Path):
+    path = tmp_path / "p.jsonl"
+    rows = [
+        {"prompt_len": 100, "output_len": 20},
+        {"prompt": "x" * 401, "output_len": 7},
+        {"prompt": "hi there"},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    spec = WorkloadSpec(name="j", num_requests=5, jsonl=path, output_len=LengthDist("fixed", 33))
+    requests = spec.requests()
+    assert [(r.prompt_len, r.output_len) for r in requests] == [
+        (100, 20),
+        (101, 7),
+        (2, 33),
+        (100, 20),
+        (101, 7),
+    ]
+    assert requests[0].prompt is None and requests[1].prompt == "x" * 401  # text kept for the HTTP client
+
+
+def test_jsonl_row_without_output_len_needs_a_default(tmp_path: Path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "hello"}\n')
+    with pytest.raises(AutotuneError, match="no output_len"):
+        WorkloadSpec(name="j", num_requests=1, jsonl=path).requests()
+
+
+def test_shared_prefix_token_ids():
+    spec = synthetic(num_requests=40, num_prefixes=4, prefix_len=64, prompt_len=LengthDist("fixed", 32))
+    requests = spec.requests()
+    assert {r.prefix_id for r in requests} == {0, 1, 2, 3}
+    assert all(r.prompt_len == 96 and r.prefix_len == 64 for r in requests)
+    by_group: dict[int, list[Request]] = {}
+    for r in requests:
+        by_group.setdefault(r.prefix_id, []).append(r)
+    a, b = by_group[0][:2]
+    ids_a, ids_b = prompt_token_ids(a), prompt_token_ids(b)
+    assert len(ids_a) == a.prompt_len
+    shared = next(i for i, (x, y) in enumerate(zip(ids_a, ids_b, strict=True)) if x != y)
+    assert shared == 64  # exactly the prefix
+    other = prompt_token_ids(by_group[1][0])
+    assert other[:64] != ids_a[:64]  # another group, another prefix
+    assert prompt_token_ids(a) == ids_a  # deterministic
+
+
+def test_token_ids_without_prefix_differ_from_the_first_token():
+    r1, r2 = Request(0, 50, 5), Request(1, 50, 5)
+    ids1 = prompt_token_ids(r1, vocab_size=1000)
+    assert ids1[0] != prompt_token_ids(r2, vocab_size=1000)[0]
+    assert all(250 <= t < 1000 for t in ids1)
+
+
+@pytest.mark.parametrize("name", ["chat", "prefill_heavy", "decode_heavy", "azure_conv", "azure_code",
+                                  "shared_prefix", "concurrency", "capacity"])  # fmt: skip
+def test_bundled_workloads_load(name: str):
+    spec = load_workload(name)
+    requests = spec.requests()
+    assert len(requests) == spec.num_requests and spec.describe().startswith(name)
+
+
+def test_chat_workload_shape():
+    requests = load_workload("chat").requests()
+    assert 800 < np.mean([r.prompt_len for r in requests]) < 1200
+    assert 200 < np.mean([r.output_len for r in requests]) < 300
+    assert max(r.prompt_len + r.output_len for r in requests) <= 8192
+
+
+def test_yaml_file_with_relative_jsonl(tmp_path: Path):
+    (tmp_path / "rows.jsonl").write_text('{"prompt_len": 10, "output_len": 3}\n')
+    (tmp_path / "w.yaml").write_text("num_requests: 2\njsonl: rows.jsonl\nrequest_rate: inf\n")
+    spec = load_workload(tmp_path / "w.yaml")
+    assert spec.name == "w" and [r.prompt_len for r in spec.requests()] == [10, 10]
+
+
+def one_line_error(call) -> str:
+    with pytest.raises(AutotuneError) as info:
+        call()
+    message = str(info.value)
+    assert "\n" not in message and message
+    return message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("num_requests: [1\n", "malformed YAML"),
+        ("- a\n- b\n", "mapping"),
+        ("num_requests: 10\nprompt_len: 5\noutput_len: 5\nrate: 3\n", "unknown key"),
+        ("prompt_len: 5\noutput_len: 5\n", "missing required key num_requests"),
+        ("num_requests: 0\nprompt_len: 5\noutput_len: 5\n", "num_requests must be >= 1"),
+        ("num_requests: 2.5\nprompt_len: 5\noutput_len: 5\n", "whole number"),
+        (
+            "num_requests: 10\nprompt_len: 5\noutput_len: 5\nrequest_rate: fast\n",
+            "request_rate must be a number",
+        ),
+        ("num_requests: 10\nprompt_len: 5\noutput_len: 5\nrequest_rate: -1\n", "request_rate must be > 0"),
+        ("num_requests: 10\nprompt_len: 5\noutput_len: 5\nburstiness: 0\n", "burstiness"),
+        ("num_requests: 10\nprompt_len: 5\noutput_len: 5\nload: max\n", "load must be one of"),
+        ("num_requests: 10\nprompt_len: 5\noutput_len: 5\nmax_concurrency: 0\n", "max_concurrency"),
+        ("num_requests: 10\n", "exactly one length source"),
+        ("num_requests: 10\nprompt_len: 5\n", "needs an output_len"),
+        ("num_requests: 10\nprompt_len: 5\noutput_len: 5\ntrace: conv\n", "exactly one length source"),
+        (
+            "num_requests: 10\nprompt_len: {dist: zipf, mean: 5}\noutput_len: 5\n",
+            "unknown length distribution",
+        ),
+        ("num_requests: 10\nprompt_len: {mean: 5}\noutput_len: 5\n", "needs dist"),
+        ("num_requests: 10\nprompt_len: {dist: normal, mean: 5, stdev: 1}\noutput_len: 5\n", "unknown key"),
+        (
+            "num_requests: 10\nprompt_len: {dist: uniform, mean: 5, range_ratio: 1.5}\noutput_len: 5\n",
+            "range_ratio",
+        ),
+        (
+            "num_requests: 10\nprompt_len: {dist: fixed, mean: 5, min: 9, max: 3}\noutput_len: 5\n",
+            "min <= max",
+        ),
+        ("num_requests: 10\nprompt_len: 5\noutput_len: 5\nshared_prefix: {num_prefixes: 4}\n", "both"),
+        ("num_requests: 10\ntrace: {name: conv, arrivals: replay}\n", "arrivals"),
+        ("num_requests: 10\ntrace: {name: conv, time_scale: 0}\n", "time_scale"),
+        ("num_requests: 10\ntrace: {name: conv, arrivals: rate, time_scale: 2}\n", "only apply"),
+        ("num_requests: 10\ntrace: missing.csv\n", "cannot read trace"),
+        ("num_requests: 100000\ntrace: conv\n", "fewer than num_requests"),
+        ("num_requests: 10\njsonl: missing.jsonl\n", "cannot read JSONL"),
+    ],
+)
+def test_bad_workload_yaml(tmp_path: Path, text: str, expected: str):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert expected in one_line_error(lambda: load_workload(path))
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        (["{not json"], "not valid JSON"),
+        (["[1, 2]"], "JSON object"),
+        (['{"output_len": 3}'], "needs prompt"),
+        (['{"prompt_len": 0, "output_len": 3}'], "prompt_len must be >= 1"),
+        (['{"prompt": 5}'], "prompt must be a string"),
+        ([""], "no rows"),
+    ],
+)
+def test_bad_jsonl(tmp_path: Path, lines: list[str], expected: str):
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    spec = WorkloadSpec(name="j", num_requests=1, jsonl=path, output_len=LengthDist("fixed", 4))
+    assert expected in one_line_error(spec.requests)
+
+
+def test_bad_trace_csv(tmp_path: Path):
+    path = tmp_path / "t.csv"
+    path.write_text("time,prompt,output\n1,2,3\n")
+    spec = WorkloadSpec(name="t", num_requests=1, trace=TraceSource(str(path)))
+    assert "TIMESTAMP,ContextTokens,GeneratedTokens" in one_line_error(spec.requests)
+
+
+def test_text_prompts_reject_shared_prefix(tmp_path: Path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "hello", "output_len": 3}\n')
+    spec = WorkloadSpec(name="j", num_requests=2, jsonl=path, num_prefixes=1, prefix_len=8)
+    assert "text prompts" in one_line_error(spec.requests)
+
+
+def test_unknown_workload_name_lists_bundled_ones():
+    message = one_line_error(lambda: load_workload("no_such_workload"))
+    assert "not found" in message and "chat" in message
+
+
+def test_spec_from_dict_accepts_inf_and_fixed_lengths():
+    spec = spec_from_dict({"num_requests": 3, "request_rate": "inf", "prompt_len": 7, "output_len": 2})
+    assert math.isinf(spec.request_rate) and spec.prompt_len == LengthDist("fixed", 7)
