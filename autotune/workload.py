@@ -479,7 +479,7 @@ def _resolve(path_or_name: str | Path) -> Path:
         return path
     bundled_dir = Path(autotune.__file__).resolve().parents[1] / "workloads"
     bundled = bundled_dir / f"{path_or_name}.yaml"
-    if isinstance(path_or_name, str) and path.name == path_or_name and bundled.is_file():
+    if path.parent == Path(".") and not path.suffix and bundled.is_file():
         return bundled
     names = ", ".join(sorted(p.stem for p in bundled_dir.glob("*.yaml")))
     raise AutotuneError(
