@@ -1,0 +1,263 @@
+"""The `docker` backend: each trial runs a `vllm/vllm-openai` container through the Docker SDK.
+
+The container gets the assigned GPUs as device requests, the Hugging Face cache as a volume,
+host IPC (or a shm size), and its port 8000 published on 127.0.0.1 only. Every container carries
+the labels `autotune.trial` and `autotune.owner_pid` (+ host), so `reap_orphans()` can remove the
+ones whose owner died (a force-cancelled Ray worker cannot run its `finally`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.backends.base import TrialResult
+from autotune.backends.server import LaunchError, TrialLimits, run_server_trial, scrub_args
+from autotune.config import EngineConfig
+from autotune.errors import AutotuneError
+from autotune.slo import Slo
+
+CONTAINER_PORT = 8000
+CONTAINER_HF_CACHE = "/root/.cache/huggingface"
+LABEL_TRIAL = "autotune.trial"
+LABEL_OWNER_PID = "autotune.owner_pid"
+LABEL_OWNER_HOST = "autotune.owner_host"
+PASSED_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE")
+LOG_TAIL_BYTES_LINES = 2000  # lines fetched from the engine while the container runs
+
+
+def docker_client() -> Any:
+    """A Docker SDK client for the local engine; AutotuneError when it is not reachable."""
+    try:
+        import docker
+
+        client = docker.from_env(version="auto", timeout=30)
+        client.ping()
+    except Exception as exc:  # the SDK raises DockerException, requests' errors or FileNotFoundError
+        raise AutotuneError(f"Docker engine not reachable: {_first_line(exc)}") from exc
+    return client
+
+
+@dataclass(frozen=True)
+class DockerBackend:
+    """Launches one container of `image` per trial (the image's entrypoint must be vLLM's API server).
+
+    `load_format_dummy` adds `--load-format dummy` (random weights: no download, same speed);
+    `extra_volumes` maps host paths to container paths (read-only); `network_host` uses the host's
+    network instead of a published port. `env` adds container variables.
+    """
+
+    gpu: str
+    image: str = "vllm/vllm-openai:latest"
+    startup_timeout_s: float = 600.0
+    benchmark_timeout_s: float = 1800.0
+    hf_cache: str | None = "~/.cache/huggingface"
+    shm_size: str = "16g"
+    load_format_dummy: bool = True
+    extra_volumes: Mapping[str, str] | None = None
+    network_host: bool = False
+    env: Mapping[str, str] | None = None
+    stop_grace_s: float = 10.0
+    _limits: TrialLimits = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "extra_volumes", dict(self.extra_volumes or {}))
+        object.__setattr__(self, "env", dict(self.env or {}))
+        object.__setattr__(self, "_limits", TrialLimits(self.startup_timeout_s, self.benchmark_timeout_s))
+
+    def preflight(self) -> Any:
+        """Check the engine and the image (no registry is assumed reachable); returns the client."""
+        import docker
+
+        client = docker_client()
+        try:
+            client.images.get(self.image)
+        except docker.errors.ImageNotFound:
+            raise AutotuneError(
+                f"Docker image {self.image!r} is not available locally: pull or build it first"
+            ) from None
+        return client
+
+    def evaluate(
+        self,
+        config: EngineConfig,
+        workload: Any,
+        slos: Sequence[Slo] = (),
+        seed: int = 0,
+        gpu_ids: Sequence[int] = (),
+        trial_dir: Path | None = None,
+    ) -> TrialResult:
+        """Benchmark `config` in a fresh container (see autotune.backends.server)."""
+        client = self.preflight()
+        try:
+
+            def launch(port: int, log_path: Path) -> _Container:
+                return self._launch(client, config, port, gpu_ids, log_path)
+
+            info = {"image": self.image, "command": scrub_args(self.command(config))}
+            return run_server_trial(launch, config, workload, slos, seed, self._limits, trial_dir, info)
+        finally:
+            client.close()
+
+    def command(self, config: EngineConfig) -> list[str]:
+        """The API server's arguments inside the container (`--model X --flag ...`)."""
+        model, *flags = config.to_args()
+        args = ["--model", model, *flags]
+        if self.load_format_dummy and "load_format" not in config.extra:
+            args += ["--load-format", "dummy"]
+        return [*args, "--port", str(CONTAINER_PORT), "--host", "0.0.0.0"]
+
+    def _launch(
+        self, client: Any, config: EngineConfig, port: int, gpu_ids: Sequence[int], log_path: Path
+    ) -> _Container:
+        import docker
+
+        options = self._run_options(gpu_ids, port)
+        try:
+            container = client.containers.create(self.image, self.command(config), **options)
+        except docker.errors.APIError as exc:
+            raise LaunchError(_first_line(exc)) from exc
+        handle = _Container(container, port, log_path, self.stop_grace_s, self.network_host)
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            handle.stop()
+            raise LaunchError(_first_line(exc)) from exc
+        return handle
+
+    def _run_options(self, gpu_ids: Sequence[int], port: int) -> dict[str, Any]:
+        import docker
+
+        env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+        env.update(self.env or {})
+        env["AUTOTUNE_SIM_GPU"] = self.gpu
+        volumes = {
+            host: {"bind": inside, "mode": "ro"} for host, inside in (self.extra_volumes or {}).items()
+        }
+        if self.hf_cache:
+            cache = Path(self.hf_cache).expanduser()
+            cache.mkdir(parents=True, exist_ok=True)  # else the engine creates it owned by root
+            volumes[str(cache)] = {"bind": CONTAINER_HF_CACHE, "mode": "rw"}
+        options: dict[str, Any] = {
+            "environment": env,
+            "volumes": volumes,
+            "labels": {
+                LABEL_TRIAL: uuid.uuid4().hex,
+                LABEL_OWNER_PID: str(os.getpid()),
+                LABEL_OWNER_HOST: socket.gethostname(),
+            },
+            "detach": True,
+        }
+        if self.shm_size:
+            options["shm_size"] = self.shm_size
+        else:
+            options["ipc_mode"] = "host"  # PyTorch's shared memory between vLLM's processes
+        if gpu_ids:
+            options["device_requests"] = [
+                docker.types.DeviceRequest(device_ids=[str(g) for g in gpu_ids], capabilities=[["gpu"]])
+            ]
+        if self.network_host:
+            options["network_mode"] = "host"
+        else:
+            options["ports"] = {f"{CONTAINER_PORT}/tcp": ("127.0.0.1", port)}
+        return options
+
+
+class _Container:
+    """A running container (the ServerHandle of the `docker` backend)."""
+
+    def __init__(self, container: Any, port: int, log_path: Path, grace_s: float, network_host: bool) -> None:
+        self.container = container
+        # With the host network the server listens on the container port itself.
+        self.base_url = f"http://127.0.0.1:{CONTAINER_PORT if network_host else port}"
+        self.log_path = log_path
+        self.grace_s = grace_s
+        self._stopped = False
+
+    def exit_code(self) -> int | None:
+        import docker
+
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            return -9  # removed behind our back: as good as killed
+        if self.container.status in ("exited", "dead"):
+            return int(self.container.attrs["State"]["ExitCode"])
+        return None
+
+    def log_text(self) -> str:
+        if self._stopped:
+            return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return self._fetch_logs(tail=LOG_TAIL_BYTES_LINES)
+
+    def _fetch_logs(self, tail: int | str = "all") -> str:
+        import docker
+
+        try:
+            return self.container.logs(stdout=True, stderr=True, tail=tail).decode("utf-8", errors="replace")
+        except docker.errors.APIError:
+            return ""
+
+    def stop(self) -> None:
+        """Stop (SIGTERM, then SIGKILL after the grace period), save the logs, remove the container."""
+        if self._stopped:
+            return
+        import docker
+
+        try:
+            # Already gone or exited: remove(force=True) below settles it.
+            with contextlib.suppress(docker.errors.APIError):
+                self.container.stop(timeout=int(self.grace_s))
+            self.log_path.write_text(self._fetch_logs())
+        finally:
+            with contextlib.suppress(docker.errors.APIError):
+                self.container.remove(force=True)
+            self._stopped = True
+
+
+def reap_orphans(client: Any = None) -> int:
+    """Remove autotune containers on this host whose owner process is dead; returns how many.
+
+    The executor calls this after force-cancelling a trial: the killed worker could not stop its
+    container. Containers of live owners (other running studies) are left alone.
+    """
+    import docker
+
+    client = client or docker_client()
+    removed = 0
+    host = socket.gethostname()
+    for container in client.containers.list(all=True, filters={"label": LABEL_OWNER_PID}):
+        labels = container.labels
+        if labels.get(LABEL_OWNER_HOST, host) != host or _pid_alive(labels.get(LABEL_OWNER_PID, "")):
+            continue
+        try:
+            container.remove(force=True)
+            removed += 1
+        except docker.errors.APIError:
+            pass  # removed concurrently
+    return removed
+
+
+def _pid_alive(text: str) -> bool:
+    try:
+        pid = int(text)
+    except ValueError:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

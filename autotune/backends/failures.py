@@ -1,0 +1,117 @@
+"""Why a real server failed: a FailureKind and a one-line message, from its exit code and its log.
+
+The patterns are vLLM's own messages (verbatim, see docs/vllm-facts.md section 2), so the study
+learns *why* a config failed (scheduler validation, no memory for KV, CUDA OOM...) and not just
+that it did. A pattern's match is the message itself, so the line stays vLLM's own wording even
+when vLLM wraps it in a log prefix or a pydantic ValidationError.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from autotune.backends.base import FailureKind
+
+STARTUP = "startup"
+BENCHMARK = "benchmark"
+MAX_MESSAGE_CHARS = 400
+
+# CUDA OOM is a startup OOM while the server starts, an OOM under load once it serves.
+_CUDA_OOM = re.compile(r"(?:torch\.)?(?:cuda\.)?OutOfMemoryError:[^\n]*|CUDA (?:error: )?out of memory[^\n]*")
+
+# (kind, pattern) in priority order: the first pattern found anywhere in the log decides.
+_PATTERNS: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
+    (
+        FailureKind.INVALID_CONFIG,
+        re.compile(r"max_num_batched_tokens \(\d+\) is smaller than max_model_len \(\d+\)[^\n]*"),
+    ),
+    (
+        FailureKind.INVALID_CONFIG,
+        re.compile(r"max_num_batched_tokens \(\d+\) must be greater than or equal to max_num_seqs[^\n]*"),
+    ),
+    (FailureKind.KV_CACHE_OOM, re.compile(r"No available memory for the cache blocks[^\n]*")),
+    (
+        FailureKind.KV_CACHE_OOM,
+        re.compile(r"To serve at least one request with the models?'?s? max seq len[^\n]*"),
+    ),
+    (FailureKind.STARTUP_OOM, re.compile(r"Free memory on device [^\n]*less than desired GPU memory[^\n]*")),
+    (
+        FailureKind.PORT_IN_USE,
+        re.compile(r"[^\n]*(?:address already in use|port is already allocated)[^\n]*", re.IGNORECASE),
+    ),
+    # Other config validation: pydantic's wrapped ValueError, argparse rejecting a flag.
+    (FailureKind.INVALID_CONFIG, re.compile(r"(?<=Value error, )[^\n]*")),
+    (FailureKind.INVALID_CONFIG, re.compile(r"error: (?:unrecognized arguments|argument )[^\n]*")),
+)
+# At startup a bare ValueError is vLLM rejecting its configuration (EngineArgs/VllmConfig checks).
+_STARTUP_VALUE_ERROR = re.compile(r"(?<=ValueError: )[^\n]*")
+# vLLM's log prefix, e.g. "(APIServer pid=1) ERROR 05-01 12:00:00 [core.py:12] ".
+_LOG_PREFIX = re.compile(
+    r"^\s*(?:\([^)]*\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d\s+[\d:.]+\s+\[[^\]]*\]\s*)?"
+)
+_ERROR_LINE = re.compile(r"\b\w*(?:Error|Exception)\b|\berror\b", re.IGNORECASE)
+_PYDANTIC_SUFFIX = re.compile(r"\s*\[type=[^\]]*\]$")
+
+
+def classify(exit_code: int | None, log_text: str, phase: str) -> tuple[FailureKind, str]:
+    """The failure kind and a one-line message for a server that failed in `phase`.
+
+    `exit_code` is the server's exit status (negative: killed by that signal; None: still running
+    or never started), `log_text` its log (or the launcher's error), `phase` STARTUP or BENCHMARK.
+    """
+    oom = _last_match(_CUDA_OOM, log_text)
+    for kind, pattern in _PATTERNS:
+        message = _last_match(pattern, log_text)
+        if message:
+            return kind, message
+    if oom:
+        return (FailureKind.STARTUP_OOM if phase == STARTUP else FailureKind.OOM_UNDER_LOAD), oom
+    if phase == STARTUP:
+        value_error = _last_match(_STARTUP_VALUE_ERROR, log_text)
+        if value_error:
+            return FailureKind.INVALID_CONFIG, value_error
+    detail = _last_error_line(log_text)
+    exit_text = describe_exit(exit_code)
+    message = f"{exit_text}: {detail}" if detail else exit_text
+    kind = FailureKind.ERROR if phase == STARTUP else FailureKind.CRASHED
+    return kind, _one_line(message)
+
+
+def describe_exit(exit_code: int | None) -> str:
+    """'server exited with code 1', 'server was killed by SIGKILL', or 'server failed'."""
+    if exit_code is None:
+        return "server failed"
+    if exit_code < 0:
+        try:
+            name = signal.Signals(-exit_code).name
+        except ValueError:
+            name = f"signal {-exit_code}"
+        return f"server was killed by {name}"
+    return f"server exited with code {exit_code}"
+
+
+def _last_match(pattern: re.Pattern[str], text: str) -> str:
+    """The last match of `pattern` in `text` as a clean one-line message, or ''."""
+    last = None
+    for last in pattern.finditer(text):  # noqa: B007 - only the last one is kept
+        pass
+    if last is None:
+        return ""
+    return _one_line(_PYDANTIC_SUFFIX.sub("", _LOG_PREFIX.sub("", last.group(0))))
+
+
+def _last_error_line(text: str) -> str:
+    """The last log line that names an error (not the 'Traceback' header), without its log prefix."""
+    for line in reversed(text.splitlines()):
+        clean = _LOG_PREFIX.sub("", line).strip()
+        if clean and not clean.startswith("Traceback") and _ERROR_LINE.search(clean):
+            return clean
+    return ""
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[: MAX_MESSAGE_CHARS - 3] + "..."
+    return text

@@ -1,0 +1,146 @@
+"""The `vllm` backend: each trial runs `vllm serve` (or a drop-in such as `autotune sim-server`) as a
+subprocess on this host, in its own process group, and tears the whole group down afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.backends.base import TrialResult
+from autotune.backends.server import TrialLimits, read_tail, run_server_trial, scrub_args
+from autotune.config import EngineConfig
+from autotune.errors import AutotuneError
+from autotune.slo import Slo
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+@dataclass(frozen=True)
+class ProcessBackend:
+    """Launches `serve_cmd + config.to_args() + --port P --host 127.0.0.1` per trial.
+
+    `gpu` names the GPU type (passed to the server as AUTOTUNE_SIM_GPU, which a real vLLM ignores);
+    `env` adds variables to the inherited environment. Plain data, so Ray can ship it to workers.
+    """
+
+    gpu: str
+    serve_cmd: Sequence[str] = ("vllm", "serve")
+    startup_timeout_s: float = 600.0
+    benchmark_timeout_s: float = 1800.0
+    env: Mapping[str, str] | None = None
+    stop_grace_s: float = 10.0  # SIGTERM -> SIGKILL: vLLM needs a few seconds to free the GPU cleanly
+    _limits: TrialLimits = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "serve_cmd", tuple(self.serve_cmd))
+        object.__setattr__(self, "env", dict(self.env or {}))
+        object.__setattr__(self, "_limits", TrialLimits(self.startup_timeout_s, self.benchmark_timeout_s))
+        if not self.serve_cmd:
+            raise AutotuneError("the serve command is empty")
+
+    def preflight(self) -> None:
+        """Raise AutotuneError when the serve command cannot be run on this host."""
+        if shutil.which(self.serve_cmd[0]) is None:
+            raise AutotuneError(
+                f"serve command {self.serve_cmd[0]!r} not found: install vLLM or pass --serve-cmd"
+            )
+
+    def evaluate(
+        self,
+        config: EngineConfig,
+        workload: Any,
+        slos: Sequence[Slo] = (),
+        seed: int = 0,
+        gpu_ids: Sequence[int] = (),
+        trial_dir: Path | None = None,
+    ) -> TrialResult:
+        """Benchmark `config` on a fresh server (see autotune.backends.server)."""
+        self.preflight()
+
+        def launch(port: int, log_path: Path) -> _ServerProcess:
+            return self._launch(config, port, gpu_ids, log_path)
+
+        info = {"command": scrub_args(self.command(config, port=0))}
+        return run_server_trial(launch, config, workload, slos, seed, self._limits, trial_dir, info)
+
+    def command(self, config: EngineConfig, port: int) -> list[str]:
+        """The server's argument list (never a shell string)."""
+        return [*self.serve_cmd, *config.to_args(), "--port", str(port), "--host", "127.0.0.1"]
+
+    def _launch(
+        self, config: EngineConfig, port: int, gpu_ids: Sequence[int], log_path: Path
+    ) -> _ServerProcess:
+        env = {**os.environ, **self.env, "AUTOTUNE_SIM_GPU": self.gpu}
+        if gpu_ids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
+        args = self.command(config, port)
+        with log_path.open("wb") as log:
+            log.write(f"# autotune: {' '.join(scrub_args(args))}\n".encode())
+            log.flush()
+            popen = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # its own process group: one killpg reaches vLLM's workers too
+                preexec_fn=_die_with_parent(os.getpid()),
+            )
+        return _ServerProcess(popen, f"http://127.0.0.1:{port}", log_path, self.stop_grace_s)
+
+
+class _ServerProcess:
+    """A running server process group (the ServerHandle of the `vllm` backend)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], base_url: str, log_path: Path, grace_s: float) -> None:
+        self.popen = popen
+        self.base_url = base_url
+        self.log_path = log_path
+        self.grace_s = grace_s
+
+    def exit_code(self) -> int | None:
+        return self.popen.poll()
+
+    def log_text(self) -> str:
+        return read_tail(self.log_path)
+
+    def stop(self) -> None:
+        """SIGTERM the group, SIGKILL it after the grace period, and reap the leader (no zombie)."""
+        try:
+            if self.popen.poll() is None:
+                _signal_group(self.popen.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.popen.wait(self.grace_s)
+        finally:
+            # Always: workers the leader left behind in its group die too, even on a second Ctrl-C.
+            _signal_group(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is already gone
+        os.killpg(pgid, sig)
+
+
+def _die_with_parent(parent_pid: int) -> Any:
+    """A preexec_fn: the server gets SIGKILL when the thread that started it dies (e.g. a Ray worker
+    force-cancelled with SIGKILL), so no server outlives its trial. Linux only; None elsewhere."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: dlopen is not fork-safe
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec

@@ -1,0 +1,475 @@
+"""The real-server trial, shared by the `vllm` (subprocess) and `docker` launchers.
+
+One trial: pick a free port -> launch -> wait for /health while watching the server (an exit ends
+the wait at once and is classified from its exit code and log) -> one warm-up request -> scrape
+/metrics -> run the workload with the load generator (early abort on lost SLOs) while sampling
+KV-cache usage -> scrape /metrics again -> compute vllm bench serve's metrics. The server is torn
+down in `finally`, whatever happened (failure, timeout, Ctrl-C). A launcher only supplies a
+`launch(port) -> ServerHandle`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from autotune.backends.base import FailureKind, TrialResult
+from autotune.backends.failures import BENCHMARK, STARTUP, classify
+from autotune.config import EngineConfig
+from autotune.metrics import GOODPUT_METRICS, BenchmarkResult, compute_metrics
+from autotune.slo import Slo
+
+LOG_NAME = "server.log"
+LOG_TAIL_LINES = 40
+HEALTH_POLL_S = 0.25  # cheap: a refused connection answers at once
+KV_SAMPLE_S = 0.5  # how often /metrics is sampled during the load (peak KV usage)
+EXIT_SETTLE_S = 1.0  # after failed requests, how long to wait for the server to finish dying
+PORT_ATTEMPTS = 2  # a free port can be taken between picking it and the server binding it
+WARMUP_PROMPT_LEN = 16
+WARMUP_OUTPUT_LEN = 4
+WARMUP_REQUEST_ID = 2**31 - 1  # its prompt shares no prefix with the workload's requests (ids 0..n-1)
+_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+
+
+class ServerHandle(Protocol):
+    """A launched server, as the shared path sees it."""
+
+    base_url: str  # http://127.0.0.1:<port>
+
+    def exit_code(self) -> int | None:
+        """The exit status once the server has exited (negative: killed by a signal), else None."""
+        ...
+
+    def log_text(self) -> str:
+        """The server's log so far (its recent part for long logs)."""
+        ...
+
+    def stop(self) -> None:
+        """Stop the server and release everything it holds. Idempotent; never raises."""
+        ...
+
+
+class LaunchError(Exception):
+    """The launcher could not start the server; the message is classified like a server log."""
+
+
+Launch = Callable[[int, Path], ServerHandle]  # (host port, log file) -> a started server
+
+
+@dataclass(frozen=True)
+class TrialLimits:
+    """How long a trial may take."""
+
+    startup_timeout_s: float = 600.0
+    benchmark_timeout_s: float = 1800.0
+
+
+@dataclass
+class _Failure:
+    kind: FailureKind
+    message: str
+    benchmark: BenchmarkResult | None = None
+
+
+@dataclass
+class _Timing:
+    """Wall seconds of each phase (filled in as the trial goes, so failures keep them too)."""
+
+    start: float = field(default_factory=time.monotonic)
+    startup_s: float = 0.0
+    benchmark_s: float = 0.0
+
+
+def run_server_trial(
+    launch: Launch,
+    config: EngineConfig,
+    workload: Any,
+    slos: Sequence[Slo],
+    seed: int,
+    limits: TrialLimits,
+    trial_dir: Path | None,
+    info: Mapping[str, Any] | None = None,
+) -> TrialResult:
+    """Evaluate `config` on `workload` against a real server started by `launch`. Never raises for a
+    bad config (the failure is the result); KeyboardInterrupt stops the server and propagates."""
+    with _log_dir(trial_dir) as log_dir:
+        log_path = log_dir / LOG_NAME
+        result = None
+        for _ in range(PORT_ATTEMPTS):
+            result = _attempt(launch, free_port(), log_path, config, workload, slos, seed, limits)
+            if result.failure is not FailureKind.PORT_IN_USE:
+                break
+        assert result is not None
+        result.info.update(info or {})
+        if trial_dir is not None:
+            result.info["server_log"] = str(log_path)
+        return result
+
+
+def _attempt(
+    launch: Launch,
+    port: int,
+    log_path: Path,
+    config: EngineConfig,
+    workload: Any,
+    slos: Sequence[Slo],
+    seed: int,
+    limits: TrialLimits,
+) -> TrialResult:
+    timing = _Timing()
+    handle: ServerHandle | None = None
+    failure: _Failure | None = None
+    benchmark: BenchmarkResult | None = None
+    try:
+        handle = launch(port, log_path)
+        failure = _start(handle, config.model, limits.startup_timeout_s)
+        timing.startup_s = time.monotonic() - timing.start
+        if failure is None:
+            started = time.monotonic()
+            try:
+                benchmark, failure = _benchmark(handle, config.model, workload, slos, seed, limits)
+            finally:
+                timing.benchmark_s = time.monotonic() - started
+    except LaunchError as exc:
+        failure = _Failure(*classify(None, str(exc), STARTUP))
+        timing.startup_s = time.monotonic() - timing.start
+    finally:
+        if handle is not None:
+            handle.stop()
+    result = TrialResult(
+        config=config, benchmark=benchmark, startup_s=timing.startup_s, benchmark_s=timing.benchmark_s
+    )
+    if benchmark is not None:
+        result.info["num_gpu_blocks"] = benchmark.server.get("num_gpu_blocks")
+    if failure is not None:
+        result.failure = failure.kind
+        result.message = scrub(failure.message)
+        result.benchmark = failure.benchmark
+        log = handle.log_text() if handle is not None else failure.message
+        result.log_tail = scrub("\n".join(log.splitlines()[-LOG_TAIL_LINES:]))
+    return result
+
+
+def _start(handle: ServerHandle, model: str, timeout_s: float) -> _Failure | None:
+    """Wait for /health, then send one warm-up request; a failure if the server did not come up."""
+    deadline = time.monotonic() + timeout_s
+    failure = _wait_healthy(handle, timeout_s)
+    if failure is not None:
+        return failure
+    left = max(deadline - time.monotonic(), 1.0)
+    warmup = _load(handle.base_url, model, [_warmup_request()], None, None, left, total_timeout_s=left)
+    if warmup is not None and warmup.records and warmup.records[0].success:
+        return None
+    code = _settled_exit_code(handle)
+    if code is not None:
+        return _Failure(*classify(code, handle.log_text(), STARTUP))
+    if warmup is None:
+        return _Failure(
+            FailureKind.STARTUP_TIMEOUT, f"the warm-up request did not finish within {timeout_s:g} s"
+        )
+    error = warmup.records[0].error if warmup.records else "no answer"
+    return _Failure(FailureKind.ERROR, f"the warm-up request failed: {error}")
+
+
+def _wait_healthy(handle: ServerHandle, timeout_s: float) -> _Failure | None:
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=2.0) as client:
+        while True:
+            code = handle.exit_code()
+            if code is not None:
+                return _Failure(*classify(code, handle.log_text(), STARTUP))
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(handle.base_url + "/health").status_code == 200:
+                    return None
+            if time.monotonic() >= deadline:
+                return _Failure(FailureKind.STARTUP_TIMEOUT, f"/health did not answer within {timeout_s:g} s")
+            time.sleep(HEALTH_POLL_S)
+
+
+def _benchmark(
+    handle: ServerHandle,
+    model: str,
+    workload: Any,
+    slos: Sequence[Slo],
+    seed: int,
+    limits: TrialLimits,
+) -> tuple[BenchmarkResult | None, _Failure | None]:
+    """Run the workload; the metrics when it completed, else the (possibly partial) failure."""
+    from autotune.early_abort import SloGuard
+
+    requests = workload.requests(seed)
+    guard = SloGuard.for_requests(slos, [r.output_len for r in requests]) if slos else None
+    before = scrape_metrics(handle.base_url)
+    sampler = _KvSampler(handle.base_url)
+    started = time.monotonic()
+    load = _load(
+        handle.base_url,
+        model,
+        requests,
+        getattr(workload, "max_concurrency", None),
+        guard,
+        request_timeout_s=limits.benchmark_timeout_s,
+        total_timeout_s=limits.benchmark_timeout_s,
+        sampler=sampler,
+    )
+    if load is None:
+        code = _settled_exit_code(handle, settle_s=0.0)
+        if code is not None:
+            return None, _Failure(*classify(code, handle.log_text(), BENCHMARK))
+        return None, _Failure(
+            FailureKind.BENCHMARK_TIMEOUT,
+            f"the benchmark did not finish within {limits.benchmark_timeout_s:g} s",
+        )
+    after = scrape_metrics(handle.base_url)
+    server = server_figures(before, after, sampler.peak_kv)
+    duration = load.duration or (time.monotonic() - started)
+    metrics = compute_metrics(load.records, duration, goodput_slos(slos), server=server)
+    return metrics, _judge(handle, load, metrics)
+
+
+def _judge(handle: ServerHandle, load: Any, metrics: BenchmarkResult) -> _Failure | None:
+    """Turn a finished load into a failure when the server died, stopped serving, or the run aborted."""
+    failed = [r for r in load.records if not r.success]
+    if failed:
+        code = _settled_exit_code(handle)
+        if code is not None:
+            kind, message = classify(code, handle.log_text(), BENCHMARK)
+            return _Failure(
+                kind, f"{message} ({len(failed)} of {len(load.records)} requests failed)", metrics
+            )
+        if not metrics.completed:
+            return _Failure(
+                FailureKind.ERROR, f"all {len(failed)} requests failed: {failed[0].error}", metrics
+            )
+    if load.aborted:
+        return _Failure(FailureKind.EARLY_ABORT, load.aborted, metrics)
+    return None
+
+
+def _settled_exit_code(handle: ServerHandle, settle_s: float = EXIT_SETTLE_S) -> int | None:
+    """The exit code, waiting briefly: clients see a dying server's socket close before it is reaped."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        code = handle.exit_code()
+        if code is not None or time.monotonic() >= deadline:
+            return code
+        time.sleep(0.05)
+
+
+def _load(
+    base_url: str,
+    model: str,
+    requests: Sequence[Any],
+    max_concurrency: int | None,
+    guard: Any,
+    request_timeout_s: float,
+    total_timeout_s: float | None = None,
+    sampler: _KvSampler | None = None,
+) -> Any:
+    """Run the load generator (in its own event loop); None when `total_timeout_s` ran out."""
+    from autotune.loadgen import run_load
+
+    async def main() -> Any:
+        sampling = asyncio.create_task(sampler.run()) if sampler is not None else None
+        try:
+            return await asyncio.wait_for(
+                run_load(
+                    base_url,
+                    model,
+                    requests,
+                    max_concurrency=max_concurrency,
+                    request_timeout_s=request_timeout_s,
+                    guard=guard,
+                ),
+                timeout=total_timeout_s,
+            )
+        except TimeoutError:
+            return None
+        finally:
+            if sampling is not None:
+                sampling.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampling
+
+    return asyncio.run(main())
+
+
+def _warmup_request() -> Any:
+    from autotune.workload import Request
+
+    return Request(request_id=WARMUP_REQUEST_ID, prompt_len=WARMUP_PROMPT_LEN, output_len=WARMUP_OUTPUT_LEN)
+
+
+class _KvSampler:
+    """Samples /metrics during the load to catch the peak KV-cache usage (a gauge: the end misses it)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.peak_kv: float | None = None
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    response = await client.get(self.base_url + "/metrics")
+                    usage = _kv_usage(parse_prometheus(response.text))
+                    if usage is not None:
+                        self.peak_kv = max(usage, self.peak_kv or 0.0)
+                await asyncio.sleep(KV_SAMPLE_S)
+
+
+# --- /metrics -------------------------------------------------------------------------------------
+
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One Prometheus sample line."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def parse_prometheus(text: str) -> list[Sample]:
+    """Parse Prometheus' text exposition format (comments and unparsable lines are skipped)."""
+    samples = []
+    for line in text.splitlines():
+        match = _SAMPLE.match(line.strip())
+        if not match or line.startswith("#"):
+            continue
+        try:
+            value = float(match["value"])
+        except ValueError:
+            continue
+        samples.append(Sample(match["name"], dict(_LABEL.findall(match["labels"] or "")), value))
+    return samples
+
+
+def scrape_metrics(base_url: str) -> list[Sample]:
+    """GET /metrics; an empty list when the server does not answer."""
+    try:
+        response = httpx.get(base_url + "/metrics", timeout=5.0)
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return []
+    return parse_prometheus(response.text)
+
+
+def _total(samples: Sequence[Sample], name: str) -> float | None:
+    """The sum over label sets of a counter, under its name with or without Prometheus' _total."""
+    values = [s.value for s in samples if s.name in (name, name + "_total")]
+    return sum(values) if values else None
+
+
+def _kv_usage(samples: Sequence[Sample]) -> float | None:
+    values = [s.value for s in samples if s.name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")]
+    return max(values) if values else None
+
+
+def server_figures(
+    before: Sequence[Sample], after: Sequence[Sample], peak_kv: float | None
+) -> dict[str, Any]:
+    """Server-side figures of the run: preemptions, KV blocks, peak KV usage, prefix-cache hit rate."""
+    out: dict[str, Any] = {}
+
+    def delta(name: str) -> float | None:
+        end = _total(after, name)
+        return None if end is None else end - (_total(before, name) or 0.0)
+
+    preemptions = delta("vllm:num_preemptions")
+    if preemptions is not None:
+        out["num_preemptions"] = int(preemptions)
+    for sample in after:
+        if sample.name == "vllm:cache_config_info" and "num_gpu_blocks" in sample.labels:
+            with contextlib.suppress(ValueError):
+                out["num_gpu_blocks"] = int(float(sample.labels["num_gpu_blocks"]))
+    last_kv = _kv_usage(after)
+    peaks = [v for v in (peak_kv, last_kv) if v is not None]
+    if peaks:
+        out["peak_kv_cache_usage"] = max(peaks)
+    queries, hits = delta("vllm:prefix_cache_queries"), delta("vllm:prefix_cache_hits")
+    if queries and hits is not None:
+        out["prefix_cache_hit_rate"] = hits / queries
+    return out
+
+
+# --- helpers for launchers -----------------------------------------------------------------------
+
+
+def goodput_slos(slos: Sequence[Slo]) -> dict[str, float]:
+    """The SLO bounds `vllm bench serve --goodput` understands (ttft, tpot, e2el), in ms."""
+    return {s.metric: s.limit_ms for s in slos if s.metric in GOODPUT_METRICS}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def secret_values(env: Mapping[str, str] | None = None) -> list[str]:
+    """Values of secret-looking variables (…TOKEN, …KEY, …SECRET) that must never reach logs or results."""
+    env = os.environ if env is None else env
+    return [v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= 6]
+
+
+def scrub(text: str, env: Mapping[str, str] | None = None) -> str:
+    """`text` with the values of secret environment variables replaced by ***."""
+    for value in secret_values(env):
+        text = text.replace(value, "***")
+    return text
+
+
+def scrub_args(args: Sequence[str]) -> list[str]:
+    """A command line with the values of secret-looking flags (--api-key X, --hf-token=X) hidden."""
+    out: list[str] = []
+    hide_next = False
+    for arg in args:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+        elif arg.startswith("--") and _SECRET_NAME.search(arg):
+            name, eq, _ = arg.partition("=")
+            out.append(f"{name}=***" if eq else arg)
+            hide_next = not eq
+        else:
+            out.append(scrub(arg))
+    return out
+
+
+def read_tail(path: Path, max_bytes: int = 1 << 20) -> str:
+    """The last `max_bytes` of a log file ('' if it does not exist)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+@contextlib.contextmanager
+def _log_dir(trial_dir: Path | None) -> Iterator[Path]:
+    """The trial directory (created), or a temporary one removed afterwards."""
+    if trial_dir is not None:
+        trial_dir = Path(trial_dir)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        yield trial_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
+        yield Path(tmp)
