@@ -1,0 +1,136 @@
+"""SimBackend: evaluates a config on the simulated vLLM engine, in process, with a virtual clock.
+
+GPU time is simulated too, so the tuner can account for it like a real trial: `startup_s` models
+`vllm serve` coming up (process and engine init, weight loading, the profile run, CUDA-graph capture
+growing with the number of captured sizes; a config that fails stops at the phase that fails) and
+`benchmark_s` is the simulated duration of the load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.backends.base import FailureKind, TrialResult
+from autotune.config import EngineConfig
+from autotune.errors import EngineStartupError
+from autotune.metrics import GOODPUT_METRICS, compute_metrics
+from autotune.sim.engine import SimRun, simulate
+from autotune.sim.hardware import GIB, get_gpu
+from autotune.sim.memory import MemoryPlan
+from autotune.sim.models import get_model
+from autotune.slo import Slo
+
+# Startup time model (seconds), from typical `vllm serve` logs on a warm compile cache.
+INIT_S = 12.0  # interpreter, imports, engine-core process, NCCL init
+LOAD_S_PER_GIB = 0.8  # weight loading from a local safetensors cache, per GiB per rank
+PROFILE_S = 8.0  # profile run and torch.compile (cached)
+GRAPH_CAPTURE_S = 0.25  # per captured CUDA-graph batch size
+
+_FAILURE_PHASE_S = {
+    FailureKind.INVALID_CONFIG: lambda load: INIT_S / 2,  # argument / config validation
+    FailureKind.KV_CACHE_OOM: lambda load: INIT_S + load + PROFILE_S,  # after the profile run
+    FailureKind.STARTUP_OOM: lambda load: INIT_S + load + PROFILE_S + 5.0,  # during capture/warm-up
+}
+
+
+class SimBackend:
+    """The simulated engine as a Backend (picklable: it holds only the GPU name)."""
+
+    def __init__(self, gpu: str = "H100") -> None:
+        get_gpu(gpu)  # fail fast on an unknown GPU
+        self.gpu = gpu
+
+    def evaluate(
+        self,
+        config: EngineConfig,
+        workload: Any,
+        slos: Sequence[Slo] = (),
+        seed: int = 0,
+        gpu_ids: Sequence[int] = (),
+        trial_dir: Path | None = None,
+    ) -> TrialResult:
+        """Simulate `workload` on `config`; startup errors become failed TrialResults."""
+        gpu = get_gpu(self.gpu)
+        model = get_model(config.model)
+        resolved = config.with_vllm_defaults(gpu.memory_gib, gpu.name, model.max_position_embeddings)
+        load_s = model.weight_bytes(config.tensor_parallel_size) / GIB * LOAD_S_PER_GIB
+        try:
+            run = simulate(config, gpu, workload.requests(seed), workload.max_concurrency)
+        except EngineStartupError as exc:
+            kind = FailureKind(exc.kind)
+            log = _log_lines(resolved, gpu.name, None) + [
+                "ERROR [core.py] EngineCore failed to start.",
+                str(exc) if str(exc).startswith("torch.") else f"ValueError: {exc}",
+            ]
+            return TrialResult(
+                config=config,
+                failure=kind,
+                message=str(exc),
+                log_tail="\n".join(log),
+                startup_s=_FAILURE_PHASE_S.get(kind, lambda load: INIT_S)(load_s),
+                info={"resolved": resolved.params()},
+            )
+        server = {
+            "num_preemptions": run.stats.num_preemptions,
+            "num_gpu_blocks": run.memory.num_gpu_blocks,
+            "kv_cache_tokens": run.memory.kv_cache_tokens,
+            "peak_kv_cache_usage": run.stats.peak_kv_cache_usage,
+        }
+        benchmark = compute_metrics(run.records, run.duration, _goodput_bounds(slos), server=server)
+        return TrialResult(
+            config=config,
+            benchmark=benchmark,
+            log_tail="\n".join(_log_lines(resolved, gpu.name, run.memory)),
+            startup_s=INIT_S + load_s + PROFILE_S + run.memory.num_cuda_graphs * GRAPH_CAPTURE_S,
+            benchmark_s=run.duration,
+            info=_info(resolved, run),
+        )
+
+
+def _goodput_bounds(slos: Sequence[Slo]) -> dict[str, float] | None:
+    """Per-request bounds for `vllm bench serve --goodput` from the SLOs on ttft/tpot/e2el."""
+    bounds: dict[str, float] = {}
+    for slo in slos:
+        if slo.metric in GOODPUT_METRICS:
+            bounds[slo.metric] = min(slo.limit_ms, bounds.get(slo.metric, slo.limit_ms))
+    return bounds or None
+
+
+def _info(resolved: EngineConfig, run: SimRun) -> dict[str, Any]:
+    stats = run.stats
+    return {
+        "resolved": resolved.params(),
+        "num_gpu_blocks": run.memory.num_gpu_blocks,
+        "kv_cache_tokens": run.memory.kv_cache_tokens,
+        "num_preemptions": stats.num_preemptions,
+        "peak_kv_cache_usage": stats.peak_kv_cache_usage,
+        "prefix_cache_hit_rate": stats.prefix_cache_hits / max(stats.prefix_cache_queries, 1),
+        "num_steps": run.num_steps,
+    }
+
+
+def _log_lines(config: EngineConfig, gpu_name: str, memory: MemoryPlan | None) -> list[str]:
+    """A vLLM-like startup log (the lines a user looks for)."""
+    lines = [
+        f"INFO [core.py] Initializing a V1 LLM engine (simulated on {gpu_name}) with config: "
+        f"model='{config.model}', max_seq_len={config.max_model_len}, "
+        f"tensor_parallel_size={config.tensor_parallel_size}, kv_cache_dtype={config.kv_cache_dtype}, "
+        f"enable_prefix_caching={config.enable_prefix_caching}, "
+        f"chunked_prefill_enabled={config.enable_chunked_prefill}, max_num_seqs={config.max_num_seqs}, "
+        f"max_num_batched_tokens={config.max_num_batched_tokens}, block_size={config.block_size}, "
+        f"gpu_memory_utilization={config.gpu_memory_utilization}",
+    ]
+    if memory is None:
+        return lines
+    assert config.max_model_len is not None
+    lines += [
+        f"INFO [gpu_model_runner.py] Model loading took {memory.weights_bytes / GIB:.4f} GiB",
+        f"INFO [gpu_worker.py] Available KV cache memory: {memory.kv_available_bytes / GIB:.2f} GiB",
+        f"INFO [kv_cache_utils.py] GPU KV cache size: {memory.kv_cache_tokens:,} tokens",
+        f"INFO [kv_cache_utils.py] Maximum concurrency for {config.max_model_len:,} tokens per request: "
+        f"{memory.concurrency_for(config.max_model_len):.2f}x",
+        f"INFO [gpu_model_runner.py] Graph capturing finished, took {memory.cuda_graph_bytes / GIB:.2f} GiB",
+    ]
+    return lines

@@ -1,0 +1,82 @@
+"""The duration of one engine step: a roofline of the batch's FLOPs and bytes plus fixed overheads.
+
+A step runs every scheduled token through the model once. Its GPU time is, per rank,
+
+  GEMMs      max(2 * matmul_params/TP * tokens / (peak * GEMM_EFF), weights/TP / (bw * BW_EFF))
+  attention  max(4 * layers * heads/TP * head_dim * (q x kv pairs) / (peak * ATTN_EFF),
+                 KV bytes read / (bw * BW_EFF))
+  TP         2 all-reduces per layer of tokens x hidden bf16: ring 2(TP-1)/TP x bytes / link + latency
+
+plus the CPU side of a step (scheduler, input preparation, sampling, kernel launches): a fixed base,
+a per-request part, and a launch penalty per layer when the batch is too large for CUDA graphs.
+The efficiency factors are calibrated in docs/simulator.md against vLLM's published measurements.
+"""
+
+from __future__ import annotations
+
+from autotune.sim.hardware import GpuSpec
+from autotune.sim.memory import MAX_CUDA_GRAPH_SIZE
+from autotune.sim.models import ModelSpec
+
+GEMM_EFF = 0.65  # achieved / peak bf16 for large GEMMs (prefill)
+ATTN_EFF = 0.45  # FlashAttention prefill achieved / peak
+BW_EFF = 0.80  # achieved / peak HBM bandwidth for weight and KV streaming
+STEP_BASE_S = 1.5e-3  # scheduler + input prep + sampling + output processing per step
+PER_SEQ_S = 5e-6  # per scheduled request (block tables, sampling metadata, detokenize)
+EAGER_PER_LAYER_S = 30e-6  # kernel-launch cost per layer when the batch exceeds the CUDA-graph sizes
+
+
+class CostModel:
+    """Step durations for one model on one GPU type at one TP size (coefficients precomputed)."""
+
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, kv_bytes_per_token: int) -> None:
+        peak = gpu.bf16_flops
+        bw = gpu.hbm_bytes_per_s * BW_EFF
+        layer_params = model.num_layers * model.layer_params
+        # Per scheduled token: every layer's matmuls; per sampled row: the lm_head.
+        self._s_per_token = 2 * layer_params / tp / (peak * GEMM_EFF)
+        self._s_per_sampled = 2 * model.vocab_size * model.hidden_size / tp / (peak * GEMM_EFF)
+        self._weights_s = model.weight_bytes(tp) / bw
+        attn_flops_per_pair = 4 * model.num_layers * (model.num_attention_heads // tp) * model.head_dim
+        self._s_per_attn_pair = attn_flops_per_pair / (peak * ATTN_EFF)
+        self._s_per_kv_token = kv_bytes_per_token / bw
+        self._s_per_decode_pair = attn_flops_per_pair / (peak * GEMM_EFF)
+        if tp > 1:
+            ring = 2 * (tp - 1) / tp
+            self._allreduce_per_token = (
+                2 * model.num_layers * ring * model.hidden_size * 2 / (gpu.interconnect_bytes_per_s)
+            )
+            self._allreduce_fixed = 2 * model.num_layers * gpu.interconnect_latency_s
+        else:
+            self._allreduce_per_token = 0.0
+            self._allreduce_fixed = 0.0
+        self._eager_s = model.num_layers * EAGER_PER_LAYER_S
+
+    def step_time(
+        self,
+        num_tokens: int,
+        num_seqs: int,
+        num_sampled: int,
+        decode_context: int,
+        prefill_pairs: float,
+        prefill_context: int,
+    ) -> float:
+        """Seconds for one step.
+
+        num_tokens: tokens scheduled (decodes + prefill chunks); num_seqs: requests scheduled;
+        num_sampled: rows sampled (decodes + prefills that finish this step);
+        decode_context: sum of the decodes' context lengths (KV read, one query each);
+        prefill_pairs: sum over chunks of chunk x (context before + (chunk + 1) / 2) query-key pairs;
+        prefill_context: tokens of KV the chunks read (cached prefix + earlier chunks + themselves).
+        """
+        gemm = max(num_tokens * self._s_per_token + num_sampled * self._s_per_sampled, self._weights_s)
+        kv_tokens = decode_context + prefill_context
+        attn = max(
+            prefill_pairs * self._s_per_attn_pair + decode_context * self._s_per_decode_pair,
+            kv_tokens * self._s_per_kv_token,
+        )
+        comm = num_tokens * self._allreduce_per_token + self._allreduce_fixed
+        cpu = STEP_BASE_S + num_seqs * PER_SEQ_S
+        if num_tokens > MAX_CUDA_GRAPH_SIZE:
+            cpu += self._eager_s
+        return gemm + attn + comm + cpu

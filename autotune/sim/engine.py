@@ -1,0 +1,533 @@
+"""A discrete-event model of vLLM V1's engine: scheduler, paged KV cache, prefix cache, virtual clock.
+
+Scheduling follows `vllm/v1/core/sched/scheduler.py` (vllm-facts.md section 3): RUNNING requests
+first (decodes take one token each; at most one request is mid-prefill and it is the newest), then
+WAITING requests FCFS when no preemption happened this step, while running < max_num_seqs and the
+token budget lasts. KV blocks are allocated per block; when they run out the newest running request
+is preempted (recompute: it loses its blocks and computed tokens and goes to the front of the queue).
+Full blocks are hashed (shared-prefix blocks by (prefix_id, i), the rest per request) and stay cached
+after they are freed until the LRU allocation evicts them.
+
+Speed: a decode costs no Python work per token. A decoding request's state is implied by the step
+index since it entered decode; the engine only touches it when it crosses a block boundary (an event
+every block_size steps) or finishes (an event at a step known in advance). Token emission times are
+recovered at the end from the global step-time array and each request's [first, last] step segments.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autotune.config import EngineConfig
+from autotune.metrics import RequestRecord
+from autotune.sim.costs import CostModel
+from autotune.sim.hardware import GpuSpec, get_gpu
+from autotune.sim.memory import MemoryPlan, plan_memory
+from autotune.sim.models import ModelSpec, get_model
+from autotune.workload import Request
+
+_KEY_STRIDE = 1 << 22  # block index bound per request in the integer block-hash keys
+
+
+@dataclass
+class StepOutput:
+    """What one engine step did: its duration, the tokens it emitted and the requests it finished."""
+
+    duration: float
+    new_tokens: list[tuple[int, int]] = field(default_factory=list)  # (request_id, tokens emitted)
+    finished: list[int] = field(default_factory=list)
+
+
+@dataclass
+class EngineStats:
+    """vLLM's server-side counters and gauges (the /metrics names without the `vllm:` prefix)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    peak_kv_cache_usage: float = 0.0
+    num_preemptions: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefix_cache_queries: int = 0  # tokens looked up
+    prefix_cache_hits: int = 0  # tokens found
+
+
+@dataclass
+class SimRun:
+    """The result of replaying a workload on the simulated engine."""
+
+    records: list[RequestRecord]
+    duration: float
+    stats: EngineStats
+    memory: MemoryPlan
+    num_steps: int
+
+
+class _Req:
+    """Engine-side state of one request."""
+
+    __slots__ = (
+        "rid", "prompt_len", "output_len", "prefix_id", "prefix_blocks", "send_time", "outputs",
+        "computed", "blocks", "cached_upto", "gen", "decode_start", "decode_outputs", "finish_step",
+        "segments", "prompt_counted", "seq",
+    )  # fmt: skip
+
+    def __init__(self, request: Request, send_time: float, block_size: int) -> None:
+        self.rid = request.request_id
+        self.prompt_len = max(1, request.prompt_len)
+        self.output_len = max(1, request.output_len)
+        self.prefix_id = request.prefix_id
+        self.prefix_blocks = (
+            min(request.prefix_len, self.prompt_len) // block_size if request.prefix_id is not None else 0
+        )
+        self.send_time = send_time
+        self.outputs = 0  # output tokens emitted before the current decode run
+        self.computed = 0  # tokens with KV (valid while waiting or prefilling)
+        self.blocks: list[int] = []
+        self.cached_upto = 0  # blocks[:cached_upto] are registered in the prefix cache
+        self.gen = 0  # bumped on preemption: invalidates pending events
+        self.decode_start = -1  # step of the first decode of the current run (-1: not decoding)
+        self.decode_outputs = 0  # outputs when the current decode run started
+        self.finish_step = -1
+        self.segments: list[tuple[int, int]] = []  # [first, last] steps of token emission runs
+        self.prompt_counted = False
+        self.seq = 0  # admission sequence number: running order
+
+    def key(self, i: int) -> object:
+        """Hash of full block i: shared prefix blocks by prefix, the rest unique to the request."""
+        if i < self.prefix_blocks:
+            return (self.prefix_id, i)
+        return self.rid * _KEY_STRIDE + i
+
+    def computed_at(self, step: int) -> int:
+        """KV tokens of a decoding request before `step` runs."""
+        return self.prompt_len + self.decode_outputs - 1 + (step - self.decode_start)
+
+
+class _BlockPool:
+    """vLLM's KV block pool: free queue in LRU order, ref counts, hash -> block map for cached blocks."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.fresh_next = 0  # blocks [fresh_next, num_blocks) were never used: the free queue's head
+        self.free: OrderedDict[int, None] = OrderedDict()  # freed blocks, least recently freed first
+        self.ref = [0] * num_blocks
+        self.hash: list[object | None] = [None] * num_blocks
+        self.cache: dict[object, int] = {}
+
+    @property
+    def num_free(self) -> int:
+        return self.num_blocks - self.fresh_next + len(self.free)
+
+    def allocate(self, n: int) -> list[int]:
+        """n blocks (caller checked num_free); evicts the least recently freed cached blocks."""
+        fresh = min(n, self.num_blocks - self.fresh_next)
+        out = list(range(self.fresh_next, self.fresh_next + fresh))
+        self.fresh_next += fresh
+        for _ in range(n - fresh):
+            bid = self.free.popitem(last=False)[0]
+            h = self.hash[bid]
+            if h is not None:
+                self.hash[bid] = None
+                if self.cache.get(h) == bid:
+                    del self.cache[h]
+            out.append(bid)
+        ref = self.ref
+        for bid in out:
+            ref[bid] = 1
+        return out
+
+    def touch(self, hits: list[int]) -> None:
+        """Take a reference on cached blocks (removing free ones from the free queue)."""
+        for bid in hits:
+            if self.ref[bid] == 0:
+                del self.free[bid]
+            self.ref[bid] += 1
+
+    def release(self, blocks: list[int]) -> None:
+        """Drop a request's references; its tail blocks are freed first so they are evicted first."""
+        ref, free = self.ref, self.free
+        for bid in reversed(blocks):
+            ref[bid] -= 1
+            if ref[bid] == 0:
+                free[bid] = None
+
+    def register(self, req: _Req, upto: int) -> None:
+        """Cache req's full blocks [cached_upto, upto)."""
+        cache, hashes, blocks = self.cache, self.hash, req.blocks
+        for i in range(req.cached_upto, upto):
+            key = req.key(i)
+            if key not in cache:
+                bid = blocks[i]
+                cache[key] = bid
+                hashes[bid] = key
+        req.cached_upto = max(req.cached_upto, upto)
+
+    def lookup(self, req: _Req, max_blocks: int) -> list[int]:
+        """The cached blocks of req's longest cached prefix (at most max_blocks)."""
+        hits = []
+        cache = self.cache
+        for i in range(max_blocks):
+            bid = cache.get(req.key(i))
+            if bid is None:
+                break
+            hits.append(bid)
+        return hits
+
+
+def _by_seq(r: _Req) -> int:
+    return r.seq
+
+
+class SimEngine:
+    """The simulated vLLM V1 engine with a virtual clock. Raises EngineStartupError like vLLM."""
+
+    def __init__(self, config: EngineConfig, gpu: str | GpuSpec) -> None:
+        self.gpu: GpuSpec = get_gpu(gpu)
+        self.model: ModelSpec = get_model(config.model)
+        self.config: EngineConfig = config.with_vllm_defaults(
+            self.gpu.memory_gib, self.gpu.name, self.model.max_position_embeddings
+        )
+        self.memory: MemoryPlan = plan_memory(self.config, self.model, self.gpu)
+        self.costs = CostModel(
+            self.model, self.gpu, self.config.tensor_parallel_size, self.memory.kv_bytes_per_token
+        )
+        self.now = 0.0
+        self.stats = EngineStats()
+        self.step_times: list[float] = []  # end time of every step, indexed by step number
+        self._bs = self.config.block_size
+        assert self.config.max_num_batched_tokens is not None and self.config.max_num_seqs is not None
+        assert self.config.max_model_len is not None
+        self._budget = self.config.max_num_batched_tokens
+        self._max_seqs = self.config.max_num_seqs
+        self._max_len = self.config.max_model_len
+        self._chunked = self.config.enable_chunked_prefill
+        self._caching = self.config.enable_prefix_caching
+        self._pool = _BlockPool(self.memory.num_gpu_blocks)
+        self._waiting: deque[_Req] = deque()
+        self._running: dict[int, _Req] = {}  # admission order; the last one is the newest
+        self._prefilling: _Req | None = None  # the running request mid-prefill (always the newest)
+        self._block_events: dict[int, list[tuple[_Req, int]]] = {}
+        self._finish_events: dict[int, list[tuple[_Req, int]]] = {}
+        self._decode_context = 0  # sum of decoding requests' KV tokens before the current step
+        self._done: dict[int, _Req] = {}
+        self._admitted = 0
+
+    # -- public API ------------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a request that arrives now. ValueError (vLLM's HTTP 400 text) if it is too long."""
+        self._enqueue(request, self.now)
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting or running."""
+        return bool(self._running or self._waiting)
+
+    def step(self) -> StepOutput:
+        """Run one engine step; advance `now` by its duration."""
+        return self._step(emit=True)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """KV blocks not referenced by any request (cached-but-free blocks count as free, as in vLLM)."""
+        return self._pool.num_free
+
+    @property
+    def num_steps(self) -> int:
+        """Steps run so far."""
+        return len(self.step_times)
+
+    def record(self, request_id: int, times: np.ndarray | None = None) -> RequestRecord:
+        """The client-side record of a finished request (times from its token-emission steps).
+
+        `times` is `np.asarray(step_times)`, passed in when building many records.
+        """
+        req = self._done[request_id]
+        if times is None:
+            times = np.asarray(self.step_times)
+        parts = [times[a : b + 1] for a, b in req.segments]
+        emitted = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return RequestRecord(
+            prompt_len=req.prompt_len,
+            output_len=int(emitted.size),
+            start_time=req.send_time,
+            ttft=float(emitted[0] - req.send_time),
+            itl=np.diff(emitted).tolist(),
+            latency=float(emitted[-1] - req.send_time),
+        )
+
+    # -- internals -------------------------------------------------------------------------------
+    def _enqueue(self, request: Request, send_time: float) -> None:
+        total = request.prompt_len + request.output_len
+        if total > self._max_len:
+            raise ValueError(
+                f"This model's maximum context length is {self._max_len} tokens. However, you requested "
+                f"{total} tokens ({request.prompt_len} in the messages, {request.output_len} in the "
+                "completion). Please reduce the length of the messages or completion."
+            )
+        self._waiting.append(_Req(request, send_time, self._bs))
+
+    def _step(self, emit: bool) -> StepOutput:
+        if not self.has_unfinished():
+            return StepOutput(duration=0.0)
+        step = len(self.step_times)
+        bs = self._bs
+        pool = self._pool
+        running = self._running
+        preempted = self._grow_decodes(step)
+        num_decode = len(running) - (self._prefilling is not None)
+        budget = self._budget - num_decode
+        chunks: list[tuple[_Req, int]] = []  # (request, tokens) prefill work this step
+        p = self._prefilling
+        if p is not None and budget > 0:
+            chunk = min(p.prompt_len + p.outputs - p.computed, budget)
+            if self._allocate_for(p, p.computed + chunk):
+                chunks.append((p, chunk))
+                budget -= chunk
+            else:
+                self._preempt_newest(step)  # p is the newest: it preempts itself
+                preempted = True
+        decoders = [rid for rid in running if running[rid] is not self._prefilling] if emit else []
+        if not preempted:
+            budget = self._admit(budget, chunks)
+        if not chunks and num_decode == 0:
+            if preempted:  # everything running was preempted: an empty step, admission resumes next step
+                return StepOutput(duration=0.0)
+            raise RuntimeError("simulated engine stalled: nothing schedulable")
+        # -- cost of the step ---------------------------------------------------------------------
+        num_tokens = num_decode + sum(c for _, c in chunks)
+        completing = [r for r, c in chunks if r.computed + c == r.prompt_len + r.outputs]
+        pairs = 0.0
+        prefill_ctx = 0
+        for r, c in chunks:
+            pairs += c * (r.computed + (c + 1) / 2)
+            prefill_ctx += r.computed + c
+        duration = self.costs.step_time(
+            num_tokens,
+            num_decode + len(chunks),
+            num_decode + len(completing),
+            self._decode_context + num_decode,
+            pairs,
+            prefill_ctx,
+        )
+        self.now += duration
+        self.step_times.append(self.now)
+        # -- effects ------------------------------------------------------------------------------
+        self._decode_context += num_decode
+        self.stats.generation_tokens += num_decode
+        new_tokens = [(rid, 1) for rid in decoders]
+        finished: list[int] = []
+        self._prefilling = None
+        for r, c in chunks:
+            r.computed += c
+            if self._caching:
+                pool.register(r, r.computed // bs)
+            if r.computed < r.prompt_len + r.outputs:
+                self._prefilling = r
+                continue
+            self._emit_first(r, step)
+            if emit:
+                new_tokens.append((r.rid, 1))
+            if r.outputs >= r.output_len:
+                finished.append(self._finish(r, step))
+            else:
+                self._start_decode(r, step + 1)
+        for r, gen in self._finish_events.pop(step, ()):
+            if r.gen == gen and r.rid in running:
+                self._decode_context -= r.prompt_len + r.output_len - 1
+                r.outputs = r.output_len
+                finished.append(self._finish(r, step))
+        usage = 1.0 - pool.num_free / max(pool.num_blocks, 1)
+        stats = self.stats
+        stats.kv_cache_usage = usage
+        stats.peak_kv_cache_usage = max(stats.peak_kv_cache_usage, usage)
+        stats.num_running = len(running)
+        stats.num_waiting = len(self._waiting)
+        return StepOutput(duration=duration, new_tokens=new_tokens if emit else [], finished=finished)
+
+    def _grow_decodes(self, step: int) -> bool:
+        """Give a new block to every decoding request crossing a block boundary; preempt when short."""
+        events = self._block_events.pop(step, None)
+        if not events:
+            return False
+        running = self._running
+        live = [r for r, gen in events if r.gen == gen and r.rid in running]
+        live.sort(key=_by_seq)
+        pool = self._pool
+        preempted = False
+        for r in live:
+            if r.rid not in running:
+                continue  # preempted earlier in this loop
+            while pool.num_free < 1:
+                victim = self._preempt_newest(step)
+                preempted = True
+                if victim is r:
+                    break
+            if r.rid not in running:
+                continue
+            r.blocks.extend(pool.allocate(1))
+            if self._caching:
+                pool.register(r, len(r.blocks) - 1)
+            self._schedule_block_event(r, step + self._bs)
+        return preempted
+
+    def _allocate_for(self, r: _Req, num_tokens: int) -> bool:
+        need = -(-num_tokens // self._bs) - len(r.blocks)
+        if need <= 0:
+            return True
+        if need > self._pool.num_free:
+            return False
+        r.blocks.extend(self._pool.allocate(need))
+        return True
+
+    def _admit(self, budget: int, chunks: list[tuple[_Req, int]]) -> int:
+        """Admit waiting requests FCFS; stop at the first that does not fit (head-of-line blocking)."""
+        waiting, running, pool, bs = self._waiting, self._running, self._pool, self._bs
+        stats = self.stats
+        while waiting and budget > 0 and len(running) < self._max_seqs:
+            r = waiting[0]
+            num_tokens = r.prompt_len + r.outputs
+            hits: list[int] = []
+            if self._caching:
+                hits = pool.lookup(r, (num_tokens - 1) // bs)
+            cached = len(hits) * bs
+            new = num_tokens - cached
+            if not self._chunked and new > budget:
+                break
+            chunk = min(new, budget)
+            need = -(-(cached + chunk) // bs) - len(hits)
+            revived = sum(1 for b in hits if pool.ref[b] == 0)
+            if need + revived > pool.num_free:
+                break
+            if self._caching:
+                stats.prefix_cache_queries += num_tokens
+                stats.prefix_cache_hits += cached
+            waiting.popleft()
+            pool.touch(hits)
+            r.blocks = hits + pool.allocate(need)
+            r.cached_upto = len(hits)
+            r.computed = cached
+            self._admitted += 1
+            r.seq = self._admitted
+            running[r.rid] = r
+            chunks.append((r, chunk))
+            budget -= chunk
+        return budget
+
+    def _emit_first(self, r: _Req, step: int) -> None:
+        """A prefill caught up: it samples a token, opening a new emission segment."""
+        r.outputs += 1
+        self.stats.generation_tokens += 1
+        r.segments.append((step, step))
+        if not r.prompt_counted:
+            r.prompt_counted = True
+            self.stats.prompt_tokens += r.prompt_len
+
+    def _start_decode(self, r: _Req, first_step: int) -> None:
+        r.decode_start = first_step
+        r.decode_outputs = r.outputs
+        r.finish_step = first_step + r.output_len - r.outputs - 1
+        self._decode_context += r.prompt_len + r.outputs - 1
+        self._finish_events.setdefault(r.finish_step, []).append((r, r.gen))
+        self._schedule_block_event(r, first_step + len(r.blocks) * self._bs - r.computed)
+
+    def _schedule_block_event(self, r: _Req, step: int) -> None:
+        if step <= r.finish_step:
+            self._block_events.setdefault(step, []).append((r, r.gen))
+
+    def _finish(self, r: _Req, step: int) -> int:
+        first, _ = r.segments[-1]
+        r.segments[-1] = (first, step)
+        del self._running[r.rid]
+        self._free(r, (r.prompt_len + r.output_len - 1) // self._bs)
+        self._done[r.rid] = r
+        return r.rid
+
+    def _free(self, r: _Req, full_blocks: int) -> None:
+        if self._caching:
+            self._pool.register(r, min(full_blocks, len(r.blocks)))
+        self._pool.release(r.blocks)
+        r.blocks = []
+        r.cached_upto = 0
+
+    def _preempt_newest(self, step: int) -> _Req:
+        """Recompute preemption of the newest running request: to the front of the waiting queue."""
+        rid = next(reversed(self._running))
+        r = self._running.pop(rid)
+        if r is self._prefilling:
+            self._prefilling = None
+            full = r.computed // self._bs
+        else:
+            computed = r.computed_at(step)
+            self._decode_context -= computed
+            r.outputs = r.decode_outputs + (step - r.decode_start)
+            first, _ = r.segments[-1]
+            r.segments[-1] = (first, step - 1)
+            full = computed // self._bs
+        self._free(r, full)
+        r.computed = 0
+        r.decode_start = -1
+        r.gen += 1
+        self._waiting.appendleft(r)
+        self.stats.num_preemptions += 1
+        return r
+
+
+def simulate(
+    config: EngineConfig,
+    gpu: str | GpuSpec,
+    requests: Sequence[Request],
+    max_concurrency: int | None = None,
+) -> SimRun:
+    """Replay requests as `vllm bench serve` sends them (arrival times, optional concurrency cap).
+
+    A request is sent once it has arrived and (with max_concurrency) a slot is free; its record's
+    start_time is that send time, so TTFT excludes the wait for a slot, as in vLLM's client.
+    """
+    engine = SimEngine(config, gpu)
+    order = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
+    slots = [0.0] * max_concurrency if max_concurrency else None  # times at which slots became free
+    records: dict[int, RequestRecord] = {}
+    i = 0
+    while True:
+        while i < len(order):
+            req = order[i]
+            send = req.arrival_time if slots is None else max(req.arrival_time, slots[0])
+            if send > engine.now:
+                break
+            if slots is not None:
+                heapq.heappop(slots)
+            i += 1
+            try:
+                engine._enqueue(req, send)
+            except ValueError as exc:
+                records[req.request_id] = RequestRecord(
+                    prompt_len=req.prompt_len, output_len=0, start_time=send, success=False, error=str(exc)
+                )
+                if slots is not None:
+                    heapq.heappush(slots, send)
+        if engine.has_unfinished():
+            out = engine._step(emit=False)
+            if slots is not None:
+                for _ in out.finished:
+                    heapq.heappush(slots, engine.now)
+        elif i < len(order):
+            req = order[i]
+            engine.now = req.arrival_time if slots is None else max(req.arrival_time, slots[0])
+        else:
+            break
+    times = np.asarray(engine.step_times)
+    for rid in engine._done:
+        records[rid] = engine.record(rid, times)
+    return SimRun(
+        records=[records[r.request_id] for r in requests],
+        duration=engine.now,
+        stats=engine.stats,
+        memory=engine.memory,
+        num_steps=engine.num_steps,
+    )
