@@ -1,0 +1,107 @@
+"""`autotune sim-server`: serve the simulated engine over HTTP with `vllm serve`'s flags.
+
+A drop-in for `vllm serve` in tests and on machines without a GPU: `--serve-cmd "autotune sim-server"`.
+The GPU comes from --gpu, else the AUTOTUNE_SIM_GPU environment variable (the process backend sets
+it), else H100.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+HELP = "Serve the simulated vLLM engine as an OpenAI-compatible server (takes vllm serve's flags)."
+
+DEFAULT_GPU = "H100"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register `vllm serve`'s tuned flags plus the server and fault-injection options."""
+    parser.add_argument("model_tag", nargs="?", help="the model (as `vllm serve MODEL`)")
+    parser.add_argument("--model", dest="model_flag", help="the model (alternative to the positional)")
+    parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument("--max-num-batched-tokens", type=int)
+    parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--block-size", type=int)
+    parser.add_argument("--gpu-memory-utilization", type=float)
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int)
+    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--kv-cache-dtype")
+    parser.add_argument("--served-model-name", help="the model name clients use (default: the model)")
+    ignored = parser.add_argument_group("accepted for compatibility with vllm serve; ignored")
+    for flag in ("--load-format", "--dtype", "--seed", "--download-dir", "--uvicorn-log-level"):
+        ignored.add_argument(flag)
+    for flag in ("--trust-remote-code", "--enforce-eager", "--disable-log-requests", "--disable-log-stats"):
+        ignored.add_argument(flag, action="store_true")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--gpu", default=None, help="simulated GPU (default: $AUTOTUNE_SIM_GPU or H100)")
+    faults = parser.add_argument_group("fault injection (tests)")
+    faults.add_argument(
+        "--startup-delay", type=float, default=0.0, metavar="S", help="seconds before serving"
+    )
+    faults.add_argument("--die-after", type=int, metavar="N", help="exit abruptly once N requests started")
+    faults.add_argument(
+        "--hang-after", type=int, metavar="N", help="stop producing tokens and answering /health"
+    )
+    faults.add_argument(
+        "--debug-timings", action="store_true", help="serve GET /debug/requests (exact server-side timings)"
+    )
+
+
+ENGINE_FLAGS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_chunked_prefill",
+    "block_size",
+    "gpu_memory_utilization",
+    "enable_prefix_caching",
+    "tensor_parallel_size",
+    "max_model_len",
+    "kv_cache_dtype",
+)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the engine config from the flags and serve; exit 1 when the engine refuses the config."""
+    from autotune.config import EngineConfig
+    from autotune.errors import AutotuneError
+    from autotune.sim.server import ServerOptions, serve
+
+    model = args.model_flag or args.model_tag
+    if not model:
+        raise AutotuneError("sim-server needs a model: autotune sim-server MODEL [flags]")
+    values = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
+    config = EngineConfig(model=model).replace(**values)
+    options = ServerOptions(
+        host=args.host,
+        port=args.port,
+        gpu=args.gpu or os.environ.get("AUTOTUNE_SIM_GPU") or DEFAULT_GPU,
+        served_model_name=args.served_model_name,
+        startup_delay_s=args.startup_delay,
+        die_after=args.die_after,
+        hang_after=args.hang_after,
+        debug_timings=args.debug_timings,
+    )
+    return serve(config, options)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m autotune.commands.sim_server ...`: the command without loading the whole CLI."""
+    import sys
+
+    from autotune.errors import AutotuneError
+
+    parser = argparse.ArgumentParser(prog="autotune sim-server", description=HELP)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except AutotuneError as exc:
+        print(f"autotune sim-server: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,254 @@
+"""The load generator: replay a workload against an OpenAI-compatible server and time every request.
+
+It does what `vllm bench serve` does (vllm/benchmarks/lib/endpoint_request_func.py, serve.py), with
+asyncio + httpx instead of aiohttp:
+  - requests are sent at their `arrival_time` after the start of the run; with `max_concurrency`,
+    a semaphore caps those in flight and a request's clock starts once it holds the semaphore;
+  - prompts are token ids (exact lengths, no tokenizer) unless the request carries text;
+    `max_tokens` + `ignore_eos` make the output length exact; `stream_options.include_usage` asks
+    for the usage chunk that gives the output token count;
+  - TTFT is taken at the first SSE chunk that carries choices, each later such chunk adds one ITL
+    gap, E2EL ends at the last such chunk; the usage-only chunk does not move the clock;
+  - a request with an HTTP error, a timeout or no token chunk is a failed record (never dropped).
+With a `SloGuard`, the run stops as soon as an SLO can no longer be met: in-flight requests are
+cancelled, the reason is returned, and the records finished so far are kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+from autotune.early_abort import InFlight, SloGuard
+from autotune.metrics import RequestRecord
+from autotune.workload import Request, prompt_token_ids
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+GUARD_INTERVAL_S = 0.05  # how often in-flight requests are checked against the SLOs
+NO_TOKEN_ERROR = "Never received a valid chunk to calculate TTFT. This response will be marked as failed!"
+
+
+@dataclass
+class LoadResult:
+    """What a load run produced: one record per finished request (in finishing order)."""
+
+    records: list[RequestRecord]
+    duration: float  # seconds from the start of the run to its end (or to the abort)
+    aborted: str | None = None  # why the run stopped early (an SLO lost for certain), else None
+    cancelled: int = 0  # requests in flight when the run was aborted (not in `records`)
+    not_sent: int = 0  # requests never sent because the run was aborted
+
+
+@dataclass
+class _Stream:
+    """The client's live view of one request in flight (for the guard)."""
+
+    start: float
+    expected_tokens: int
+    first_token: float | None = None
+    last_token: float | None = None
+    tokens: int = 0
+
+    def view(self) -> InFlight:
+        return InFlight(self.start, self.first_token, self.last_token, self.tokens, self.expected_tokens)
+
+
+@dataclass
+class _Run:
+    """State shared by the request tasks of one run."""
+
+    client: httpx.AsyncClient
+    url: str
+    chat: bool
+    timeout_s: float
+    t0: float
+    guard: SloGuard | None
+    records: list[RequestRecord] = field(default_factory=list)
+    in_flight: dict[int, _Stream] = field(default_factory=dict)
+    tasks: list[asyncio.Task] = field(default_factory=list)
+    aborted: str | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def finish(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        if self.guard is not None and self.aborted is None:
+            self.guard.add(record)
+            self.check()
+
+    def check(self) -> None:
+        if self.guard is None or self.aborted is not None:
+            return
+        now = time.perf_counter()
+        reason = self.guard.check([s.view() for s in self.in_flight.values()], now)
+        if reason:
+            self.aborted = reason
+            self.done.set()
+
+
+def build_payload(request: Request, model: str, chat: bool, vocab_size: int) -> bytes:
+    """The JSON body for one request: exact output length, streaming, usage in the last chunk."""
+    prompt: str | list[int] = (
+        request.prompt if request.prompt is not None else prompt_token_ids(request, vocab_size)
+    )
+    body: dict = {
+        "model": model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
+    if chat:
+        # Chat messages carry text only; token ids are joined as a space-separated string.
+        text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+        body["messages"] = [{"role": "user", "content": text}]
+        body["max_completion_tokens"] = request.output_len
+    else:
+        body["prompt"] = prompt
+        body["max_tokens"] = request.output_len
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+async def _stream_request(run: _Run, rid: int, request: Request, body: bytes) -> None:
+    """Send one request and record it exactly as vllm bench serve's request functions do."""
+    stream = _Stream(start=time.perf_counter(), expected_tokens=request.output_len)
+    st = stream.start
+    run.in_flight[rid] = stream
+    record = RequestRecord(prompt_len=request.prompt_len, output_len=0, start_time=st - run.t0)
+    itl: list[float] = []
+    usage_tokens: int | None = None
+    try:
+        async with asyncio.timeout(run.timeout_s):
+            async with run.client.stream("POST", run.url, content=body) as response:
+                if response.status_code != 200:
+                    text = (await response.aread()).decode(errors="replace")
+                    raise _HttpError(f"HTTP {response.status_code}: {text[:500]}")
+                buffer = b""
+                async for raw in response.aiter_raw():
+                    buffer += raw
+                    *events, buffer = buffer.split(b"\n\n")
+                    now = time.perf_counter()
+                    for event in events:
+                        data = event.strip().removeprefix(b"data: ")
+                        if not data or data == b"[DONE]":
+                            continue
+                        chunk = json.loads(data)
+                        if chunk.get("choices"):
+                            if stream.first_token is None:
+                                stream.first_token = now
+                                record.ttft = now - st
+                            else:
+                                itl.append(now - stream.last_token)  # type: ignore[operator]
+                            stream.last_token = now
+                            stream.tokens += 1
+                        elif usage := chunk.get("usage"):
+                            usage_tokens = usage.get("completion_tokens")
+        if stream.first_token is None:
+            raise _HttpError(NO_TOKEN_ERROR)
+        record.itl = itl
+        record.latency = stream.last_token - st  # type: ignore[operator]
+        record.output_len = usage_tokens if usage_tokens is not None else stream.tokens
+    except asyncio.CancelledError:
+        run.in_flight.pop(rid, None)
+        raise
+    except TimeoutError:
+        _fail(record, f"timeout: no complete response after {run.timeout_s:g} s")
+    except (_HttpError, httpx.HTTPError, OSError, ValueError) as exc:
+        _fail(record, str(exc) or type(exc).__name__)
+    run.in_flight.pop(rid, None)
+    run.finish(record)
+
+
+class _HttpError(Exception):
+    """The server answered, but not with a usable stream."""
+
+
+def _fail(record: RequestRecord, error: str) -> None:
+    record.success = False
+    record.error = error
+    record.itl = []
+    record.output_len = 0
+
+
+async def _guard_loop(run: _Run) -> None:
+    """Check in-flight requests periodically: a request stuck without a first token counts too."""
+    while not run.done.is_set():
+        await asyncio.sleep(GUARD_INTERVAL_S)
+        run.check()
+
+
+async def _dispatch(run: _Run, requests: Sequence[Request], bodies: list[bytes], limit: int | None) -> None:
+    """Start each request at its arrival time (behind the concurrency cap); wait for all of them."""
+    semaphore = asyncio.Semaphore(limit) if limit else None
+
+    async def limited(rid: int) -> None:
+        if semaphore is None:
+            await _stream_request(run, rid, requests[rid], bodies[rid])
+            return
+        async with semaphore:
+            await _stream_request(run, rid, requests[rid], bodies[rid])
+
+    try:
+        for rid, request in enumerate(requests):
+            delay = run.t0 + request.arrival_time - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            run.tasks.append(asyncio.create_task(limited(rid)))
+        await asyncio.gather(*run.tasks)
+    finally:
+        run.done.set()
+
+
+async def run_load(
+    base_url: str,
+    model: str,
+    requests: Sequence[Request],
+    *,
+    max_concurrency: int | None = None,
+    endpoint: str = COMPLETIONS,
+    request_timeout_s: float = 600.0,
+    vocab_size: int = 32000,
+    guard: SloGuard | None = None,
+) -> LoadResult:
+    """Replay `requests` against `base_url` (e.g. "http://127.0.0.1:8000") and time every request.
+
+    `endpoint` is "/v1/completions" or "/v1/chat/completions"; `vocab_size` bounds the token ids of
+    token-id prompts. Requests are replayed in `arrival_time` order. Never raises for a failed request:
+    its record has success=False and the error text.
+    """
+    ordered = sorted(requests, key=lambda r: r.arrival_time)
+    chat = endpoint.rstrip("/").endswith("chat/completions")
+    # Bodies are built before the clock starts so the hot path only sends and parses.
+    bodies = [build_payload(r, model, chat, vocab_size) for r in ordered]
+    # One connection per request in flight (None = unlimited, as without a concurrency cap every
+    # request may be in flight): a request never waits for a pooled connection.
+    limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
+    timeout = httpx.Timeout(request_timeout_s, pool=None)
+    headers = {"Content-Type": "application/json"}
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers) as client:
+        url = base_url.rstrip("/") + endpoint
+        run = _Run(client, url, chat, request_timeout_s, time.perf_counter(), guard)
+        dispatcher = asyncio.create_task(_dispatch(run, ordered, bodies, max_concurrency))
+        watcher = asyncio.create_task(_guard_loop(run)) if guard is not None else None
+        await run.done.wait()
+        duration = time.perf_counter() - run.t0
+        cancelled = 0
+        if run.aborted is not None:
+            cancelled = len(run.in_flight)
+            for task in (dispatcher, *run.tasks):
+                task.cancel()
+        await asyncio.gather(dispatcher, *run.tasks, return_exceptions=True)
+        if watcher is not None:
+            watcher.cancel()
+    not_sent = len(ordered) - len(run.records) - cancelled
+    return LoadResult(run.records, duration, run.aborted, cancelled, not_sent)
+
+
+def run_load_sync(base_url: str, model: str, requests: Sequence[Request], **kwargs) -> LoadResult:
+    """`run_load` from synchronous code (starts and closes its own event loop)."""
+    return asyncio.run(run_load(base_url, model, requests, **kwargs))
