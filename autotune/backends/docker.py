@@ -101,7 +101,8 @@ class DockerBackend:
                 return self._launch(client, config, port, gpu_ids, log_path)
 
             info = {"image": self.image, "command": scrub_args(self.command(config))}
-            return run_server_trial(launch, config, workload, slos, seed, self._limits, trial_dir, info)
+            env = {**os.environ, **self.env}
+            return run_server_trial(launch, config, workload, slos, seed, self._limits, trial_dir, info, env)
         finally:
             client.close()
 

@@ -69,18 +69,25 @@ class ProcessBackend:
             return self._launch(config, port, gpu_ids, log_path)
 
         info = {"command": scrub_args(self.command(config, port=0))}
-        return run_server_trial(launch, config, workload, slos, seed, self._limits, trial_dir, info)
+        return run_server_trial(
+            launch, config, workload, slos, seed, self._limits, trial_dir, info, self._environment(gpu_ids)
+        )
 
     def command(self, config: EngineConfig, port: int) -> list[str]:
         """The server's argument list (never a shell string)."""
         return [*self.serve_cmd, *config.to_args(), "--port", str(port), "--host", "127.0.0.1"]
 
-    def _launch(
-        self, config: EngineConfig, port: int, gpu_ids: Sequence[int], log_path: Path
-    ) -> _ServerProcess:
+    def _environment(self, gpu_ids: Sequence[int]) -> dict[str, str]:
+        """The inherited environment plus `env`, the GPU type and the GPU pinning."""
         env = {**os.environ, **self.env, "AUTOTUNE_SIM_GPU": self.gpu}
         if gpu_ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
+        return env
+
+    def _launch(
+        self, config: EngineConfig, port: int, gpu_ids: Sequence[int], log_path: Path
+    ) -> _ServerProcess:
+        env = self._environment(gpu_ids)
         args = self.command(config, port)
         with log_path.open("wb") as log:
             log.write(f"# autotune: {' '.join(scrub_args(args))}\n".encode())

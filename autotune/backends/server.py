@@ -33,7 +33,7 @@ from autotune.slo import Slo
 LOG_NAME = "server.log"
 LOG_TAIL_LINES = 40
 HEALTH_POLL_S = 0.25  # cheap: a refused connection answers at once
-KV_SAMPLE_S = 0.5  # how often /metrics is sampled during the load (peak KV usage)
+KV_SAMPLE_S = 0.25  # how often /metrics is sampled during the load (peak KV usage)
 EXIT_SETTLE_S = 1.0  # after failed requests, how long to wait for the server to finish dying
 PORT_ATTEMPTS = 2  # a free port can be taken between picking it and the server binding it
 WARMUP_PROMPT_LEN = 16
@@ -100,9 +100,13 @@ def run_server_trial(
     limits: TrialLimits,
     trial_dir: Path | None,
     info: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> TrialResult:
     """Evaluate `config` on `workload` against a real server started by `launch`. Never raises for a
-    bad config (the failure is the result); KeyboardInterrupt stops the server and propagates."""
+    bad config (the failure is the result); KeyboardInterrupt stops the server and propagates.
+
+    `env` is the server's environment: values of its secret variables never reach the result.
+    """
     with _log_dir(trial_dir) as log_dir:
         log_path = log_dir / LOG_NAME
         result = None
@@ -111,6 +115,8 @@ def run_server_trial(
             if result.failure is not FailureKind.PORT_IN_USE:
                 break
         assert result is not None
+        result.message = scrub(result.message, env)
+        result.log_tail = scrub(result.log_tail, env)
         result.info.update(info or {})
         if trial_dir is not None:
             result.info["server_log"] = str(log_path)
@@ -154,10 +160,10 @@ def _attempt(
         result.info["num_gpu_blocks"] = benchmark.server.get("num_gpu_blocks")
     if failure is not None:
         result.failure = failure.kind
-        result.message = scrub(failure.message)
+        result.message = failure.message
         result.benchmark = failure.benchmark
         log = handle.log_text() if handle is not None else failure.message
-        result.log_tail = scrub("\n".join(log.splitlines()[-LOG_TAIL_LINES:]))
+        result.log_tail = "\n".join(log.splitlines()[-LOG_TAIL_LINES:])
     return result
 
 

@@ -1,0 +1,131 @@
+"""The `docker` backend against a real Docker Engine.
+
+No registry is reachable, so the session builds a local stand-in for vllm/vllm-openai from
+tests/docker/ (a static busybox that chroots into the host root and runs `autotune sim-server`).
+Without an engine (or without a static busybox to build the image) these tests skip.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from autotune.backends.base import FailureKind
+from autotune.backends.docker import LABEL_OWNER_PID, LABEL_TRIAL, DockerBackend, docker_client, reap_orphans
+from autotune.config import EngineConfig
+from autotune.errors import AutotuneError
+from autotune.workload import LengthDist, WorkloadSpec
+
+IMAGE = "autotune-sim-test:latest"
+DOCKER_DIR = Path(__file__).parent / "docker"
+CONFIG = EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", max_model_len=4096)
+WORKLOAD = WorkloadSpec(
+    name="tiny",
+    num_requests=8,
+    request_rate=math.inf,
+    prompt_len=LengthDist("fixed", 64),
+    output_len=LengthDist("fixed", 8),
+)
+
+
+@pytest.fixture(scope="session")
+def docker() -> Iterator:
+    """A client of the local Docker Engine, or skip."""
+    try:
+        client = docker_client()
+    except AutotuneError as exc:
+        pytest.skip(str(exc))
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def sim_image(docker) -> str:
+    """The local test image (built once per session, in about a second)."""
+    busybox = shutil.which("busybox")
+    if busybox is None or not _is_static(Path(busybox)):
+        pytest.skip("no static busybox to build the test image (apt-get install busybox-static)")
+    with tempfile.TemporaryDirectory() as context:
+        for item in DOCKER_DIR.iterdir():
+            shutil.copy(item, context)
+        shutil.copy(busybox, Path(context) / "busybox")
+        docker.images.build(path=context, tag=IMAGE, buildargs={"PYTHON": sys.executable}, rm=True)
+    return IMAGE
+
+
+def _is_static(path: Path) -> bool:
+    """True when the ELF binary has no program interpreter (the dynamic loader's path is in its head)."""
+    return b"ld-linux" not in path.read_bytes()[:8192]
+
+
+def _backend(image: str, **options) -> DockerBackend:
+    return DockerBackend(
+        "H100",
+        image=image,
+        hf_cache=None,
+        extra_volumes={"/": "/host"},
+        startup_timeout_s=60.0,
+        benchmark_timeout_s=60.0,
+        stop_grace_s=3.0,
+        **options,
+    )
+
+
+def _autotune_containers(docker) -> list:
+    """Containers this test process started (by the owner label)."""
+    return docker.containers.list(all=True, filters={"label": f"{LABEL_OWNER_PID}={os.getpid()}"})
+
+
+def test_trial_in_a_container_over_real_http(docker, sim_image: str, tmp_path: Path) -> None:
+    result = _backend(sim_image).evaluate(CONFIG, WORKLOAD, trial_dir=tmp_path)
+    assert result.ok, (result.failure, result.message, result.log_tail)
+    assert result.benchmark.completed == 8 and result.benchmark.total_output_tokens == 8 * 8
+    assert result.benchmark.server["num_gpu_blocks"] > 0
+    assert "--load-format dummy" in " ".join(result.info["command"])
+    assert (tmp_path / "server.log").stat().st_size > 0  # the container's logs were captured
+    assert _autotune_containers(docker) == []
+
+
+def test_invalid_config_in_a_container_is_classified(docker, sim_image: str, tmp_path: Path) -> None:
+    config = CONFIG.replace(max_num_seqs=512, max_num_batched_tokens=256)
+    result = _backend(sim_image).evaluate(config, WORKLOAD, trial_dir=tmp_path)
+    assert result.failure is FailureKind.INVALID_CONFIG
+    assert result.message.startswith(
+        "max_num_batched_tokens (256) must be greater than or equal to max_num_seqs"
+    )
+    assert result.startup_s < 10.0
+    assert _autotune_containers(docker) == []
+
+
+def test_reap_orphans_removes_only_containers_of_dead_owners(docker, sim_image: str) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid is now free: the owner of the orphan "died"
+    orphan = docker.containers.create(sim_image, labels={LABEL_OWNER_PID: str(dead.pid), LABEL_TRIAL: "x"})
+    alive = docker.containers.create(sim_image, labels={LABEL_OWNER_PID: str(os.getpid()), LABEL_TRIAL: "y"})
+    try:
+        assert reap_orphans(docker) >= 1
+        remaining = {c.id for c in docker.containers.list(all=True)}
+        assert orphan.id not in remaining and alive.id in remaining
+    finally:
+        alive.remove(force=True)
+        if orphan.id in {c.id for c in docker.containers.list(all=True)}:
+            orphan.remove(force=True)
+
+
+def test_missing_image_is_one_clear_error(docker) -> None:
+    with pytest.raises(AutotuneError, match="not available locally"):
+        _backend("autotune-no-such-image:0").evaluate(CONFIG, WORKLOAD)
+
+
+def test_unreachable_engine_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(AutotuneError, match="^Docker engine not reachable: "):
+        _backend(IMAGE).evaluate(CONFIG, WORKLOAD)

@@ -1,0 +1,219 @@
+"""The `vllm` backend end to end: real `autotune sim-server` processes, real HTTP on 127.0.0.1.
+
+Every test also checks that no server process (or zombie) is left behind.
+"""
+
+from __future__ import annotations
+
+import _thread
+import math
+import os
+import pickle
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from autotune.backends.base import FailureKind
+from autotune.backends.process import ProcessBackend
+from autotune.config import EngineConfig
+from autotune.errors import AutotuneError
+from autotune.slo import parse_slos
+from autotune.workload import LengthDist, WorkloadSpec
+
+SIM_SERVER = (sys.executable, "-m", "autotune.cli", "sim-server")
+CONFIG = EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", max_model_len=4096)
+PROMPT_LEN, OUTPUT_LEN, NUM_REQUESTS = 64, 64, 12
+WORKLOAD = WorkloadSpec(
+    name="tiny",
+    num_requests=NUM_REQUESTS,
+    request_rate=math.inf,
+    prompt_len=LengthDist("fixed", PROMPT_LEN),
+    output_len=LengthDist("fixed", OUTPUT_LEN),
+)
+
+
+def backend(*extra_args: str, **options) -> ProcessBackend:
+    options.setdefault("startup_timeout_s", 60.0)
+    options.setdefault("benchmark_timeout_s", 60.0)
+    options.setdefault("stop_grace_s", 3.0)
+    return ProcessBackend("H100", serve_cmd=(*SIM_SERVER, *extra_args), **options)
+
+
+def trial_port(trial_dir: Path) -> int:
+    """The port of the trial's server, from the command line the backend wrote at the top of its log."""
+    header = (trial_dir / "server.log").read_text().splitlines()[0]
+    return int(re.search(r"--port (\d+)", header)[1])
+
+
+def server_processes(port: int) -> list[int]:
+    """Pids of live processes whose command line is a server on `port` (zombies included)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--port" in args and args[args.index(b"--port") + 1 : args.index(b"--port") + 2] == [
+            str(port).encode()
+        ]:
+            pids.append(int(entry.name))
+    return pids
+
+
+def zombie_children() -> list[int]:
+    """Pids of this process's children that exited and were never reaped."""
+    zombies = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if state == "Z" and int(ppid) == os.getpid():
+            zombies.append(int(entry.name))
+    return zombies
+
+
+def assert_cleaned_up(trial_dir: Path) -> None:
+    assert server_processes(trial_port(trial_dir)) == []
+    assert zombie_children() == []
+
+
+def test_ok_trial_over_real_http(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = backend().evaluate(CONFIG, WORKLOAD, slos=parse_slos("ttft_p99=30s"), trial_dir=tmp_path)
+    elapsed = time.monotonic() - started
+    assert result.ok, (result.failure, result.message, result.log_tail)
+    bench = result.benchmark
+    assert bench.completed == NUM_REQUESTS and bench.failed == 0
+    assert bench.total_input_tokens == NUM_REQUESTS * PROMPT_LEN
+    assert bench.total_output_tokens == NUM_REQUESTS * OUTPUT_LEN
+    assert 0 < bench.latency_ms["ttft"]["p99"] <= bench.latency_ms["e2el"]["p99"]
+    assert bench.latency_ms["itl"]["mean"] > 0 and bench.output_throughput > 0
+    assert bench.request_goodput is not None and bench.request_goodput > 0
+    # Server-side figures come from the server's own /metrics (vLLM's names).
+    assert (
+        bench.server["num_gpu_blocks"] > 0 and result.info["num_gpu_blocks"] == bench.server["num_gpu_blocks"]
+    )
+    assert bench.server["num_preemptions"] == 0
+    assert 0 < bench.server["peak_kv_cache_usage"] <= 1
+    assert result.startup_s > 0 and 0 < result.benchmark_s <= elapsed
+    assert result.info["server_log"] == str(tmp_path / "server.log")
+    assert_cleaned_up(tmp_path)
+
+
+def test_invalid_config_is_classified_at_once_with_vllms_message(tmp_path: Path) -> None:
+    config = CONFIG.replace(enable_chunked_prefill=False, max_num_batched_tokens=1024)
+    started = time.monotonic()
+    result = backend(startup_timeout_s=120.0).evaluate(config, WORKLOAD, trial_dir=tmp_path)
+    elapsed = time.monotonic() - started
+    assert result.failure is FailureKind.INVALID_CONFIG
+    assert result.message.startswith("max_num_batched_tokens (1024) is smaller than max_model_len (4096).")
+    assert result.benchmark is None and "is smaller than max_model_len (4096)" in result.log_tail
+    assert elapsed < 5.0, f"took {elapsed:.1f} s: the backend waited instead of watching the process"
+    assert_cleaned_up(tmp_path)
+
+
+def test_server_killed_mid_run_is_a_crash_and_leaves_no_process(tmp_path: Path) -> None:
+    result = backend("--die-after", "4").evaluate(CONFIG, WORKLOAD, trial_dir=tmp_path)
+    assert result.failure is FailureKind.CRASHED, (result.failure, result.message)
+    assert "requests failed" in result.message
+    assert result.benchmark is not None and result.benchmark.failed > 0  # partial metrics kept
+    assert result.log_tail
+    assert_cleaned_up(tmp_path)
+
+
+def test_hung_server_hits_the_benchmark_timeout(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = backend("--hang-after", "2", benchmark_timeout_s=2.0).evaluate(
+        CONFIG, WORKLOAD, trial_dir=tmp_path
+    )
+    assert result.failure is FailureKind.BENCHMARK_TIMEOUT, (result.failure, result.message)
+    assert 2.0 <= result.benchmark_s < 4.0
+    assert time.monotonic() - started < 20.0
+    assert_cleaned_up(tmp_path)
+
+
+def test_hung_server_with_an_slo_is_aborted_early(tmp_path: Path) -> None:
+    slos = parse_slos("e2el_p99=500ms")
+    result = backend("--hang-after", "2", benchmark_timeout_s=30.0).evaluate(
+        CONFIG, WORKLOAD, slos=slos, trial_dir=tmp_path
+    )
+    assert result.failure is FailureKind.EARLY_ABORT, (result.failure, result.message)
+    assert "p99_e2el_ms cannot be met" in result.message
+    assert result.benchmark is not None and result.benchmark_s < 10.0
+    assert_cleaned_up(tmp_path)
+
+
+def test_slow_start_hits_the_startup_timeout(tmp_path: Path) -> None:
+    result = backend("--startup-delay", "60", startup_timeout_s=1.5).evaluate(
+        CONFIG, WORKLOAD, trial_dir=tmp_path
+    )
+    assert result.failure is FailureKind.STARTUP_TIMEOUT
+    assert 1.5 <= result.startup_s < 5.0
+    assert_cleaned_up(tmp_path)
+
+
+def test_ctrl_c_during_a_trial_stops_the_server(tmp_path: Path) -> None:
+    def interrupt_once_serving() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{trial_port(tmp_path)}/health", timeout=1).status_code == 200:
+                    time.sleep(0.5)  # into the (hung) benchmark
+                    break
+            except (OSError, httpx.HTTPError, TypeError, IndexError):
+                pass
+            time.sleep(0.1)
+        _thread.interrupt_main()
+
+    interrupter = threading.Thread(target=interrupt_once_serving, daemon=True)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        backend("--hang-after", "2").evaluate(CONFIG, WORKLOAD, trial_dir=tmp_path)
+    interrupter.join()
+    assert_cleaned_up(tmp_path)
+
+
+def test_environment_gpu_pinning_and_no_secrets_in_results(tmp_path: Path) -> None:
+    # A stand-in server that prints what it was given, then fails: shows the launch environment.
+    probe = (
+        "import os, sys; e = os.environ; "
+        "print('CVD=' + e.get('CUDA_VISIBLE_DEVICES', ''), 'GPU=' + e['AUTOTUNE_SIM_GPU'], e['HF_TOKEN']); "
+        "print('args:', *sys.argv[1:]); sys.exit(3)"
+    )
+    secret = "hf_not_a_real_token_12345"
+    result = ProcessBackend(
+        "L40S", serve_cmd=(sys.executable, "-c", probe), env={"HF_TOKEN": secret}
+    ).evaluate(CONFIG, WORKLOAD, gpu_ids=(2, 3), trial_dir=tmp_path)
+    assert result.failure is FailureKind.ERROR
+    assert result.message.startswith("server exited with code 3")
+    assert "CVD=2,3 GPU=L40S ***" in result.log_tail
+    assert f"args: {CONFIG.model} --tensor-parallel-size 1" in result.log_tail
+    assert re.search(r"--port \d+ --host 127\.0\.0\.1$", result.log_tail, re.MULTILINE)
+    assert secret not in repr(result)
+
+
+def test_port_taken_by_someone_else_is_reported(tmp_path: Path) -> None:
+    busy = "import sys; sys.exit('OSError: [Errno 98] Address already in use')"
+    result = ProcessBackend("H100", serve_cmd=(sys.executable, "-c", busy)).evaluate(
+        CONFIG, WORKLOAD, trial_dir=tmp_path
+    )
+    assert result.failure is FailureKind.PORT_IN_USE
+    assert result.message == "OSError: [Errno 98] Address already in use"
+
+
+def test_backend_is_picklable_and_checks_its_command() -> None:
+    original = backend()
+    assert pickle.loads(pickle.dumps(original)) == original
+    with pytest.raises(AutotuneError, match="not found"):
+        ProcessBackend("H100", serve_cmd=("no-such-vllm-binary", "serve")).evaluate(CONFIG, WORKLOAD)
