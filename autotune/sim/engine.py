@@ -276,7 +276,6 @@ class SimEngine:
         if not self.has_unfinished():
             return StepOutput(duration=0.0)
         step = len(self.step_times)
-        bs = self._bs
         pool = self._pool
         running = self._running
         preempted = self._grow_decodes(step)
@@ -325,8 +324,6 @@ class SimEngine:
         self._prefilling = None
         for r, c in chunks:
             r.computed += c
-            if self._caching:
-                pool.register(r, r.computed // bs)
             if r.computed < r.prompt_len + r.outputs:
                 self._prefilling = r
                 continue
@@ -377,12 +374,14 @@ class SimEngine:
         return preempted
 
     def _allocate_for(self, r: _Req, num_tokens: int) -> bool:
+        """Blocks for a prefill chunk up to num_tokens; like vLLM, blocks it fills are cached at once."""
         need = -(-num_tokens // self._bs) - len(r.blocks)
-        if need <= 0:
-            return True
         if need > self._pool.num_free:
             return False
-        r.blocks.extend(self._pool.allocate(need))
+        if need > 0:
+            r.blocks.extend(self._pool.allocate(need))
+        if self._caching:
+            self._pool.register(r, num_tokens // self._bs)
         return True
 
     def _admit(self, budget: int, chunks: list[tuple[_Req, int]]) -> int:
@@ -412,6 +411,8 @@ class SimEngine:
             r.blocks = hits + pool.allocate(need)
             r.cached_upto = len(hits)
             r.computed = cached
+            if self._caching:
+                pool.register(r, (cached + chunk) // bs)
             self._admitted += 1
             r.seq = self._admitted
             running[r.rid] = r
@@ -497,6 +498,8 @@ def simulate(
     while True:
         while i < len(order):
             req = order[i]
+            if slots is not None and not slots:
+                break  # every slot is busy
             send = req.arrival_time if slots is None else max(req.arrival_time, slots[0])
             if send > engine.now:
                 break

@@ -1,0 +1,126 @@
+"""Scheduler invariants of the simulated V1 engine, step by step, and simulate()'s client semantics."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from autotune.config import EngineConfig
+from autotune.metrics import compute_metrics
+from autotune.sim.engine import SimEngine, simulate
+from autotune.workload import Request
+
+LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def mixed_requests(n: int, seed: int = 0, prefix: bool = False) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(16, 2000, n)
+    outputs = rng.integers(1, 600, n)
+    return [
+        Request(
+            request_id=i,
+            prompt_len=int(prompts[i]) + (512 if prefix else 0),  # prefix + own tokens
+            output_len=int(outputs[i]),
+            prefix_id=(i % 4) if prefix else None,
+            prefix_len=512 if prefix else 0,
+        )
+        for i in range(n)
+    ]
+
+
+def tight_engine(**flags: object) -> SimEngine:
+    """Llama-3.1-8B on an L4: a few thousand KV blocks, so a burst of requests must preempt."""
+    config = EngineConfig(model=LLAMA_8B, max_model_len=4096, gpu_memory_utilization=0.8).replace(**flags)
+    return SimEngine(config, "L4")
+
+
+def test_invariants_hold_every_step_under_kv_pressure() -> None:
+    engine = tight_engine()
+    requests = mixed_requests(300)
+    for r in requests:
+        engine.add_request(r)
+    emitted: Counter[int] = Counter()
+    finished: list[int] = []
+    last_now = 0.0
+    while engine.has_unfinished():
+        out = engine.step()
+        assert out.duration >= 0 and engine.now >= last_now
+        last_now = engine.now
+        assert 0 <= engine.num_free_blocks <= engine.memory.num_gpu_blocks  # never over capacity
+        assert engine.stats.num_running <= engine.config.max_num_seqs
+        assert len(set(rid for rid, _ in out.new_tokens)) == len(out.new_tokens)  # one entry per request
+        emitted.update({rid: n for rid, n in out.new_tokens})
+        finished += out.finished
+    assert sorted(finished) == [r.request_id for r in requests]  # none lost, none duplicated
+    assert engine.stats.num_preemptions > 0  # the KV cache was short
+    # Every request gets exactly its output tokens, preempted ones included.
+    assert all(emitted[r.request_id] == r.output_len for r in requests)
+    assert engine.stats.generation_tokens == sum(r.output_len for r in requests)
+    assert engine.num_free_blocks == engine.memory.num_gpu_blocks  # everything released
+
+
+def test_no_preemption_when_kv_is_plentiful_and_decodes_run_every_step() -> None:
+    run = simulate(EngineConfig(model=LLAMA_8B, max_model_len=8192), "H100", mixed_requests(100))
+    assert run.stats.num_preemptions == 0
+    for record, request in zip(run.records, mixed_requests(100), strict=True):
+        assert record.success and record.output_len == request.output_len
+        assert len(record.itl) == request.output_len - 1
+        assert record.ttft > 0 and record.latency >= record.ttft
+        assert abs(record.latency - record.ttft - sum(record.itl)) < 1e-9
+
+
+def test_preempted_requests_still_produce_exact_records() -> None:
+    engine_flags = {"model": LLAMA_8B, "max_model_len": 4096, "gpu_memory_utilization": 0.8}
+    run = simulate(EngineConfig(**engine_flags), "L4", mixed_requests(300))
+    assert run.stats.num_preemptions > 0
+    assert [r.output_len for r in run.records] == [r.output_len for r in mixed_requests(300)]
+    assert all(len(r.itl) == r.output_len - 1 for r in run.records)
+
+
+def test_chunked_prefill_off_runs_whole_prompts() -> None:
+    engine = tight_engine(enable_chunked_prefill=False, gpu_memory_utilization=0.9)
+    assert engine.config.max_num_batched_tokens == 4096  # defaults to max_model_len
+    for r in mixed_requests(50):
+        engine.add_request(r)
+    done = []
+    while engine.has_unfinished():
+        done += engine.step().finished
+    assert len(done) == 50
+
+
+def test_prefix_caching_hits_shared_prefixes_and_cuts_ttft() -> None:
+    requests = mixed_requests(200, prefix=True)
+    config = EngineConfig(model=LLAMA_8B, max_model_len=8192)
+    cached = simulate(config, "H100", requests)
+    uncached = simulate(config.replace(enable_prefix_caching=False), "H100", requests)
+    assert cached.stats.prefix_cache_hits >= (200 - 4) * 512 * 0.9  # all but the first of each prefix
+    assert cached.stats.prefix_cache_queries >= sum(r.prompt_len for r in requests)
+    assert uncached.stats.prefix_cache_hits == 0
+    ttft = compute_metrics(cached.records, cached.duration).latency_ms["ttft"]["mean"]
+    ttft_off = compute_metrics(uncached.records, uncached.duration).latency_ms["ttft"]["mean"]
+    assert ttft < ttft_off
+
+
+def test_max_concurrency_caps_requests_in_flight_and_send_time_is_the_slot_time() -> None:
+    requests = mixed_requests(60)
+    run = simulate(EngineConfig(model=LLAMA_8B, max_model_len=8192), "H100", requests, max_concurrency=8)
+    events = sorted(
+        [(r.start_time, 1) for r in run.records] + [(r.start_time + r.latency, -1) for r in run.records]
+    )
+    in_flight = peak = 0
+    for _, delta in events:
+        in_flight += delta
+        peak = max(peak, in_flight)
+    assert peak <= 8
+    assert sum(r.start_time > 0 for r in run.records) == 52  # all but the first 8 waited for a slot
+
+
+def test_arrivals_are_respected_and_too_long_requests_fail() -> None:
+    requests = [Request(0, 100, 10, arrival_time=0.0), Request(1, 100, 10, arrival_time=5.0),
+                Request(2, 8000, 500, arrival_time=6.0)]  # fmt: skip
+    run = simulate(EngineConfig(model=LLAMA_8B, max_model_len=8192), "H100", requests)
+    assert run.records[1].start_time == 5.0 and run.duration > 5.0
+    assert not run.records[2].success and "maximum context length is 8192 tokens" in run.records[2].error
+    assert run.records[0].success and run.records[1].success
