@@ -7,12 +7,16 @@ Without an engine (or without a static busybox to build the image) these tests s
 
 from __future__ import annotations
 
+import _thread
 import math
 import os
+import pickle
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,6 +71,7 @@ def _is_static(path: Path) -> bool:
 
 
 def _backend(image: str, **options) -> DockerBackend:
+    """The backend on the test image: the host root at /host (read-only), no HF cache."""
     return DockerBackend(
         "H100",
         image=image,
@@ -84,8 +89,11 @@ def _autotune_containers(docker) -> list:
     return docker.containers.list(all=True, filters={"label": f"{LABEL_OWNER_PID}={os.getpid()}"})
 
 
-def test_trial_in_a_container_over_real_http(docker, sim_image: str, tmp_path: Path) -> None:
-    result = _backend(sim_image).evaluate(CONFIG, WORKLOAD, trial_dir=tmp_path)
+@pytest.mark.parametrize("network_host", [False, True], ids=["published-port", "host-network"])
+def test_trial_in_a_container_over_real_http(
+    docker, sim_image: str, tmp_path: Path, network_host: bool
+) -> None:
+    result = _backend(sim_image, network_host=network_host).evaluate(CONFIG, WORKLOAD, trial_dir=tmp_path)
     assert result.ok, (result.failure, result.message, result.log_tail)
     assert result.benchmark.completed == 8 and result.benchmark.total_output_tokens == 8 * 8
     assert result.benchmark.server["num_gpu_blocks"] > 0
@@ -102,6 +110,26 @@ def test_invalid_config_in_a_container_is_classified(docker, sim_image: str, tmp
         "max_num_batched_tokens (256) must be greater than or equal to max_num_seqs"
     )
     assert result.startup_s < 10.0
+    assert _autotune_containers(docker) == []
+
+
+def test_ctrl_c_during_a_trial_removes_the_container(docker, sim_image: str, tmp_path: Path) -> None:
+    def interrupt_once_running() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not [
+            c for c in _autotune_containers(docker) if c.status == "running"
+        ]:
+            time.sleep(0.1)
+        time.sleep(1.5)  # past startup, into the (hung) benchmark
+        _thread.interrupt_main()
+
+    interrupter = threading.Thread(target=interrupt_once_running, daemon=True)
+    interrupter.start()
+    # The container's command is the image's entrypoint arguments: sim-server's fault flags go there.
+    config = CONFIG.replace(hang_after=2)
+    with pytest.raises(KeyboardInterrupt):
+        _backend(sim_image).evaluate(config, WORKLOAD, trial_dir=tmp_path)
+    interrupter.join()
     assert _autotune_containers(docker) == []
 
 
@@ -127,5 +155,7 @@ def test_missing_image_is_one_clear_error(docker) -> None:
 
 def test_unreachable_engine_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    backend = _backend(IMAGE)
+    assert pickle.loads(pickle.dumps(backend)) == backend  # Ray ships backends to workers
     with pytest.raises(AutotuneError, match="^Docker engine not reachable: "):
-        _backend(IMAGE).evaluate(CONFIG, WORKLOAD)
+        backend.evaluate(CONFIG, WORKLOAD)

@@ -100,19 +100,24 @@ class DockerBackend:
             def launch(port: int, log_path: Path) -> _Container:
                 return self._launch(client, config, port, gpu_ids, log_path)
 
-            info = {"image": self.image, "command": scrub_args(self.command(config))}
+            info = {"image": self.image, "command": scrub_args(self.command(config, CONTAINER_PORT))}
             env = {**os.environ, **self.env}
             return run_server_trial(launch, config, workload, slos, seed, self._limits, trial_dir, info, env)
         finally:
             client.close()
 
-    def command(self, config: EngineConfig) -> list[str]:
-        """The API server's arguments inside the container (`--model X --flag ...`)."""
+    def command(self, config: EngineConfig, port: int) -> list[str]:
+        """The API server's arguments inside the container (`--model X --flag ...`).
+
+        On a published port the server listens on all the container's interfaces; on the host's
+        network it listens on the trial's own port, on loopback only.
+        """
         model, *flags = config.to_args()
         args = ["--model", model, *flags]
         if self.load_format_dummy and "load_format" not in config.extra:
             args += ["--load-format", "dummy"]
-        return [*args, "--port", str(CONTAINER_PORT), "--host", "0.0.0.0"]
+        host = "127.0.0.1" if self.network_host else "0.0.0.0"
+        return [*args, "--port", str(port), "--host", host]
 
     def _launch(
         self, client: Any, config: EngineConfig, port: int, gpu_ids: Sequence[int], log_path: Path
@@ -121,10 +126,11 @@ class DockerBackend:
 
         options = self._run_options(gpu_ids, port)
         try:
-            container = client.containers.create(self.image, self.command(config), **options)
+            inside_port = port if self.network_host else CONTAINER_PORT
+            container = client.containers.create(self.image, self.command(config, inside_port), **options)
         except docker.errors.APIError as exc:
             raise LaunchError(_first_line(exc)) from exc
-        handle = _Container(container, port, log_path, self.stop_grace_s, self.network_host)
+        handle = _Container(container, f"http://127.0.0.1:{port}", log_path, self.stop_grace_s)
         try:
             container.start()
         except docker.errors.APIError as exc:
@@ -173,10 +179,9 @@ class DockerBackend:
 class _Container:
     """A running container (the ServerHandle of the `docker` backend)."""
 
-    def __init__(self, container: Any, port: int, log_path: Path, grace_s: float, network_host: bool) -> None:
+    def __init__(self, container: Any, base_url: str, log_path: Path, grace_s: float) -> None:
         self.container = container
-        # With the host network the server listens on the container port itself.
-        self.base_url = f"http://127.0.0.1:{CONTAINER_PORT if network_host else port}"
+        self.base_url = base_url
         self.log_path = log_path
         self.grace_s = grace_s
         self._stopped = False
