@@ -43,6 +43,10 @@ class LoadResult:
     aborted: str | None = None  # why the run stopped early (an SLO lost for certain), else None
     cancelled: int = 0  # requests in flight when the run was aborted (not in `records`)
     not_sent: int = 0  # requests never sent because the run was aborted
+    request_ids: list[int] = field(default_factory=list)  # Request.request_id of each record
+    t0: float = (
+        0.0  # time.perf_counter() at the start of the run (CLOCK_MONOTONIC: comparable across processes)
+    )
 
 
 @dataclass
@@ -70,13 +74,15 @@ class _Run:
     t0: float
     guard: SloGuard | None
     records: list[RequestRecord] = field(default_factory=list)
+    request_ids: list[int] = field(default_factory=list)
     in_flight: dict[int, _Stream] = field(default_factory=dict)
     tasks: list[asyncio.Task] = field(default_factory=list)
     aborted: str | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def finish(self, record: RequestRecord) -> None:
+    def finish(self, request_id: int, record: RequestRecord) -> None:
         self.records.append(record)
+        self.request_ids.append(request_id)
         if self.guard is not None and self.aborted is None:
             self.guard.add(record)
             self.check()
@@ -124,7 +130,8 @@ async def _stream_request(run: _Run, rid: int, request: Request, body: bytes) ->
     usage_tokens: int | None = None
     try:
         async with asyncio.timeout(run.timeout_s):
-            async with run.client.stream("POST", run.url, content=body) as response:
+            headers = {"x-request-id": str(request.request_id)}
+            async with run.client.stream("POST", run.url, content=body, headers=headers) as response:
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")
                     raise _HttpError(f"HTTP {response.status_code}: {text[:500]}")
@@ -161,7 +168,7 @@ async def _stream_request(run: _Run, rid: int, request: Request, body: bytes) ->
     except (_HttpError, httpx.HTTPError, OSError, ValueError) as exc:
         _fail(record, str(exc) or type(exc).__name__)
     run.in_flight.pop(rid, None)
-    run.finish(record)
+    run.finish(request.request_id, record)
 
 
 class _HttpError(Exception):
@@ -246,7 +253,7 @@ async def run_load(
         if watcher is not None:
             watcher.cancel()
     not_sent = len(ordered) - len(run.records) - cancelled
-    return LoadResult(run.records, duration, run.aborted, cancelled, not_sent)
+    return LoadResult(run.records, duration, run.aborted, cancelled, not_sent, run.request_ids, run.t0)
 
 
 def run_load_sync(base_url: str, model: str, requests: Sequence[Request], **kwargs) -> LoadResult:

@@ -756,6 +756,7 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
         workers=1,
         access_log=False,
         log_level="info",
+        timeout_graceful_shutdown=1,  # hung streams (--hang-after) must not hold up SIGTERM
     )
     server = uvicorn.Server(uv_config)
     try:
