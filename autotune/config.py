@@ -12,9 +12,6 @@ from autotune.errors import AutotuneError
 LARGE_GPU_MIN_GIB = 70
 LARGE_GPU_DEFAULTS = (1024, 8192)  # (max_num_seqs, max_num_batched_tokens) on >= 70 GiB GPUs but A100
 SMALL_GPU_DEFAULTS = (256, 2048)
-# SchedulerConfig: with chunked prefill off the budget defaults to max(max_model_len, this).
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
-
 BOOL_FLAGS = ("enable_chunked_prefill", "enable_prefix_caching")
 
 
@@ -50,21 +47,21 @@ class EngineConfig:
     def with_vllm_defaults(
         self, gpu_memory_gib: float, gpu_name: str, max_position_embeddings: int
     ) -> EngineConfig:
-        """Fill unset fields the way vLLM does at startup for this GPU and model."""
+        """Fill unset fields the way vLLM does at startup (EngineArgs._set_default_args).
+
+        An unset budget gets the GPU's default (at least max_model_len with chunked prefill off, at most
+        max_num_seqs * max_model_len); an unset max_num_seqs gets the GPU's default capped by the budget.
+        """
         max_model_len = self.max_model_len or max_position_embeddings
         large = gpu_memory_gib >= LARGE_GPU_MIN_GIB and "A100" not in gpu_name.upper()
         default_seqs, default_budget = LARGE_GPU_DEFAULTS if large else SMALL_GPU_DEFAULTS
+        seqs = self.max_num_seqs if self.max_num_seqs is not None else default_seqs
         budget = self.max_num_batched_tokens
-        seqs = self.max_num_seqs
         if budget is None:
-            if self.enable_chunked_prefill:
-                budget = default_budget
-            else:
-                budget = max(max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)
-            if seqs is None:
-                seqs = min(default_seqs, budget)
-        if seqs is None:
-            seqs = default_seqs
+            budget = default_budget if self.enable_chunked_prefill else max(max_model_len, default_budget)
+            budget = min(seqs * max_model_len, budget)
+        if self.max_num_seqs is None:
+            seqs = min(seqs, budget)
         return dataclasses.replace(
             self, max_model_len=max_model_len, max_num_batched_tokens=budget, max_num_seqs=seqs
         )
