@@ -1,0 +1,49 @@
+"""`autotune export`: a tuned config as vllm serve flags, a command, docker run, a vLLM YAML or k8s args."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "Print a run's recommended (or any) config as flags, a command, docker run, vLLM YAML or k8s args."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register `autotune export` options."""
+    from autotune.export import FORMATS
+
+    parser.add_argument("run_dir", metavar="RUN", help="a run folder, e.g. runs/<study>")
+    parser.add_argument("--trial", type=int, help="trial number (default: the recommended config)")
+    parser.add_argument("--format", default="cmd", choices=FORMATS, help="output format (default cmd)")
+    parser.add_argument("--tag", default="latest", help="vllm/vllm-openai image tag for docker and k8s")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the export on stdout."""
+    import optuna
+
+    from autotune import export
+    from autotune.errors import AutotuneError
+    from autotune.study import recommend, records
+
+    info = export.load_run(args.run_dir)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.load_study(study_name=info.study, storage=info.storage)
+    except Exception as exc:  # noqa: BLE001  (missing study or unreachable storage)
+        raise AutotuneError(f"cannot open study {info.study!r} in {info.storage}: {exc}") from exc
+    recs = records(study)
+    if args.trial is not None:
+        chosen = next((r for r in recs if r.number == args.trial), None)
+        if chosen is None:
+            raise AutotuneError(f"trial {args.trial} not found (or not finished) in {args.run_dir}")
+    else:
+        maximize = [d == optuna.study.StudyDirection.MAXIMIZE for d in study.directions]
+        chosen = recommend(recs, maximize)
+        if chosen is None:
+            raise AutotuneError(f"{args.run_dir} has no feasible trial to recommend; pass --trial N")
+    if not chosen.feasible:
+        reason = chosen.failure or "violates the SLOs"
+        print(f"autotune export: warning: trial {chosen.number} is not feasible ({reason})", file=sys.stderr)
+    sys.stdout.write(export.render(chosen.engine_config(), args.format, image_tag=args.tag))
+    return 0

@@ -1,0 +1,225 @@
+"""`autotune run`: tune vLLM's launch flags for a model, GPU, workload and SLO (simulated by default)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+HELP = "Tune vLLM launch flags with Optuna + Ray: SLOs as constraints, Pareto front, ready-to-paste flags."
+DEFAULT_TRIALS = 50
+LOADS = ("workload", "fixed", "capacity")
+SIM_TRIAL_TIMEOUT_S = 600.0
+# A real trial's own limits are the backend's (startup 600 s, benchmark 1800 s); the executor's deadline
+# is the safety net above them.
+REAL_TRIAL_TIMEOUT_S = 2700.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register `autotune run` options."""
+    what = parser.add_argument_group("what to tune")
+    what.add_argument("--space", default="vllm", help="search-space YAML (or a name in search_spaces/)")
+    what.add_argument("--model", help="override the space's model (default meta-llama/Llama-3.1-8B-Instruct)")
+    what.add_argument("--gpu", help="override the space's GPU type (default H100)")
+    what.add_argument("--workload", default="chat", help="workload YAML (or a name in workloads/)")
+    what.add_argument(
+        "--load",
+        choices=LOADS,
+        default="capacity",
+        help="capacity (default): measure each config at the highest request rate that meets the SLOs; "
+        "workload: at the workload file's own load; fixed: at the file's rate/concurrency",
+    )
+    what.add_argument("--slo", action="append", default=[], help="e.g. ttft_p99=2s,itl_p99=50ms (repeatable)")
+    what.add_argument("--objectives", default="default", help="objectives YAML (or a name in objectives/)")
+    study = parser.add_argument_group("study")
+    study.add_argument("--study", help="study name (default: from model, GPU and workload)")
+    study.add_argument("--storage", help="Optuna storage URL (default: sqlite in runs/<study>/study.db)")
+    study.add_argument("--runs-dir", default="runs", help="where run folders go (default: runs)")
+    study.add_argument("--resume", action="store_true", help="continue an existing study to --n-trials")
+    study.add_argument("--sampler", default="auto", choices=("auto", "tpe", "gp", "nsga2", "random", "grid"))
+    study.add_argument(
+        "--n-trials", type=int, default=DEFAULT_TRIALS, help=f"configs to measure (default {DEFAULT_TRIALS})"
+    )
+    study.add_argument("--timeout", type=float, help="stop asking for new trials after this many seconds")
+    study.add_argument("--seed", type=int, default=0, help="sampler and workload seed")
+    where = parser.add_argument_group("where trials run")
+    where.add_argument("--backend", default="sim", choices=("sim", "vllm", "docker"))
+    where.add_argument("--gpus", help="GPUs to use: a count (4) or device ids (0,1,2,3); sim: fake GPUs")
+    where.add_argument("--parallel", type=int, default=1, help="sim: trials at once on CPU slots (default 1)")
+    where.add_argument("--ray-address", help="join an existing Ray cluster instead of starting one")
+    where.add_argument("--trial-timeout", type=float, help="deadline per trial in seconds (forced cancel)")
+    where.add_argument("--serve-cmd", default="vllm serve", help="vllm backend: the server command")
+    where.add_argument("--image", default="vllm/vllm-openai:latest", help="docker backend: the image")
+    parser.add_argument("--dashboard", action="store_true", help="serve optuna-dashboard during the run")
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run (or resume) a study and write its results to runs/<study>/."""
+    from autotune.errors import AutotuneError
+
+    if args.n_trials < 1:
+        raise AutotuneError("--n-trials must be at least 1")
+    if args.parallel < 1:
+        raise AutotuneError("--parallel must be at least 1")
+    setup = _prepare(args)
+    return _execute(args, setup)
+
+
+@dataclasses.dataclass
+class _Setup:
+    space: Any
+    objectives: Any
+    slos: list[Any]
+    workload: Any
+    backend: Any
+    gpu: Any
+    max_position_embeddings: int | None
+    gpu_ids: list[int]
+    study_name: str
+    run_dir: Path
+    storage: str
+
+
+def _prepare(args: argparse.Namespace) -> _Setup:
+    """Read and check every input before anything starts (each bad input: one AutotuneError line)."""
+    from autotune.backends.factory import make_backend
+    from autotune.errors import AutotuneError
+    from autotune.executor import parse_gpus
+    from autotune.objectives import load_objectives
+    from autotune.sim.hardware import get_gpu
+    from autotune.sim.models import get_model
+    from autotune.slo import parse_slos
+    from autotune.space import load_space
+    from autotune.study import default_study_name, sqlite_url
+    from autotune.workload import load_workload
+
+    space = load_space(args.space).with_overrides(model=args.model, gpu=args.gpu)
+    objectives = load_objectives(args.objectives)
+    slos = parse_slos(args.slo) if args.slo else list(objectives.slos)
+    workload = load_workload(args.workload)
+    if args.load != "workload":
+        workload = dataclasses.replace(workload, load=args.load)
+    gpu = get_gpu(space.gpu)
+    try:
+        max_pos: int | None = get_model(space.model).max_position_embeddings
+    except AutotuneError:
+        if args.backend == "sim":
+            raise
+        max_pos = None  # a real model outside the catalog: vLLM checks what needs its context length
+    gpu_ids = parse_gpus(args.gpus)
+    backend = make_backend(args.backend, space.gpu, serve_cmd=shlex.split(args.serve_cmd), image=args.image)
+    if hasattr(backend, "preflight"):
+        backend.preflight()
+    name = args.study or default_study_name(space.model, space.gpu, workload.name)
+    if not all(c.isalnum() or c in "-_." for c in name):
+        raise AutotuneError(f"bad --study {name!r}: use letters, digits, '-', '_' and '.'")
+    run_dir = Path(args.runs_dir) / name
+    storage = args.storage or sqlite_url(run_dir)
+    return _Setup(space, objectives, slos, workload, backend, gpu, max_pos, gpu_ids, name, run_dir, storage)
+
+
+def _execute(args: argparse.Namespace, s: _Setup) -> int:
+    import ray
+
+    from autotune import report
+    from autotune.executor import Executor, cluster_gpus, start_ray
+    from autotune.export import RunInfo
+    from autotune.progress import Progress
+    from autotune.study import StudySettings, make_sampler, open_study, records
+    from autotune.tuner import Tuner, TunerOptions
+
+    settings = StudySettings(
+        objectives=s.objectives.names,
+        directions=s.objectives.directions,
+        slos=[str(slo) for slo in s.slos],
+        model=s.space.model,
+        gpu=s.space.gpu,
+        workload=s.workload.name,
+        backend=args.backend,
+    )
+    sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
+    s.run_dir.mkdir(parents=True, exist_ok=True)
+    study = open_study(s.study_name, s.storage, settings, sampler, args.resume)
+    RunInfo(study=s.study_name, storage=s.storage, directory=s.run_dir).save(
+        {**settings.to_dict(), "space": s.space.source, "load": s.workload.load}
+    )
+    if not study.trials:
+        baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
+        study.enqueue_trial(baseline, user_attrs={"baseline": True})
+
+    sim = args.backend == "sim"
+    owns_ray = not ray.is_initialized()
+    fake_gpus = len(s.gpu_ids) if sim and s.gpu_ids else None
+    start_ray(args.ray_address, num_cpus=max(args.parallel, 1), fake_gpus=fake_gpus)
+    gpu_ids = s.gpu_ids or ([] if sim else list(range(cluster_gpus())))
+    if not sim and not gpu_ids:
+        from autotune.errors import AutotuneError
+
+        raise AutotuneError(f"the {args.backend} backend needs GPUs and the Ray cluster has none")
+    timeout = args.trial_timeout or (SIM_TRIAL_TIMEOUT_S if sim else REAL_TRIAL_TIMEOUT_S)
+    if s.workload.load == "capacity":
+        from autotune.capacity import MAX_EVALS
+
+        timeout *= MAX_EVALS if not args.trial_timeout else 1
+    executor = Executor(
+        s.backend, s.workload, s.slos, gpu_ids=gpu_ids, cpu_slots=args.parallel, trial_timeout_s=timeout
+    )
+    progress = None if args.quiet else Progress()
+    _announce(args, s, gpu_ids, study)
+    dashboard = _start_dashboard(s.storage) if args.dashboard else None
+    tuner = Tuner(
+        study,
+        s.space,
+        s.objectives,
+        s.slos,
+        executor,
+        TunerOptions(n_trials=args.n_trials, timeout_s=args.timeout, seed=args.seed, run_dir=s.run_dir),
+        progress=progress,
+        max_position_embeddings=s.max_position_embeddings,
+    )
+    try:
+        summary = tuner.run()
+    finally:
+        recs = records(study)
+        out = report.outcome(
+            recs, s.objectives.names, [o.maximize for o in s.objectives.objectives], settings.slos
+        )
+        if recs:
+            report.write_all(s.run_dir, out)
+        if dashboard is not None:
+            dashboard.stop()
+        if owns_ray:
+            ray.shutdown()
+    print(report.summary_text(out))
+    gpu_hours = sum(r.gpu_seconds for r in recs) / 3600
+    ended = " (timeout)" if summary.timed_out else ""
+    print(
+        f"\n{summary.completed} configs measured or deduplicated, {summary.rejected} invalid suggestions "
+        f"rejected before launch; {summary.told} told this run in {summary.wall_s:.0f} s{ended}; "
+        f"{'simulated ' if sim else ''}GPU time {gpu_hours:.2f} h."
+        f"\nResults: {s.run_dir}/ (trials.csv, pareto.csv, best.json, best.sh, pareto.png, report.html)"
+    )
+    return 0
+
+
+def _announce(args: argparse.Namespace, s: _Setup, gpu_ids: list[int], study: Any) -> None:
+    slos = ", ".join(str(slo) for slo in s.slos) or "none"
+    where = f"GPUs {gpu_ids}" if gpu_ids else f"{args.parallel} CPU slot(s)"
+    resumed = f", resuming at {len(study.trials)} trials" if args.resume and study.trials else ""
+    print(
+        f"autotune: study {s.study_name} ({args.backend}: {s.space.model} on {s.space.gpu}, workload "
+        f"{s.workload.name} at {s.workload.load} load, SLO {slos}; {where}; {args.n_trials} trials{resumed})",
+        file=sys.stderr,
+    )
+
+
+def _start_dashboard(storage: str) -> Any:
+    from autotune.dashboard import start_dashboard
+
+    server = start_dashboard(storage)
+    print(f"autotune: optuna-dashboard at {server.url}", file=sys.stderr)
+    return server

@@ -1,0 +1,145 @@
+"""What a study optimises (objectives/*.yaml) and how a TrialResult becomes Optuna values and constraints.
+
+Constraints are told in one fixed order on every trial (GPSampler needs the same keys each time):
+one per SLO (its margin, <= 0 holds), then `config_failed` (1 when the config did not produce a
+benchmark). A failed config is a violation of every constraint, so samplers learn to avoid it;
+its objective values are pessimistic but finite (Optuna rejects NaN on COMPLETE trials).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.backends.base import FailureKind, TrialResult
+from autotune.errors import AutotuneError
+from autotune.metrics import LATENCY_METRICS, PERCENTILES
+from autotune.slo import Slo, parse_slos
+
+OBJECTIVES_DIR = Path(__file__).resolve().parents[1] / "objectives"
+DIRECTIONS = ("maximize", "minimize")
+FAILED_KEY = "config_failed"
+# Constraint value of each SLO for a config that produced no benchmark: "100x over every limit", so it
+# ranks below any config that ran (TPE orders infeasible trials by their summed violation).
+FAILED_SLO_MARGIN = 100.0
+FAILED_LATENCY_MS = 1.0e6  # pessimistic objective value of a failed config for latency metrics
+PER_GPU = "_per_gpu"
+_THROUGHPUTS = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
+_LATENCY_KEYS = tuple(
+    f"{stat}_{metric}_ms"
+    for metric in LATENCY_METRICS
+    for stat in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES))
+)
+METRICS = (*_THROUGHPUTS, *(t + PER_GPU for t in _THROUGHPUTS), *_LATENCY_KEYS)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One metric to maximize or minimize, by its vllm bench serve key (or a throughput `_per_gpu`)."""
+
+    metric: str
+    direction: str
+
+    @property
+    def maximize(self) -> bool:
+        """True for throughput-like objectives."""
+        return self.direction == "maximize"
+
+    def value(self, result: TrialResult) -> float:
+        """The objective's value for a trial; pessimistic when the trial has no benchmark."""
+        if result.benchmark is None:
+            return 0.0 if self.maximize else FAILED_LATENCY_MS
+        if self.metric.endswith(PER_GPU):
+            base = result.benchmark.get(self.metric.removesuffix(PER_GPU)) or 0.0
+            return float(base) / max(1, result.config.tensor_parallel_size)
+        value = result.benchmark.get(self.metric)
+        return float(value) if value is not None else (0.0 if self.maximize else FAILED_LATENCY_MS)
+
+
+@dataclass(frozen=True)
+class ObjectiveSet:
+    """The objectives and the default SLOs of an objectives file."""
+
+    objectives: tuple[Objective, ...]
+    slos: tuple[Slo, ...] = ()
+    source: str = ""
+
+    @property
+    def directions(self) -> list[str]:
+        """Optuna study directions, in objective order."""
+        return [o.direction for o in self.objectives]
+
+    @property
+    def names(self) -> list[str]:
+        """Metric names (set on the study so the dashboard shows them)."""
+        return [o.metric for o in self.objectives]
+
+
+def load_objectives(path_or_name: str | Path = "default") -> ObjectiveSet:
+    """Read an objectives YAML file (or a bare name from objectives/); AutotuneError on bad input."""
+    path = Path(path_or_name)
+    if not path.is_file() and path.suffix == "" and path.parent == Path("."):
+        path = OBJECTIVES_DIR / f"{path.name}.yaml"
+    if not path.is_file():
+        raise AutotuneError(f"objectives file not found: {path_or_name}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise AutotuneError(f"objectives {path}: malformed YAML") from exc
+    return objectives_from_dict(data, source=str(path))
+
+
+def objectives_from_dict(data: Any, source: str = "<dict>") -> ObjectiveSet:
+    """Build an ObjectiveSet from parsed YAML."""
+    if not isinstance(data, dict) or not isinstance(data.get("objectives"), list) or not data["objectives"]:
+        raise AutotuneError(
+            f"objectives {source}: expected 'objectives:' with a list of {{metric, direction}}"
+        )
+    objectives = []
+    for item in data["objectives"]:
+        if not isinstance(item, dict) or set(item) != {"metric", "direction"}:
+            raise AutotuneError(f"objectives {source}: each objective needs exactly metric and direction")
+        if item["metric"] not in METRICS:
+            raise AutotuneError(
+                f"objectives {source}: unknown metric {item['metric']!r} (e.g. output_throughput)"
+            )
+        if item["direction"] not in DIRECTIONS:
+            raise AutotuneError(f"objectives {source}: direction must be maximize or minimize")
+        objectives.append(Objective(metric=item["metric"], direction=item["direction"]))
+    if len({o.metric for o in objectives}) != len(objectives):
+        raise AutotuneError(f"objectives {source}: a metric is listed twice")
+    slos = parse_slos(data.get("slos") or [])
+    return ObjectiveSet(objectives=tuple(objectives), slos=tuple(slos), source=source)
+
+
+def constraint_keys(slos: Sequence[Slo]) -> list[str]:
+    """The constraint names told on every trial, in their fixed order."""
+    return [slo.name for slo in slos] + [FAILED_KEY]
+
+
+def constraints(result: TrialResult, slos: Sequence[Slo]) -> dict[str, float]:
+    """Constraint values (<= 0 holds) in the order of `constraint_keys`.
+
+    An early abort keeps its partial metrics: its SLO margins are real, and it is marked infeasible
+    even if the partial metrics happen to meet the SLOs (the backend stopped it because they could not).
+    """
+    values: dict[str, float] = {}
+    if result.benchmark is None:
+        for slo in slos:
+            values[slo.name] = FAILED_SLO_MARGIN
+        values[FAILED_KEY] = 1.0
+        return values
+    for slo in slos:
+        values[slo.name] = float(slo.margin(result.benchmark))
+    aborted = result.failure == FailureKind.EARLY_ABORT and all(v <= 0 for v in values.values())
+    values[FAILED_KEY] = 1.0 if result.failure not in (None, FailureKind.EARLY_ABORT) or aborted else 0.0
+    return values
+
+
+def is_feasible(constraint_values: Mapping[str, float]) -> bool:
+    """Optuna's rule: every constraint value <= 0."""
+    return all(v <= 0 for v in constraint_values.values())

@@ -1,0 +1,333 @@
+"""The Optuna study of a tuning run: create or resume it, pick a sampler, tell results, read the front.
+
+The driver is the only writer (ask/tell). Every trial carries user attrs that the report, the export
+and optuna-dashboard read: `config` (the flags), `config_key`, `feasible`, `failure`, `message`,
+`log_tail`, `margin_<slo>` (SLO margins), `metrics`, `gpu_seconds`, and `baseline` / `duplicate_of`.
+Feasibility is stored as a user attr too because optuna-dashboard 0.21 does not show 5.0 constraints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.backends.base import TrialResult
+from autotune.config import EngineConfig
+from autotune.errors import AutotuneError
+from autotune.objectives import ObjectiveSet, constraints, is_feasible
+from autotune.slo import Slo
+
+SAMPLERS = ("auto", "tpe", "gp", "nsga2", "random", "grid")
+LOG_TAIL_CHARS = 2000
+SETTINGS_ATTR = "autotune"
+# Two configs whose primary objective is within this fraction are a tie, broken by the next objectives:
+# real measurements vary by a few percent run to run, so a 0.5% "win" is not a reason to pick a config.
+TIE_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """What defines a study; a resumed study must have the same."""
+
+    objectives: list[str]
+    directions: list[str]
+    slos: list[str]
+    model: str
+    gpu: str
+    workload: str
+    backend: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form, stored as a study user attr."""
+        return dict(self.__dict__)
+
+
+@dataclass
+class TrialRecord:
+    """A finished trial as the report and the export see it."""
+
+    number: int
+    state: str
+    values: list[float] | None
+    params: dict[str, Any]
+    config: dict[str, Any]
+    feasible: bool
+    failure: str | None = None
+    message: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    margins: dict[str, float] = field(default_factory=dict)
+    baseline: bool = False
+    duplicate_of: int | None = None
+    gpu_seconds: float = 0.0
+    user_attrs: dict[str, Any] = field(default_factory=dict)
+
+    def engine_config(self) -> EngineConfig:
+        """The trial's flags as an EngineConfig."""
+        return config_from_attr(self.config)
+
+
+def default_study_name(model: str, gpu: str, workload: str) -> str:
+    """A readable study name, e.g. "llama-3.1-8b-instruct-h100-chat"."""
+    raw = f"{model.split('/')[-1]}-{gpu}-{workload}".lower()
+    return re.sub(r"[^a-z0-9.]+", "-", raw).strip("-")
+
+
+def sqlite_url(run_dir: Path) -> str:
+    """The default storage of a run: runs/<study>/study.db."""
+    return f"sqlite:///{(run_dir / 'study.db').resolve()}"
+
+
+def auto_sampler(n_params: int, seed: int | None) -> optuna.samplers.BaseSampler:
+    """The default sampler (`--sampler auto`); one place to change when the benchmark picks another.
+
+    Multivariate TPE: handles mixed int/float/categorical spaces, reads 5.0 constraints (infeasible
+    trials are ranked by their summed violation), and `constant_liar` keeps parallel workers apart.
+    A short random start (2 per parameter, 4 to 10) because one trial costs minutes of GPU time.
+    """
+    startup = max(4, min(10, 2 * n_params))
+    return optuna.samplers.TPESampler(
+        seed=seed, multivariate=True, constant_liar=True, n_startup_trials=startup
+    )
+
+
+def make_sampler(
+    name: str, grid: Mapping[str, list[Any]], seed: int | None, n_trials: int
+) -> optuna.samplers.BaseSampler:
+    """The sampler for `--sampler NAME` (`grid` needs the discretized space)."""
+    if name == "auto":
+        return auto_sampler(len(grid), seed)
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    if name == "gp":
+        try:
+            import torch  # noqa: F401  (GPSampler needs it)
+        except ImportError:
+            print(
+                "autotune: the gp sampler needs PyTorch (pip install torch); using tpe instead",
+                file=sys.stderr,
+            )
+            return make_sampler("tpe", grid, seed, n_trials)
+        return optuna.samplers.GPSampler(seed=seed)
+    if name == "nsga2":
+        # A generation of a quarter of the budget (8..50): Optuna's default of 50 would be all random.
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(8, min(50, n_trials // 4)))
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return optuna.samplers.GridSampler(dict(grid), seed=seed)
+    raise AutotuneError(f"unknown sampler {name!r} (use {', '.join(SAMPLERS)})")
+
+
+def open_study(
+    name: str,
+    storage: str,
+    settings: StudySettings,
+    sampler: optuna.samplers.BaseSampler,
+    resume: bool,
+) -> optuna.Study:
+    """Create a new study, or resume an existing one with the same settings (stale RUNNING trials failed)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        exists = name in optuna.study.get_all_study_names(storage)
+    except Exception as exc:  # noqa: BLE001  (any storage error is a bad --storage for the user)
+        raise AutotuneError(f"cannot open storage {storage}: {exc.__class__.__name__}: {exc}") from exc
+    if exists and not resume:
+        raise AutotuneError(
+            f"study {name!r} already exists in {storage}: add --resume to continue it or pick --study"
+        )
+    if not exists:
+        if resume:
+            print(f"autotune: no study {name!r} to resume; starting it", file=sys.stderr)
+        study = optuna.create_study(
+            study_name=name, storage=storage, sampler=sampler, directions=settings.directions
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(settings.objectives)
+        study.set_user_attr(SETTINGS_ATTR, settings.to_dict())
+        return study
+    study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    check_resume(study, settings)
+    fail_stale_trials(study)
+    return study
+
+
+def check_resume(study: optuna.Study, settings: StudySettings) -> None:
+    """A resumed study must optimise the same thing (load_study ignores the directions we would pass)."""
+    directions = [d.name.lower() for d in study.directions]
+    if directions != settings.directions or (study.metric_names or []) != settings.objectives:
+        raise AutotuneError(
+            f"study {study.study_name!r} optimises {study.metric_names} ({', '.join(directions)}), not "
+            f"{settings.objectives}: use the same --objectives or another --study"
+        )
+    stored = study.user_attrs.get(SETTINGS_ATTR, {})
+    for key in ("slos", "model", "gpu", "workload", "backend"):
+        if key in stored and stored[key] != getattr(settings, key):
+            raise AutotuneError(
+                f"study {study.study_name!r} was run with {key} {stored[key]!r}, not "
+                f"{getattr(settings, key)!r}: resume with the same settings or pick another --study"
+            )
+
+
+def fail_stale_trials(study: optuna.Study) -> int:
+    """Mark trials left RUNNING by an interrupted run as FAIL (their results were never told)."""
+    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for trial in stale:
+        study._storage.set_trial_user_attr(trial._trial_id, "failure", "interrupted")
+        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+    return len(stale)
+
+
+def config_attr(config: EngineConfig) -> dict[str, Any]:
+    """The flags of a config as a JSON-able dict (model first), stored on each trial."""
+    return {"model": config.model, **config.params()}
+
+
+def config_from_attr(attr: Mapping[str, Any]) -> EngineConfig:
+    """Inverse of `config_attr`."""
+    values = dict(attr)
+    return EngineConfig(model=values.pop("model")).replace(**values)
+
+
+def config_key(config: EngineConfig) -> str:
+    """Identity of a config for dedupe (the resolved flags, sorted)."""
+    return json.dumps(config_attr(config), sort_keys=True, default=str)
+
+
+def tell_result(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    result: TrialResult,
+    objectives: ObjectiveSet,
+    slos: Sequence[Slo],
+    key: str,
+) -> FrozenTrial:
+    """Tell one evaluated config: constraints in fixed order, user attrs, then the objective values."""
+    cons = constraints(result, slos)
+    for name, value in cons.items():
+        trial.set_constraint(name, value)
+    attrs = {
+        "config": config_attr(result.config),
+        "config_key": key,
+        "feasible": is_feasible(cons),
+        "failure": str(result.failure) if result.failure else None,
+        "message": result.message[:500],
+        "gpu_seconds": round(result.gpu_seconds * max(1, result.config.tensor_parallel_size), 3),
+        **{f"margin_{slo.name}": round(cons[slo.name], 4) for slo in slos},
+    }
+    if result.log_tail:
+        attrs["log_tail"] = result.log_tail[-LOG_TAIL_CHARS:]
+    if result.benchmark is not None:
+        attrs["metrics"] = _jsonable(result.benchmark.to_dict())
+    if result.info:
+        attrs["info"] = _jsonable(result.info)
+    for name, value in attrs.items():
+        trial.set_user_attr(name, value)
+    return study.tell(trial, [o.value(result) for o in objectives.objectives])
+
+
+def tell_duplicate(study: optuna.Study, trial: optuna.Trial, original: FrozenTrial) -> FrozenTrial:
+    """Tell a config already measured: the same values, constraints and attrs, plus `duplicate_of`."""
+    for name, value in original.constraints.items():
+        trial.set_constraint(name, value)
+    for name, value in original.user_attrs.items():
+        if name not in ("baseline", "duplicate_of"):
+            trial.set_user_attr(name, value)
+    trial.set_user_attr("duplicate_of", original.number)
+    trial.set_user_attr("gpu_seconds", 0.0)
+    return study.tell(trial, original.values)
+
+
+def records(study: optuna.Study) -> list[TrialRecord]:
+    """Every finished (COMPLETE or FAIL) trial with a config, in trial order."""
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        if t.state not in (TrialState.COMPLETE, TrialState.FAIL) or "config" not in t.user_attrs:
+            continue
+        attrs = t.user_attrs
+        out.append(
+            TrialRecord(
+                number=t.number,
+                state=t.state.name,
+                values=list(t.values) if t.values else None,
+                params=dict(t.params),
+                config=dict(attrs["config"]),
+                feasible=t.state == TrialState.COMPLETE and bool(attrs.get("feasible")),
+                failure=attrs.get("failure"),
+                message=attrs.get("message", ""),
+                metrics=dict(attrs.get("metrics", {})),
+                margins={k.removeprefix("margin_"): v for k, v in attrs.items() if k.startswith("margin_")},
+                baseline=bool(attrs.get("baseline")),
+                duplicate_of=attrs.get("duplicate_of"),
+                gpu_seconds=float(attrs.get("gpu_seconds", 0.0)),
+                user_attrs=dict(attrs),
+            )
+        )
+    return out
+
+
+def pareto_front(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> list[TrialRecord]:
+    """The feasible, non-dominated trials (duplicates left out), best primary objective first."""
+    pool = [r for r in recs if r.feasible and r.duplicate_of is None and r.values]
+    signs = [-1.0 if m else 1.0 for m in maximize]
+
+    def cost(r: TrialRecord) -> list[float]:
+        return [s * v for s, v in zip(signs, r.values or [], strict=True)]
+
+    front = []
+    for r in pool:
+        c = cost(r)
+        dominated = any(
+            all(o <= m for o, m in zip(cost(other), c, strict=True)) and cost(other) != c for other in pool
+        )
+        if not dominated:
+            front.append(r)
+    return sorted(front, key=lambda r: cost(r))
+
+
+def recommend(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> TrialRecord | None:
+    """The recommended config: best feasible primary objective; within TIE_TOLERANCE, the next objectives.
+
+    Only Pareto-optimal trials can win, and among near-ties on throughput the lower-latency one does,
+    so the recommendation never trades a lot of latency for noise-level throughput.
+    """
+    front = pareto_front(recs, maximize)
+    if not front:
+        return None
+    sign = 1.0 if maximize[0] else -1.0
+    best = max(sign * (r.values or [0])[0] for r in front)
+    scale = max(abs(best), 1e-12)
+    near = [r for r in front if (best - sign * (r.values or [0])[0]) <= TIE_TOLERANCE * scale]
+    signs = [-1.0 if m else 1.0 for m in maximize[1:]]
+    return min(near, key=lambda r: [s * v for s, v in zip(signs, (r.values or [])[1:], strict=True)])
+
+
+def baseline(recs: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The trial of vLLM's default config (the first trial of the study)."""
+    return next((r for r in recs if r.baseline), None)
+
+
+def _jsonable(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Round floats and drop values JSON cannot hold (storage keeps user attrs as JSON)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, float):
+            out[key] = round(value, 4) if value == value and abs(value) != float("inf") else None
+        elif isinstance(value, (int, str, bool)) or value is None:
+            out[key] = value
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, (int, float, str)) for v in value):
+            out[key] = list(value)
+        elif isinstance(value, dict):
+            out[key] = _jsonable(value)
+        else:
+            out[key] = str(value)
+    return out

@@ -1,0 +1,280 @@
+"""The run loop of `autotune run`: ask -> check -> dedupe -> dispatch -> tell -> progress.
+
+The driver is the study's only writer. A suggestion that breaks one of vLLM's validity rules, or
+needs more GPUs than the pool has, is told as a violation at once (nothing is launched, no GPU time);
+a config already measured is told the earlier result (`duplicate_of`) instead of running again, and a
+duplicate of a running trial waits for it. `--n-trials` counts measured and deduplicated trials, not
+the rejected ones (they cost nothing, and the sampler learns the invalid region from them).
+Ctrl-C cancels the running trials and marks them FAIL; every finished trial is already in the
+storage, so `--resume` continues where the run stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.backends.base import FailureKind, TrialResult
+from autotune.config import EngineConfig
+from autotune.executor import Executor
+from autotune.objectives import ObjectiveSet
+from autotune.progress import Progress, ProgressState, running_params
+from autotune.slo import Slo
+from autotune.space import SearchSpace, violations
+from autotune.study import config_key, tell_duplicate, tell_result
+
+POLL_S = 0.5
+# Suggestions rejected before launch (vLLM's validity rules) cost no GPU time and do not count toward
+# --n-trials; this bound stops a space that is almost all invalid from looping forever.
+MAX_REJECTS_PER_TRIAL = 5
+
+
+@dataclass
+class TunerOptions:
+    """Budget and reproducibility of a run."""
+
+    n_trials: int
+    timeout_s: float | None = None
+    seed: int = 0  # the workload seed: every trial replays the same requests, so configs compare fairly
+    run_dir: Path | None = None
+
+
+@dataclass
+class RunSummary:
+    """How the run ended."""
+
+    completed: int  # trials that count toward n_trials (measured or deduplicated)
+    rejected: int  # invalid suggestions told before launch
+    told: int
+    wall_s: float
+    timed_out: bool = False
+
+
+@dataclass
+class _Counters:
+    done: int = 0  # trials that count toward n_trials
+    rejected: int = 0  # told as invalid before launch
+    feasible: int = 0
+    failed: int = 0
+    best: float | None = None
+    baseline: float | None = None
+    last: str = ""
+
+
+@dataclass
+class _Pending:
+    trial: optuna.Trial
+    config: EngineConfig
+    key: str
+    duplicates: list[optuna.Trial] = field(default_factory=list)
+
+
+class Tuner:
+    """Drives one study to `n_trials` COMPLETE trials (or the timeout) on an Executor."""
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        space: SearchSpace,
+        objectives: ObjectiveSet,
+        slos: Sequence[Slo],
+        executor: Executor,
+        options: TunerOptions,
+        progress: Progress | None = None,
+        max_position_embeddings: int | None = None,
+    ) -> None:
+        self.study = study
+        self.space = space
+        self.objectives = objectives
+        self.slos = list(slos)
+        self.executor = executor
+        self.options = options
+        self.progress = progress
+        self.max_position_embeddings = max_position_embeddings
+        self._known: dict[str, FrozenTrial] = {}
+        self._running: dict[int, _Pending] = {}  # trial number -> its pending record
+        self._queued: list[_Pending] = []  # asked, valid, waiting for enough free GPUs
+        self._counters = _Counters()
+        self._told = 0
+
+    def run(self) -> RunSummary:
+        """Run until n_trials trials are COMPLETE or the timeout; Ctrl-C cancels and re-raises."""
+        start = time.monotonic()
+        self._load_existing()
+        timed_out = False
+        try:
+            while True:
+                timed_out = self._timed_out(start)
+                self._fill(timed_out)
+                if not self._running and not self._queued:
+                    if timed_out or self._outstanding() >= self.options.n_trials or self._too_many_rejects():
+                        break
+                    continue  # every asked trial was told at once (invalid or duplicate): ask more
+                for number, result in self.executor.wait(POLL_S):
+                    self._finish(number, result)
+                self._show()
+        except KeyboardInterrupt:
+            self._abandon()
+            raise
+        finally:
+            if self.progress:
+                self.progress.close()
+        return RunSummary(
+            completed=self._counters.done,
+            rejected=self._counters.rejected,
+            told=self._told,
+            wall_s=time.monotonic() - start,
+            timed_out=timed_out,
+        )
+
+    # -- asking and dispatching -------------------------------------------------------------------------
+
+    def _outstanding(self) -> int:
+        """COMPLETE trials plus the ones on their way to be told."""
+        waiting = sum(1 + len(p.duplicates) for p in (*self._running.values(), *self._queued))
+        return self._counters.done + waiting
+
+    def _fill(self, timed_out: bool) -> None:
+        """Start queued trials, then ask new ones while slots are free and the budget allows."""
+        while self._queued and self.executor.can_start(self._queued[0].config):
+            self._submit(self._queued.pop(0))
+        while not timed_out and not self._queued and self.executor.can_start():
+            if self._outstanding() >= self.options.n_trials or self._too_many_rejects():
+                return
+            trial = self.study.ask()
+            params = self.space.suggest(trial)
+            self._dispatch(trial, self.space.config(params))
+
+    def _dispatch(self, trial: optuna.Trial, config: EngineConfig) -> None:
+        key = config_key(config)
+        problems = violations(config, self.max_position_embeddings)
+        if not problems and not self.executor.fits(config):
+            problems = [
+                f"tensor_parallel_size {config.tensor_parallel_size} needs {self.executor.needs(config)} "
+                f"GPUs; the pool has {self.executor.capacity}"
+            ]
+        if problems:
+            trial.set_user_attr("launched", False)
+            result = TrialResult(config=config, failure=FailureKind.INVALID_CONFIG, message=problems[0])
+            self._tell(trial, result, key)
+        elif key in self._known:
+            self._record(tell_duplicate(self.study, trial, self._known[key]))
+        elif (pending := self._pending_for(key)) is not None:
+            pending.duplicates.append(trial)
+        else:
+            pending = _Pending(trial=trial, config=config, key=key)
+            if self.executor.can_start(config):
+                self._submit(pending)
+            else:
+                self._queued.append(pending)
+
+    def _too_many_rejects(self) -> bool:
+        return self._counters.rejected > MAX_REJECTS_PER_TRIAL * self.options.n_trials
+
+    def _pending_for(self, key: str) -> _Pending | None:
+        return next((p for p in (*self._running.values(), *self._queued) if p.key == key), None)
+
+    def _submit(self, pending: _Pending) -> None:
+        number = pending.trial.number
+        trial_dir = self.options.run_dir / "trials" / str(number) if self.options.run_dir else None
+        gpu_ids = self.executor.submit(number, pending.config, self.options.seed, trial_dir)
+        if gpu_ids:
+            pending.trial.set_user_attr("gpu_ids", list(gpu_ids))
+        self._running[number] = pending
+
+    # -- telling ------------------------------------------------------------------------------------------
+
+    def _finish(self, number: int, result: TrialResult) -> None:
+        pending = self._running.pop(number)
+        frozen = self._tell(pending.trial, result, pending.key)
+        for duplicate in pending.duplicates:
+            self._record(tell_duplicate(self.study, duplicate, frozen))
+
+    def _tell(self, trial: optuna.Trial, result: TrialResult, key: str) -> FrozenTrial:
+        frozen = tell_result(self.study, trial, result, self.objectives, self.slos, key)
+        if trial.user_attrs.get("launched", True):
+            self._known[key] = frozen
+        self._record(frozen)
+        return frozen
+
+    def _record(self, frozen: FrozenTrial) -> None:
+        """Update the counters the progress line shows."""
+        self._told += 1
+        c = self._counters
+        attrs = frozen.user_attrs
+        if attrs.get("launched", True):
+            c.done += 1
+        else:
+            c.rejected += 1
+        value = frozen.values[0] if frozen.values else None
+        if attrs.get("feasible"):
+            c.feasible += 1
+            if value is not None and (c.best is None or self._better(value, c.best)):
+                c.best = value
+        failure = attrs.get("failure")
+        if failure and attrs.get("launched", True) and failure != FailureKind.EARLY_ABORT:
+            c.failed += 1
+        if attrs.get("baseline") and attrs.get("feasible"):
+            c.baseline = value
+        status = "feasible" if attrs.get("feasible") else attrs.get("failure") or "violates SLO"
+        shown = f" {value:,.0f}" if value is not None and attrs.get("feasible") else ""
+        c.last = f"#{frozen.number} {status}{shown}"
+
+    def _better(self, a: float, b: float) -> bool:
+        return a > b if self.objectives.objectives[0].maximize else a < b
+
+    def _load_existing(self) -> None:
+        """On resume: count the finished trials and remember their configs for dedupe."""
+        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            key = frozen.user_attrs.get("config_key")
+            if key and frozen.user_attrs.get("launched", True) and "duplicate_of" not in frozen.user_attrs:
+                self._known.setdefault(key, frozen)
+            self._record(frozen)
+        self._told = 0
+
+    def _abandon(self) -> None:
+        """Ctrl-C: cancel what runs and mark every untold trial FAIL (it was never measured)."""
+        self.executor.cancel_all()
+        for pending in (*self._running.values(), *self._queued):
+            for trial in (pending.trial, *pending.duplicates):
+                trial.set_user_attr("failure", "interrupted")
+                self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        self._running.clear()
+        self._queued.clear()
+
+    def _timed_out(self, start: float) -> bool:
+        return self.options.timeout_s is not None and time.monotonic() - start >= self.options.timeout_s
+
+    def _show(self) -> None:
+        if not self.progress:
+            return
+        c = self._counters
+        running = running_params(self.executor.in_flight(), self.space.names)
+        self.progress.show(
+            ProgressState(
+                done=c.done,
+                total=self.options.n_trials,
+                feasible=c.feasible,
+                failed=c.failed,
+                rejected=c.rejected,
+                best=c.best,
+                baseline=c.baseline,
+                unit=_unit(self.objectives.objectives[0].metric),
+                running=running,
+                last=c.last,
+            )
+        )
+
+
+def _unit(metric: str) -> str:
+    units: Mapping[str, str] = {"request_throughput": "req/s", "request_goodput": "req/s"}
+    if metric.endswith("_ms"):
+        return "ms"
+    return units.get(metric.removesuffix("_per_gpu"), "tok/s") + (
+        "/GPU" if metric.endswith("_per_gpu") else ""
+    )
