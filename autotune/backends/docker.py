@@ -29,7 +29,7 @@ LABEL_TRIAL = "autotune.trial"
 LABEL_OWNER_PID = "autotune.owner_pid"
 LABEL_OWNER_HOST = "autotune.owner_host"
 PASSED_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE")
-LOG_TAIL_BYTES_LINES = 2000  # lines fetched from the engine while the container runs
+LOG_FETCH_LINES = 2000  # lines fetched from the engine while the container runs
 
 
 def docker_client() -> Any:
@@ -200,7 +200,7 @@ class _Container:
     def log_text(self) -> str:
         if self._stopped:
             return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return self._fetch_logs(tail=LOG_TAIL_BYTES_LINES)
+        return self._fetch_logs(tail=LOG_FETCH_LINES)
 
     def _fetch_logs(self, tail: int | str = "all") -> str:
         import docker
