@@ -1,0 +1,31 @@
+"""optuna-dashboard serves the run's study over HTTP on 127.0.0.1, with feasibility in user attrs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from test_study import build_run, ok
+
+from autotune.dashboard import start_dashboard
+from autotune.export import load_run
+
+
+def test_dashboard_serves_the_study_api(tmp_path: Path) -> None:
+    build_run(
+        tmp_path, [({"max_num_seqs": 64, "baseline": True}, ok(4000, 1500, 20)), ({"max_num_seqs": 8}, None)]
+    )
+    server = start_dashboard(load_run(tmp_path).storage)
+    try:
+        assert server.url.startswith("http://127.0.0.1:") and server.port > 0
+        base = server.url.removesuffix("/dashboard/")
+        studies = httpx.get(f"{base}/api/studies", timeout=10).json()["study_summaries"]
+        (study,) = [s for s in studies if s["study_name"] == "unit"]
+        detail = httpx.get(f"{base}/api/studies/{study['study_id']}", params={"after": 0}, timeout=10).json()
+        assert detail["objective_names"] == ["output_throughput", "p99_ttft_ms", "p99_itl_ms"]
+        attrs = [{a["key"]: str(a["value"]).lower() for a in t["user_attrs"]} for t in detail["trials"]]
+        assert [a["feasible"] for a in attrs] == ["true", "false"]
+        assert "margin_ttft_p99" in attrs[0] and attrs[1]["failure"] == "kv_cache_oom"
+        assert httpx.get(server.url, timeout=10).status_code == 200
+    finally:
+        server.stop()

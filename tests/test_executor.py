@@ -1,0 +1,119 @@
+"""The Ray executor: concurrency, GPU placement by TP size, deadlines, crashes (real local Ray)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray.cloudpickle
+
+from autotune.backends.base import FailureKind, TrialResult
+from autotune.config import EngineConfig
+from autotune.errors import AutotuneError
+from autotune.executor import Executor, parse_gpus
+
+# Ray workers cannot import this test module: ship its classes by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+@dataclass(frozen=True)
+class SleepBackend:
+    """Sleeps, then reports when it ran, on which GPUs and in which process."""
+
+    seconds: float = 0.5
+    boom: bool = False
+
+    def evaluate(
+        self,
+        config: EngineConfig,
+        workload: Any,
+        slos: Sequence[Any] = (),
+        seed: int = 0,
+        gpu_ids: Sequence[int] = (),
+        trial_dir: Path | None = None,
+    ) -> TrialResult:
+        if self.boom:
+            raise RuntimeError("backend bug")
+        start = time.time()
+        time.sleep(self.seconds)
+        info = {"start": start, "end": time.time(), "gpu_ids": list(gpu_ids), "pid": os.getpid()}
+        return TrialResult(config=config, info=info, benchmark_s=self.seconds)
+
+
+@dataclass(frozen=True)
+class FixedLoad:
+    load: str = "fixed"
+
+
+def drain(executor: Executor, expected: int, limit_s: float = 60.0) -> dict[int, TrialResult]:
+    results: dict[int, TrialResult] = {}
+    deadline = time.monotonic() + limit_s
+    while len(results) < expected and time.monotonic() < deadline:
+        results.update(executor.wait(0.2))
+    assert len(results) == expected, results
+    return results
+
+
+def test_cpu_slots_run_trials_concurrently() -> None:
+    executor = Executor(SleepBackend(1.0), FixedLoad(), [], cpu_slots=2)
+    config = EngineConfig(model="m")
+    executor.submit(0, config, 0, None)
+    assert executor.can_start()
+    executor.submit(1, config, 0, None)
+    assert not executor.can_start()  # never more in flight than slots
+    results = drain(executor, 2)
+    a, b = (results[n].info for n in (0, 1))
+    assert a["start"] < b["end"] and b["start"] < a["end"]  # the two trials overlapped in time
+    assert a["pid"] != b["pid"]
+    assert executor.can_start()
+
+
+def test_gpu_ids_follow_tensor_parallel_size() -> None:
+    executor = Executor(SleepBackend(0.3), FixedLoad(), [], gpu_ids=[0, 1])
+    tp2 = EngineConfig(model="m", tensor_parallel_size=2)
+    assert executor.fits(tp2) and not executor.fits(tp2.replace(tensor_parallel_size=4))
+    assert executor.submit(0, tp2, 0, None) == (0, 1)
+    assert not executor.can_start(EngineConfig(model="m"))  # both GPUs taken
+    assert drain(executor, 1)[0].info["gpu_ids"] == [0, 1]
+    one = EngineConfig(model="m")
+    assert executor.submit(1, one, 0, None) == (0,)
+    assert executor.submit(2, one, 0, None) == (1,)  # a distinct GPU for each single-GPU trial
+    results = drain(executor, 2)
+    assert sorted(r.info["gpu_ids"][0] for r in results.values()) == [0, 1]
+
+
+def test_deadline_cancels_and_reports_a_timeout() -> None:
+    executor = Executor(SleepBackend(60.0), FixedLoad(), [], cpu_slots=1, trial_timeout_s=0.5)
+    executor.submit(7, EngineConfig(model="m"), 0, None)
+    start = time.monotonic()
+    result = drain(executor, 1, limit_s=30)[7]
+    assert result.failure == FailureKind.BENCHMARK_TIMEOUT and "deadline" in result.message
+    assert time.monotonic() - start < 15
+    assert executor.can_start()  # the slot came back
+
+
+def test_backend_exception_is_a_failed_trial() -> None:
+    executor = Executor(SleepBackend(boom=True), FixedLoad(), [], cpu_slots=1)
+    executor.submit(0, EngineConfig(model="m"), 0, None)
+    result = drain(executor, 1)[0]
+    assert result.failure == FailureKind.ERROR and "backend bug" in result.message
+
+
+def test_more_gpus_than_the_cluster_is_an_error() -> None:
+    with pytest.raises(AutotuneError, match="asks for 4 GPU"):
+        Executor(SleepBackend(), FixedLoad(), [], gpu_ids=[0, 1, 2, 3])
+
+
+def test_parse_gpus() -> None:
+    assert parse_gpus("3") == [0, 1, 2] and parse_gpus("2,5") == [2, 5] and parse_gpus(None) == []
+    for bad in ("0", "x", "1,1", "-1,2"):
+        with pytest.raises(AutotuneError, match="bad --gpus"):
+            parse_gpus(bad)

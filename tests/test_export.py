@@ -1,0 +1,96 @@
+"""Exports: each format, round trips back to the same EngineConfig, no secrets, and the CLI."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+from test_study import build_run, ok
+
+from autotune.cli import main
+from autotune.config import EngineConfig
+from autotune.export import parse_command, render
+
+CONFIG = EngineConfig(
+    model="meta-llama/Llama-3.1-8B-Instruct",
+    tensor_parallel_size=2,
+    max_num_seqs=384,
+    max_num_batched_tokens=4096,
+    enable_chunked_prefill=False,
+    block_size=32,
+    gpu_memory_utilization=0.93,
+    enable_prefix_caching=True,
+    max_model_len=8192,
+).replace(dtype="bfloat16")
+
+
+def test_cmd_and_flags_parse_back_to_the_same_config() -> None:
+    cmd = render(CONFIG, "cmd")
+    assert cmd.startswith("vllm serve meta-llama/Llama-3.1-8B-Instruct ")
+    assert "--no-enable-chunked-prefill" in cmd and "--dtype bfloat16" in cmd
+    assert parse_command(cmd) == CONFIG
+    flags = render(CONFIG, "flags")
+    assert parse_command(f"vllm serve {CONFIG.model} {flags}") == CONFIG
+
+
+def test_docker_passes_hf_token_by_name_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value_123")
+    args = shlex.split(render(CONFIG, "docker", image_tag="v0.11.0"))
+    assert args[:4] == ["docker", "run", "--gpus", "2"] and "--ipc=host" in args
+    assert args[args.index("-p") + 1] == "8000:8000"
+    assert args[args.index("--env") + 1] == "HF_TOKEN"
+    image = args.index("vllm/vllm-openai:v0.11.0")
+    assert EngineConfig.from_args(args[image + 1 :]) == CONFIG  # the image's args are vllm serve's
+    assert all("hf_secret" not in render(CONFIG, fmt) for fmt in ("cmd", "docker", "yaml", "k8s"))
+
+
+def test_vllm_yaml_config_file() -> None:
+    data = yaml.safe_load(render(CONFIG, "yaml"))
+    assert data["model"] == CONFIG.model and data["max-num-seqs"] == 384
+    assert data["no-enable-chunked-prefill"] is True and data["enable-prefix-caching"] is True
+    # vLLM turns `key: true` into --key and `key: value` into --key value
+    args = [CONFIG.model]
+    for key, value in data.items():
+        if key != "model":
+            args += [f"--{key}"] if value is True else [f"--{key}", str(value)]
+    assert EngineConfig.from_args(args) == CONFIG
+
+
+def test_k8s_container_snippet() -> None:
+    text = render(CONFIG, "k8s")
+    (container,) = yaml.safe_load(text)["containers"]
+    assert container["image"] == "vllm/vllm-openai:latest"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "hf-token"
+    args = container["args"]
+    assert args[:2] == ["--model", CONFIG.model]
+    assert EngineConfig.from_args(args) == CONFIG
+
+
+def test_export_cli_recommended_and_chosen_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    build_run(
+        run_dir,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, ok(4000, 1500, 20)),
+            ({"max_num_seqs": 256, "max_num_batched_tokens": 2048}, ok(4800, 1700, 25)),
+            ({"max_num_seqs": 512}, ok(9000, 2600, 25)),  # infeasible
+        ],
+    )
+    assert main(["export", str(run_dir), "--format", "cmd"]) == 0
+    out = capsys.readouterr().out
+    assert parse_command(out) == EngineConfig(
+        model=CONFIG.model, max_num_seqs=256, max_num_batched_tokens=2048
+    )
+    assert main(["export", str(run_dir), "--trial", "2", "--format", "flags"]) == 0
+    captured = capsys.readouterr()
+    assert (
+        captured.out.strip() == "--tensor-parallel-size 1 --max-num-seqs 512 --enable-chunked-prefill "
+        "--block-size 16 --gpu-memory-utilization 0.9 --enable-prefix-caching --kv-cache-dtype auto"
+    )
+    assert "not feasible" in captured.err
+    assert main(["export", str(run_dir), "--trial", "99"]) == 2
+    assert main(["export", str(tmp_path / "nope")]) == 2
+    assert "run folder not found" in capsys.readouterr().err

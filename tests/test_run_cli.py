@@ -1,0 +1,137 @@
+"""`autotune run` end to end: bad inputs, a parallel run on Ray, Ctrl-C and --resume (real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.cli import main
+from autotune.export import load_run, parse_command
+
+SIM_SERVER = f"{sys.executable} -m autotune.cli sim-server"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--space", "no/such/space.yaml"], "search space file not found"),
+        (["--space", "{bad_param}"], "unknown parameter 'max_num_sequences'"),
+        (["--space", "{malformed}"], "malformed YAML"),
+        (["--slo", "ttft_p99=fast"], "bad SLO"),
+        (["--model", "acme/NoSuchModel-3B"], "unknown model"),
+        (["--gpu", "RTX-9999"], "unknown GPU"),
+        (["--gpus", "two"], "bad --gpus"),
+        (["--objectives", "nope"], "objectives file not found"),
+    ],
+)
+def test_bad_inputs_give_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], needle: str
+) -> None:
+    bad_param = tmp_path / "bad_param.yaml"
+    bad_param.write_text("params:\n  max_num_sequences: {type: int, low: 1, high: 8}\n")
+    malformed = tmp_path / "malformed.yaml"
+    malformed.write_text("params: [unclosed\n")
+    args = [a.format(bad_param=bad_param, malformed=malformed) for a in args]
+    assert main(["run", "--runs-dir", str(tmp_path / "runs"), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.parametrize("backend", ["sim", "vllm"])
+def test_more_gpus_than_the_cluster_has(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: str
+) -> None:
+    args = [
+        "run",
+        "--runs-dir",
+        str(tmp_path),
+        "--backend",
+        backend,
+        "--serve-cmd",
+        SIM_SERVER,
+        "--gpus",
+        "4",
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "autotune run: error: --gpus asks for 4 GPU(s) but the Ray cluster has 2"
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_parallel_run_is_consistent_and_writes_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["run", "--space", "small", "--slo", "ttft_p99=2s", "--n-trials", "8", "--parallel", "2"]
+    assert main([*args, "--runs-dir", str(tmp_path), "--study", "par", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    run_dir = tmp_path / "par"
+    for name in ("study.db", "trials.csv", "pareto.csv", "best.json", "best.sh", "pareto.png", "report.html"):
+        assert (run_dir / name).stat().st_size > 0, name
+    info = load_run(run_dir)
+    study = optuna.load_study(study_name=info.study, storage=info.storage)
+    trials = study.get_trials()
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    counted = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("launched", True)]
+    assert len(counted) == 8 and trials[0].user_attrs["baseline"] is True
+    # two trials were in flight at once: some trial started before an earlier one was told
+    spans = sorted(
+        (t.datetime_start, t.datetime_complete) for t in counted if "duplicate_of" not in t.user_attrs
+    )
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))
+    best = json.loads((run_dir / "best.json").read_text())
+    shell = (run_dir / "best.sh").read_text().splitlines()[-1]
+    assert (
+        parse_command(shell.removeprefix("exec ").removesuffix(' "$@"')).params()
+        == parse_command(best["command"]).params()
+    )
+    assert "Feasible Pareto front" in out and "vllm serve" in out
+
+
+def _completed(db: Path, study: str) -> tuple[int, int]:
+    """(COMPLETE trials counted toward n_trials, RUNNING trials), read while the run writes."""
+    storage = f"sqlite:///{db}"
+    try:
+        s = optuna.load_study(study_name=study, storage=storage)
+    except (KeyError, sqlite3.OperationalError, Exception):  # noqa: BLE001  (not created yet)
+        return 0, 0
+    trials = s.get_trials(deepcopy=False)
+    done = sum(t.state == TrialState.COMPLETE and t.user_attrs.get("launched", True) for t in trials)
+    return done, sum(t.state == TrialState.RUNNING for t in trials)
+
+
+def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--slo", "ttft_p99=2s"]
+    cmd += ["--runs-dir", str(tmp_path), "--study", "intr", "--n-trials", "200"]
+    env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    db = tmp_path / "intr" / "study.db"
+    deadline = time.monotonic() + 120
+    while _completed(db, "intr")[0] < 3 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    done, running = _completed(db, "intr")
+    assert done >= 3 and running == 0  # finished trials kept, the cancelled one marked FAIL
+    assert (tmp_path / "intr" / "trials.csv").exists()  # partial results written on the way out
+
+    target = done + 2
+    resume = subprocess.run(
+        [*cmd[:-1], str(target), "--resume"], capture_output=True, text=True, env=env, timeout=180
+    )
+    assert resume.returncode == 0, resume.stderr
+    assert _completed(db, "intr") == (target, 0)
+    study = optuna.load_study(study_name="intr", storage=f"sqlite:///{db}")
+    assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1

@@ -1,0 +1,104 @@
+"""Search-space YAML: parsing, clear errors, vLLM's validity rules, baseline defaults, grids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.config import EngineConfig
+from autotune.errors import AutotuneError
+from autotune.space import load_space, space_from_dict, violations
+
+
+@pytest.mark.parametrize("name", ["vllm", "small", "tp"])
+def test_bundled_spaces_load_and_suggest_valid_types(name: str) -> None:
+    space = load_space(name)
+    trial = optuna.create_study().ask()
+    params = space.suggest(trial)
+    assert list(params) == space.names
+    config = space.config(params)
+    assert config.model == space.model
+    for param in space.params:
+        assert param.contains(params[param.name]), (param, params[param.name])
+
+
+def test_fixed_section_and_overrides() -> None:
+    space = load_space("vllm").with_overrides(model="Qwen/Qwen2.5-7B-Instruct", gpu="A100-80GB")
+    assert space.model == "Qwen/Qwen2.5-7B-Instruct" and space.gpu == "A100-80GB"
+    assert space.config({}).max_model_len == 8192  # fixed flag kept
+    assert "gpu" not in space.config({}).params()  # the GPU is not a vLLM flag
+
+
+def test_baseline_is_vllms_default_for_the_gpu() -> None:
+    space = load_space("vllm")
+    h100 = space.baseline_params(79.2, 131072)
+    assert (h100["max_num_seqs"], h100["max_num_batched_tokens"]) == (1024, 8192)
+    assert h100["enable_chunked_prefill"] is True and h100["gpu_memory_utilization"] == 0.9
+    a100 = space.with_overrides(gpu="A100-80GB").baseline_params(79.2, 131072)
+    assert (a100["max_num_seqs"], a100["max_num_batched_tokens"]) == (256, 2048)
+
+
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [
+        ({"max-num-seqs": {"type": "int", "low": 1, "high": 2}}, "unknown parameter 'max-num-seqs'"),
+        ({"max_num_sequences": {"type": "int", "low": 1, "high": 2}}, "unknown parameter"),
+        ({"max_num_seqs": {"type": "int", "low": 10, "high": 2}}, "greater than high"),
+        ({"max_num_seqs": {"type": "int", "low": 1.5, "high": 2}}, "low must be an integer"),
+        ({"max_num_seqs": {"type": "int", "low": 0, "high": 2, "log": True}}, "log range needs low > 0"),
+        ({"max_num_seqs": {"type": "integer", "low": 1, "high": 2}}, "unknown type"),
+        ({"max_num_seqs": {"type": "int", "low": 1, "high": 2, "choices": [1]}}, "unknown key"),
+        ({"block_size": {"type": "categorical", "choices": []}}, "choices must be"),
+        ({"block_size": [16, 32]}, "expected a mapping"),
+        ({}, "at least one"),
+    ],
+)
+def test_bad_spaces_are_one_line_errors(params: dict, needle: str) -> None:
+    with pytest.raises(AutotuneError) as err:
+        space_from_dict({"params": params})
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unknown_fixed_flag_and_duplicate_fixed_tuned() -> None:
+    with pytest.raises(AutotuneError, match="unknown parameter 'turbo'"):
+        space_from_dict({"fixed": {"turbo": True}, "params": {"block_size": {"type": "bool"}}})
+    with pytest.raises(AutotuneError, match="both fixed and tuned"):
+        space_from_dict({"fixed": {"block_size": 16}, "params": {"block_size": {"type": "bool"}}})
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(AutotuneError, match="not found"):
+        load_space(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("params:\n  max_num_seqs: {type: int, low: 1\n")
+    with pytest.raises(AutotuneError, match="malformed YAML"):
+        load_space(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("just a string\n")
+    with pytest.raises(AutotuneError, match="expected a mapping"):
+        load_space(scalar)
+
+
+def test_validity_rules_match_vllm_messages() -> None:
+    ok = EngineConfig(model="m", max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192)
+    assert violations(ok) == []
+    small_budget = ok.replace(max_num_batched_tokens=128)
+    assert violations(small_budget) == [
+        "max_num_batched_tokens (128) must be greater than or equal to max_num_seqs (256)."
+    ]
+    no_chunk = ok.replace(enable_chunked_prefill=False, max_num_batched_tokens=4096)
+    assert "is smaller than max_model_len (8192)" in violations(no_chunk)[0]
+    # max_model_len from the model when the config leaves it unset; unknown model: rule skipped
+    unset = no_chunk.replace(max_model_len=None)
+    assert violations(unset, max_position_embeddings=131072)
+    assert violations(unset, max_position_embeddings=None) == []
+
+
+def test_grid_values() -> None:
+    space = load_space("small")
+    grid = space.grid()
+    assert grid["max_num_seqs"] == [16, 32, 64, 128, 256, 512, 1024]
+    assert grid["gpu_memory_utilization"][0] == 0.85 and grid["gpu_memory_utilization"][-1] == 0.95
+    assert len(grid["gpu_memory_utilization"]) == 11

@@ -1,0 +1,217 @@
+"""The study: constraints told in a fixed order, failures as violations, dedupe, resume, the front."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.backends.base import FailureKind, TrialResult
+from autotune.backends.sim import SimBackend
+from autotune.config import EngineConfig
+from autotune.errors import AutotuneError
+from autotune.executor import Executor
+from autotune.export import RunInfo
+from autotune.metrics import BenchmarkResult
+from autotune.objectives import FAILED_KEY, load_objectives
+from autotune.slo import parse_slos
+from autotune.space import space_from_dict
+from autotune.study import (
+    StudySettings,
+    auto_sampler,
+    config_key,
+    make_sampler,
+    open_study,
+    pareto_front,
+    recommend,
+    records,
+    sqlite_url,
+    tell_result,
+)
+from autotune.tuner import Tuner, TunerOptions
+from autotune.workload import load_workload
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+OBJECTIVES = load_objectives("default")
+SLOS = parse_slos("ttft_p99=2s")
+
+
+def settings(**changes: object) -> StudySettings:
+    base = StudySettings(
+        objectives=OBJECTIVES.names,
+        directions=OBJECTIVES.directions,
+        slos=[str(s) for s in SLOS],
+        model=MODEL,
+        gpu="H100",
+        workload="chat",
+        backend="sim",
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def bench(throughput: float, ttft_ms: float, itl_ms: float) -> BenchmarkResult:
+    """A benchmark with the given headline figures (the rest consistent enough for the tuner)."""
+    data = {"duration": 10.0, "completed": 100, "failed": 0, "total_input_tokens": 1000}
+    data |= {"total_output_tokens": int(throughput * 10), "request_throughput": 10.0, "request_goodput": None}
+    data |= {"output_throughput": throughput, "total_token_throughput": throughput + 100}
+    for metric, value in (("ttft", ttft_ms), ("tpot", itl_ms), ("itl", itl_ms), ("e2el", ttft_ms * 2)):
+        for stat in ("mean", "median", "p90", "p99"):
+            data[f"{stat}_{metric}_ms"] = value
+    return BenchmarkResult.from_dict(data)
+
+
+def build_run(run_dir: Path, outcomes: list[tuple[dict, TrialResult | None]]) -> optuna.Study:
+    """A finished study on SQLite in run_dir (with run.json), one trial per (params, result)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    storage = sqlite_url(run_dir)
+    study = open_study("unit", storage, settings(), optuna.samplers.RandomSampler(seed=0), resume=False)
+    for params, result in outcomes:
+        trial = study.ask()
+        if params.get("baseline"):
+            trial.set_user_attr("baseline", True)
+        config = EngineConfig(model=MODEL).replace(**{k: v for k, v in params.items() if k != "baseline"})
+        result = result or TrialResult(
+            config=config, failure=FailureKind.KV_CACHE_OOM, message="No available memory"
+        )
+        result.config = config
+        tell_result(study, trial, result, OBJECTIVES, SLOS, config_key(config))
+    RunInfo(study="unit", storage=storage, directory=run_dir).save()
+    return study
+
+
+def ok(throughput: float, ttft_ms: float, itl_ms: float) -> TrialResult:
+    return TrialResult(config=EngineConfig(model=MODEL), benchmark=bench(throughput, ttft_ms, itl_ms))
+
+
+def test_constraints_fixed_order_and_failures_are_violations(tmp_path: Path) -> None:
+    study = build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 256, "baseline": True}, ok(4000, 1500, 20)),  # feasible
+            ({"max_num_seqs": 512}, ok(5000, 2500, 30)),  # violates the 2 s TTFT
+            ({"max_num_seqs": 1024}, None),  # failed to start
+        ],
+    )
+    feasible, violating, failed = study.trials
+    for trial in study.trials:
+        # the same keys in the same order on every trial (GPSampler needs it)
+        assert list(trial.constraints) == list(study.trials[0].constraints)
+        assert set(trial.constraints) == {"ttft_p99", FAILED_KEY}
+        assert trial.state == TrialState.COMPLETE  # failures are COMPLETE + violation, so samplers learn
+    assert feasible.constraints == {"ttft_p99": pytest.approx(-0.25), FAILED_KEY: 0.0}
+    assert feasible.user_attrs["feasible"] is True and feasible.user_attrs["margin_ttft_p99"] == -0.25
+    assert (
+        violating.constraints["ttft_p99"] == pytest.approx(0.25) and violating.user_attrs["feasible"] is False
+    )
+    assert failed.constraints[FAILED_KEY] == 1.0 and all(v > 0 for v in failed.constraints.values())
+    assert (
+        failed.user_attrs["failure"] == "kv_cache_oom"
+        and failed.user_attrs["message"] == "No available memory"
+    )
+    assert failed.values == [0.0, 1.0e6, 1.0e6]  # pessimistic but finite
+    assert study.metric_names == ["output_throughput", "p99_ttft_ms", "p99_itl_ms"]
+    # Optuna's own view agrees: only the feasible trial is on the constrained front
+    assert [t.number for t in study.best_trials] == [0]
+
+
+def test_pareto_and_recommendation_rules(tmp_path: Path) -> None:
+    study = build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 64, "baseline": True}, ok(4000, 1500, 20)),
+            ({"max_num_seqs": 128}, ok(5000, 1800, 40)),  # front: best throughput
+            ({"max_num_seqs": 256}, ok(4990, 1200, 30)),  # front: within 1% of #1, lower latency -> wins
+            ({"max_num_seqs": 512}, ok(3000, 1900, 50)),  # dominated
+            ({"max_num_seqs": 1024}, ok(9000, 2500, 10)),  # infeasible: never recommended
+        ],
+    )
+    recs = records(study)
+    maximize = [True, False, False]
+    assert {r.number for r in pareto_front(recs, maximize)} == {0, 1, 2}
+    assert recommend(recs, maximize).number == 2
+
+
+def test_existing_study_needs_resume_and_same_settings(tmp_path: Path) -> None:
+    storage = sqlite_url(tmp_path)
+    sampler = optuna.samplers.RandomSampler()
+    study = open_study("s", storage, settings(), sampler, resume=False)
+    study.ask()  # left RUNNING, as after a crash
+    with pytest.raises(AutotuneError, match="already exists.*--resume"):
+        open_study("s", storage, settings(), sampler, resume=False)
+    with pytest.raises(AutotuneError, match="optimises"):
+        open_study("s", storage, settings(directions=["minimize"] * 3), sampler, resume=True)
+    with pytest.raises(AutotuneError, match="slos"):
+        open_study("s", storage, settings(slos=["ttft_p99=1s"]), sampler, resume=True)
+    resumed = open_study("s", storage, settings(), sampler, resume=True)
+    (stale,) = resumed.trials
+    assert stale.state == TrialState.FAIL and stale.user_attrs["failure"] == "interrupted"
+
+
+def test_samplers() -> None:
+    grid = space_from_dict(
+        {"params": {"max_num_seqs": {"type": "int", "low": 16, "high": 64, "log": True}}}
+    ).grid()
+    assert isinstance(auto_sampler(6, seed=0), optuna.samplers.TPESampler)
+    for name, cls in [("random", optuna.samplers.RandomSampler), ("grid", optuna.samplers.GridSampler)]:
+        assert isinstance(make_sampler(name, grid, 0, 20), cls)
+    assert isinstance(make_sampler("nsga2", grid, 0, 20), optuna.samplers.NSGAIISampler)
+    assert make_sampler("gp", grid, 0, 20) is not None  # GP, or TPE with a warning when torch is missing
+    with pytest.raises(AutotuneError, match="unknown sampler"):
+        make_sampler("bayes", grid, 0, 20)
+
+
+@pytest.fixture
+def tiny_space():
+    """Two tuned booleans (4 configs) plus a chunked-prefill rule that rejects one of them."""
+    return space_from_dict(
+        {
+            "fixed": {"model": MODEL, "gpu": "H100", "max_model_len": 8192, "max_num_batched_tokens": 4096},
+            "params": {"enable_prefix_caching": {"type": "bool"}, "enable_chunked_prefill": {"type": "bool"}},
+        }
+    )
+
+
+def run_tuner(study: optuna.Study, space, n_trials: int, run_dir: Path) -> None:
+    workload = dataclasses.replace(load_workload("chat"), num_requests=60)
+    executor = Executor(SimBackend("H100"), workload, SLOS, cpu_slots=2)
+    tuner = Tuner(study, space, OBJECTIVES, SLOS, executor, TunerOptions(n_trials=n_trials, run_dir=run_dir))
+    tuner.run()
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_dedupe_rejects_and_resume(tmp_path: Path, tiny_space) -> None:
+    storage = sqlite_url(tmp_path)
+    sampler = optuna.samplers.RandomSampler(seed=1)
+    study = open_study("d", storage, settings(), sampler, resume=False)
+    study.enqueue_trial(
+        {"enable_prefix_caching": True, "enable_chunked_prefill": True}, user_attrs={"baseline": True}
+    )
+    run_tuner(study, tiny_space, n_trials=4, run_dir=tmp_path)
+    trials = study.get_trials(states=(TrialState.COMPLETE,))
+    counted = [t for t in trials if t.user_attrs.get("launched", True)]
+    assert len(counted) == 4
+    assert trials[0].user_attrs["baseline"] is True
+    rejected = [t for t in trials if t.user_attrs.get("launched") is False]
+    assert all(not t.params["enable_chunked_prefill"] for t in rejected)  # budget 4096 < max_model_len 8192
+    assert all(t.user_attrs["failure"] == "invalid_config" for t in rejected)
+    # only 2 valid configs exist: every other counted trial is a duplicate that reused a result
+    measured = [t for t in counted if "duplicate_of" not in t.user_attrs]
+    assert len({t.user_attrs["config_key"] for t in measured}) == len(measured) <= 2
+    for dup in (t for t in counted if "duplicate_of" in t.user_attrs):
+        original = study.trials[dup.user_attrs["duplicate_of"]]
+        assert dup.values == original.values and dup.constraints == original.constraints
+        assert dup.user_attrs["gpu_seconds"] == 0.0
+
+    # resume the same study to 7 counted trials: nothing measured twice, the baseline not re-enqueued
+    resumed = open_study("d", storage, settings(), optuna.samplers.RandomSampler(seed=2), resume=True)
+    run_tuner(resumed, tiny_space, n_trials=7, run_dir=tmp_path)
+    trials = resumed.get_trials(states=(TrialState.COMPLETE,))
+    assert len([t for t in trials if t.user_attrs.get("launched", True)]) == 7
+    assert sum(bool(t.user_attrs.get("baseline")) for t in trials) == 1
+    measured = [
+        t for t in trials if t.user_attrs.get("launched", True) and "duplicate_of" not in t.user_attrs
+    ]
+    assert len({t.user_attrs["config_key"] for t in measured}) == len(measured) <= 2
