@@ -256,8 +256,11 @@ def plot_front(path: Path, out: Outcome) -> Path:
     ax.set_xlabel(out.objective_names[1] if use_second else "trial")
     ax.set_ylabel(out.objective_names[0])
     failed = sum(1 for r in out.records if not r.metrics)
+    hidden = f"; front over {len(out.objective_names)} objectives" if len(out.objective_names) > 2 else ""
     ax.set_title(
-        f"{len(out.records)} trials ({failed} failed to run, not shown); SLO: {', '.join(out.slos) or 'none'}"
+        f"{len(out.records)} trials ({failed} failed or rejected, not shown){hidden}; "
+        f"SLO: {', '.join(out.slos) or 'none'}",
+        fontsize=10,
     )
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)

@@ -121,6 +121,18 @@ class Param:
             return sorted({int(round(v)) for v in values})
         return [round(float(v), 6) for v in values]
 
+    def nearest(self, value: Any) -> Any:
+        """`value` if the parameter can take it, else the closest value it can (first choice if unordered)."""
+        if self.contains(value):
+            return value
+        if self.type in ("categorical", "bool"):
+            numeric = all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in self.choices)
+            if numeric and isinstance(value, (int, float)):
+                return min(self.choices, key=lambda c: abs(c - value))
+            return self.choices[0]
+        clipped = min(max(value, self.low), self.high)
+        return int(clipped) if self.type == "int" else float(clipped)
+
     def contains(self, value: Any) -> bool:
         """Whether `value` is one this parameter can take (used to place vLLM's defaults)."""
         if self.type in ("categorical", "bool"):
@@ -163,11 +175,15 @@ class SearchSpace:
         return EngineConfig(model=self.model).replace(**_plain(values))
 
     def baseline_params(self, gpu_memory_gib: float, max_position_embeddings: int | None) -> dict[str, Any]:
-        """vLLM's default value of every tuned parameter for this GPU and model (the baseline trial)."""
+        """vLLM's default value of every tuned parameter for this GPU and model (the baseline trial).
+
+        A default the space does not allow (tensor_parallel_size 1 in a TP 2/4 space for a 70B model)
+        takes the nearest allowed value: the baseline is "vLLM's defaults within this space".
+        """
         base = self.config({})
         resolved = base.with_vllm_defaults(gpu_memory_gib, self.gpu, max_position_embeddings or 0)
         defaults = resolved.params()
-        return {p.name: defaults[p.name] for p in self.params if p.name in defaults}
+        return {p.name: p.nearest(defaults[p.name]) for p in self.params if p.name in defaults}
 
     def grid(self) -> dict[str, list[Any]]:
         """A discrete version of the space for Optuna's GridSampler."""

@@ -102,3 +102,11 @@ def test_grid_values() -> None:
     assert grid["max_num_seqs"] == [16, 32, 64, 128, 256, 512, 1024]
     assert grid["gpu_memory_utilization"][0] == 0.85 and grid["gpu_memory_utilization"][-1] == 0.95
     assert len(grid["gpu_memory_utilization"]) == 11
+
+
+def test_baseline_outside_the_space_takes_the_nearest_allowed_value() -> None:
+    space = load_space("tp")  # tensor_parallel_size choices [2, 4]; vLLM's default is 1
+    baseline = space.baseline_params(79.2, 131072)
+    assert baseline["tensor_parallel_size"] == 2
+    assert baseline["max_num_seqs"] == 256 and baseline["max_num_batched_tokens"] == 2048  # A100 defaults
+    assert all(p.contains(baseline[p.name]) for p in space.params)
