@@ -20,6 +20,8 @@ from autotune.errors import AutotuneError
 FORMATS = ("flags", "cmd", "docker", "yaml", "k8s")
 IMAGE = "vllm/vllm-openai"
 PORT = 8000
+# The host's Hugging Face cache, left to the user's shell to expand (so it is double-quoted, not single).
+HF_CACHE_VOLUME = "$HOME/.cache/huggingface:/root/.cache/huggingface"
 RUN_FILE = "run.json"
 
 
@@ -65,7 +67,8 @@ def render(config: EngineConfig, fmt: str, image_tag: str = "latest") -> str:
     if fmt == "cmd":
         return shlex.join(["vllm", "serve", *config.to_args()]) + "\n"
     if fmt == "docker":
-        return shlex.join(docker_command(config, image_tag)) + "\n"
+        args = docker_command(config, image_tag)
+        return " ".join(f'"{a}"' if a == HF_CACHE_VOLUME else shlex.quote(a) for a in args) + "\n"
     if fmt == "yaml":
         return vllm_yaml(config)
     if fmt == "k8s":
@@ -85,7 +88,7 @@ def docker_command(config: EngineConfig, image_tag: str = "latest") -> list[str]
         "-p",
         f"{PORT}:{PORT}",
         "-v",
-        "~/.cache/huggingface:/root/.cache/huggingface",
+        HF_CACHE_VOLUME,
         "--env",
         "HF_TOKEN",
         f"{IMAGE}:{image_tag}",
