@@ -17,9 +17,10 @@ cancelled, the reason is returned, and the records finished so far are kept.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -31,6 +32,7 @@ from autotune.workload import Request, prompt_token_ids
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 GUARD_INTERVAL_S = 0.05  # how often in-flight requests are checked against the SLOs
+_TOKEN_MARK = b'"choices":[{'
 NO_TOKEN_ERROR = "Never received a valid chunk to calculate TTFT. This response will be marked as failed!"
 
 
@@ -67,7 +69,7 @@ class _Stream:
 class _Run:
     """State shared by the request tasks of one run."""
 
-    client: httpx.AsyncClient
+    clients: _ClientPool
     url: str
     chat: bool
     timeout_s: float
@@ -110,8 +112,9 @@ def build_payload(request: Request, model: str, chat: bool, vocab_size: int) -> 
         "temperature": 0.0,
     }
     if chat:
-        # Chat messages carry text only; token ids are joined as a space-separated string.
-        text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+        # Chat messages carry text only: each token id becomes 4 characters (" 123"), so the prompt keeps
+        # its shared prefixes and a server that estimates ~4 characters per token sees its length.
+        text = prompt if isinstance(prompt, str) else "".join(f" {t % 1000:03d}" for t in prompt)
         body["messages"] = [{"role": "user", "content": text}]
         body["max_completion_tokens"] = request.output_len
     else:
@@ -131,7 +134,10 @@ async def _stream_request(run: _Run, rid: int, request: Request, body: bytes) ->
     try:
         async with asyncio.timeout(run.timeout_s):
             headers = {"x-request-id": str(request.request_id)}
-            async with run.client.stream("POST", run.url, content=body, headers=headers) as response:
+            async with (
+                run.clients.lease() as client,
+                client.stream("POST", run.url, content=body, headers=headers) as response,
+            ):
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")
                     raise _HttpError(f"HTTP {response.status_code}: {text[:500]}")
@@ -144,8 +150,9 @@ async def _stream_request(run: _Run, rid: int, request: Request, body: bytes) ->
                         data = event.strip().removeprefix(b"data: ")
                         if not data or data == b"[DONE]":
                             continue
-                        chunk = json.loads(data)
-                        if chunk.get("choices"):
+                        # Token chunks (non-empty choices) need no parsing: vLLM's compact JSON says so.
+                        is_token = _TOKEN_MARK in data or bool((chunk := json.loads(data)).get("choices"))
+                        if is_token:
                             if stream.first_token is None:
                                 stream.first_token = now
                                 record.ttft = now - st
@@ -153,7 +160,7 @@ async def _stream_request(run: _Run, rid: int, request: Request, body: bytes) ->
                                 itl.append(now - stream.last_token)  # type: ignore[operator]
                             stream.last_token = now
                             stream.tokens += 1
-                        elif usage := chunk.get("usage"):
+                        elif usage := chunk.get("usage"):  # type: ignore[possibly-undefined]
                             usage_tokens = usage.get("completion_tokens")
         if stream.first_token is None:
             raise _HttpError(NO_TOKEN_ERROR)
@@ -169,6 +176,47 @@ async def _stream_request(run: _Run, rid: int, request: Request, body: bytes) ->
         _fail(record, str(exc) or type(exc).__name__)
     run.in_flight.pop(rid, None)
     run.finish(request.request_id, record)
+
+
+class _ClientPool:
+    """One httpx client (one keep-alive connection) per request in flight.
+
+    httpcore's connection pool scans all its connections on every request start and end, which costs
+    O(connections) per request and made a single pooled client spend most of its time there at 256
+    streams. Leasing a one-connection client per request keeps that O(1); the number of connections
+    still equals the number of requests in flight (the concurrency cap, when there is one).
+    """
+
+    def __init__(self, timeout_s: float, prewarm: int) -> None:
+        self._timeout = httpx.Timeout(timeout_s, pool=None)
+        self._ssl = httpx.create_ssl_context()  # one shared context: building one per client is slow
+        self._free: list[httpx.AsyncClient] = []
+        self._all: list[httpx.AsyncClient] = []
+        for _ in range(prewarm):
+            self._free.append(self._new())
+
+    def _new(self) -> httpx.AsyncClient:
+        client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            timeout=self._timeout,
+            verify=self._ssl,
+            headers={"Content-Type": "application/json"},
+        )
+        self._all.append(client)
+        return client
+
+    @contextlib.asynccontextmanager
+    async def lease(self) -> AsyncIterator[httpx.AsyncClient]:
+        """A client for one request; it goes back to the pool afterwards."""
+        client = self._free.pop() if self._free else self._new()
+        try:
+            yield client
+        finally:
+            self._free.append(client)
+
+    async def aclose(self) -> None:
+        """Close every connection."""
+        await asyncio.gather(*(c.aclose() for c in self._all), return_exceptions=True)
 
 
 class _HttpError(Exception):
@@ -232,14 +280,12 @@ async def run_load(
     chat = endpoint.rstrip("/").endswith("chat/completions")
     # Bodies are built before the clock starts so the hot path only sends and parses.
     bodies = [build_payload(r, model, chat, vocab_size) for r in ordered]
-    # One connection per request in flight (None = unlimited, as without a concurrency cap every
-    # request may be in flight): a request never waits for a pooled connection.
-    limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
-    timeout = httpx.Timeout(request_timeout_s, pool=None)
-    headers = {"Content-Type": "application/json"}
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers) as client:
-        url = base_url.rstrip("/") + endpoint
-        run = _Run(client, url, chat, request_timeout_s, time.perf_counter(), guard)
+    # One connection per request in flight: clients for the concurrency cap (or every request) are
+    # made before the clock starts, so a request never waits for a pooled connection.
+    clients = _ClientPool(request_timeout_s, prewarm=min(max_concurrency or len(ordered), len(ordered)))
+    url = base_url.rstrip("/") + endpoint
+    run = _Run(clients, url, chat, request_timeout_s, time.perf_counter(), guard)
+    try:
         dispatcher = asyncio.create_task(_dispatch(run, ordered, bodies, max_concurrency))
         watcher = asyncio.create_task(_guard_loop(run)) if guard is not None else None
         await run.done.wait()
@@ -252,6 +298,8 @@ async def run_load(
         await asyncio.gather(dispatcher, *run.tasks, return_exceptions=True)
         if watcher is not None:
             watcher.cancel()
+    finally:
+        await clients.aclose()
     not_sent = len(ordered) - len(run.records) - cancelled
     return LoadResult(run.records, duration, run.aborted, cancelled, not_sent, run.request_ids, run.t0)
 

@@ -289,10 +289,11 @@ class Pending:
     """One request being served: tokens the engine produced and the stream waiting for them."""
 
     rid: str
-    arrival: float  # perf_counter when the API server accepted it
+    arrival: float  # perf_counter when the request was handed to the engine
     prompt_tokens: int
     max_tokens: int
     finish_reason: str
+    received: float = 0.0  # perf_counter when its HTTP handler started (before reading the body)
     tokens: int = 0  # produced so far
     delivered: int = 0  # handed to the HTTP stream
     finished: bool = False
@@ -523,6 +524,7 @@ class SimService:
             rows.append(
                 {
                     "id": s.rid,
+                    "received": s.received,
                     "arrival": s.arrival,
                     "first_token": s.first_token,
                     "first_sent": s.first_sent,
@@ -628,6 +630,7 @@ def create_app(service: SimService) -> Any:
     from starlette.routing import Route
 
     async def completion(request: HttpRequest, chat: bool) -> Response:
+        received = time.perf_counter()
         try:
             body = json.loads(await request.body())
         except ValueError as exc:
@@ -637,6 +640,7 @@ def create_app(service: SimService) -> Any:
         except BadRequest as exc:
             return JSONResponse(error_body(str(exc), exc.status, exc.kind), status_code=exc.status)
         state = service.submit(parsed)
+        state.received = received
         request_id = request.headers.get("x-request-id")
         if request_id:
             state.rid = request_id
