@@ -130,6 +130,10 @@ class EngineConfig:
         return cls(model=model).replace(**values)
 
 
+# The EngineConfig fields that are `vllm serve` flags (all but the model and the pass-through extras).
+ENGINE_FLAGS = tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name not in ("model", "extra"))
+
+
 def _parse_value(text: str) -> Any:
     for convert in (int, float):
         try:

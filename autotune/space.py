@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from autotune.config import EngineConfig
+from autotune.config import ENGINE_FLAGS, EngineConfig
 from autotune.errors import AutotuneError
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
@@ -63,20 +63,7 @@ OTHER_VLLM_FLAGS = frozenset(
         "prefix_caching_hash_algo",
     }
 )
-ENGINE_FIELDS = frozenset(
-    {
-        "model",
-        "tensor_parallel_size",
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "enable_chunked_prefill",
-        "block_size",
-        "gpu_memory_utilization",
-        "enable_prefix_caching",
-        "max_model_len",
-        "kv_cache_dtype",
-    }
-)
+ENGINE_FIELDS = frozenset({"model", *ENGINE_FLAGS})
 KNOWN_FLAGS = ENGINE_FIELDS | OTHER_VLLM_FLAGS
 GRID_POINTS = 5  # values per continuous parameter when a grid is asked for
 

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from typing import Any
 
-from autotune.config import EngineConfig, _parse_value
+from autotune.config import ENGINE_FLAGS, EngineConfig, _parse_value
 from autotune.errors import AutotuneError
 
 HELP = "Benchmark one vLLM config on one workload (simulated by default) and print the metrics."
 
-TUNABLE = sorted(f.name for f in dataclasses.fields(EngineConfig) if f.name not in ("model", "extra"))
+TUNABLE = sorted(ENGINE_FLAGS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -50,22 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-ENGINE_FLAGS = (
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enable_chunked_prefill",
-    "block_size",
-    "gpu_memory_utilization",
-    "enable_prefix_caching",
-    "tensor_parallel_size",
-    "max_model_len",
-    "kv_cache_dtype",
-)
-
-
 def run(args: argparse.Namespace) -> int:
     """Build the engine config from the flags and serve; exit 1 when the engine refuses the config."""
-    from autotune.config import EngineConfig
+    from autotune.config import ENGINE_FLAGS, EngineConfig
     from autotune.errors import AutotuneError
     from autotune.sim.server import ServerOptions, serve
 
