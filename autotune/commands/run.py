@@ -28,9 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--load",
         choices=LOADS,
-        default="capacity",
-        help="capacity (default): measure each config at the highest request rate that meets the SLOs; "
-        "workload: at the workload file's own load; fixed: at the file's rate/concurrency",
+        default="workload",
+        help="workload (default): what the workload file's `load:` says; capacity: measure each config at "
+        "the highest request rate that meets the SLOs; fixed: at the file's rate/concurrency",
     )
     what.add_argument("--slo", action="append", default=[], help="e.g. ttft_p99=2s,itl_p99=50ms (repeatable)")
     what.add_argument("--objectives", default="default", help="objectives YAML (or a name in objectives/)")
