@@ -99,10 +99,13 @@ class _Run:
             self.done.set()
 
 
-def build_payload(request: Request, model: str, chat: bool, vocab_size: int) -> bytes:
-    """The JSON body for one request: exact output length, streaming, usage in the last chunk."""
+def build_payload(request: Request, model: str, chat: bool, vocab_size: int, salt: int = 0) -> bytes:
+    """The JSON body for one request: exact output length, streaming, usage in the last chunk.
+
+    `salt` varies the token ids of token-id prompts (see `prompt_token_ids`); text prompts are sent as is.
+    """
     prompt: str | list[int] = (
-        request.prompt if request.prompt is not None else prompt_token_ids(request, vocab_size)
+        request.prompt if request.prompt is not None else prompt_token_ids(request, vocab_size, salt)
     )
     body: dict = {
         "model": model,
@@ -269,17 +272,19 @@ async def run_load(
     request_timeout_s: float = 600.0,
     vocab_size: int = 32000,
     guard: SloGuard | None = None,
+    salt: int = 0,
 ) -> LoadResult:
     """Replay `requests` against `base_url` (e.g. "http://127.0.0.1:8000") and time every request.
 
     `endpoint` is "/v1/completions" or "/v1/chat/completions"; `vocab_size` bounds the token ids of
-    token-id prompts. Requests are replayed in `arrival_time` order. Never raises for a failed request:
-    its record has success=False and the error text.
+    token-id prompts; a different `salt` per run keeps a server's prefix cache from serving one run's
+    prompts to the next. Requests are replayed in `arrival_time` order. Never raises for a failed
+    request: its record has success=False and the error text.
     """
     ordered = sorted(requests, key=lambda r: r.arrival_time)
     chat = endpoint.rstrip("/").endswith("chat/completions")
     # Bodies are built before the clock starts so the hot path only sends and parses.
-    bodies = [build_payload(r, model, chat, vocab_size) for r in ordered]
+    bodies = [build_payload(r, model, chat, vocab_size, salt) for r in ordered]
     # One connection per request in flight: clients for the concurrency cap (or every request) are
     # made before the clock starts, so a request never waits for a pooled connection.
     clients = _ClientPool(request_timeout_s, prewarm=min(max_concurrency or len(ordered), len(ordered)))

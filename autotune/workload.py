@@ -429,23 +429,26 @@ def read_jsonl(path: Path) -> list[tuple[int, int | None, str | None]]:
     return rows
 
 
-def prompt_token_ids(request: Request, vocab_size: int = 32000) -> list[int]:
+def prompt_token_ids(request: Request, vocab_size: int = 32000, salt: int = 0) -> list[int]:
     """Deterministic prompt token ids of length `request.prompt_len`.
 
     Requests with the same prefix_id get the same first `prefix_len` ids; the rest depends only on the
     request id, and its first id is chosen from the request id so two requests share exactly their prefix.
-    Ids avoid the low range where tokenizers keep special tokens.
+    Ids avoid the low range where tokenizers keep special tokens. A non-zero `salt` gives other ids with
+    the same lengths and sharing, so a load repeated on one server misses the prefix cache of the last.
     """
     low = min(1000, vocab_size // 4)
     span = vocab_size - low
     shared = request.prefix_len if request.prefix_id is not None else 0
+    salted = [salt] if salt else []  # salt 0 keeps the unsalted ids
     ids: list[int] = []
     if shared:
-        prefix_rng = np.random.default_rng([_PREFIX_TOKENS, request.prefix_id])
+        prefix_rng = np.random.default_rng([_PREFIX_TOKENS, request.prefix_id, *salted])
         ids = prefix_rng.integers(low, vocab_size, size=shared).tolist()
     own = request.prompt_len - shared
     if own > 0:
-        rest = np.random.default_rng([_OWN_TOKENS, request.request_id]).integers(low, vocab_size, size=own)
+        own_rng = np.random.default_rng([_OWN_TOKENS, request.request_id, *salted])
+        rest = own_rng.integers(low, vocab_size, size=own)
         rest[0] = low + request.request_id % span
         ids += rest.tolist()
     return ids

@@ -226,6 +226,24 @@ def test_shared_prefix_token_ids():
     assert prompt_token_ids(a) == ids_a  # deterministic
 
 
+def test_salt_changes_the_ids_but_keeps_lengths_and_shared_prefixes():
+    spec = synthetic(num_requests=12, num_prefixes=2, prefix_len=32, prompt_len=LengthDist("fixed", 16))
+    requests = spec.requests()
+    plain = [prompt_token_ids(r) for r in requests]
+    assert [prompt_token_ids(r, salt=0) for r in requests] == plain  # salt 0: today's ids
+    salted = [prompt_token_ids(r, salt=1) for r in requests]
+    assert [len(ids) for ids in salted] == [len(ids) for ids in plain]
+    for before, after in zip(plain, salted, strict=True):
+        assert after[:32] != before[:32] and after[32:] != before[32:]  # neither prefix nor own ids reused
+    prefixes: dict[int | None, set[tuple[int, ...]]] = {}
+    for r, ids in zip(requests, salted, strict=True):
+        prefixes.setdefault(r.prefix_id, set()).add(tuple(ids[: r.prefix_len]))
+    assert all(len(group) == 1 for group in prefixes.values())  # a group still shares its prefix
+    assert prefixes[0] != prefixes[1]  # and each group has its own
+    assert len({tuple(ids[32:]) for ids in salted}) == len(salted)  # own tokens stay unique
+    assert prompt_token_ids(requests[0], salt=2) != salted[0]  # every salt its own ids
+
+
 def test_token_ids_without_prefix_differ_from_the_first_token():
     r1, r2 = Request(0, 50, 5), Request(1, 50, 5)
     ids1 = prompt_token_ids(r1, vocab_size=1000)
