@@ -3,7 +3,9 @@
 With `load: capacity` a trial is not one benchmark but a short search per config: an exponential
 bracket from the workload's request_rate (doubling while the SLOs hold, halving while they fail),
 then geometric bisection until the bracket is within `tolerance`. Each step is one benchmark at a
-Poisson rate, so the bound on evaluations is the bound on GPU time. The trial's result is the
+Poisson rate on the same started server (one startup per trial), so the bound on evaluations is the
+bound on benchmark time. A server that dies or hangs ends the search: the rates that met the SLOs
+before still count. The trial's result is the
 benchmark at the highest rate that met the SLOs, with its throughputs set to the *sustained* ones at
 that rate (rate x tokens per request): a short benchmark's measured throughput is dominated by its
 drain tail (the last long request), not by the load the config can carry. The measured ones stay in
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import Backend, TrialResult
+from autotune.backends.base import Backend, Session, TrialResult
 from autotune.config import EngineConfig
 from autotune.slo import Slo
 
@@ -53,10 +55,19 @@ def find_capacity(
     trial_dir: Path | None = None,
     search: CapacitySearch = CapacitySearch(),  # noqa: B008  (frozen, so a shared default is safe)
 ) -> TrialResult:
-    """Search the highest SLO-meeting rate for `config`: the result at that rate, the search in `info`."""
+    """Search the highest SLO-meeting rate for `config`: the result at that rate, the search in `info`.
 
+    Every rate is measured on one server (one backend session), so the trial pays one startup.
+    """
+    with backend.session(config, gpu_ids, trial_dir) as session:
+        return _search(session, workload, slos, seed, search)
+
+
+def _search(
+    session: Session, workload: Any, slos: Sequence[Slo], seed: int, search: CapacitySearch
+) -> TrialResult:
     def run(rate: float) -> TrialResult:
-        return backend.evaluate(config, workload.with_load(request_rate=rate), slos, seed, gpu_ids, trial_dir)
+        return session.measure(workload.with_load(request_rate=rate), slos, seed)
 
     start = workload.request_rate if math.isfinite(workload.request_rate) else DEFAULT_START_RATE
     if not slos:
@@ -81,6 +92,8 @@ def find_capacity(
             low, best = rate, result
         else:
             high = rate
+        if not session.alive:
+            break  # the server died or hung: no other rate can be measured on it
         if high is None:
             rate = rate * 2
         elif low is None:
@@ -94,13 +107,18 @@ def find_capacity(
     if best is None:
         # No rate met the SLOs: report the gentlest one tried, which is infeasible and says by how much.
         best = results[tried.index(min(tried))]
-    return _annotate(best, results, tried, low or 0.0)
+    annotated = _annotate(best, results, tried, low or 0.0)
+    if not session.alive and results[-1] is not best:
+        # Say why the search stopped short (e.g. an OOM under load at a higher rate).
+        annotated.info["capacity_stopped_by"] = f"{results[-1].failure}: {results[-1].message}"
+    return annotated
 
 
 def _annotate(
     best: TrialResult, results: list[TrialResult], tried: list[float], capacity: float
 ) -> TrialResult:
-    """Sum the GPU time of every step into the result, set sustained throughputs, record the search."""
+    """Sum the GPU time of every step (one startup, every benchmark) into the result, set sustained
+    throughputs, record the search."""
     best.startup_s = sum(r.startup_s for r in results)
     best.benchmark_s = sum(r.benchmark_s for r in results)
     bench = best.benchmark

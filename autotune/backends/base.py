@@ -1,8 +1,16 @@
-"""What every backend returns: TrialResult, and the kinds of failure a trial can end with."""
+"""What every backend offers and returns: sessions on a started server, TrialResult, failure kinds.
+
+A backend starts a server for a config once per `session(...)`; each `measure(...)` on the session
+runs one load on that running server. A capacity search measures several rates in one session, so a
+trial pays one startup (minutes on a GPU) instead of one per rate. `evaluate(...)` is one session with
+one measurement.
+"""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -52,13 +60,38 @@ class TrialResult:
         return self.startup_s + self.benchmark_s
 
 
+class Session(Protocol):
+    """A started server for one config. Entering `backend.session(...)` starts it (never raising for
+    a bad config) and leaving stops it, whatever happened (failure, Ctrl-C).
+
+    The first measurement's result carries the startup's GPU time (`startup_s`), later ones only their
+    own `benchmark_s`. A server that failed to start, died or hung is not relaunched: `alive` turns
+    False and every later `measure` returns that failure again (with no GPU time).
+    """
+
+    @property
+    def alive(self) -> bool:
+        """False once the server failed to start, died or hung."""
+        ...
+
+    def measure(self, workload: Any, slos: Sequence[Slo] = (), seed: int = 0) -> TrialResult:
+        """Run `workload` on the running server (idle beforehand); a failure is the result, not raised."""
+        ...
+
+
 class Backend(Protocol):
-    """Evaluates one config on one workload. Must never raise for a bad config: return a failure.
+    """Evaluates configs on workloads. Must never raise for a bad config: return a failure.
 
     Backends are plain picklable objects: the executor ships them to Ray workers.
     `gpu_ids` are the devices the executor assigned (len == tensor_parallel_size; empty for the sim);
     `trial_dir` is where the backend may write logs (runs/<study>/trials/<n>/), or None.
     """
+
+    def session(
+        self, config: EngineConfig, gpu_ids: Sequence[int] = (), trial_dir: Path | None = None
+    ) -> AbstractContextManager[Session]:
+        """A server started for `config`, for one or more measurements (see Session)."""
+        ...
 
     def evaluate(
         self,
@@ -68,4 +101,29 @@ class Backend(Protocol):
         seed: int = 0,
         gpu_ids: Sequence[int] = (),
         trial_dir: Path | None = None,
-    ) -> TrialResult: ...
+    ) -> TrialResult:
+        """One session with one measurement: start a server for `config`, run `workload`, stop it."""
+        ...
+
+
+class SessionBackend(ABC):
+    """The `evaluate` every backend shares: one session, one measurement. Subclasses give `session`."""
+
+    @abstractmethod
+    def session(
+        self, config: EngineConfig, gpu_ids: Sequence[int] = (), trial_dir: Path | None = None
+    ) -> AbstractContextManager[Session]:
+        """A server started for `config` (see Session)."""
+
+    def evaluate(
+        self,
+        config: EngineConfig,
+        workload: Any,
+        slos: Sequence[Slo] = (),
+        seed: int = 0,
+        gpu_ids: Sequence[int] = (),
+        trial_dir: Path | None = None,
+    ) -> TrialResult:
+        """Start a server for `config`, run `workload` on it once, stop it (see Backend.evaluate)."""
+        with self.session(config, gpu_ids, trial_dir) as session:
+            return session.measure(workload, slos, seed)

@@ -1,4 +1,4 @@
-"""The `docker` backend: each trial runs a `vllm/vllm-openai` container through the Docker SDK.
+"""The `docker` backend: each session (a trial) runs a `vllm/vllm-openai` container through the Docker SDK.
 
 The container gets the assigned GPUs as device requests, the Hugging Face cache as a volume,
 host IPC (or a shm size), and its port 8000 published on 127.0.0.1 only. Every container carries
@@ -12,16 +12,15 @@ import contextlib
 import os
 import socket
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import TrialResult
-from autotune.backends.server import LaunchError, TrialLimits, run_server_trial, scrub_args
+from autotune.backends.base import SessionBackend
+from autotune.backends.server import LaunchError, ServerSession, TrialLimits, scrub_args, server_session
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
-from autotune.slo import Slo
 
 CONTAINER_PORT = 8000
 CONTAINER_HF_CACHE = "/root/.cache/huggingface"
@@ -45,8 +44,8 @@ def docker_client() -> Any:
 
 
 @dataclass(frozen=True)
-class DockerBackend:
-    """Launches one container of `image` per trial (the image's entrypoint must be vLLM's API server).
+class DockerBackend(SessionBackend):
+    """Launches one container of `image` per session, i.e. per trial (its entrypoint: vLLM's API server).
 
     `load_format_dummy` adds `--load-format dummy` (random weights: no download, same speed);
     `extra_volumes` maps host paths to container paths (read-only); `network_host` uses the host's
@@ -84,16 +83,11 @@ class DockerBackend:
             ) from None
         return client
 
-    def evaluate(
-        self,
-        config: EngineConfig,
-        workload: Any,
-        slos: Sequence[Slo] = (),
-        seed: int = 0,
-        gpu_ids: Sequence[int] = (),
-        trial_dir: Path | None = None,
-    ) -> TrialResult:
-        """Benchmark `config` in a fresh container (see autotune.backends.server)."""
+    @contextlib.contextmanager
+    def session(
+        self, config: EngineConfig, gpu_ids: Sequence[int] = (), trial_dir: Path | None = None
+    ) -> Iterator[ServerSession]:
+        """A container for `config`, for one or more measurements (see autotune.backends.server)."""
         client = self.preflight()
         try:
 
@@ -101,8 +95,9 @@ class DockerBackend:
                 return self._launch(client, config, port, gpu_ids, log_path)
 
             info = {"image": self.image, "command": scrub_args(self.command(config, CONTAINER_PORT))}
-            env = {**os.environ, **self.env}
-            return run_server_trial(launch, config, workload, slos, seed, self._limits, trial_dir, info, env)
+            env = {**os.environ, **(self.env or {})}
+            with server_session(launch, config, self._limits, trial_dir, info, env) as session:
+                yield session
         finally:
             client.close()
 

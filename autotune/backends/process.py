@@ -1,5 +1,6 @@
-"""The `vllm` backend: each trial runs `vllm serve` (or a drop-in such as `autotune sim-server`) as a
-subprocess on this host, in its own process group, and tears the whole group down afterwards."""
+"""The `vllm` backend: each session (a trial) runs `vllm serve` (or a drop-in such as
+`autotune sim-server`) as a subprocess on this host, in its own process group, and tears the whole
+group down afterwards."""
 
 from __future__ import annotations
 
@@ -10,22 +11,22 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import TrialResult
-from autotune.backends.server import TrialLimits, read_tail, run_server_trial, scrub_args
+from autotune.backends.base import SessionBackend
+from autotune.backends.server import ServerSession, TrialLimits, read_tail, scrub_args, server_session
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
-from autotune.slo import Slo
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
-class ProcessBackend:
-    """Launches `serve_cmd + config.to_args() + --port P --host 127.0.0.1` per trial.
+class ProcessBackend(SessionBackend):
+    """Launches `serve_cmd + config.to_args() + --port P --host 127.0.0.1` per session (trial).
 
     `gpu` names the GPU type (passed to the server as AUTOTUNE_SIM_GPU, which a real vLLM ignores);
     `env` adds variables to the inherited environment. Plain data, so Ray can ship it to workers.
@@ -53,25 +54,17 @@ class ProcessBackend:
                 f"serve command {self.serve_cmd[0]!r} not found: install vLLM or pass --serve-cmd"
             )
 
-    def evaluate(
-        self,
-        config: EngineConfig,
-        workload: Any,
-        slos: Sequence[Slo] = (),
-        seed: int = 0,
-        gpu_ids: Sequence[int] = (),
-        trial_dir: Path | None = None,
-    ) -> TrialResult:
-        """Benchmark `config` on a fresh server (see autotune.backends.server)."""
+    def session(
+        self, config: EngineConfig, gpu_ids: Sequence[int] = (), trial_dir: Path | None = None
+    ) -> AbstractContextManager[ServerSession]:
+        """A server process for `config`, for one or more measurements (see autotune.backends.server)."""
         self.preflight()
 
         def launch(port: int, log_path: Path) -> _ServerProcess:
             return self._launch(config, port, gpu_ids, log_path)
 
         info = {"command": scrub_args(self.command(config, port=0))}
-        return run_server_trial(
-            launch, config, workload, slos, seed, self._limits, trial_dir, info, self._environment(gpu_ids)
-        )
+        return server_session(launch, config, self._limits, trial_dir, info, self._environment(gpu_ids))
 
     def command(self, config: EngineConfig, port: int) -> list[str]:
         """The server's argument list (never a shell string)."""

@@ -1,24 +1,27 @@
-"""The real-server trial, shared by the `vllm` (subprocess) and `docker` launchers.
+"""The real-server session, shared by the `vllm` (subprocess) and `docker` launchers.
 
-One trial: pick a free port -> launch -> wait for /health while watching the server (an exit ends
-the wait at once and is classified from its exit code and log) -> one warm-up request -> scrape
-/metrics -> run the workload with the load generator (early abort on lost SLOs) while sampling
-KV-cache usage -> scrape /metrics again -> compute vllm bench serve's metrics. The server is torn
-down in `finally`, whatever happened (failure, timeout, Ctrl-C). A launcher only supplies a
-`launch(port) -> ServerHandle`.
+A session starts one server: pick a free port -> launch -> wait for /health while watching the
+server (an exit ends the wait at once and is classified from its exit code and log) -> one warm-up
+request. Each measurement on it: wait until the server is idle -> scrape /metrics -> run the load
+with the load generator (early abort on lost SLOs) while sampling KV-cache usage -> scrape /metrics
+again -> compute vllm bench serve's metrics. The server is torn down in `finally` when the session
+ends, whatever happened (failure, timeout, Ctrl-C). A launcher only supplies a
+`launch(port, log_path) -> ServerHandle`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import itertools
 import os
 import re
 import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,12 +36,14 @@ from autotune.slo import Slo
 LOG_NAME = "server.log"
 LOG_TAIL_LINES = 40
 HEALTH_POLL_S = 0.25  # cheap: a refused connection answers at once
+IDLE_POLL_S = 0.1
 KV_SAMPLE_S = 0.25  # how often /metrics is sampled during the load (peak KV usage)
 EXIT_SETTLE_S = 1.0  # after failed requests, how long to wait for the server to finish dying
 PORT_ATTEMPTS = 2  # a free port can be taken between picking it and the server binding it
 WARMUP_PROMPT_LEN = 16
 WARMUP_OUTPUT_LEN = 4
-WARMUP_REQUEST_ID = 2**31 - 1  # its prompt shares no prefix with the workload's requests (ids 0..n-1)
+WARMUP_REQUEST_ID = 2**31 - 1  # with its own salt too, its prompt shares nothing with any load's
+_IN_SERVER_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 _SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 
 
@@ -73,6 +78,9 @@ class TrialLimits:
 
     startup_timeout_s: float = 600.0
     benchmark_timeout_s: float = 1800.0
+    # Before each measurement: how long the server may take to finish the previous load's requests
+    # (vLLM aborts a request whose client left; a server that never gets idle counts as hung).
+    idle_timeout_s: float = 300.0
 
 
 @dataclass
@@ -82,99 +90,138 @@ class _Failure:
     benchmark: BenchmarkResult | None = None
 
 
-@dataclass
-class _Timing:
-    """Wall seconds of each phase (filled in as the trial goes, so failures keep them too)."""
-
-    start: float = field(default_factory=time.monotonic)
-    startup_s: float = 0.0
-    benchmark_s: float = 0.0
-
-
-def run_server_trial(
+@contextlib.contextmanager
+def server_session(
     launch: Launch,
     config: EngineConfig,
-    workload: Any,
-    slos: Sequence[Slo],
-    seed: int,
     limits: TrialLimits,
     trial_dir: Path | None,
     info: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
-) -> TrialResult:
-    """Evaluate `config` on `workload` against a real server started by `launch`. Never raises for a
-    bad config (the failure is the result); KeyboardInterrupt stops the server and propagates.
+) -> Iterator[ServerSession]:
+    """A server started by `launch` for `config`, for measurements (the Session of the real backends).
 
-    `env` is the server's environment: values of its secret variables never reach the result.
+    Never raises for a bad config: a failed start is the first measurement's result. The server is
+    stopped on exit whatever happened (failure, Ctrl-C: KeyboardInterrupt stops it and propagates).
+    `env` is the server's environment: values of its secret variables never reach a result.
     """
     with _log_dir(trial_dir) as log_dir:
-        log_path = log_dir / LOG_NAME
-        result = None
-        for _ in range(PORT_ATTEMPTS):
-            result = _attempt(launch, free_port(), log_path, config, workload, slos, seed, limits)
-            if result.failure is not FailureKind.PORT_IN_USE:
-                break
-        assert result is not None
-        result.message = scrub(result.message, env)
-        result.log_tail = scrub(result.log_tail, env)
-        result.info.update(info or {})
+        info = dict(info or {})
         if trial_dir is not None:
-            result.info["server_log"] = str(log_path)
+            info["server_log"] = str(log_dir / LOG_NAME)
+        session = ServerSession(launch, config, limits, log_dir / LOG_NAME, info, env)
+        try:
+            session.start()
+            yield session
+        finally:
+            session.stop()
+
+
+class ServerSession:
+    """One launched server: started once (launch, /health, warm-up), then measured load by load.
+
+    Every load (the warm-up too) gets its own prompt salt, so no load hits the prefix cache with an
+    earlier one's prompts. Before each load the server must be idle: no request running or waiting.
+    """
+
+    def __init__(
+        self,
+        launch: Launch,
+        config: EngineConfig,
+        limits: TrialLimits,
+        log_path: Path,
+        info: Mapping[str, Any],
+        env: Mapping[str, str] | None,
+    ) -> None:
+        self.config = config
+        self.limits = limits
+        self._launch = launch
+        self._log_path = log_path
+        self._info = dict(info)
+        self._env = env
+        self._handle: ServerHandle | None = None
+        self._failure: TrialResult | None = None  # once set, the server is unusable (see `alive`)
+        self._startup_s = 0.0  # reported by the first measurement only
+        self._salts = itertools.count()
+
+    @property
+    def alive(self) -> bool:
+        """False once the server failed to start, died or hung."""
+        return self._failure is None
+
+    def start(self) -> None:
+        """Launch the server and wait until it serves; a failure is kept for `measure` to return."""
+        started = time.monotonic()
+        failure = None
+        for _ in range(PORT_ATTEMPTS):
+            failure = self._launch_once(free_port())
+            if failure is None or failure.kind is not FailureKind.PORT_IN_USE:
+                break
+        self._startup_s = time.monotonic() - started
+        if failure is not None:
+            self._failure = self._result(None, failure)
+
+    def _launch_once(self, port: int) -> _Failure | None:
+        if self._handle is not None:  # a previous attempt's server (its port was taken)
+            self._handle.stop()
+            self._handle = None
+        try:
+            self._handle = self._launch(port, self._log_path)
+        except LaunchError as exc:
+            return _Failure(*classify(None, str(exc), STARTUP))
+        return _start(self._handle, self.config.model, self.limits.startup_timeout_s, next(self._salts))
+
+    def measure(self, workload: Any, slos: Sequence[Slo] = (), seed: int = 0) -> TrialResult:
+        """Run `workload` on the idle server; the first result carries the startup's GPU time."""
+        startup_s, self._startup_s = self._startup_s, 0.0
+        if self._failure is not None:
+            return dataclasses.replace(self._failure, startup_s=startup_s, info=dict(self._failure.info))
+        assert self._handle is not None
+        handle = self._handle
+        started = time.monotonic()
+        benchmark = None
+        failure = _wait_idle(handle, self.limits.idle_timeout_s)
+        if failure is None:
+            salt = next(self._salts)
+            model = self.config.model
+            benchmark, failure = _benchmark(handle, model, workload, slos, seed, self.limits, salt)
+        result = self._result(benchmark, failure)
+        result.startup_s, result.benchmark_s = startup_s, time.monotonic() - started
+        if failure is not None and (
+            failure.kind is FailureKind.BENCHMARK_TIMEOUT or handle.exit_code() is not None
+        ):
+            # Died or hung: later measurements get this failure, without a load or GPU time.
+            self._failure = dataclasses.replace(result, benchmark=None, startup_s=0.0, benchmark_s=0.0)
+            self._failure.info = {**result.info, "failed_in_earlier_measurement": True}
         return result
 
+    def _result(self, benchmark: BenchmarkResult | None, failure: _Failure | None) -> TrialResult:
+        """A TrialResult of this server (times are set by the caller), scrubbed of secrets."""
+        result = TrialResult(config=self.config, benchmark=benchmark, info=dict(self._info))
+        if benchmark is not None:
+            result.info["num_gpu_blocks"] = benchmark.server.get("num_gpu_blocks")
+        if failure is not None:
+            result.failure = failure.kind
+            result.message = scrub(failure.message, self._env)
+            result.benchmark = failure.benchmark
+            log = self._handle.log_text() if self._handle is not None else failure.message
+            result.log_tail = scrub("\n".join(log.splitlines()[-LOG_TAIL_LINES:]), self._env)
+        return result
 
-def _attempt(
-    launch: Launch,
-    port: int,
-    log_path: Path,
-    config: EngineConfig,
-    workload: Any,
-    slos: Sequence[Slo],
-    seed: int,
-    limits: TrialLimits,
-) -> TrialResult:
-    timing = _Timing()
-    handle: ServerHandle | None = None
-    failure: _Failure | None = None
-    benchmark: BenchmarkResult | None = None
-    try:
-        handle = launch(port, log_path)
-        failure = _start(handle, config.model, limits.startup_timeout_s)
-        timing.startup_s = time.monotonic() - timing.start
-        if failure is None:
-            started = time.monotonic()
-            try:
-                benchmark, failure = _benchmark(handle, config.model, workload, slos, seed, limits)
-            finally:
-                timing.benchmark_s = time.monotonic() - started
-    except LaunchError as exc:
-        failure = _Failure(*classify(None, str(exc), STARTUP))
-        timing.startup_s = time.monotonic() - timing.start
-    finally:
-        if handle is not None:
-            handle.stop()
-    result = TrialResult(
-        config=config, benchmark=benchmark, startup_s=timing.startup_s, benchmark_s=timing.benchmark_s
-    )
-    if benchmark is not None:
-        result.info["num_gpu_blocks"] = benchmark.server.get("num_gpu_blocks")
-    if failure is not None:
-        result.failure = failure.kind
-        result.message = failure.message
-        result.benchmark = failure.benchmark
-        log = handle.log_text() if handle is not None else failure.message
-        result.log_tail = "\n".join(log.splitlines()[-LOG_TAIL_LINES:])
-    return result
+    def stop(self) -> None:
+        """Stop the server (idempotent)."""
+        if self._handle is not None:
+            self._handle.stop()
 
 
-def _start(handle: ServerHandle, model: str, timeout_s: float) -> _Failure | None:
+def _start(handle: ServerHandle, model: str, timeout_s: float, salt: int) -> _Failure | None:
     """Wait for /health, then send one warm-up request; a failure if the server did not come up."""
     deadline = time.monotonic() + timeout_s
     failure = _wait_healthy(handle, timeout_s)
     if failure is not None:
         return failure
     left = max(deadline - time.monotonic(), 1.0)
-    warmup = _load(handle.base_url, model, [_warmup_request()], None, None, left, total_timeout_s=left)
+    warmup = _load(handle.base_url, model, [_warmup_request()], None, None, left, left, salt=salt)
     if warmup is not None and warmup.records and warmup.records[0].success:
         return None
     code = _settled_exit_code(handle)
@@ -203,6 +250,35 @@ def _wait_healthy(handle: ServerHandle, timeout_s: float) -> _Failure | None:
             time.sleep(HEALTH_POLL_S)
 
 
+def _wait_idle(handle: ServerHandle, timeout_s: float) -> _Failure | None:
+    """Wait until no request is running or waiting on the server (a previous load's leftovers, e.g.
+    after an early abort, would slow this one down); a failure if it died or stayed busy."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=2.0) as client:
+        while True:
+            code = handle.exit_code()
+            if code is not None:
+                return _Failure(*classify(code, handle.log_text(), BENCHMARK))
+            busy = _requests_in_server(client, handle.base_url)
+            if busy == 0:
+                return None
+            if time.monotonic() >= deadline:
+                state = "did not answer /metrics" if busy is None else f"still had {busy:g} requests"
+                message = f"the server {state} {timeout_s:g} s after the previous load"
+                return _Failure(FailureKind.BENCHMARK_TIMEOUT, message)
+            time.sleep(IDLE_POLL_S)
+
+
+def _requests_in_server(client: httpx.Client, base_url: str) -> float | None:
+    """Requests running + waiting by the server's /metrics (0 without those gauges); None: no answer."""
+    try:
+        response = client.get(base_url + "/metrics")
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    return sum(s.value for s in parse_prometheus(response.text) if s.name in _IN_SERVER_GAUGES)
+
+
 def _benchmark(
     handle: ServerHandle,
     model: str,
@@ -210,6 +286,7 @@ def _benchmark(
     slos: Sequence[Slo],
     seed: int,
     limits: TrialLimits,
+    salt: int,
 ) -> tuple[BenchmarkResult | None, _Failure | None]:
     """Run the workload; the metrics when it completed, else the (possibly partial) failure."""
     from autotune.early_abort import SloGuard
@@ -228,6 +305,7 @@ def _benchmark(
         request_timeout_s=limits.benchmark_timeout_s,
         total_timeout_s=limits.benchmark_timeout_s,
         sampler=sampler,
+        salt=salt,
     )
     if load is None:
         code = _settled_exit_code(handle, settle_s=0.0)
@@ -282,6 +360,7 @@ def _load(
     request_timeout_s: float,
     total_timeout_s: float | None = None,
     sampler: _KvSampler | None = None,
+    salt: int = 0,
 ) -> Any:
     """Run the load generator (in its own event loop); None when `total_timeout_s` ran out."""
     from autotune.loadgen import run_load
@@ -297,6 +376,7 @@ def _load(
                     max_concurrency=max_concurrency,
                     request_timeout_s=request_timeout_s,
                     guard=guard,
+                    salt=salt,
                 ),
                 timeout=total_timeout_s,
             )

@@ -3,20 +3,24 @@
 GPU time is simulated too, so the tuner can account for it like a real trial: `startup_s` models
 `vllm serve` coming up (process and engine init, weight loading, the profile run, CUDA-graph capture
 growing with the number of captured sizes; a config that fails stops at the phase that fails) and
-`benchmark_s` is the simulated duration of the load.
+`benchmark_s` is the simulated duration of the load. In a session the startup is paid once: only the
+first measurement's result carries it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import FailureKind, TrialResult
+from autotune.backends.base import FailureKind, SessionBackend, TrialResult
 from autotune.config import EngineConfig
 from autotune.errors import EngineStartupError
 from autotune.metrics import GOODPUT_METRICS, compute_metrics
-from autotune.sim.engine import SimRun, simulate
+from autotune.sim.engine import SimEngine, SimRun, simulate
 from autotune.sim.hardware import GIB, get_gpu
 from autotune.sim.memory import MemoryPlan
 from autotune.sim.models import get_model
@@ -35,43 +39,67 @@ _FAILURE_PHASE_S = {
 }
 
 
-class SimBackend:
+class SimBackend(SessionBackend):
     """The simulated engine as a Backend (picklable: it holds only the GPU name)."""
 
     def __init__(self, gpu: str = "H100") -> None:
         get_gpu(gpu)  # fail fast on an unknown GPU
         self.gpu = gpu
 
-    def evaluate(
-        self,
-        config: EngineConfig,
-        workload: Any,
-        slos: Sequence[Slo] = (),
-        seed: int = 0,
-        gpu_ids: Sequence[int] = (),
-        trial_dir: Path | None = None,
-    ) -> TrialResult:
-        """Simulate `workload` on `config`; startup errors become failed TrialResults."""
-        gpu = get_gpu(self.gpu)
+    def session(
+        self, config: EngineConfig, gpu_ids: Sequence[int] = (), trial_dir: Path | None = None
+    ) -> AbstractContextManager[SimSession]:
+        """A simulated server for `config`: validated and memory-planned once (nothing to stop)."""
+        return contextlib.nullcontext(SimSession(config, self.gpu))
+
+
+class SimSession:
+    """A simulated `vllm serve` that started (or failed to) for one config.
+
+    Each measurement simulates on a fresh engine, which is what an idle server is to a load whose
+    prompts share nothing with earlier ones (the real path salts its prompts for exactly that).
+    """
+
+    def __init__(self, config: EngineConfig, gpu_name: str) -> None:
+        self.config = config
+        self._gpu = get_gpu(gpu_name)
         model = get_model(config.model)
+        gpu = self._gpu
         resolved = config.with_vllm_defaults(gpu.memory_gib, gpu.name, model.max_position_embeddings)
         load_s = model.weight_bytes(config.tensor_parallel_size) / GIB * LOAD_S_PER_GIB
+        self._failure: TrialResult | None = None
         try:
-            run = simulate(config, gpu, workload.requests(seed), workload.max_concurrency)
+            memory = SimEngine(config, self._gpu).memory
         except EngineStartupError as exc:
             kind = FailureKind(exc.kind)
-            log = _log_lines(resolved, gpu.name, None) + [
+            log = _log_lines(resolved, self._gpu.name, None) + [
                 "ERROR [core.py] EngineCore failed to start.",
                 str(exc) if str(exc).startswith("torch.") else f"ValueError: {exc}",
             ]
-            return TrialResult(
+            self._failure = TrialResult(
                 config=config,
                 failure=kind,
                 message=str(exc),
                 log_tail="\n".join(log),
-                startup_s=_FAILURE_PHASE_S.get(kind, lambda load: INIT_S)(load_s),
                 info={"resolved": resolved.params()},
             )
+            self._startup_s = _FAILURE_PHASE_S.get(kind, lambda load: INIT_S)(load_s)
+            return
+        self._resolved = resolved
+        self._log_tail = "\n".join(_log_lines(resolved, self._gpu.name, memory))
+        self._startup_s = INIT_S + load_s + PROFILE_S + memory.num_cuda_graphs * GRAPH_CAPTURE_S
+
+    @property
+    def alive(self) -> bool:
+        """False when the config failed to start."""
+        return self._failure is None
+
+    def measure(self, workload: Any, slos: Sequence[Slo] = (), seed: int = 0) -> TrialResult:
+        """Simulate `workload` (the startup failure instead, if any); only the first result has startup_s."""
+        startup_s, self._startup_s = self._startup_s, 0.0
+        if self._failure is not None:
+            return dataclasses.replace(self._failure, startup_s=startup_s, info=dict(self._failure.info))
+        run = simulate(self.config, self._gpu, workload.requests(seed), workload.max_concurrency)
         server = {
             "num_preemptions": run.stats.num_preemptions,
             "num_gpu_blocks": run.memory.num_gpu_blocks,
@@ -80,12 +108,12 @@ class SimBackend:
         }
         benchmark = compute_metrics(run.records, run.duration, _goodput_bounds(slos), server=server)
         return TrialResult(
-            config=config,
+            config=self.config,
             benchmark=benchmark,
-            log_tail="\n".join(_log_lines(resolved, gpu.name, run.memory)),
-            startup_s=INIT_S + load_s + PROFILE_S + run.memory.num_cuda_graphs * GRAPH_CAPTURE_S,
+            log_tail=self._log_tail,
+            startup_s=startup_s,
             benchmark_s=run.duration,
-            info=_info(resolved, run),
+            info=_info(self._resolved, run),
         )
 
 
