@@ -225,6 +225,23 @@ class Executor:
     def _cancel(self, ref: Any, force: bool) -> None:
         with contextlib.suppress(Exception):  # already finished: nothing to cancel
             self._ray.cancel(ref, force=force)
+        if force:
+            self._reap_containers(ref)
+
+    def _reap_containers(self, ref: Any) -> None:
+        """A force-killed worker cannot stop its container: remove the containers of dead owners.
+
+        (A `vllm` server process needs nothing: it dies with the worker, see PR_SET_PDEATHSIG.)
+        """
+        from autotune.backends.docker import DockerBackend, reap_orphans
+
+        if not isinstance(self.backend, DockerBackend):
+            return
+        # The container's owner must be dead before it counts as an orphan: wait for the kill to land.
+        with contextlib.suppress(Exception):
+            self._ray.wait([ref], timeout=CANCEL_GRACE_S)
+        with contextlib.suppress(AutotuneError):  # the engine is unreachable: nothing to reap there
+            reap_orphans()
 
     def _release(self, job: Job) -> None:
         self._jobs.pop(job.number, None)

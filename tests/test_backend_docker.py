@@ -133,6 +133,26 @@ def test_ctrl_c_during_a_trial_removes_the_container(docker, sim_image: str, tmp
     assert _autotune_containers(docker) == []
 
 
+@pytest.mark.usefixtures("ray_cluster")
+def test_force_cancelled_trial_leaves_no_container(docker, sim_image: str, tmp_path: Path) -> None:
+    from autotune.executor import Executor
+
+    def trial_containers() -> set[str]:
+        return {c.id for c in docker.containers.list(all=True, filters={"label": LABEL_TRIAL})}
+
+    others = trial_containers()  # e.g. another study's
+    executor = Executor(_backend(sim_image), WORKLOAD, [], cpu_slots=1)
+    executor.submit(0, CONFIG.replace(hang_after=2), 0, tmp_path)
+    deadline = time.monotonic() + 30
+    while not trial_containers() - others and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert trial_containers() - others, "the trial's container never appeared"
+    time.sleep(1.5)  # past startup, into the (hung) benchmark
+    # The forced cancel a deadline ends with when the polite one did not stop the trial in time.
+    executor._cancel(executor._jobs[0].ref, force=True)
+    assert trial_containers() - others == set()
+
+
 def test_reap_orphans_removes_only_containers_of_dead_owners(docker, sim_image: str) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # its pid is now free: the owner of the orphan "died"

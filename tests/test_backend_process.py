@@ -10,6 +10,7 @@ import math
 import os
 import pickle
 import re
+import signal
 import sys
 import threading
 import time
@@ -67,6 +68,10 @@ def server_processes(port: int) -> list[int]:
     return pids
 
 
+def parent_pid(pid: int) -> int:
+    return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def zombie_children() -> list[int]:
     """Pids of this process's children that exited and were never reaped."""
     zombies = []
@@ -108,6 +113,57 @@ def test_ok_trial_over_real_http(tmp_path: Path) -> None:
     assert 0 < bench.server["peak_kv_cache_usage"] <= 1
     assert result.startup_s > 0 and 0 < result.benchmark_s <= elapsed
     assert result.info["server_log"] == str(tmp_path / "server.log")
+    assert_cleaned_up(tmp_path)
+
+
+def test_session_measures_several_loads_on_one_server(tmp_path: Path) -> None:
+    with backend().session(CONFIG, trial_dir=tmp_path) as session:
+        port = trial_port(tmp_path)
+        first, second = (session.measure(WORKLOAD, seed=0) for _ in range(2))
+        assert session.alive and trial_port(tmp_path) == port  # the same server: no relaunch
+    assert first.ok and second.ok, (first.message, second.message)
+    assert first.startup_s > 0 and second.startup_s == 0  # the startup is paid once
+    assert first.benchmark_s > 0 and second.benchmark_s > 0
+    # The same requests again, but salted: nothing is served from the first load's prefix cache.
+    assert second.benchmark.server["prefix_cache_hit_rate"] == 0
+    assert second.benchmark.total_input_tokens == first.benchmark.total_input_tokens
+    assert_cleaned_up(tmp_path)
+
+
+def test_session_waits_for_the_last_loads_leftovers(tmp_path: Path) -> None:
+    # One sequence at a time: the early-aborted load leaves seconds of queued requests in the server
+    # (sim-server, unlike vLLM, finishes requests whose client left); the next load waits them out.
+    hopeless = WORKLOAD.with_load(max_concurrency=NUM_REQUESTS)
+    with backend().session(CONFIG.replace(max_num_seqs=1), trial_dir=tmp_path) as session:
+        aborted = session.measure(hopeless, parse_slos("ttft_p90=100ms"))
+        single = WorkloadSpec(
+            name="one", num_requests=1, prompt_len=LengthDist("fixed", 16), output_len=LengthDist("fixed", 4)
+        )
+        after = session.measure(single)
+    assert aborted.failure is FailureKind.EARLY_ABORT and session.alive
+    assert after.ok and after.benchmark.latency_ms["ttft"]["p99"] < 100  # an idle server
+    assert after.benchmark_s > 1.0  # the wait for the leftovers is the measurement's GPU time
+    assert_cleaned_up(tmp_path)
+
+
+def test_a_dead_server_is_not_relaunched_for_the_next_measurement(tmp_path: Path) -> None:
+    with backend("--die-after", "4").session(CONFIG, trial_dir=tmp_path) as session:
+        crashed = session.measure(WORKLOAD)
+        assert not session.alive
+        again = session.measure(WORKLOAD)
+    assert crashed.failure is FailureKind.CRASHED and crashed.startup_s > 0
+    assert (again.failure, again.message) == (crashed.failure, crashed.message)
+    assert again.startup_s == again.benchmark_s == 0 and again.benchmark is None
+    assert_cleaned_up(tmp_path)
+
+
+def test_a_failed_start_is_the_first_measurement(tmp_path: Path) -> None:
+    config = CONFIG.replace(enable_chunked_prefill=False, max_num_batched_tokens=1024)
+    with backend().session(config, trial_dir=tmp_path) as session:
+        assert not session.alive
+        first, second = session.measure(WORKLOAD), session.measure(WORKLOAD)
+    assert first.failure is second.failure is FailureKind.INVALID_CONFIG
+    assert first.startup_s > 0 and second.startup_s == 0
     assert_cleaned_up(tmp_path)
 
 
@@ -163,17 +219,24 @@ def test_slow_start_hits_the_startup_timeout(tmp_path: Path) -> None:
     assert_cleaned_up(tmp_path)
 
 
+def wait_until_serving(trial_dir: Path, timeout_s: float = 30.0) -> int:
+    """The port of the trial's server once its /health answers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            port = trial_port(trial_dir)
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return port
+        except (OSError, httpx.HTTPError, TypeError, IndexError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"no server answered within {timeout_s:g} s")
+
+
 def test_ctrl_c_during_a_trial_stops_the_server(tmp_path: Path) -> None:
     def interrupt_once_serving() -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{trial_port(tmp_path)}/health", timeout=1).status_code == 200:
-                    time.sleep(0.5)  # into the (hung) benchmark
-                    break
-            except (OSError, httpx.HTTPError, TypeError, IndexError):
-                pass
-            time.sleep(0.1)
+        wait_until_serving(tmp_path)
+        time.sleep(0.5)  # into the (hung) benchmark
         _thread.interrupt_main()
 
     interrupter = threading.Thread(target=interrupt_once_serving, daemon=True)
@@ -182,6 +245,34 @@ def test_ctrl_c_during_a_trial_stops_the_server(tmp_path: Path) -> None:
         backend("--hang-after", "2").evaluate(CONFIG, WORKLOAD, trial_dir=tmp_path)
     interrupter.join()
     assert_cleaned_up(tmp_path)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.parametrize("kill", ["force-cancel", "sigkill"])
+def test_killed_ray_worker_leaves_no_server(tmp_path: Path, kill: str) -> None:
+    # A killed Ray worker runs no `finally`: its server must die with it. Ray's force cancel takes
+    # the worker's children along; a worker SIGKILLed (e.g. by the OOM killer) relies on PR_SET_PDEATHSIG.
+    import ray
+
+    from autotune.executor import evaluate_trial
+
+    task = ray.remote(evaluate_trial).options(num_cpus=1, max_retries=0)
+    ref = task.remote(backend("--hang-after", "2"), CONFIG, WORKLOAD, [], 0, (), tmp_path)
+    port = wait_until_serving(tmp_path)
+    time.sleep(0.5)  # into the (hung) benchmark
+    if kill == "force-cancel":
+        ray.cancel(ref, force=True)
+    else:
+        (server,) = server_processes(port)
+        worker = parent_pid(server)
+        assert worker not in (1, os.getpid())
+        os.kill(worker, signal.SIGKILL)
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(ref, timeout=30)
+    deadline = time.monotonic() + 5
+    while server_processes(port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server_processes(port) == []
 
 
 def test_environment_gpu_pinning_and_no_secrets_in_results(tmp_path: Path) -> None:

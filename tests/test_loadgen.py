@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from autotune.backends.server import scrape_metrics, server_figures
 from autotune.early_abort import SloGuard
 from autotune.loadgen import CHAT, run_load_sync
 from autotune.metrics import compute_metrics
@@ -41,6 +42,21 @@ def test_records_match_the_servers_own_view() -> None:
         assert record.latency >= record.ttft
     metrics = compute_metrics(result.records, result.duration)
     assert metrics.completed == 24 and metrics.total_output_tokens == 24 * 6
+
+
+def test_a_new_salt_misses_the_prefix_cache_of_the_last_run() -> None:
+    requests = _requests(8, prompt_len=256, output_len=4)
+    hit_rates = []
+    with start_sim_server([MODEL]) as proc:
+        for salt in (0, 0, 1):
+            before = scrape_metrics(proc.base_url)
+            result = run_load_sync(proc.base_url, MODEL, requests, salt=salt)
+            assert all(r.success for r in result.records)
+            hit_rates.append(
+                server_figures(before, scrape_metrics(proc.base_url), None)["prefix_cache_hit_rate"]
+            )
+    assert hit_rates[0] == 0 and hit_rates[1] > 0.9  # the same prompts again: served from the cache
+    assert hit_rates[2] == 0  # salted: nothing reused
 
 
 def test_concurrency_cap_is_respected() -> None:

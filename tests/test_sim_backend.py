@@ -67,3 +67,19 @@ def test_startup_failures_become_trial_results_with_vllm_messages() -> None:
     assert oom.failure == FailureKind.STARTUP_OOM and oom.log_tail.endswith(oom.message)
     assert result.startup_s < oom.startup_s  # validation fails before weights are loaded
     assert result.benchmark_s == 0.0
+
+
+def test_session_pays_the_startup_once_and_measures_like_evaluate() -> None:
+    backend = SimBackend("H100")
+    config = EngineConfig(model=LLAMA_8B, max_model_len=8192)
+    with backend.session(config) as session:
+        first, second = session.measure(TinyWorkload(), seed=1), session.measure(TinyWorkload(), seed=1)
+    alone = backend.evaluate(config, TinyWorkload(), seed=1)
+    assert first == alone  # evaluate is one session with one measurement
+    assert second.startup_s == 0 and second.benchmark == first.benchmark  # an idle server again
+    bad = EngineConfig(model=LLAMA_8B, max_num_batched_tokens=64, max_num_seqs=128)
+    with backend.session(bad) as session:
+        assert not session.alive
+        failed = [session.measure(TinyWorkload()) for _ in range(2)]
+    assert [r.failure for r in failed] == [FailureKind.INVALID_CONFIG] * 2
+    assert failed[0].startup_s > 0 and failed[1].startup_s == 0
