@@ -91,11 +91,12 @@ def auto_sampler(n_params: int, seed: int | None) -> optuna.samplers.BaseSampler
 
     Multivariate TPE: handles mixed int/float/categorical spaces, reads 5.0 constraints (infeasible
     trials are ranked by their summed violation), and `constant_liar` keeps parallel workers apart.
-    A short random start (2 per parameter, 4 to 10) because one trial costs minutes of GPU time.
+    From benchmarks/sample_efficiency.py (6 scenarios x 10 seeds): 5 random trials after the baseline
+    and 64 EI candidates reach 98 % of the grid's best in a median 9.5 trials, against 13 for the
+    former 2-per-parameter start with 24 candidates (and 11 for random search).
     """
-    startup = max(4, min(10, 2 * n_params))
     return optuna.samplers.TPESampler(
-        seed=seed, multivariate=True, constant_liar=True, n_startup_trials=startup
+        seed=seed, multivariate=True, constant_liar=True, n_startup_trials=5, n_ei_candidates=64
     )
 
 
