@@ -100,6 +100,23 @@ def auto_sampler(n_params: int, seed: int | None) -> optuna.samplers.BaseSampler
     )
 
 
+class AskTellGridSampler(optuna.samplers.GridSampler):
+    """Optuna's GridSampler for an ask/tell loop.
+
+    GridSampler calls `study.stop()` once every grid point has been tried, which raises outside
+    `study.optimize`; the tuner asks `sampler_exhausted(study)` instead and stops asking.
+    """
+
+    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:  # noqa: D102
+        return None
+
+
+def sampler_exhausted(study: optuna.Study) -> bool:
+    """True when the study's sampler has nothing new left to propose (a finished grid)."""
+    sampler = study.sampler
+    return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
+
+
 def make_sampler(
     name: str, grid: Mapping[str, list[Any]], seed: int | None, n_trials: int
 ) -> optuna.samplers.BaseSampler:
@@ -124,7 +141,7 @@ def make_sampler(
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
-        return optuna.samplers.GridSampler(dict(grid), seed=seed)
+        return AskTellGridSampler(dict(grid), seed=seed)
     raise AutotuneError(f"unknown sampler {name!r} (use {', '.join(SAMPLERS)})")
 
 

@@ -26,7 +26,7 @@ from autotune.objectives import ObjectiveSet
 from autotune.progress import Progress, ProgressState, running_params
 from autotune.slo import Slo
 from autotune.space import SearchSpace, violations
-from autotune.study import config_key, tell_duplicate, tell_result
+from autotune.study import config_key, sampler_exhausted, tell_duplicate, tell_result
 
 POLL_S = 0.5
 # Suggestions rejected before launch (vLLM's validity rules) cost no GPU time and do not count toward
@@ -112,7 +112,7 @@ class Tuner:
                 timed_out = self._timed_out(start)
                 self._fill(timed_out)
                 if not self._running and not self._queued:
-                    if timed_out or self._outstanding() >= self.options.n_trials or self._too_many_rejects():
+                    if timed_out or self._budget_spent():
                         break
                     continue  # every asked trial was told at once (invalid or duplicate): ask more
                 for number, result in self.executor.wait(POLL_S):
@@ -144,7 +144,7 @@ class Tuner:
         while self._queued and self.executor.can_start(self._queued[0].config):
             self._submit(self._queued.pop(0))
         while not timed_out and not self._queued and self.executor.can_start():
-            if self._outstanding() >= self.options.n_trials or self._too_many_rejects():
+            if self._budget_spent():
                 return
             trial = self.study.ask()
             params = self.space.suggest(trial)
@@ -172,6 +172,14 @@ class Tuner:
                 self._submit(pending)
             else:
                 self._queued.append(pending)
+
+    def _budget_spent(self) -> bool:
+        """Enough trials asked, too many rejected suggestions, or nothing new left to ask (a full grid)."""
+        return (
+            self._outstanding() >= self.options.n_trials
+            or self._too_many_rejects()
+            or sampler_exhausted(self.study)
+        )
 
     def _too_many_rejects(self) -> bool:
         return self._counters.rejected > MAX_REJECTS_PER_TRIAL * self.options.n_trials

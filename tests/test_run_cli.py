@@ -135,3 +135,21 @@ def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> No
     assert _completed(db, "intr") == (target, 0)
     study = optuna.load_study(study_name="intr", storage=f"sqlite:///{db}")
     assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_grid_sampler_stops_when_the_grid_is_done(tmp_path: Path) -> None:
+    space = tmp_path / "grid.yaml"
+    space.write_text(
+        "fixed: {model: meta-llama/Llama-3.1-8B-Instruct, gpu: H100, max_model_len: 8192}\n"
+        "params:\n"
+        "  max_num_seqs: {type: categorical, choices: [64, 256]}\n"
+        "  max_num_batched_tokens: {type: categorical, choices: [2048, 8192]}\n"
+    )
+    args = ["run", "--space", str(space), "--sampler", "grid", "--n-trials", "50", "--quiet"]
+    args += ["--workload", "concurrency", "--load", "fixed", "--runs-dir", str(tmp_path), "--study", "g"]
+    assert main(args) == 0
+    study = optuna.load_study(study_name="g", storage=f"sqlite:///{tmp_path / 'g' / 'study.db'}")
+    configs = {(t.params["max_num_seqs"], t.params["max_num_batched_tokens"]) for t in study.trials}
+    assert configs == {(64, 2048), (64, 8192), (256, 2048), (256, 8192)}
+    assert len(study.trials) <= 5  # the four grid points and the baseline, then it stops asking
