@@ -124,3 +124,77 @@ def test_arrivals_are_respected_and_too_long_requests_fail() -> None:
     assert run.records[1].start_time == 5.0 and run.duration > 5.0
     assert not run.records[2].success and "maximum context length is 8192 tokens" in run.records[2].error
     assert run.records[0].success and run.records[1].success
+
+
+def _decode_durations(engine: SimEngine, request: Request) -> list[float]:
+    engine.add_request(request)
+    durations = []
+    while engine.has_unfinished():
+        durations.append(engine.step().duration)
+    return durations
+
+
+def test_abort_frees_every_state_and_the_rest_finish_exactly() -> None:
+    engine = tight_engine(max_num_batched_tokens=512)  # small chunks: long prompts prefill over steps
+    requests = mixed_requests(300)
+    for r in requests:
+        engine.add_request(r)
+    emitted: Counter[int] = Counter()
+    finished: set[int] = set()
+    aborted: set[int] = set()
+    kinds: Counter[str] = Counter()
+    step = 0
+    while engine.has_unfinished():
+        out = engine.step()
+        step += 1
+        assert not {rid for rid, _ in out.new_tokens} & aborted  # an aborted request emits nothing more
+        emitted.update({rid: n for rid, n in out.new_tokens})
+        finished.update(out.finished)
+        if step % 20:
+            continue
+        # In turn: a request anywhere (often waiting), the oldest not yet emitting (often mid-prefill),
+        # the newest emitting one (decoding, or preempted).
+        live = [r.request_id for r in requests if r.request_id not in finished | aborted]
+        choices = ((step * 7) % len(requests), min((i for i in live if not emitted[i]), default=0),
+                   max((i for i in live if emitted[i]), default=0))  # fmt: skip
+        rid = choices[(step // 20) % 3]
+        running, waiting = engine.stats.num_running, engine.stats.num_waiting
+        if engine.abort_request(rid):
+            aborted.add(rid)
+            # The gauges move at once: an idle engine would run no step to refresh them.
+            if engine.stats.num_running == running - 1:
+                kinds["mid-prefill" if emitted[rid] == 0 else "decoding"] += 1
+            else:
+                assert engine.stats.num_waiting == waiting - 1
+                kinds["waiting"] += 1
+        else:
+            assert rid in finished or rid in aborted
+        assert 0 <= engine.num_free_blocks <= engine.memory.num_gpu_blocks
+    assert set(kinds) == {"mid-prefill", "decoding", "waiting"}, kinds  # every state was aborted
+    assert engine.stats.num_aborted == len(aborted)
+    assert finished == {r.request_id for r in requests} - aborted  # none lost, none duplicated
+    assert all(emitted[r.request_id] == r.output_len for r in requests if r.request_id not in aborted)
+    assert engine.num_free_blocks == engine.memory.num_gpu_blocks  # every block released
+    # No decode context leaked: a new request runs exactly as on a fresh engine.
+    probe = Request(request_id=10_000, prompt_len=300, output_len=40)
+    fresh = tight_engine(max_num_batched_tokens=512)
+    assert _decode_durations(engine, probe) == _decode_durations(fresh, probe)
+
+
+def test_abort_keeps_the_prefix_cache_and_drops_kv_usage() -> None:
+    engine = SimEngine(EngineConfig(model=LLAMA_8B, max_model_len=8192), "H100")
+    first = Request(request_id=0, prompt_len=1024 + 50, output_len=2000, prefix_id=7, prefix_len=1024)
+    engine.add_request(first)
+    for _ in range(20):
+        engine.step()
+    used = engine.stats.kv_cache_usage
+    assert engine.stats.num_running == 1 and used > 0
+    assert engine.abort_request(0)
+    assert not engine.has_unfinished()
+    assert engine.stats.num_running == 0 and engine.stats.kv_cache_usage == 0.0 < used
+    assert not engine.abort_request(0) and not engine.abort_request(12345)  # gone or unknown: no-op
+    assert engine.stats.num_aborted == 1
+    hits = engine.stats.prefix_cache_hits
+    engine.add_request(Request(request_id=1, prompt_len=1104, output_len=5, prefix_id=7, prefix_len=1024))
+    engine.step()
+    assert engine.stats.prefix_cache_hits - hits == 1024  # the aborted request's prefix stayed cached

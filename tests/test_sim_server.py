@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +28,46 @@ def _metric(text: str, name: str) -> float:
     match = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
     assert match, f"{name} missing from /metrics"
     return float(match.group(1))
+
+
+def _metrics(server: SimServerProcess) -> str:
+    return httpx.get(server.base_url + "/metrics").text
+
+
+def _abort_count(server: SimServerProcess) -> float:
+    pattern = r'^vllm:request_success_total\{[^}]*finished_reason="abort"\} (\S+)$'
+    match = re.search(pattern, _metrics(server), re.MULTILINE)
+    assert match, "no abort reason in vllm:request_success_total"
+    return float(match.group(1))
+
+
+def _open_request(server: SimServerProcess, body: dict) -> socket.socket:
+    """A raw HTTP/1.1 POST to /v1/completions on its own connection (the test closes it at will)."""
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n")  # fmt: skip
+    sock.sendall(head.encode() + payload)
+    return sock
+
+
+def _read_until(sock: socket.socket, marker: bytes) -> None:
+    seen = b""
+    while marker not in seen:
+        data = sock.recv(4096)
+        assert data, "the server closed the stream"
+        seen += data
+
+
+def _wait_idle(server: SimServerProcess, timeout_s: float) -> str:
+    """/metrics once no request is running or waiting; fails after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = _metrics(server)
+        if _metric(text, "vllm:num_requests_running") == _metric(text, "vllm:num_requests_waiting") == 0:
+            return text
+        assert time.monotonic() < deadline, "requests kept running after their clients disconnected"
+        time.sleep(0.05)
 
 
 def test_openai_sdk_streams_a_completion_with_exact_tokens(server: SimServerProcess) -> None:
@@ -171,3 +213,31 @@ def test_startup_delay_refuses_connections_until_ready() -> None:
         else:
             pytest.fail("sim-server never became healthy")
         assert "GPU KV cache size:" in proc.log() and "# GPU blocks:" in proc.log()
+
+
+def test_disconnected_clients_abort_their_requests(server: SimServerProcess) -> None:
+    aborts = _abort_count(server)
+    body = {"model": MODEL, "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    # 48 streams of 3000 tokens: a minute of decoding if nobody aborted them.
+    streams = [_open_request(server, body | {"prompt": list(range(i, i + 600))}) for i in range(48)]
+    for sock in streams:
+        _read_until(sock, b"data: ")  # the first token chunk: the request is in the batch
+    busy = _metrics(server)
+    assert _metric(busy, "vllm:num_requests_running") + _metric(busy, "vllm:num_requests_waiting") == 48
+    assert _metric(busy, "vllm:kv_cache_usage_perc") > 0.05
+    start = time.monotonic()
+    for sock in streams:
+        sock.close()
+    idle = _wait_idle(server, timeout_s=3.0)
+    print(f"48 streams aborted; server idle {time.monotonic() - start:.3f} s after the clients closed")
+    assert _metric(idle, "vllm:kv_cache_usage_perc") < _metric(busy, "vllm:kv_cache_usage_perc")
+    assert _abort_count(server) - aborts == 48
+    # A plain (non-streaming) request whose client gives up is aborted too.
+    sock = _open_request(server, body | {"stream": False, "prompt": list(range(100, 700))})
+    deadline = time.monotonic() + 3
+    while _metric(_metrics(server), "vllm:num_requests_running") == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    sock.close()
+    _wait_idle(server, timeout_s=3.0)
+    assert _abort_count(server) - aborts == 49

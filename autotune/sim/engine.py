@@ -6,7 +6,8 @@ WAITING requests FCFS when no preemption happened this step, while running < max
 token budget lasts. KV blocks are allocated per block; when they run out the newest running request
 is preempted (recompute: it loses its blocks and computed tokens and goes to the front of the queue).
 Full blocks are hashed (shared-prefix blocks by (prefix_id, i), the rest per request) and stay cached
-after they are freed until the LRU allocation evicts them.
+after they are freed until the LRU allocation evicts them. An aborted request (its client went away)
+frees its blocks like a finished one, at once, between steps.
 
 Speed: a decode costs no Python work per token. A decoding request's state is implied by the step
 index since it entered decode; the engine only touches it when it crosses a block boundary (an event
@@ -56,6 +57,7 @@ class EngineStats:
     generation_tokens: int = 0
     prefix_cache_queries: int = 0  # tokens looked up
     prefix_cache_hits: int = 0  # tokens found
+    num_aborted: int = 0  # requests aborted before they finished (vllm:request_success_total{abort})
 
 
 @dataclass
@@ -224,6 +226,25 @@ class SimEngine:
         """Queue a request that arrives now. ValueError (vLLM's HTTP 400 text) if it is too long."""
         self._enqueue(request, self.now)
 
+    def abort_request(self, request_id: int) -> bool:
+        """Drop an unfinished request, as vLLM does when its HTTP client disconnects.
+
+        Its KV blocks are freed (full blocks stay in the prefix cache, as for a finished request) and
+        the gauges are updated at once: an idle engine runs no further step to refresh them.
+        Returns False (and does nothing) when the request is unknown or already finished.
+        """
+        r = self._running.pop(request_id, None)
+        if r is not None:
+            self._free(r, self._drop_running(r, len(self.step_times)) // self._bs)
+        else:
+            r = self._remove_waiting(request_id)
+            if r is None:
+                return False
+        r.gen += 1  # its pending block and finish events go stale
+        self.stats.num_aborted += 1
+        self._update_gauges()
+        return True
+
     def has_unfinished(self) -> bool:
         """True while any request is waiting or running."""
         return bool(self._running or self._waiting)
@@ -276,7 +297,6 @@ class SimEngine:
         if not self.has_unfinished():
             return StepOutput(duration=0.0)
         step = len(self.step_times)
-        pool = self._pool
         running = self._running
         preempted = self._grow_decodes(step)
         num_decode = len(running) - (self._prefilling is not None)
@@ -339,12 +359,7 @@ class SimEngine:
                 self._decode_context -= r.prompt_len + r.output_len - 1
                 r.outputs = r.output_len
                 finished.append(self._finish(r, step))
-        usage = 1.0 - pool.num_free / max(pool.num_blocks, 1)
-        stats = self.stats
-        stats.kv_cache_usage = usage
-        stats.peak_kv_cache_usage = max(stats.peak_kv_cache_usage, usage)
-        stats.num_running = len(running)
-        stats.num_waiting = len(self._waiting)
+        self._update_gauges()
         return StepOutput(duration=duration, new_tokens=new_tokens if emit else [], finished=finished)
 
     def _grow_decodes(self, step: int) -> bool:
@@ -456,21 +471,39 @@ class SimEngine:
         r.blocks = []
         r.cached_upto = 0
 
+    def _drop_running(self, r: _Req, step: int) -> int:
+        """Take r (already out of `running`) off the batch before `step` runs; returns its KV tokens."""
+        if r is self._prefilling:
+            self._prefilling = None
+            return r.computed
+        computed = r.computed_at(step)
+        self._decode_context -= computed
+        r.outputs = r.decode_outputs + (step - r.decode_start)
+        first, _ = r.segments[-1]
+        r.segments[-1] = (first, step - 1)
+        return computed
+
+    def _remove_waiting(self, request_id: int) -> _Req | None:
+        """Take a request out of the waiting queue (a linear scan: aborts are rare next to steps)."""
+        for i, r in enumerate(self._waiting):
+            if r.rid == request_id:
+                del self._waiting[i]
+                return r
+        return None
+
+    def _update_gauges(self) -> None:
+        pool, stats = self._pool, self.stats
+        usage = 1.0 - pool.num_free / max(pool.num_blocks, 1)
+        stats.kv_cache_usage = usage
+        stats.peak_kv_cache_usage = max(stats.peak_kv_cache_usage, usage)
+        stats.num_running = len(self._running)
+        stats.num_waiting = len(self._waiting)
+
     def _preempt_newest(self, step: int) -> _Req:
         """Recompute preemption of the newest running request: to the front of the waiting queue."""
         rid = next(reversed(self._running))
         r = self._running.pop(rid)
-        if r is self._prefilling:
-            self._prefilling = None
-            full = r.computed // self._bs
-        else:
-            computed = r.computed_at(step)
-            self._decode_context -= computed
-            r.outputs = r.decode_outputs + (step - r.decode_start)
-            first, _ = r.segments[-1]
-            r.segments[-1] = (first, step - 1)
-            full = computed // self._bs
-        self._free(r, full)
+        self._free(r, self._drop_running(r, step) // self._bs)
         r.computed = 0
         r.decode_start = -1
         r.gen += 1

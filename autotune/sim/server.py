@@ -20,6 +20,9 @@ What the simulation cannot know, and what it does instead:
   - vllm:request_queue_time_seconds is measured up to the start of the step that produced the first
     token (the simulated engine does not report when a prefill chunk was first scheduled).
 
+A client that disconnects aborts its request, as in vLLM: the engine frees its KV blocks at once and
+counts it in vllm:request_success_total{finished_reason="abort"}.
+
 Fault injection for tests: --startup-delay (slow model loading), --die-after N (the process exits
 abruptly once N requests have started), --hang-after N (tokens and /health stop).
 """
@@ -134,7 +137,8 @@ class ServerMetrics:
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
     queue: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
-    success: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
+    # Finished requests by reason; "abort" is the engine's count (stats.num_aborted).
+    success: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0})
 
 
 _GAUGES = (
@@ -179,7 +183,7 @@ def render_metrics(engine: Any, metrics: ServerMetrics, model_name: str, gpu_uti
         ]
     name = "vllm:request_success_total"
     lines += [f"# HELP {name} Count of successfully processed requests.", f"# TYPE {name} counter"]
-    for reason, n in metrics.success.items():
+    for reason, n in (*metrics.success.items(), ("abort", stats.num_aborted)):
         lines.append(f'{name}{{{labels},finished_reason="{reason}"}} {float(n)!r}')
     for name, doc, attr in _HISTOGRAMS:
         lines += [f"# HELP {name} {doc}", f"# TYPE {name} histogram"]
@@ -288,6 +292,7 @@ def error_body(message: str, status: int = 400, kind: str = "BadRequestError") -
 class Pending:
     """One request being served: tokens the engine produced and the stream waiting for them."""
 
+    key: int  # the engine's request id
     rid: str
     arrival: float  # perf_counter when the request was handed to the engine
     prompt_tokens: int
@@ -436,6 +441,7 @@ class SimService:
             )
         )
         state = Pending(
+            key=key,
             rid=uuid.uuid4().hex,
             arrival=now,
             prompt_tokens=parsed.prompt_tokens,
@@ -445,6 +451,14 @@ class SimService:
         self.pending[key] = state
         self._wake.set()
         return state
+
+    def abort(self, state: Pending) -> None:
+        """The client went away: drop its request from the engine, as vLLM does, so it stops using the batch.
+
+        A request the engine already finished (its last tokens not delivered yet) ends normally.
+        """
+        if self.engine.abort_request(state.key):
+            self.pending.pop(state.key, None)
 
     def _sync_clock(self, now: float) -> None:
         """While idle, the engine's virtual clock catches up with the wall clock (arrivals are stamped)."""
@@ -587,20 +601,54 @@ class ChunkWriter:
 async def stream_events(
     service: SimService, writer: ChunkWriter, include_usage: bool
 ) -> AsyncIterator[bytes]:
-    """The SSE body: token chunks as the engine produces them, then usage and [DONE]."""
+    """The SSE body: token chunks as the engine produces them, then usage and [DONE].
+
+    Starlette cancels the stream when the client disconnects; the request is then aborted.
+    """
     state = writer.state
     role_pending = writer.chat
-    async for n in service.token_batches(state):
-        last = state.finished and state.delivered >= state.tokens
-        text = writer.tokens(n, last)
-        if role_pending:
-            text = writer.role_chunk() + text
-            role_pending = False
-        if state.first_sent is None:
-            state.first_sent = time.perf_counter()
-        yield text.encode()
+    try:
+        async for n in service.token_batches(state):
+            last = state.finished and state.delivered >= state.tokens
+            text = writer.tokens(n, last)
+            if role_pending:
+                text = writer.role_chunk() + text
+                role_pending = False
+            if state.first_sent is None:
+                state.first_sent = time.perf_counter()
+            yield text.encode()
+    finally:
+        if not state.finished:
+            service.abort(state)
     tail = writer.usage_chunk() if include_usage else ""
     yield (tail + "data: [DONE]\n\n").encode()
+
+
+async def finished_unless_disconnected(service: SimService, state: Pending, receive: Any) -> bool:
+    """Wait for a non-streaming request; abort it and return False if its client disconnects first.
+
+    Like vLLM's `with_cancellation`: the body was read, so the next ASGI message is the disconnect.
+    """
+
+    async def drain() -> None:
+        async for _ in service.token_batches(state):
+            pass
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    work = asyncio.ensure_future(drain())
+    gone = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        work.cancel()
+        gone.cancel()
+    if state.finished:
+        return True
+    service.abort(state)
+    return False
 
 
 def full_response(writer: ChunkWriter) -> dict[str, Any]:
@@ -649,8 +697,8 @@ def create_app(service: SimService) -> Any:
         if parsed.stream:
             events = stream_events(service, writer, parsed.include_usage)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        async for _ in service.token_batches(state):
-            pass
+        if not await finished_unless_disconnected(service, state, request.receive):
+            return Response(status_code=499)  # nginx's "client closed request": nobody reads it
         return JSONResponse(full_response(writer), headers=headers)
 
     async def completions(request: HttpRequest) -> Response:
