@@ -8,6 +8,7 @@ Feasibility is stored as a user attr too because optuna-dashboard 0.21 does not 
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import sys
@@ -27,6 +28,7 @@ from autotune.objectives import ObjectiveSet, constraints, is_feasible
 from autotune.slo import Slo
 
 SAMPLERS = ("auto", "tpe", "gp", "nsga2", "random", "grid")
+GP_MODULES = ("torch", "scipy.optimize", "scipy.stats")  # what optuna's GPSampler imports when sampling
 LOG_TAIL_CHARS = 2000
 SETTINGS_ATTR = "autotune"
 # Two configs whose primary objective is within this fraction are a tie, broken by the next objectives:
@@ -117,6 +119,19 @@ def sampler_exhausted(study: optuna.Study) -> bool:
     return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
 
 
+def missing_gp_dependency() -> str | None:
+    """The first module GPSampler needs that cannot be imported, or None.
+
+    GPSampler imports them lazily: it constructs fine without them and fails at the first sample.
+    """
+    for module in GP_MODULES:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return module
+    return None
+
+
 def make_sampler(
     name: str, grid: Mapping[str, list[Any]], seed: int | None, n_trials: int
 ) -> optuna.samplers.BaseSampler:
@@ -126,11 +141,11 @@ def make_sampler(
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if name == "gp":
-        try:
-            import torch  # noqa: F401  (GPSampler needs it)
-        except ImportError:
+        missing = missing_gp_dependency()
+        if missing:
             print(
-                "autotune: the gp sampler needs PyTorch (pip install torch); using tpe instead",
+                f"autotune: the gp sampler needs PyTorch and SciPy (pip install torch scipy), {missing} is "
+                "missing; using tpe instead",
                 file=sys.stderr,
             )
             return make_sampler("tpe", grid, seed, n_trials)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import optuna
@@ -20,6 +21,7 @@ from autotune.objectives import FAILED_KEY, load_objectives
 from autotune.slo import parse_slos
 from autotune.space import space_from_dict
 from autotune.study import (
+    GP_MODULES,
     StudySettings,
     auto_sampler,
     config_key,
@@ -150,6 +152,25 @@ def test_existing_study_needs_resume_and_same_settings(tmp_path: Path) -> None:
     assert stale.state == TrialState.FAIL and stale.user_attrs["failure"] == "interrupted"
 
 
+@pytest.mark.parametrize("missing", ["torch", "scipy"])
+def test_gp_sampler_falls_back_to_tpe_without_its_dependencies(
+    missing: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A None entry in sys.modules makes `import` raise ModuleNotFoundError, as if it were not installed.
+    for module in [m for m in GP_MODULES if m.split(".")[0] == missing] + [missing]:
+        monkeypatch.setitem(sys.modules, module, None)
+    sampler = make_sampler("gp", {"max_num_seqs": [16, 32]}, 0, 20)
+    assert isinstance(sampler, optuna.samplers.TPESampler)
+    assert "gp sampler needs PyTorch and SciPy" in capsys.readouterr().err
+
+
+def test_gp_sampler_is_used_when_torch_and_scipy_are_installed() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("scipy")
+    sampler = make_sampler("gp", {"max_num_seqs": [16, 32]}, 0, 20)
+    assert isinstance(sampler, optuna.samplers.GPSampler)
+
+
 def test_samplers() -> None:
     grid = space_from_dict(
         {"params": {"max_num_seqs": {"type": "int", "low": 16, "high": 64, "log": True}}}
@@ -158,7 +179,6 @@ def test_samplers() -> None:
     for name, cls in [("random", optuna.samplers.RandomSampler), ("grid", optuna.samplers.GridSampler)]:
         assert isinstance(make_sampler(name, grid, 0, 20), cls)
     assert isinstance(make_sampler("nsga2", grid, 0, 20), optuna.samplers.NSGAIISampler)
-    assert make_sampler("gp", grid, 0, 20) is not None  # GP, or TPE with a warning when torch is missing
     with pytest.raises(AutotuneError, match="unknown sampler"):
         make_sampler("bayes", grid, 0, 20)
 
