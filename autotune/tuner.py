@@ -3,8 +3,10 @@
 The driver is the study's only writer. A suggestion that breaks one of vLLM's validity rules, or
 needs more GPUs than the pool has, is told as a violation at once (nothing is launched, no GPU time);
 a config already measured is told the earlier result (`duplicate_of`) instead of running again, and a
-duplicate of a running trial waits for it. `--n-trials` counts measured and deduplicated trials, not
-the rejected ones (they cost nothing, and the sampler learns the invalid region from them).
+duplicate of a running trial waits for it. A config the memory model predicts to fail to start
+(autotune/screen.py) is told as a violation with the predicted reason (`screened`), unlaunched too.
+`--n-trials` counts measured and deduplicated trials, not the rejected or screened ones (they cost
+nothing, and the sampler learns the invalid region from them).
 Ctrl-C cancels the running trials and marks them FAIL; every finished trial is already in the
 storage, so `--resume` continues where the run stopped.
 """
@@ -24,13 +26,14 @@ from autotune.config import EngineConfig
 from autotune.executor import Executor
 from autotune.objectives import ObjectiveSet
 from autotune.progress import Progress, ProgressState, running_params
+from autotune.screen import MemoryScreen, Screening
 from autotune.slo import Slo
 from autotune.space import SearchSpace, violations
 from autotune.study import config_key, sampler_exhausted, tell_duplicate, tell_result
 
 POLL_S = 0.5
-# Suggestions rejected before launch (vLLM's validity rules) cost no GPU time and do not count toward
-# --n-trials; this bound stops a space that is almost all invalid from looping forever.
+# Suggestions rejected before launch (vLLM's validity rules, startup screening) cost no GPU time and do
+# not count toward --n-trials; this bound stops a space that is almost all invalid from looping forever.
 MAX_REJECTS_PER_TRIAL = 5
 
 
@@ -49,16 +52,18 @@ class RunSummary:
     """How the run ended."""
 
     completed: int  # trials that count toward n_trials (measured or deduplicated)
-    rejected: int  # invalid suggestions told before launch
+    rejected: int  # suggestions told before launch: invalid, or screened
     told: int
     wall_s: float
     timed_out: bool = False
+    screened: int = 0  # of the rejected: predicted by the memory model to fail to start
 
 
 @dataclass
 class _Counters:
     done: int = 0  # trials that count toward n_trials
-    rejected: int = 0  # told as invalid before launch
+    rejected: int = 0  # told before launch (invalid or screened)
+    screened: int = 0
     feasible: int = 0
     failed: int = 0
     best: float | None = None
@@ -87,6 +92,7 @@ class Tuner:
         options: TunerOptions,
         progress: Progress | None = None,
         max_position_embeddings: int | None = None,
+        screen: MemoryScreen | None = None,
     ) -> None:
         self.study = study
         self.space = space
@@ -96,6 +102,7 @@ class Tuner:
         self.options = options
         self.progress = progress
         self.max_position_embeddings = max_position_embeddings
+        self.screen = screen  # None: every valid config is launched
         self._known: dict[str, FrozenTrial] = {}
         self._running: dict[int, _Pending] = {}  # trial number -> its pending record
         self._queued: list[_Pending] = []  # asked, valid, waiting for enough free GPUs
@@ -128,6 +135,7 @@ class Tuner:
             completed=self._counters.done,
             rejected=self._counters.rejected,
             told=self._told,
+            screened=self._counters.screened,
             wall_s=time.monotonic() - start,
             timed_out=timed_out,
         )
@@ -162,8 +170,12 @@ class Tuner:
             trial.set_user_attr("launched", False)
             result = TrialResult(config=config, failure=FailureKind.INVALID_CONFIG, message=problems[0])
             self._tell(trial, result, key)
-        elif key in self._known:
+        elif key in self._known:  # a measurement beats a prediction (a study resumed after --no-screen)
             self._record(tell_duplicate(self.study, trial, self._known[key]))
+        elif (screening := self._screen(config)) is not None:
+            trial.set_user_attr("launched", False)
+            trial.set_user_attr("screened", True)
+            self._tell(trial, screening.result(config), key)
         elif (pending := self._pending_for(key)) is not None:
             pending.duplicates.append(trial)
         else:
@@ -172,6 +184,9 @@ class Tuner:
                 self._submit(pending)
             else:
                 self._queued.append(pending)
+
+    def _screen(self, config: EngineConfig) -> Screening | None:
+        return self.screen.check(config) if self.screen is not None else None
 
     def _budget_spent(self) -> bool:
         """Enough trials asked, too many rejected suggestions, or nothing new left to ask (a full grid)."""
@@ -219,6 +234,7 @@ class Tuner:
             c.done += 1
         else:
             c.rejected += 1
+            c.screened += bool(attrs.get("screened"))
         value = frozen.values[0] if frozen.values else None
         if attrs.get("feasible"):
             c.feasible += 1
@@ -230,6 +246,8 @@ class Tuner:
         if attrs.get("baseline") and attrs.get("feasible"):
             c.baseline = value
         status = "feasible" if attrs.get("feasible") else attrs.get("failure") or "violates SLO"
+        if attrs.get("screened"):
+            status = f"screened ({status})"
         shown = f" {value:,.0f}" if value is not None and attrs.get("feasible") else ""
         c.last = f"#{frozen.number} {status}{shown}"
 
