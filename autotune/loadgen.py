@@ -17,20 +17,21 @@ cancelled, the reason is returned, and the records finished so far are kept.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
 from autotune.early_abort import InFlight, SloGuard
+from autotune.http_transport import StreamingTransport
 from autotune.metrics import RequestRecord
 from autotune.workload import Request, prompt_token_ids
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
+PREOPEN_MAX = 512  # connections opened before a run starts; more are opened when needed
 GUARD_INTERVAL_S = 0.05  # how often in-flight requests are checked against the SLOs
 _TOKEN_MARK = b'"choices":[{'
 NO_TOKEN_ERROR = "Never received a valid chunk to calculate TTFT. This response will be marked as failed!"
@@ -69,7 +70,7 @@ class _Stream:
 class _Run:
     """State shared by the request tasks of one run."""
 
-    clients: _ClientPool
+    client: httpx.AsyncClient
     url: str
     chat: bool
     timeout_s: float
@@ -137,18 +138,15 @@ async def _stream_request(run: _Run, rid: int, request: Request, body: bytes) ->
     try:
         async with asyncio.timeout(run.timeout_s):
             headers = {"x-request-id": str(request.request_id)}
-            async with (
-                run.clients.lease() as client,
-                client.stream("POST", run.url, content=body, headers=headers) as response,
-            ):
+            async with run.client.stream("POST", run.url, content=body, headers=headers) as response:
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")
                     raise _HttpError(f"HTTP {response.status_code}: {text[:500]}")
                 buffer = b""
                 async for raw in response.aiter_raw():
-                    buffer += raw
-                    *events, buffer = buffer.split(b"\n\n")
                     now = time.perf_counter()
+                    # A read usually holds whole events: only a split event needs the bytes joined.
+                    *events, buffer = (buffer + raw if buffer else raw).split(b"\n\n")
                     for event in events:
                         data = event.strip().removeprefix(b"data: ")
                         if not data or data == b"[DONE]":
@@ -181,45 +179,19 @@ async def _stream_request(run: _Run, rid: int, request: Request, body: bytes) ->
     run.finish(request.request_id, record)
 
 
-class _ClientPool:
-    """One httpx client (one keep-alive connection) per request in flight.
+def _client(transport: StreamingTransport, request_timeout_s: float) -> httpx.AsyncClient:
+    """The httpx client of one run, on the lean streaming transport (see autotune/http_transport.py).
 
-    httpcore's connection pool scans all its connections on every request start and end, which costs
-    O(connections) per request and made a single pooled client spend most of its time there at 256
-    streams. Leasing a one-connection client per request keeps that O(1); the number of connections
-    still equals the number of requests in flight (the concurrency cap, when there is one).
+    Keep-alive connections are reused as requests finish, as many as requests in flight (the caller's
+    concurrency cap bounds them). Only connecting has its own timeout: each request's whole life is
+    bounded by `request_timeout_s` in `_stream_request`, so no per-read timer is needed.
     """
-
-    def __init__(self, timeout_s: float, prewarm: int) -> None:
-        self._timeout = httpx.Timeout(timeout_s, pool=None)
-        self._ssl = httpx.create_ssl_context()  # one shared context: building one per client is slow
-        self._free: list[httpx.AsyncClient] = []
-        self._all: list[httpx.AsyncClient] = []
-        for _ in range(prewarm):
-            self._free.append(self._new())
-
-    def _new(self) -> httpx.AsyncClient:
-        client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
-            timeout=self._timeout,
-            verify=self._ssl,
-            headers={"Content-Type": "application/json"},
-        )
-        self._all.append(client)
-        return client
-
-    @contextlib.asynccontextmanager
-    async def lease(self) -> AsyncIterator[httpx.AsyncClient]:
-        """A client for one request; it goes back to the pool afterwards."""
-        client = self._free.pop() if self._free else self._new()
-        try:
-            yield client
-        finally:
-            self._free.append(client)
-
-    async def aclose(self) -> None:
-        """Close every connection."""
-        await asyncio.gather(*(c.aclose() for c in self._all), return_exceptions=True)
+    return httpx.AsyncClient(
+        transport=transport,
+        timeout=httpx.Timeout(None, connect=request_timeout_s),
+        # identity: SSE bytes exactly as the server wrote them (aiter_raw does not decompress)
+        headers={"Content-Type": "application/json", "Accept-Encoding": "identity"},
+    )
 
 
 class _HttpError(Exception):
@@ -285,12 +257,14 @@ async def run_load(
     chat = endpoint.rstrip("/").endswith("chat/completions")
     # Bodies are built before the clock starts so the hot path only sends and parses.
     bodies = [build_payload(r, model, chat, vocab_size, salt) for r in ordered]
-    # One connection per request in flight: clients for the concurrency cap (or every request) are
-    # made before the clock starts, so a request never waits for a pooled connection.
-    clients = _ClientPool(request_timeout_s, prewarm=min(max_concurrency or len(ordered), len(ordered)))
     url = base_url.rstrip("/") + endpoint
-    run = _Run(clients, url, chat, request_timeout_s, time.perf_counter(), guard)
+    transport = StreamingTransport()
+    client = _client(transport, request_timeout_s)
     try:
+        # Connections for the requests that will be in flight at once are opened before the clock starts.
+        in_flight = min(max_concurrency or len(ordered), len(ordered), PREOPEN_MAX)
+        await transport.open_connections(url, in_flight, timeout=request_timeout_s)
+        run = _Run(client, url, chat, request_timeout_s, time.perf_counter(), guard)
         dispatcher = asyncio.create_task(_dispatch(run, ordered, bodies, max_concurrency))
         watcher = asyncio.create_task(_guard_loop(run)) if guard is not None else None
         await run.done.wait()
@@ -304,7 +278,7 @@ async def run_load(
         if watcher is not None:
             watcher.cancel()
     finally:
-        await clients.aclose()
+        await client.aclose()
     not_sent = len(ordered) - len(run.records) - cancelled
     return LoadResult(run.records, duration, run.aborted, cancelled, not_sent, run.request_ids, run.t0)
 
