@@ -162,7 +162,7 @@ def make_sampler(
 
 def open_study(
     name: str,
-    storage: str,
+    storage: str | optuna.storages.BaseStorage,
     settings: StudySettings,
     sampler: optuna.samplers.BaseSampler,
     resume: bool,
@@ -191,6 +191,24 @@ def open_study(
     study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     check_resume(study, settings)
     fail_stale_trials(study)
+    return study
+
+
+def start_study(
+    name: str,
+    storage: str | optuna.storages.BaseStorage,
+    settings: StudySettings,
+    sampler: optuna.samplers.BaseSampler,
+    resume: bool,
+    baseline: Mapping[str, Any],
+) -> optuna.Study:
+    """`open_study`, then a new study gets `baseline` (vLLM's default config) as its first trial.
+
+    A resumed study already has its baseline (measured, or still queued): it is not enqueued again.
+    """
+    study = open_study(name, storage, settings, sampler, resume)
+    if not study.trials:
+        study.enqueue_trial(dict(baseline), user_attrs={"baseline": True})
     return study
 
 

@@ -9,10 +9,10 @@ scenario's SLOs, and the feasible Pareto front of throughput / p99 TTFT / p99 IT
 in runs/sample_efficiency/cache/, so each strategy then looks results up instead of simulating.
 
 The Optuna strategies run autotune's real loop: `Tuner` (autotune/tuner.py) with the sampler from
-`make_sampler` (autotune/study.py), the baseline (vLLM's default config) enqueued first as `autotune
-run` does, validity rules and dedupe as in a real run; only the executor is replaced by a lookup in the
-grid. vLLM's auto_tune.sh is replayed step by step (gpu-memory-utilization back-off, then its 2x4 grid),
-and its chosen config is scored on the scenario's objective.
+`make_sampler` and the study from `start_study` (autotune/study.py: vLLM's default config is the
+first trial), validity rules and dedupe as in `autotune run`; only the executor is replaced by a
+lookup in the grid. vLLM's auto_tune.sh is replayed step by step (gpu-memory-utilization back-off,
+then its 2x4 grid), and its chosen config is scored on the scenario's objective.
 
 Printed per strategy (medians over scenarios x seeds): trials and simulated GPU-minutes to reach 95 /
 98 / 100 % of the oracle's best feasible throughput, the share of runs reaching 98 % within 20 and 40
@@ -53,7 +53,7 @@ from autotune.objectives import constraints, is_feasible, load_objectives  # noq
 from autotune.sim.hardware import get_gpu  # noqa: E402
 from autotune.sim.models import get_model  # noqa: E402
 from autotune.space import SearchSpace, violations  # noqa: E402
-from autotune.study import config_key, make_sampler  # noqa: E402
+from autotune.study import StudySettings, config_key, make_sampler, start_study  # noqa: E402
 from autotune.tuner import Tuner, TunerOptions  # noqa: E402
 
 OUT_DIR = Path("runs/sample_efficiency")
@@ -286,11 +286,19 @@ def run_optuna(oracle: Oracle, strategy: str, seed: int, n_trials: int) -> list[
         sampler = candidates[strategy](len(space.params), seed, n_trials)
     else:
         sampler = make_sampler(strategy, space.grid(), seed, n_trials)
-    study = optuna.create_study(directions=objectives.directions, sampler=sampler)
-    study.set_metric_names(objectives.names)
-    # As `autotune run` does for a new study: vLLM's default config is the first trial.
+    settings = StudySettings(
+        objectives=objectives.names,
+        directions=objectives.directions,
+        slos=[str(slo) for slo in scenario.slo_list()],
+        model=scenario.model,
+        gpu=scenario.gpu,
+        workload=scenario.workload,
+        backend="sim",
+    )
+    # As `autotune run` starts a new study: vLLM's default config is the first trial.
     baseline = space.baseline_params(get_gpu(scenario.gpu).memory_gib, max_pos)
-    study.enqueue_trial(baseline, user_attrs={"baseline": True})
+    name = f"{scenario.name}-{strategy}-{seed}"
+    study = start_study(name, optuna.storages.InMemoryStorage(), settings, sampler, False, baseline)
     tuner = Tuner(
         study,
         space,

@@ -31,6 +31,7 @@ from autotune.study import (
     recommend,
     records,
     sqlite_url,
+    start_study,
     tell_result,
 )
 from autotune.tuner import Tuner, TunerOptions
@@ -205,10 +206,9 @@ def run_tuner(study: optuna.Study, space, n_trials: int, run_dir: Path) -> None:
 def test_dedupe_rejects_and_resume(tmp_path: Path, tiny_space) -> None:
     storage = sqlite_url(tmp_path)
     sampler = optuna.samplers.RandomSampler(seed=1)
-    study = open_study("d", storage, settings(), sampler, resume=False)
-    study.enqueue_trial(
-        {"enable_prefix_caching": True, "enable_chunked_prefill": True}, user_attrs={"baseline": True}
-    )
+    baseline = {"enable_prefix_caching": True, "enable_chunked_prefill": True}
+    study = start_study("d", storage, settings(), sampler, False, baseline)
+    assert [t.state for t in study.trials] == [TrialState.WAITING]  # the baseline, queued first
     run_tuner(study, tiny_space, n_trials=4, run_dir=tmp_path)
     trials = study.get_trials(states=(TrialState.COMPLETE,))
     counted = [t for t in trials if t.user_attrs.get("launched", True)]
@@ -226,7 +226,7 @@ def test_dedupe_rejects_and_resume(tmp_path: Path, tiny_space) -> None:
         assert dup.user_attrs["gpu_seconds"] == 0.0
 
     # resume the same study to 7 counted trials: nothing measured twice, the baseline not re-enqueued
-    resumed = open_study("d", storage, settings(), optuna.samplers.RandomSampler(seed=2), resume=True)
+    resumed = start_study("d", storage, settings(), optuna.samplers.RandomSampler(seed=2), True, baseline)
     run_tuner(resumed, tiny_space, n_trials=7, run_dir=tmp_path)
     trials = resumed.get_trials(states=(TrialState.COMPLETE,))
     assert len([t for t in trials if t.user_attrs.get("launched", True)]) == 7

@@ -129,7 +129,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     from autotune.executor import Executor, cluster_gpus, start_ray
     from autotune.export import RunInfo
     from autotune.progress import Progress
-    from autotune.study import StudySettings, make_sampler, open_study, records
+    from autotune.study import StudySettings, make_sampler, records, start_study
     from autotune.tuner import Tuner, TunerOptions
 
     settings = StudySettings(
@@ -143,13 +143,11 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     )
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
     s.run_dir.mkdir(parents=True, exist_ok=True)
-    study = open_study(s.study_name, s.storage, settings, sampler, args.resume)
+    baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
+    study = start_study(s.study_name, s.storage, settings, sampler, args.resume, baseline)
     RunInfo(study=s.study_name, storage=s.storage, directory=s.run_dir).save(
         {**settings.to_dict(), "space": s.space.source, "load": s.workload.load}
     )
-    if not study.trials:
-        baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
-        study.enqueue_trial(baseline, user_attrs={"baseline": True})
 
     sim = args.backend == "sim"
     owns_ray = not ray.is_initialized()
