@@ -16,7 +16,7 @@ The model is an estimate, so only clear failures are screened; a borderline conf
 - After KV sizing (CUDA-graph capture and the sampler warm-up, which allocate beyond the
   `gpu_memory_utilization` budget): what they need must exceed `capture_factor` (125 %) of the memory
   left outside the budget. Their size is a coarse fit (0.2 MiB per graph and layer, two fp32 copies of
-  the logits); the known case, H100 at 0.98 with 1024 sequences, needs 157 % of it and fails in vLLM.
+  the logits); the known case, H100 at 0.98 with 1024 sequences, needs 155 % of it and fails in vLLM.
 - The free-memory check ("Free memory on device ... is less than desired GPU memory utilization") is
   screened as predicted: it compares `gpu_memory_utilization` x total memory with the free memory
   (total minus the CUDA context, measured), and no memory after the budget fails the rule above anyway.

@@ -45,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     study.add_argument("--timeout", type=float, help="stop asking for new trials after this many seconds")
     study.add_argument("--seed", type=int, default=0, help="sampler and workload seed")
+    study.add_argument(
+        "--no-screen",
+        action="store_true",
+        help="launch every valid config, also those the memory model predicts to fail to start",
+    )
     where = parser.add_argument_group("where trials run")
     where.add_argument("--backend", default="sim", choices=("sim", "vllm", "docker"))
     where.add_argument("--gpus", help="GPUs to use: a count (4) or device ids (0,1,2,3); sim: fake GPUs")
@@ -129,6 +134,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     from autotune.executor import Executor, cluster_gpus, start_ray
     from autotune.export import RunInfo
     from autotune.progress import Progress
+    from autotune.screen import describe, make_screen
     from autotune.study import StudySettings, make_sampler, records, start_study
     from autotune.tuner import Tuner, TunerOptions
 
@@ -168,6 +174,8 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     )
     progress = None if args.quiet else Progress()
     _announce(args, s, gpu_ids, study)
+    screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu)
+    print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
     dashboard = _start_dashboard(s.storage) if args.dashboard else None
     tuner = Tuner(
         study,
@@ -178,6 +186,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         TunerOptions(n_trials=args.n_trials, timeout_s=args.timeout, seed=args.seed, run_dir=s.run_dir),
         progress=progress,
         max_position_embeddings=s.max_position_embeddings,
+        screen=screen,
     )
     try:
         summary = tuner.run()
@@ -196,8 +205,9 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     gpu_hours = sum(r.gpu_seconds for r in recs) / 3600
     ended = " (timeout)" if summary.timed_out else ""
     print(
-        f"\n{summary.completed} configs measured or deduplicated, {summary.rejected} invalid suggestions "
-        f"rejected before launch; {summary.told} told this run in {summary.wall_s:.0f} s{ended}; "
+        f"\n{summary.completed} configs measured or deduplicated, {summary.rejected} suggestions rejected "
+        f"before launch ({summary.screened} predicted to fail to start); {summary.told} told this run in "
+        f"{summary.wall_s:.0f} s{ended}; "
         f"{'simulated ' if sim else ''}GPU time {gpu_hours:.2f} h."
         f"\nResults: {s.run_dir}/ (trials.csv, pareto.csv, best.json, best.sh, pareto.png, report.html)"
     )
