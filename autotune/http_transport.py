@@ -9,15 +9,17 @@ the same loop step that asks for it.
 
 What it does: http:// and https://, keep-alive connections reused from a per-origin idle list (O(1)
 per request, no connection cap: the caller bounds concurrency), content-length, chunked and
-close-delimited response bodies, streamed as raw body bytes as they arrive (everything one socket
-read brought, in one piece), connect and read timeouts. What it does not do: HTTP/2, proxies,
-pipelining, `Expect: 100-continue`, streamed request uploads (a request body is sent whole).
+close-delimited response bodies, streamed as raw body bytes as they arrive, each piece with the time
+the socket read brought it (see `BodyStream`), connect and read timeouts. What it does not do:
+HTTP/2, proxies, pipelining, `Expect: 100-continue`, streamed request uploads (a body is sent whole).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+import time
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +27,7 @@ import httptools
 import httpx
 
 _MAX_BUFFERED = 1 << 20  # stop reading the socket while this many body bytes wait for the reader
+BODY_STREAM = "body_stream"  # the response extension that holds its `BodyStream` (for its timestamps)
 _Origin = tuple[bytes, bytes, int]
 
 
@@ -41,12 +44,14 @@ class _Connection(asyncio.Protocol):
         self.headers_done = False
         self.complete = False
         self.keep_alive = False
-        self.body: list[bytes] = []  # body pieces parsed but not yet handed to the reader
+        # body pieces parsed but not yet handed to the reader, with the perf_counter() of their read
+        self.body: deque[tuple[float, bytes]] = deque()
         self.buffered = 0
         self.received = False  # any byte of the current response arrived
         self.error: Exception | None = None
         self.read_timeout: float | None = None
-        self.last_read = 0.0
+        self.sent_at = 0.0  # perf_counter() when the request was written
+        self.last_read = 0.0  # perf_counter() of the latest socket read
         self._waiter: asyncio.Future | None = None
         self._watchdog: asyncio.TimerHandle | None = None
 
@@ -57,7 +62,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received = True
-        self.last_read = self.loop.time()
+        self.last_read = time.perf_counter()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -97,7 +102,7 @@ class _Connection(asyncio.Protocol):
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
-        self.body.append(body)
+        self.body.append((self.last_read, body))
         self.buffered += len(body)
 
     def on_message_complete(self) -> None:
@@ -112,13 +117,13 @@ class _Connection(asyncio.Protocol):
         self.reason = b""
         self.headers = []
         self.headers_done = self.complete = self.keep_alive = self.received = False
-        self.body = []
+        self.body.clear()
         self.buffered = 0
         self.error = None
         self.read_timeout = read_timeout
-        self.last_read = self.loop.time()
+        self.sent_at = self.last_read = time.perf_counter()
         if read_timeout is not None:
-            self._watchdog = self.loop.call_at(self.last_read + read_timeout, self._check_idle)
+            self._watchdog = self.loop.call_later(read_timeout, self._check_idle)
         self.transport.write(data)  # type: ignore[union-attr]
 
     async def wait(self) -> None:
@@ -129,13 +134,13 @@ class _Connection(asyncio.Protocol):
         finally:
             self._waiter = None
 
-    def take_body(self) -> bytes:
-        """The body bytes parsed so far and not yet taken."""
-        pieces, self.body = self.body, []
+    def take_body(self) -> tuple[float, bytes]:
+        """The oldest body piece not yet taken, with the perf_counter() of the read that brought it."""
+        read_at, piece = self.body.popleft()
         if self.buffered > _MAX_BUFFERED and not self.closed:
             self.transport.resume_reading()  # type: ignore[union-attr]
-        self.buffered = 0
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        self.buffered -= len(piece)
+        return read_at, piece
 
     def reusable(self) -> bool:
         """Whether the response was read to its end on a connection the server keeps open."""
@@ -164,9 +169,9 @@ class _Connection(asyncio.Protocol):
     def _check_idle(self) -> None:
         # One timer per read-timeout period instead of one per read: the reader's hot path stays free.
         assert self.read_timeout is not None
-        deadline = self.last_read + self.read_timeout
-        if self.loop.time() < deadline:
-            self._watchdog = self.loop.call_at(deadline, self._check_idle)
+        left = self.last_read + self.read_timeout - time.perf_counter()
+        if left > 0:
+            self._watchdog = self.loop.call_later(left, self._check_idle)
             return
         self._watchdog = None
         self._fail(httpx.ReadTimeout(f"no data for {self.read_timeout:g} s"))
@@ -178,13 +183,21 @@ class _Connection(asyncio.Protocol):
             self._watchdog = None
 
 
-class _ResponseStream(httpx.AsyncByteStream):
-    """The raw body of one response; the connection goes back to the pool once it is read to its end."""
+class BodyStream(httpx.AsyncByteStream):
+    """The raw body of one response, piece by piece as the socket reads bring it.
+
+    `response.extensions[BODY_STREAM]` is this object. `sent_at` is the time.perf_counter() at which
+    the request was written; `read_at` the one at which the piece last yielded came off the socket,
+    so a consumer's timings do not include how long its own event loop took to get to the piece.
+    The connection goes back to the pool once the body is read to its end.
+    """
 
     def __init__(self, transport: StreamingTransport, origin: _Origin, connection: _Connection) -> None:
         self._transport = transport
         self._origin = origin
         self._connection: _Connection | None = connection
+        self.sent_at = connection.sent_at
+        self.read_at = 0.0
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         conn = self._connection
@@ -192,7 +205,8 @@ class _ResponseStream(httpx.AsyncByteStream):
             raise httpx.StreamClosed()
         while True:
             if conn.body:
-                yield conn.take_body()
+                self.read_at, piece = conn.take_body()
+                yield piece
             elif conn.error is not None:
                 raise conn.error
             elif conn.complete:
@@ -245,11 +259,12 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         except BaseException:
             self._drop(conn)
             raise
+        stream = BodyStream(self, origin, conn)
         return httpx.Response(
             conn.parser.get_status_code(),
             headers=conn.headers,
-            stream=_ResponseStream(self, origin, conn),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason},
+            stream=stream,
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason, BODY_STREAM: stream},
         )
 
     async def open_connections(self, url: str, count: int, timeout: float | None = None) -> int:

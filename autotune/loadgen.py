@@ -8,7 +8,9 @@ asyncio + httpx instead of aiohttp:
     `max_tokens` + `ignore_eos` make the output length exact; `stream_options.include_usage` asks
     for the usage chunk that gives the output token count;
   - TTFT is taken at the first SSE chunk that carries choices, each later such chunk adds one ITL
-    gap, E2EL ends at the last such chunk; the usage-only chunk does not move the clock;
+    gap, E2EL ends at the last such chunk; the usage-only chunk does not move the clock; a chunk's
+    time is that of the socket read that completed it (vllm bench takes it when its task gets to the
+    chunk, which adds the client's own event-loop delay at high concurrency);
   - a request with an HTTP error, a timeout or no token chunk is a failed record (never dropped).
 With a `SloGuard`, the run stops as soon as an SLO can no longer be met: in-flight requests are
 cancelled, the reason is returned, and the records finished so far are kept.
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from autotune.early_abort import InFlight, SloGuard
-from autotune.http_transport import StreamingTransport
+from autotune.http_transport import BODY_STREAM, StreamingTransport
 from autotune.metrics import RequestRecord
 from autotune.workload import Request, prompt_token_ids
 
@@ -142,9 +144,12 @@ async def _stream_request(run: _Run, rid: int, request: Request, body: bytes) ->
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")
                     raise _HttpError(f"HTTP {response.status_code}: {text[:500]}")
+                body_stream = response.extensions[BODY_STREAM]
                 buffer = b""
                 async for raw in response.aiter_raw():
-                    now = time.perf_counter()
+                    # When the bytes came off the socket, not when this task got to them: the client's own
+                    # scheduling delay stays out of the timings.
+                    now = body_stream.read_at
                     # A read usually holds whole events: only a split event needs the bytes joined.
                     *events, buffer = (buffer + raw if buffer else raw).split(b"\n\n")
                     for event in events:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
-from autotune.http_transport import StreamingTransport
+from autotune.http_transport import BODY_STREAM, StreamingTransport
 from autotune.loadgen import run_load
 from autotune.sim.server import free_port
 from autotune.workload import Request
@@ -93,9 +93,15 @@ def test_chunked_body_split_across_reads_at_every_byte() -> None:
         ):
             assert response.status_code == 200
             assert response.headers["content-type"] == "text/event-stream"
-            pieces = [p async for p in response.aiter_raw()]
+            body = response.extensions[BODY_STREAM]
+            pieces, read_times = [], []
+            async for piece in response.aiter_raw():
+                pieces.append(piece)
+                read_times.append(body.read_at)
         assert b"".join(pieces) == b"".join(payload)  # chunk framing removed, body intact
         assert len(pieces) > 3  # streamed as it arrived, not buffered to the end
+        assert body.sent_at < read_times[0] and read_times == sorted(read_times)
+        assert read_times[-1] - read_times[0] > 0.02  # each piece carries the time of its own read
 
     _run(main())
 
