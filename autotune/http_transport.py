@@ -47,6 +47,7 @@ class _Connection(asyncio.Protocol):
         # body pieces parsed but not yet handed to the reader, with the perf_counter() of their read
         self.body: deque[tuple[float, bytes]] = deque()
         self.buffered = 0
+        self.paused = False  # socket reads paused: the reader is more than _MAX_BUFFERED behind
         self.received = False  # any byte of the current response arrived
         self.error: Exception | None = None
         self.read_timeout: float | None = None
@@ -68,8 +69,9 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(httpx.RemoteProtocolError(f"invalid HTTP response: {exc}"))
             self.close()
-        if self.buffered > _MAX_BUFFERED and self.transport is not None:
-            self.transport.pause_reading()
+        if self.buffered > _MAX_BUFFERED and not self.paused and not self.closed:
+            self.paused = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
         self._wake()
 
     def eof_received(self) -> bool:
@@ -137,9 +139,10 @@ class _Connection(asyncio.Protocol):
     def take_body(self) -> tuple[float, bytes]:
         """The oldest body piece not yet taken, with the perf_counter() of the read that brought it."""
         read_at, piece = self.body.popleft()
-        if self.buffered > _MAX_BUFFERED and not self.closed:
-            self.transport.resume_reading()  # type: ignore[union-attr]
         self.buffered -= len(piece)
+        if self.paused and self.buffered <= _MAX_BUFFERED and not self.closed:
+            self.paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
         return read_at, piece
 
     def reusable(self) -> bool:

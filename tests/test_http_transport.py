@@ -187,6 +187,22 @@ def test_a_server_that_closes_mid_stream_raises_after_the_bytes_it_sent(wire: by
     _run(main())
 
 
+def test_a_large_body_read_slowly_arrives_whole() -> None:
+    body = bytes(range(256)) * (3 * 4096)  # 3 MiB: more than the transport buffers before it stops reading
+
+    async def big(_: asyncio.StreamReader, writer: asyncio.StreamWriter, __: int) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+
+    async def main() -> None:
+        server = RawServer(big)
+        async with server.running() as url, _client() as client, client.stream("GET", url) as response:
+            await asyncio.sleep(0.2)  # the whole body could have arrived by now: reading pauses, then resumes
+            assert await response.aread() == body
+
+    _run(main())
+
+
 def test_a_body_delimited_by_the_close_ends_with_it() -> None:
     async def to_eof(_: asyncio.StreamReader, writer: asyncio.StreamWriter, __: int) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nall of it")
