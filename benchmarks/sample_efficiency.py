@@ -10,14 +10,19 @@ in runs/sample_efficiency/cache/, so each strategy then looks results up instead
 
 The Optuna strategies run autotune's real loop: `Tuner` (autotune/tuner.py) with the sampler from
 `make_sampler` and the study from `start_study` (autotune/study.py: vLLM's default config is the
-first trial), validity rules and dedupe as in `autotune run`; only the executor is replaced by a
-lookup in the grid. vLLM's auto_tune.sh is replayed step by step (gpu-memory-utilization back-off,
-then its 2x4 grid), and its chosen config is scored on the scenario's objective.
+first trial), validity rules, startup screening (autotune/screen.py) and dedupe as in `autotune run`;
+only the executor is replaced by a lookup in the grid. A strategy named `NAME-noscreen` is NAME with
+`--no-screen`: on the simulated engine the screen shares the engine's memory model and is exact, so
+the pair shows what screening saves and what the sampler finds without that oracle. vLLM's
+auto_tune.sh is replayed step by step (gpu-memory-utilization back-off, then its 2x4 grid), and its
+chosen config is scored on the scenario's objective.
 
 Printed per strategy (medians over scenarios x seeds): trials and simulated GPU-minutes to reach 95 /
 98 / 100 % of the oracle's best feasible throughput, the share of runs reaching 98 % within 20 and 40
 trials, hypervolume of the feasible front found after 10 / 20 / 40 trials relative to the true front,
-and the failed launches spent. Results also go to runs/sample_efficiency/{runs.csv,summary.json}.
+the failed launches spent and the suggestions screened before launch; per scenario, the median trials
+to 98 % and the worst run's share of failed launches. Results also go to
+runs/sample_efficiency/{runs.csv,summary.json}.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from autotune.backends.base import FailureKind, TrialResult  # noqa: E402
 from autotune.backends.sim import SimBackend  # noqa: E402
 from autotune.config import EngineConfig  # noqa: E402
 from autotune.objectives import constraints, is_feasible, load_objectives  # noqa: E402
+from autotune.screen import make_screen  # noqa: E402
 from autotune.sim.hardware import get_gpu  # noqa: E402
 from autotune.sim.models import get_model  # noqa: E402
 from autotune.space import SearchSpace, violations  # noqa: E402
@@ -61,6 +67,8 @@ TARGETS = (0.95, 0.98, 1.0)
 HV_AT = (10, 20, 40)
 WITHIN = (20, 40)
 OPTUNA_STRATEGIES = ("auto", "tpe", "gp", "nsga2", "random")
+NO_SCREEN = "-noscreen"  # suffix: the strategy as `autotune run --no-screen` runs it
+DEFAULT_STRATEGIES = (*OPTUNA_STRATEGIES, f"auto{NO_SCREEN}", f"random{NO_SCREEN}")
 GP_SEEDS = 3  # GPSampler costs ~0.5 s per trial at 60 trials: fewer seeds keep the run under 20 minutes
 AUTO_TUNE_SH = "auto_tune.sh"
 WORKLOAD_SEED = 0  # every trial replays the same requests (as `autotune run --seed 0` does)
@@ -224,6 +232,7 @@ class TrialOutcome:
     failed_launch: bool  # launched, and the server did not produce a benchmark
     result: TrialResult | None  # None when nothing ran
     gpu_s: float  # GPU seconds (times the TP size) this trial cost
+    screened_before: int = 0  # suggestions screened (not launched, not counted) since the previous trial
 
 
 class LookupExecutor:
@@ -276,16 +285,21 @@ def candidate_samplers() -> dict[str, Callable[[int, int, int], optuna.samplers.
 
 
 def run_optuna(oracle: Oracle, strategy: str, seed: int, n_trials: int) -> list[TrialOutcome]:
-    """One run of `autotune run --sampler STRATEGY --seed SEED` on the grid, as TrialOutcomes."""
+    """One run of `autotune run --sampler STRATEGY --seed SEED` on the grid, as TrialOutcomes.
+
+    `STRATEGY-noscreen` runs it with `--no-screen`.
+    """
     scenario = oracle.scenario
     space = scenario.space()
     objectives = load_objectives("default")
     max_pos = get_model(scenario.model).max_position_embeddings
     candidates = candidate_samplers()
-    if strategy in candidates:
-        sampler = candidates[strategy](len(space.params), seed, n_trials)
+    sampler_name = strategy.removesuffix(NO_SCREEN)
+    if sampler_name in candidates:
+        sampler = candidates[sampler_name](len(space.params), seed, n_trials)
     else:
-        sampler = make_sampler(strategy, space.grid(), seed, n_trials)
+        sampler = make_sampler(sampler_name, space.grid(), seed, n_trials)
+    screen = None if strategy.endswith(NO_SCREEN) else make_screen(scenario.model, scenario.gpu)
     settings = StudySettings(
         objectives=objectives.names,
         directions=objectives.directions,
@@ -307,19 +321,24 @@ def run_optuna(oracle: Oracle, strategy: str, seed: int, n_trials: int) -> list[
         LookupExecutor(oracle),  # type: ignore[arg-type]
         TunerOptions(n_trials=n_trials, seed=WORKLOAD_SEED),
         max_position_embeddings=max_pos,
+        screen=screen,
     )
     tuner.run()
-    # Suggestions rejected by vLLM's rules before launch cost no GPU time and do not count toward
-    # --n-trials (autotune/tuner.py), so they are not trials here either.
-    counted = [
-        t
-        for t in study.trials
-        if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("launched", True)
-    ]
-    return [_outcome(oracle, t) for t in counted]
+    # Suggestions rejected before launch (vLLM's rules, screening) cost no GPU time and do not count
+    # toward --n-trials (autotune/tuner.py), so they are not trials here either.
+    outcomes, screened = [], 0
+    for t in study.trials:  # in trial order: the lookup executor runs one trial at a time
+        if t.state != optuna.trial.TrialState.COMPLETE:
+            continue
+        if t.user_attrs.get("launched", True):
+            outcomes.append(_outcome(oracle, t, screened))
+            screened = 0
+        else:
+            screened += bool(t.user_attrs.get("screened"))
+    return outcomes
 
 
-def _outcome(oracle: Oracle, trial: optuna.trial.FrozenTrial) -> TrialOutcome:
+def _outcome(oracle: Oracle, trial: optuna.trial.FrozenTrial, screened_before: int) -> TrialOutcome:
     attrs = trial.user_attrs
     result = oracle.results[attrs["config_key"]]
     launched = "duplicate_of" not in attrs
@@ -328,6 +347,7 @@ def _outcome(oracle: Oracle, trial: optuna.trial.FrozenTrial) -> TrialOutcome:
         failed_launch=launched and _failed_to_start(result),
         result=result,
         gpu_s=float(attrs.get("gpu_seconds", 0.0)),
+        screened_before=screened_before,
     )
 
 
@@ -390,6 +410,7 @@ class RunScore:
     reach_gpu_min: dict[str, float | None]
     hv: dict[str, float]  # "20" -> relative hypervolume after 20 trials
     gpu_min: float
+    screened: int = 0  # suggestions screened before launch (not trials)
 
 
 def score_run(
@@ -416,6 +437,7 @@ def score_run(
         reach_gpu_min=reach_gpu,
         hv=hv,
         gpu_min=round(float(gpu[-1]), 2) if len(gpu) else 0.0,
+        screened=sum(o.screened_before for o in outcomes),
     )
 
 
@@ -503,22 +525,35 @@ def summarize(scores: list[RunScore], n_trials: int) -> list[dict[str, Any]]:
         for n in HV_AT:
             row[f"hv_at_{n}"] = round(statistics.median(r.hv[str(n)] for r in runs), 3)
         row["failed_launches"] = round(statistics.mean(r.failed_launches for r in runs), 1)
-        row["failed_share_max"] = round(max(r.failed_launches / max(r.trials, 1) for r in runs), 3)
+        row["failed_share_max"] = round(max(_failed_share(r) for r in runs), 3)
+        row["screened"] = round(statistics.mean(r.screened for r in runs), 1)
         row["best_share_median"] = round(statistics.median(r.best_share for r in runs), 3)
         rows.append(row)
     return rows
 
 
-def per_scenario(scores: list[RunScore]) -> list[dict[str, Any]]:
-    """Median trials to 98 % per strategy and scenario (where a strategy wins or loses)."""
+def per_scenario(
+    scores: list[RunScore], cell: Callable[[list[RunScore]], str] | None = None
+) -> list[dict[str, Any]]:
+    """One cell per scenario and strategy: by default the median trials to 98 % (where a strategy wins
+    or loses)."""
+    cell = cell or (lambda runs: median_or_never([r.reach_trials["98"] for r in runs]))
     rows = []
     for scenario in dict.fromkeys(s.scenario for s in scores):
         row: dict[str, Any] = {"scenario": scenario}
         for strategy in dict.fromkeys(s.strategy for s in scores):
-            runs = [s for s in scores if s.strategy == strategy and s.scenario == scenario]
-            row[strategy] = median_or_never([r.reach_trials["98"] for r in runs])
+            row[strategy] = cell([s for s in scores if s.strategy == strategy and s.scenario == scenario])
         rows.append(row)
     return rows
+
+
+def worst_failed_share(runs: list[RunScore]) -> str:
+    """The largest share of a run's trials spent on configs that failed to start."""
+    return f"{100 * max(map(_failed_share, runs), default=0.0):.0f}%"
+
+
+def _failed_share(run: RunScore) -> float:
+    return run.failed_launches / max(run.trials, 1)
 
 
 def _share(flags: Sequence[bool]) -> str:
@@ -543,7 +578,7 @@ def write_outputs(out_dir: Path, scores: list[RunScore], summary: dict[str, Any]
     with (out_dir / "runs.csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(
-            ["strategy", "scenario", "seed", "trials", "failed_launches", "best_share", "gpu_min"]
+            ["strategy", "scenario", "seed", "trials", "failed_launches", "screened", "best_share", "gpu_min"]
             + [f"trials_to_{_pct(t)}" for t in TARGETS]
             + [f"gpu_min_to_{_pct(t)}" for t in TARGETS]
             + [f"hv_at_{n}" for n in HV_AT]
@@ -556,6 +591,7 @@ def write_outputs(out_dir: Path, scores: list[RunScore], summary: dict[str, Any]
                     s.seed,
                     s.trials,
                     s.failed_launches,
+                    s.screened,
                     round(s.best_share, 4),
                     s.gpu_min,
                 ]
@@ -570,7 +606,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 scenarios, 3 seeds, 40 trials")
     parser.add_argument("--scenarios", nargs="*", help="scenario names (default: all)")
-    parser.add_argument("--strategies", nargs="*", default=[*OPTUNA_STRATEGIES, AUTO_TUNE_SH])
+    parser.add_argument("--strategies", nargs="*", default=[*DEFAULT_STRATEGIES, AUTO_TUNE_SH])
     parser.add_argument("--seeds", type=int, default=10, help="seeds per strategy and scenario")
     parser.add_argument("--trials", type=int, default=60, help="trial budget per run")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
@@ -611,6 +647,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(rows, f"Per strategy: medians over scenarios x seeds ({args.trials}-trial budget)")
     by_scenario = per_scenario(scores)
     print_table(by_scenario, "Median trials to 98 % of the oracle, per scenario")
+    failed_by_scenario = per_scenario(scores, worst_failed_share)
+    print_table(failed_by_scenario, "Worst run's share of trials spent on failed launches, per scenario")
     wall = time.monotonic() - start
     print(f"\nwall time {wall:.0f} s ({len(scenarios)} scenarios, {args.seeds} seeds, {args.jobs} processes)")
     summary = {
@@ -619,6 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ground_truth": truth,
         "strategies": rows,
         "per_scenario": by_scenario,
+        "failed_share_per_scenario": failed_by_scenario,
         "runs": [asdict(s) for s in scores],
     }
     write_outputs(args.out, scores, summary)
