@@ -72,9 +72,7 @@ class _Stream:
 class _Run:
     """State shared by the request tasks of one run."""
 
-    client: httpx.AsyncClient
-    url: str
-    chat: bool
+    transport: StreamingTransport
     timeout_s: float
     t0: float
     guard: SloGuard | None
@@ -129,8 +127,26 @@ def build_payload(request: Request, model: str, chat: bool, vocab_size: int, sal
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-async def _stream_request(run: _Run, rid: int, request: Request, body: bytes) -> None:
-    """Send one request and record it exactly as vllm bench serve's request functions do."""
+def _http_request(url: str, request: Request, body: bytes, timeout_s: float) -> httpx.Request:
+    """The httpx request for one workload request, built before the clock starts."""
+    headers = {
+        "Content-Type": "application/json",
+        "Accept-Encoding": "identity",  # SSE bytes exactly as the server wrote them
+        "x-request-id": str(request.request_id),
+    }
+    # Only connecting has its own timeout: a request's whole life is bounded by `timeout_s` anyway.
+    return httpx.Request(
+        "POST", url, content=body, headers=headers, extensions={"timeout": {"connect": timeout_s}}
+    )
+
+
+async def _stream_request(run: _Run, rid: int, request: Request, http_request: httpx.Request) -> None:
+    """Send one request and record it exactly as vllm bench serve's request functions do.
+
+    The prepared request goes straight to the transport: httpx.AsyncClient's per-request work (URL and
+    header merging, cookies, auth and redirect flows) cost more than the rest of a request's handling,
+    and it runs in bursts when many requests start at once, delaying the reads of every other stream.
+    """
     stream = _Stream(start=time.perf_counter(), expected_tokens=request.output_len)
     st = stream.start
     run.in_flight[rid] = stream
@@ -139,8 +155,8 @@ async def _stream_request(run: _Run, rid: int, request: Request, body: bytes) ->
     usage_tokens: int | None = None
     try:
         async with asyncio.timeout(run.timeout_s):
-            headers = {"x-request-id": str(request.request_id)}
-            async with run.client.stream("POST", run.url, content=body, headers=headers) as response:
+            response = await run.transport.handle_async_request(http_request)
+            try:
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")
                     raise _HttpError(f"HTTP {response.status_code}: {text[:500]}")
@@ -168,6 +184,8 @@ async def _stream_request(run: _Run, rid: int, request: Request, body: bytes) ->
                             stream.tokens += 1
                         elif usage := chunk.get("usage"):  # type: ignore[possibly-undefined]
                             usage_tokens = usage.get("completion_tokens")
+            finally:
+                await response.aclose()  # keeps the connection if the body was read to its end
         if stream.first_token is None:
             raise _HttpError(NO_TOKEN_ERROR)
         record.itl = itl
@@ -182,21 +200,6 @@ async def _stream_request(run: _Run, rid: int, request: Request, body: bytes) ->
         _fail(record, str(exc) or type(exc).__name__)
     run.in_flight.pop(rid, None)
     run.finish(request.request_id, record)
-
-
-def _client(transport: StreamingTransport, request_timeout_s: float) -> httpx.AsyncClient:
-    """The httpx client of one run, on the lean streaming transport (see autotune/http_transport.py).
-
-    Keep-alive connections are reused as requests finish, as many as requests in flight (the caller's
-    concurrency cap bounds them). Only connecting has its own timeout: each request's whole life is
-    bounded by `request_timeout_s` in `_stream_request`, so no per-read timer is needed.
-    """
-    return httpx.AsyncClient(
-        transport=transport,
-        timeout=httpx.Timeout(None, connect=request_timeout_s),
-        # identity: SSE bytes exactly as the server wrote them (aiter_raw does not decompress)
-        headers={"Content-Type": "application/json", "Accept-Encoding": "identity"},
-    )
 
 
 class _HttpError(Exception):
@@ -217,16 +220,18 @@ async def _guard_loop(run: _Run) -> None:
         run.check()
 
 
-async def _dispatch(run: _Run, requests: Sequence[Request], bodies: list[bytes], limit: int | None) -> None:
+async def _dispatch(
+    run: _Run, requests: Sequence[Request], http_requests: list[httpx.Request], limit: int | None
+) -> None:
     """Start each request at its arrival time (behind the concurrency cap); wait for all of them."""
     semaphore = asyncio.Semaphore(limit) if limit else None
 
     async def limited(rid: int) -> None:
         if semaphore is None:
-            await _stream_request(run, rid, requests[rid], bodies[rid])
+            await _stream_request(run, rid, requests[rid], http_requests[rid])
             return
         async with semaphore:
-            await _stream_request(run, rid, requests[rid], bodies[rid])
+            await _stream_request(run, rid, requests[rid], http_requests[rid])
 
     try:
         for rid, request in enumerate(requests):
@@ -260,17 +265,19 @@ async def run_load(
     """
     ordered = sorted(requests, key=lambda r: r.arrival_time)
     chat = endpoint.rstrip("/").endswith("chat/completions")
-    # Bodies are built before the clock starts so the hot path only sends and parses.
-    bodies = [build_payload(r, model, chat, vocab_size, salt) for r in ordered]
     url = base_url.rstrip("/") + endpoint
+    # Requests are built before the clock starts so the hot path only sends and parses.
+    http_requests = [
+        _http_request(url, r, build_payload(r, model, chat, vocab_size, salt), request_timeout_s)
+        for r in ordered
+    ]
     transport = StreamingTransport()
-    client = _client(transport, request_timeout_s)
     try:
         # Connections for the requests that will be in flight at once are opened before the clock starts.
         in_flight = min(max_concurrency or len(ordered), len(ordered), PREOPEN_MAX)
         await transport.open_connections(url, in_flight, timeout=request_timeout_s)
-        run = _Run(client, url, chat, request_timeout_s, time.perf_counter(), guard)
-        dispatcher = asyncio.create_task(_dispatch(run, ordered, bodies, max_concurrency))
+        run = _Run(transport, request_timeout_s, time.perf_counter(), guard)
+        dispatcher = asyncio.create_task(_dispatch(run, ordered, http_requests, max_concurrency))
         watcher = asyncio.create_task(_guard_loop(run)) if guard is not None else None
         await run.done.wait()
         duration = time.perf_counter() - run.t0
@@ -283,7 +290,7 @@ async def run_load(
         if watcher is not None:
             watcher.cancel()
     finally:
-        await client.aclose()
+        await transport.aclose()
     not_sent = len(ordered) - len(run.records) - cancelled
     return LoadResult(run.records, duration, run.aborted, cancelled, not_sent, run.request_ids, run.t0)
 
