@@ -39,7 +39,7 @@ _TOKEN_MARK = b'"choices":[{'
 NO_TOKEN_ERROR = "Never received a valid chunk to calculate TTFT. This response will be marked as failed!"
 
 
-@dataclass
+@dataclass(repr=False)
 class LoadResult:
     """What a load run produced: one record per finished request (in finishing order)."""
 
@@ -52,6 +52,14 @@ class LoadResult:
     t0: float = (
         0.0  # time.perf_counter() at the start of the run (CLOCK_MONOTONIC: comparable across processes)
     )
+
+    def __repr__(self) -> str:
+        # Short on purpose: asyncio.run (3.11) formats its main task, result included, when it restores the
+        # SIGINT handler, and the dataclass repr of thousands of records with their ITL lists took seconds.
+        return (
+            f"LoadResult({len(self.records)} records, duration={self.duration:.3f}, "
+            f"aborted={self.aborted!r}, cancelled={self.cancelled}, not_sent={self.not_sent})"
+        )
 
 
 @dataclass
@@ -162,7 +170,8 @@ async def _stream_request(run: _Run, rid: int, request: Request, http_request: h
                     raise _HttpError(f"HTTP {response.status_code}: {text[:500]}")
                 body_stream = response.extensions[BODY_STREAM]
                 buffer = b""
-                async for raw in response.aiter_raw():
+                # The raw body stream itself (what aiter_raw wraps): one generator layer per chunk, not three.
+                async for raw in body_stream:
                     # When the bytes came off the socket, not when this task got to them: the client's own
                     # scheduling delay stays out of the timings.
                     now = body_stream.read_at
