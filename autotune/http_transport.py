@@ -20,7 +20,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httptools
@@ -28,6 +28,7 @@ import httpx
 
 _MAX_BUFFERED = 1 << 20  # stop reading the socket while this many body bytes wait for the reader
 BODY_STREAM = "body_stream"  # the response extension that holds its `BodyStream` (for its timestamps)
+Sink = Callable[[float, bytes], None]  # takes (perf_counter() of the socket read, body piece)
 _Origin = tuple[bytes, bytes, int]
 
 
@@ -46,6 +47,7 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = False
         # body pieces parsed but not yet handed to the reader, with the perf_counter() of their read
         self.body: deque[tuple[float, bytes]] = deque()
+        self.sink: Sink | None = None  # set by BodyStream.consume: pieces go to it as they are parsed
         self.buffered = 0
         self.paused = False  # socket reads paused: the reader is more than _MAX_BUFFERED behind
         self.received = False  # any byte of the current response arrived
@@ -72,7 +74,8 @@ class _Connection(asyncio.Protocol):
         if self.buffered > _MAX_BUFFERED and not self.paused and not self.closed:
             self.paused = True
             self.transport.pause_reading()  # type: ignore[union-attr]
-        self._wake()
+        if self.sink is None or self.complete or self.error is not None:
+            self._wake()  # a sink took the pieces already: its reader waits for the end only
 
     def eof_received(self) -> bool:
         return False  # close our side too: HTTP/1.1 has no use for a half-open connection
@@ -104,8 +107,16 @@ class _Connection(asyncio.Protocol):
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
-        self.body.append((self.last_read, body))
-        self.buffered += len(body)
+        if self.sink is None:
+            self.body.append((self.last_read, body))
+            self.buffered += len(body)
+            return
+        try:
+            self.sink(self.last_read, body)
+        except Exception as exc:  # the reader's own error: it gets it back, the connection is unusable
+            self.sink = None
+            self._fail(exc)
+            self.close()
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -120,6 +131,7 @@ class _Connection(asyncio.Protocol):
         self.headers = []
         self.headers_done = self.complete = self.keep_alive = self.received = False
         self.body.clear()
+        self.sink = None
         self.buffered = 0
         self.error = None
         self.read_timeout = read_timeout
@@ -216,6 +228,29 @@ class BodyStream(httpx.AsyncByteStream):
                 return
             else:
                 await conn.wait()
+
+    async def consume(self, sink: Sink) -> None:
+        """Call `sink(read_at, piece)` for every body piece, in order; return once the body has ended.
+
+        The pieces go to the sink from the connection's protocol callback, as the socket reads bring
+        them, instead of waking the reading task for each one: at hundreds of streams the task switches
+        were most of the client's work, and a read that waits behind them is timed late. Raises what
+        iterating would (a connection error, or what the sink raised).
+        """
+        conn = self._connection
+        if conn is None:
+            raise httpx.StreamClosed()
+        while conn.body:
+            self.read_at, piece = conn.take_body()
+            sink(self.read_at, piece)
+        conn.sink = sink
+        try:
+            while conn.error is None and not conn.complete:
+                await conn.wait()
+        finally:
+            conn.sink = None
+        if conn.error is not None:
+            raise conn.error
 
     async def aclose(self) -> None:
         conn, self._connection = self._connection, None

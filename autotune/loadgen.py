@@ -156,13 +156,13 @@ async def _stream_request(run: _Run, rid: int, request: Request, http_request: h
     The prepared request goes straight to the transport: httpx.AsyncClient's per-request work (URL and
     header merging, cookies, auth and redirect flows) cost more than the rest of a request's handling,
     and it runs in bursts when many requests start at once, delaying the reads of every other stream.
+    The body goes to `_EventClock` as each socket read brings it (BodyStream.consume), without a task
+    switch per chunk.
     """
     stream = _Stream(start=time.perf_counter(), expected_tokens=request.output_len)
-    st = stream.start
     run.in_flight[rid] = stream
-    record = RequestRecord(prompt_len=request.prompt_len, output_len=0, start_time=st - run.t0)
-    itl: list[float] = []
-    usage_tokens: int | None = None
+    record = RequestRecord(prompt_len=request.prompt_len, output_len=0, start_time=stream.start - run.t0)
+    events = _EventClock(stream, record)
     try:
         async with asyncio.timeout(run.timeout_s):
             response = await run.transport.handle_async_request(http_request)
@@ -170,38 +170,14 @@ async def _stream_request(run: _Run, rid: int, request: Request, http_request: h
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")
                     raise _HttpError(f"HTTP {response.status_code}: {text[:500]}")
-                body_stream = response.extensions[BODY_STREAM]
-                buffer = b""
-                # The raw body stream itself (what aiter_raw wraps): one generator layer per chunk, not three.
-                async for raw in body_stream:
-                    # When the bytes came off the socket, not when this task got to them: the client's own
-                    # scheduling delay stays out of the timings.
-                    now = body_stream.read_at
-                    # A read usually holds whole events: only a split event needs the bytes joined.
-                    *events, buffer = (buffer + raw if buffer else raw).split(b"\n\n")
-                    for event in events:
-                        data = event.strip().removeprefix(b"data: ")
-                        if not data or data == b"[DONE]":
-                            continue
-                        # Token chunks (non-empty choices) need no parsing: vLLM's compact JSON says so.
-                        is_token = _TOKEN_MARK in data or bool((chunk := json.loads(data)).get("choices"))
-                        if is_token:
-                            if stream.first_token is None:
-                                stream.first_token = now
-                                record.ttft = now - st
-                            else:
-                                itl.append(now - stream.last_token)  # type: ignore[operator]
-                            stream.last_token = now
-                            stream.tokens += 1
-                        elif usage := chunk.get("usage"):  # type: ignore[possibly-undefined]
-                            usage_tokens = usage.get("completion_tokens")
+                await response.extensions[BODY_STREAM].consume(events.feed)
             finally:
                 await response.aclose()  # keeps the connection if the body was read to its end
         if stream.first_token is None:
             raise _HttpError(NO_TOKEN_ERROR)
-        record.itl = itl
-        record.latency = stream.last_token - st  # type: ignore[operator]
-        record.output_len = usage_tokens if usage_tokens is not None else stream.tokens
+        record.itl = events.itl
+        record.latency = stream.last_token - stream.start  # type: ignore[operator]
+        record.output_len = events.usage_tokens if events.usage_tokens is not None else stream.tokens
     except asyncio.CancelledError:
         run.in_flight.pop(rid, None)
         raise
@@ -211,6 +187,42 @@ async def _stream_request(run: _Run, rid: int, request: Request, http_request: h
         _fail(record, str(exc) or type(exc).__name__)
     run.in_flight.pop(rid, None)
     run.finish(request.request_id, record)
+
+
+class _EventClock:
+    """Times the SSE events of one response as vllm bench serve does, fed body pieces as they arrive.
+
+    A piece's time is that of the socket read that brought it (vllm bench takes it when its task gets
+    to the chunk, which adds the client's own event-loop delay at high concurrency).
+    """
+
+    def __init__(self, stream: _Stream, record: RequestRecord) -> None:
+        self.stream = stream
+        self.record = record
+        self.itl: list[float] = []
+        self.usage_tokens: int | None = None
+        self.buffer = b""
+
+    def feed(self, now: float, raw: bytes) -> None:
+        """Take one body piece read at `now` (perf_counter)."""
+        stream = self.stream
+        # A read usually holds whole events: only a split event needs the bytes joined.
+        *events, self.buffer = (self.buffer + raw if self.buffer else raw).split(b"\n\n")
+        for event in events:
+            data = event.strip().removeprefix(b"data: ")
+            if not data or data == b"[DONE]":
+                continue
+            # Token chunks (non-empty choices) need no parsing: vLLM's compact JSON says so.
+            if _TOKEN_MARK in data or bool((chunk := json.loads(data)).get("choices")):
+                if stream.first_token is None:
+                    stream.first_token = now
+                    self.record.ttft = now - stream.start
+                else:
+                    self.itl.append(now - stream.last_token)  # type: ignore[operator]
+                stream.last_token = now
+                stream.tokens += 1
+            elif usage := chunk.get("usage"):  # type: ignore[possibly-undefined]
+                self.usage_tokens = usage.get("completion_tokens")
 
 
 class _HttpError(Exception):

@@ -313,3 +313,31 @@ def test_the_load_generator_times_events_however_the_reads_split_them() -> None:
         assert server.connections == 2  # opened before the run (one per request in flight), no more
 
     _run(main())
+
+
+def test_a_sink_gets_every_piece_with_its_read_time_and_its_error_comes_back() -> None:
+    async def two_reads(_: asyncio.StreamReader, writer: asyncio.StreamWriter, __: int) -> None:
+        writer.write(CHUNKED_HEAD + _chunked(b"one")[:-5])
+        await writer.drain()
+        await asyncio.sleep(0.03)
+        writer.write(_chunked(b"two"))
+
+    async def main() -> None:
+        server = RawServer(two_reads)
+        async with server.running() as url, _client() as client:
+            got: list[tuple[float, bytes]] = []
+            async with client.stream("GET", url) as response:
+                await response.extensions[BODY_STREAM].consume(lambda at, piece: got.append((at, piece)))
+            assert [piece for _, piece in got] == [b"one", b"two"]
+            assert got[1][0] - got[0][0] >= 0.025  # each piece carries the time of its own read
+
+            def refuse(_: float, __: bytes) -> None:
+                raise ValueError("not an event")
+
+            with pytest.raises(ValueError, match="not an event"):
+                async with client.stream("GET", url) as response:
+                    await response.extensions[BODY_STREAM].consume(refuse)
+            assert (await client.get(url)).content == b"onetwo"  # the broken connection was not reused
+            assert server.connections == 2
+
+    _run(main())
