@@ -1,7 +1,8 @@
 """The load generator: replay a workload against an OpenAI-compatible server and time every request.
 
 It does what `vllm bench serve` does (vllm/benchmarks/lib/endpoint_request_func.py, serve.py), with
-asyncio + httpx instead of aiohttp:
+asyncio and httpx requests/responses over `autotune.http_transport` (a lean HTTP/1.1 transport: the
+client must never be the bottleneck, see benchmarks/loadgen_overhead.py) instead of aiohttp:
   - requests are sent at their `arrival_time` after the start of the run; with `max_concurrency`,
     a semaphore caps those in flight and a request's clock starts once it holds the semaphore;
   - prompts are token ids (exact lengths, no tokenizer) unless the request carries text;
@@ -11,7 +12,9 @@ asyncio + httpx instead of aiohttp:
     gap, E2EL ends at the last such chunk; the usage-only chunk does not move the clock; a chunk's
     time is that of the socket read that completed it (vllm bench takes it when its task gets to the
     chunk, which adds the client's own event-loop delay at high concurrency);
-  - a request with an HTTP error, a timeout or no token chunk is a failed record (never dropped).
+  - a request with an HTTP error, a timeout or no token chunk is a failed record (never dropped);
+  - requests and connections are prepared before the clock starts, and no cyclic garbage collection
+    runs while requests are timed.
 With a `SloGuard`, the run stops as soon as an SLO can no longer be met: in-flight requests are
 cancelled, the reason is returned, and the records finished so far are kept.
 """
