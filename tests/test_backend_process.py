@@ -141,6 +141,7 @@ def test_session_after_an_early_abort_starts_on_an_idle_server(tmp_path: Path) -
         )
         after = session.measure(single)
     assert aborted.failure is FailureKind.EARLY_ABORT and session.alive
+    assert aborted.saved_s > aborted.benchmark_s  # the rest of the load, at its pace so far
     assert after.ok and after.benchmark.latency_ms["ttft"]["p99"] < 100  # an idle server
     assert after.benchmark_s < 1.0  # no wait for leftovers (about 6 s when they ran to the end)
     assert_cleaned_up(tmp_path)
@@ -219,24 +220,30 @@ def test_slow_start_hits_the_startup_timeout(tmp_path: Path) -> None:
     assert_cleaned_up(tmp_path)
 
 
-def wait_until_serving(trial_dir: Path, timeout_s: float = 30.0) -> int:
-    """The port of the trial's server once its /health answers."""
+def wait_until_hung(trial_dir: Path, timeout_s: float = 60.0) -> int:
+    """The port of the trial's `--hang-after` server once the benchmark's requests have hung it.
+
+    Hung: /metrics answers, /health does not. (Waiting for /health to answer instead races the
+    benchmark: the window between the backend's own health check and the first requests is short.)
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             port = trial_port(trial_dir)
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).raise_for_status()
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5)
+            except httpx.TimeoutException:
                 return port
         except (OSError, httpx.HTTPError, TypeError, IndexError):
             pass
         time.sleep(0.1)
-    raise AssertionError(f"no server answered within {timeout_s:g} s")
+    raise AssertionError(f"no benchmark hung the server within {timeout_s:g} s")
 
 
 def test_ctrl_c_during_a_trial_stops_the_server(tmp_path: Path) -> None:
     def interrupt_once_serving() -> None:
-        wait_until_serving(tmp_path)
-        time.sleep(0.5)  # into the (hung) benchmark
+        wait_until_hung(tmp_path)
         _thread.interrupt_main()
 
     interrupter = threading.Thread(target=interrupt_once_serving, daemon=True)
@@ -258,8 +265,7 @@ def test_killed_ray_worker_leaves_no_server(tmp_path: Path, kill: str) -> None:
 
     task = ray.remote(evaluate_trial).options(num_cpus=1, max_retries=0)
     ref = task.remote(backend("--hang-after", "2"), CONFIG, WORKLOAD, [], 0, (), tmp_path)
-    port = wait_until_serving(tmp_path)
-    time.sleep(0.5)  # into the (hung) benchmark
+    port = wait_until_hung(tmp_path)
     if kill == "force-cancel":
         ray.cancel(ref, force=True)
     else:
