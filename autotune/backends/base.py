@@ -47,6 +47,7 @@ class TrialResult:
     log_tail: str = ""  # the last lines of the server log, for failed trials
     startup_s: float = 0.0  # GPU seconds spent starting the server (simulated for the sim backend)
     benchmark_s: float = 0.0  # GPU seconds spent running the load
+    saved_s: float = 0.0  # GPU seconds early abort spared (an estimate: see where it is set)
     info: dict[str, Any] = field(default_factory=dict)  # e.g. num_gpu_blocks, resolved flags
 
     @property
@@ -79,7 +80,7 @@ class Session(Protocol):
         ...
 
 
-class Backend(Protocol):
+class Backend(ABC):
     """Evaluates configs on workloads. Must never raise for a bad config: return a failure.
 
     Backends are plain picklable objects: the executor ships them to Ray workers.
@@ -87,11 +88,21 @@ class Backend(Protocol):
     `trial_dir` is where the backend may write logs (runs/<study>/trials/<n>/), or None.
     """
 
+    @property
+    def simulated(self) -> bool:
+        """True when the engine behind this backend is autotune's simulator: its GPUs are virtual."""
+        return False
+
+    @property
+    def runs_servers(self) -> bool:
+        """True when a session starts a server process or container that must be torn down."""
+        return True
+
+    @abstractmethod
     def session(
         self, config: EngineConfig, gpu_ids: Sequence[int] = (), trial_dir: Path | None = None
     ) -> AbstractContextManager[Session]:
         """A server started for `config`, for one or more measurements (see Session)."""
-        ...
 
     def evaluate(
         self,
@@ -103,27 +114,5 @@ class Backend(Protocol):
         trial_dir: Path | None = None,
     ) -> TrialResult:
         """One session with one measurement: start a server for `config`, run `workload`, stop it."""
-        ...
-
-
-class SessionBackend(ABC):
-    """The `evaluate` every backend shares: one session, one measurement. Subclasses give `session`."""
-
-    @abstractmethod
-    def session(
-        self, config: EngineConfig, gpu_ids: Sequence[int] = (), trial_dir: Path | None = None
-    ) -> AbstractContextManager[Session]:
-        """A server started for `config` (see Session)."""
-
-    def evaluate(
-        self,
-        config: EngineConfig,
-        workload: Any,
-        slos: Sequence[Slo] = (),
-        seed: int = 0,
-        gpu_ids: Sequence[int] = (),
-        trial_dir: Path | None = None,
-    ) -> TrialResult:
-        """Start a server for `config`, run `workload` on it once, stop it (see Backend.evaluate)."""
         with self.session(config, gpu_ids, trial_dir) as session:
             return session.measure(workload, slos, seed)

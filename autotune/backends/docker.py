@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import SessionBackend
+from autotune.backends.base import Backend
 from autotune.backends.server import LaunchError, ServerSession, TrialLimits, scrub_args, server_session
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
@@ -44,7 +44,7 @@ def docker_client() -> Any:
 
 
 @dataclass(frozen=True)
-class DockerBackend(SessionBackend):
+class DockerBackend(Backend):
     """Launches one container of `image` per session, i.e. per trial (its entrypoint: vLLM's API server).
 
     `load_format_dummy` adds `--load-format dummy` (random weights: no download, same speed);

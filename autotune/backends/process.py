@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import SessionBackend
+from autotune.backends.base import Backend
 from autotune.backends.server import ServerSession, TrialLimits, read_tail, scrub_args, server_session
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
@@ -25,7 +25,7 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
-class ProcessBackend(SessionBackend):
+class ProcessBackend(Backend):
     """Launches `serve_cmd + config.to_args() + --port P --host 127.0.0.1` per session (trial).
 
     `gpu` names the GPU type (passed to the server as AUTOTUNE_SIM_GPU, which a real vLLM ignores);
@@ -46,6 +46,11 @@ class ProcessBackend(SessionBackend):
         object.__setattr__(self, "_limits", TrialLimits(self.startup_timeout_s, self.benchmark_timeout_s))
         if not self.serve_cmd:
             raise AutotuneError("the serve command is empty")
+
+    @property
+    def simulated(self) -> bool:
+        """True when the serve command is `autotune sim-server` (in any spelling that names it)."""
+        return "sim-server" in self.serve_cmd
 
     def preflight(self) -> None:
         """Raise AutotuneError when the serve command cannot be run on this host."""

@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import FailureKind, SessionBackend, TrialResult
+from autotune.backends.base import Backend, FailureKind, TrialResult
 from autotune.config import EngineConfig
 from autotune.errors import EngineStartupError
 from autotune.metrics import GOODPUT_METRICS, compute_metrics
@@ -39,12 +39,22 @@ _FAILURE_PHASE_S = {
 }
 
 
-class SimBackend(SessionBackend):
+class SimBackend(Backend):
     """The simulated engine as a Backend (picklable: it holds only the GPU name)."""
 
     def __init__(self, gpu: str = "H100") -> None:
         get_gpu(gpu)  # fail fast on an unknown GPU
         self.gpu = gpu
+
+    @property
+    def simulated(self) -> bool:
+        """Always: this backend is the simulator."""
+        return True
+
+    @property
+    def runs_servers(self) -> bool:
+        """Never: the simulation runs inside the task."""
+        return False
 
     def session(
         self, config: EngineConfig, gpu_ids: Sequence[int] = (), trial_dir: Path | None = None

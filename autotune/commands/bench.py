@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from autotune.backends.factory import BACKENDS
 from autotune.config import ENGINE_FLAGS, EngineConfig, _parse_value
 from autotune.errors import AutotuneError
 
@@ -17,7 +18,7 @@ TUNABLE = sorted(ENGINE_FLAGS)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `autotune bench` options."""
-    parser.add_argument("--backend", default="sim", choices=("sim", "vllm", "docker"))
+    parser.add_argument("--backend", default="sim", choices=BACKENDS)
     parser.add_argument("--model", default="meta-llama/Llama-3.1-8B-Instruct")
     parser.add_argument("--gpu", default="H100", help="GPU type (sim: from the catalog)")
     parser.add_argument("--workload", default="chat", help="workload YAML file or a name in workloads/")
