@@ -20,6 +20,11 @@ What the simulation cannot know, and what it does instead:
   - vllm:request_queue_time_seconds is measured up to the start of the step that produced the first
     token (the simulated engine does not report when a prefill chunk was first scheduled).
 
+HTTP is served by `autotune.sim.httpd` (asyncio protocols and httptools, no framework): a request is
+parsed and handed to the engine in the callback that read it, and after each step the engine loop
+writes every stream's new tokens, coalesced into one chunk, straight to its connection (`SseStream`).
+A client that reads too slowly pauses its own stream (transport flow control) rather than buffering.
+
 A client that disconnects aborts its request, as in vLLM: the engine frees its KV blocks at once and
 counts it in vllm:request_success_total{finished_reason="abort"}.
 
@@ -31,23 +36,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import json
 import logging
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autotune.config import EngineConfig
+from autotune.sim.httpd import HttpConnection, HttpRequest, start_http_server
 from autotune.workload import CHARS_PER_TOKEN, Request
 
 VLLM_VERSION = "0.11.0+autotune.sim"  # the vLLM version whose behaviour the simulator follows
@@ -55,6 +63,8 @@ DEFAULT_OUTPUT_TOKENS = 256  # simulated answer length when a request sets no ma
 CHAT_TOKENS_PER_MESSAGE = 5  # role header and end-of-turn tokens of a typical chat template
 CHAT_TOKENS_FIXED = 4  # BOS plus the assistant header that starts the answer
 TOKEN_TEXT = " tok"
+TOKEN_JSON = json.dumps(TOKEN_TEXT)
+_INT_TYPES = frozenset((int, bool))
 CATCH_UP_S = 0.002  # a late step may start up to this much early to absorb sleep overshoot
 PREFIX_GROUPS = 4096  # prefix groups remembered (LRU)
 
@@ -290,7 +300,7 @@ def error_body(message: str, status: int = 400, kind: str = "BadRequestError") -
 
 @dataclass
 class Pending:
-    """One request being served: tokens the engine produced and the stream waiting for them."""
+    """One request being served: tokens the engine produced and the response that delivers them."""
 
     key: int  # the engine's request id
     rid: str
@@ -298,16 +308,18 @@ class Pending:
     prompt_tokens: int
     max_tokens: int
     finish_reason: str
-    received: float = 0.0  # perf_counter when its HTTP handler started (before reading the body)
+    read: float = 0.0  # perf_counter when the server read the request's first bytes off the socket
+    received: float = 0.0  # perf_counter when its HTTP handler started (the whole request was read)
     tokens: int = 0  # produced so far
-    delivered: int = 0  # handed to the HTTP stream
+    delivered: int = 0  # written to the HTTP response
     finished: bool = False
     first_token: float | None = None  # engine-side time of the first token
-    first_sent: float | None = None  # when the stream handed its first token chunk to the server
+    first_sent: float | None = None  # when its first token chunk was written to the socket
     first_step_start: float | None = None
     last_token: float | None = None
     done_at: float | None = None
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # Called by the engine loop after a step that gave this request tokens or finished it (once per step).
+    listener: Callable[[Pending], None] | None = None
 
 
 @dataclass
@@ -414,15 +426,16 @@ class SimService:
                 raise BadRequest("Prompt cannot be empty")
             shared = self._text_prefixes.match(prompt)
             return estimate_text_tokens(prompt), (shared[0], shared[1] // CHARS_PER_TOKEN)
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        # Only ints (bools are ints) pass; JSON has no other int types. map/set: C speed on long prompts.
+        if isinstance(prompt, list) and prompt and set(map(type, prompt)) <= _INT_TYPES:
             top = max(prompt)
             if top >= self.vocab_size or min(prompt) < 0:
                 raise BadRequest(f"Token id {top} is out of vocabulary")
             return len(prompt), self._token_prefixes.match(prompt)
         raise BadRequest("prompt must be a non-empty string or a list of token ids (one prompt per request)")
 
-    def submit(self, parsed: ParsedRequest) -> Pending:
-        """Hand a request to the engine; it joins the next engine step."""
+    def submit(self, parsed: ParsedRequest, rid: str | None = None) -> Pending:
+        """Hand a request to the engine; it joins the next engine step. `rid`: the client's request id."""
         self.started += 1
         if self.options.hang_after is not None and self.started >= self.options.hang_after:
             self.hung = True
@@ -442,7 +455,7 @@ class SimService:
         )
         state = Pending(
             key=key,
-            rid=uuid.uuid4().hex,
+            rid=rid or uuid.uuid4().hex,
             arrival=now,
             prompt_tokens=parsed.prompt_tokens,
             max_tokens=parsed.max_tokens,
@@ -491,6 +504,9 @@ class SimService:
             self._deliver(output, start, time.perf_counter())
 
     def _deliver(self, output: Any, step_start: float, now: float) -> None:
+        """Account a step's tokens and finished requests, then let each touched request's response write."""
+        firsts: dict[int, Pending] = {}  # got their first token in this step
+        touched: dict[int, Pending] = {}  # the others with tokens or finished
         for key, n in output.new_tokens:
             state = self.pending.get(key)
             if state is None:
@@ -500,11 +516,12 @@ class SimService:
                 state.first_step_start = step_start
                 self.metrics.ttft.observe(now - state.arrival)
                 self.metrics.queue.observe(max(step_start - state.arrival, 0.0))
+                firsts[key] = state
             else:
                 self.metrics.itl.observe(now - state.last_token)  # type: ignore[operator]
+                touched[key] = state
             state.last_token = now
             state.tokens += n
-            state.wake.set()
         for key in output.finished:
             state = self.pending.pop(key, None)
             if state is None:
@@ -515,21 +532,15 @@ class SimService:
             self.metrics.success[state.finish_reason] += 1
             if self.options.debug_timings:
                 self.history.append(state)
-            state.wake.set()
+            if key not in firsts:
+                touched[key] = state
+        # After the bookkeeping, so that a request's tokens and its end go out in one write. First tokens
+        # go out first: writing hundreds of streams takes milliseconds, and TTFT is where they show.
+        for state in itertools.chain(firsts.values(), touched.values()):
+            if state.listener is not None:
+                state.listener(state)
 
     # ---- responses
-
-    async def token_batches(self, state: Pending) -> AsyncIterator[int]:
-        """Yield how many new tokens are ready, each time some are, until the request finishes."""
-        while True:
-            await state.wake.wait()
-            state.wake.clear()
-            ready = state.tokens - state.delivered
-            if ready:
-                state.delivered = state.tokens
-                yield ready
-            if state.finished and state.delivered >= state.tokens:
-                return
 
     def debug_rows(self) -> list[dict[str, Any]]:
         """Exact per-request server-side timings (perf_counter seconds, comparable across processes)."""
@@ -538,6 +549,7 @@ class SimService:
             rows.append(
                 {
                     "id": s.rid,
+                    "read": s.read,
                     "received": s.received,
                     "arrival": s.arrival,
                     "first_token": s.first_token,
@@ -570,7 +582,7 @@ class ChunkWriter:
         )[:-1]
         text_key = '"delta":{"content":' if chat else '"text":'
         close = "}" if chat else ""
-        self._token = f'data: {self.head},"choices":[{{"index":0,{text_key}{json.dumps(TOKEN_TEXT)}{close}'
+        self._token = f'data: {self.head},"choices":[{{"index":0,{text_key}{TOKEN_JSON}{close}'
         self.tail_open = ',"logprobs":null,"finish_reason":null}]}\n\n'
 
     def role_chunk(self) -> str:
@@ -590,7 +602,8 @@ class ChunkWriter:
 
     def usage_chunk(self) -> str:
         """The `include_usage` chunk: no choices, the token counts."""
-        return f'data: {self.head},"choices":[],"usage":{json.dumps(self.usage())}}}\n\n'
+        usage = json.dumps(self.usage(), separators=(",", ":"))
+        return f'data: {self.head},"choices":[],"usage":{usage}}}\n\n'
 
     def usage(self) -> dict[str, int]:
         """OpenAI usage block."""
@@ -598,57 +611,92 @@ class ChunkWriter:
         return {"prompt_tokens": p, "total_tokens": p + c, "completion_tokens": c}
 
 
-async def stream_events(
-    service: SimService, writer: ChunkWriter, include_usage: bool
-) -> AsyncIterator[bytes]:
-    """The SSE body: token chunks as the engine produces them, then usage and [DONE].
+class SseStream:
+    """A streaming response: after each engine step the engine loop writes its new token chunks (coalesced
+    into one chunked-body write) straight to the connection, and usage and [DONE] once it finishes."""
 
-    Starlette cancels the stream when the client disconnects; the request is then aborted.
-    """
-    state = writer.state
-    role_pending = writer.chat
-    try:
-        async for n in service.token_batches(state):
-            last = state.finished and state.delivered >= state.tokens
-            text = writer.tokens(n, last)
-            if role_pending:
-                text = writer.role_chunk() + text
-                role_pending = False
-            if state.first_sent is None:
-                state.first_sent = time.perf_counter()
-            yield text.encode()
-    finally:
-        if not state.finished:
-            service.abort(state)
-    tail = writer.usage_chunk() if include_usage else ""
-    yield (tail + "data: [DONE]\n\n").encode()
+    def __init__(
+        self, service: SimService, conn: HttpConnection, writer: ChunkWriter, include_usage: bool
+    ) -> None:
+        self.service = service
+        self.conn = conn
+        self.writer = writer
+        self.include_usage = include_usage
+        self._role_pending = writer.chat
+
+    def on_tokens(self, state: Pending) -> None:
+        """Write the tokens not written yet, then the end if the request finished (Pending.listener)."""
+        if self.conn.paused:
+            return  # a slow reader: `resume` writes them, together with those that come meanwhile
+        ready = state.tokens - state.delivered
+        parts: list[str] = []
+        if ready:
+            if self._role_pending:
+                parts.append(self.writer.role_chunk())
+                self._role_pending = False
+            parts.append(self.writer.tokens(ready, state.finished))
+            state.delivered = state.tokens
+        if state.finished:
+            state.listener = None  # no cycle left (state -> stream -> writer -> state) for the GC to find
+            if self.include_usage:
+                parts.append(self.writer.usage_chunk())
+            parts.append("data: [DONE]\n\n")
+        if not parts:
+            return
+        if ready and state.first_sent is None:
+            state.first_sent = time.perf_counter()  # just before the write: asyncio sends at once if it can
+        self.conn.send_chunk("".join(parts).encode(), last=state.finished)
+
+    def resume(self) -> None:
+        """The client caught up: write what was held back."""
+        self.on_tokens(self.writer.state)
+
+    def lost(self) -> None:
+        """The client disconnected mid-stream: abort the request, as vLLM does."""
+        _abandon(self.service, self.writer.state)
 
 
-async def finished_unless_disconnected(service: SimService, state: Pending, receive: Any) -> bool:
-    """Wait for a non-streaming request; abort it and return False if its client disconnects first.
+class PlainAnswer:
+    """A non-streaming response: its JSON body is written when the engine finishes the request."""
 
-    Like vLLM's `with_cancellation`: the body was read, so the next ASGI message is the disconnect.
-    """
+    def __init__(
+        self, service: SimService, conn: HttpConnection, writer: ChunkWriter, headers: dict[str, str]
+    ):
+        self.service = service
+        self.conn = conn
+        self.writer = writer
+        self.headers = headers
 
-    async def drain() -> None:
-        async for _ in service.token_batches(state):
-            pass
+    def on_tokens(self, state: Pending) -> None:
+        """Answer once the request finished (Pending.listener)."""
+        if state.finished:
+            state.listener = None
+            state.delivered = state.tokens
+            self.conn.respond_json(200, full_response(self.writer), self.headers)
 
-    async def disconnected() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
+    def resume(self) -> None:
+        """Nothing is held back: the body is written whole."""
 
-    work = asyncio.ensure_future(drain())
-    gone = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        work.cancel()
-        gone.cancel()
-    if state.finished:
-        return True
-    service.abort(state)
-    return False
+    def lost(self) -> None:
+        """The client gave up waiting: abort the request (vLLM's 499, which nobody reads)."""
+        _abandon(self.service, self.writer.state)
+
+
+class NeverAnswered:
+    """The answer of a hung engine's /health: none, until the client gives up."""
+
+    def resume(self) -> None:
+        """Nothing to write."""
+
+    def lost(self) -> None:
+        """Nothing to clean up."""
+
+
+def _abandon(service: SimService, state: Pending) -> None:
+    """Stop delivering to a response whose client left, and abort its request unless it finished."""
+    state.listener = None
+    if not state.finished:
+        service.abort(state)
 
 
 def full_response(writer: ChunkWriter) -> dict[str, Any]:
@@ -667,52 +715,91 @@ def full_response(writer: ChunkWriter) -> dict[str, Any]:
             "choices": [choice], "usage": writer.usage()}  # fmt: skip
 
 
-# --------------------------------------------------------------------------- the app
+# --------------------------------------------------------------------------- the routes
+
+TEXT = "text/plain; charset=utf-8"
+SSE = "text/event-stream; charset=utf-8"
+METRICS = "text/plain; version=0.0.4; charset=utf-8"
+Endpoint = Callable[[HttpConnection, HttpRequest], None]
 
 
-def create_app(service: SimService) -> Any:
-    """The Starlette app with vLLM's routes."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request as HttpRequest
-    from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-    from starlette.routing import Route
+class SimRoutes:
+    """vLLM's routes. Each request is answered (or handed to the engine) in the callback that read it."""
 
-    async def completion(request: HttpRequest, chat: bool) -> Response:
+    def __init__(self, service: SimService) -> None:
+        self.service = service
+        gets: dict[str, Endpoint] = {
+            "/health": self.health,
+            "/v1/models": self.models,
+            "/version": self.version,
+            "/metrics": self.metrics,
+        }
+        if service.options.debug_timings:
+            gets["/debug/requests"] = self.debug_requests
+        self._routes: dict[str, tuple[tuple[str, ...], Endpoint]] = {
+            path: (("GET", "HEAD"), endpoint) for path, endpoint in gets.items()
+        }
+        self._routes["/v1/completions"] = (("POST",), self.completions)
+        self._routes["/v1/chat/completions"] = (("POST",), self.chat_completions)
+
+    def handle(self, conn: HttpConnection, request: HttpRequest) -> None:
+        """Route one request: 404 for an unknown path, 405 for a method the path does not take."""
+        route = self._routes.get(request.path)
+        if route is None:
+            conn.respond(404, b"Not Found", TEXT)
+            return
+        methods, endpoint = route
+        if request.method not in methods:
+            conn.respond(405, b"Method Not Allowed", TEXT, {"allow": ", ".join(methods)})
+            return
+        endpoint(conn, request)
+
+    def completions(self, conn: HttpConnection, request: HttpRequest) -> None:
+        """POST /v1/completions."""
+        self._completion(conn, request, chat=False)
+
+    def chat_completions(self, conn: HttpConnection, request: HttpRequest) -> None:
+        """POST /v1/chat/completions."""
+        self._completion(conn, request, chat=True)
+
+    def _completion(self, conn: HttpConnection, request: HttpRequest, chat: bool) -> None:
+        """Validate, submit to the engine, and attach the response the engine loop will write to."""
         received = time.perf_counter()
+        service = self.service
         try:
-            body = json.loads(await request.body())
+            body = json.loads(request.body)
         except ValueError as exc:
-            return JSONResponse(error_body(f"Invalid JSON body: {exc}"), status_code=400)
+            conn.respond_json(400, error_body(f"Invalid JSON body: {exc}"))
+            return
         try:
             parsed = service.parse(body, chat)
         except BadRequest as exc:
-            return JSONResponse(error_body(str(exc), exc.status, exc.kind), status_code=exc.status)
-        state = service.submit(parsed)
+            conn.respond_json(exc.status, error_body(str(exc), exc.status, exc.kind))
+            return
+        state = service.submit(parsed, request.headers.get("x-request-id"))
         state.received = received
-        request_id = request.headers.get("x-request-id")
-        if request_id:
-            state.rid = request_id
+        state.read = request.read_at
         writer = ChunkWriter(service.model_name, chat, state)
         headers = {"x-request-id": state.rid}
         if parsed.stream:
-            events = stream_events(service, writer, parsed.include_usage)
-            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        if not await finished_unless_disconnected(service, state, request.receive):
-            return Response(status_code=499)  # nginx's "client closed request": nobody reads it
-        return JSONResponse(full_response(writer), headers=headers)
+            stream = SseStream(service, conn, writer, parsed.include_usage)
+            conn.start_stream(SSE, headers, stream)
+            state.listener = stream.on_tokens
+        else:
+            answer = PlainAnswer(service, conn, writer, headers)
+            conn.hold(answer)
+            state.listener = answer.on_tokens
 
-    async def completions(request: HttpRequest) -> Response:
-        return await completion(request, chat=False)
+    def health(self, conn: HttpConnection, _: HttpRequest) -> None:
+        """GET /health: 200, or no answer at all while the engine is hung (as with a stuck vLLM)."""
+        if self.service.hung:
+            conn.hold(NeverAnswered())
+            return
+        conn.respond(200)
 
-    async def chat_completions(request: HttpRequest) -> Response:
-        return await completion(request, chat=True)
-
-    async def health(_: HttpRequest) -> Response:
-        while service.hung:  # a hung engine: /health never answers, as with a stuck vLLM
-            await asyncio.sleep(3600)
-        return Response(status_code=200)
-
-    async def models(_: HttpRequest) -> Response:
+    def models(self, conn: HttpConnection, _: HttpRequest) -> None:
+        """GET /v1/models: the one served model."""
+        service = self.service
         card = {
             "id": service.model_name,
             "object": "model",
@@ -723,36 +810,22 @@ def create_app(service: SimService) -> Any:
             "max_model_len": service.max_model_len,
             "permission": [],
         }
-        return JSONResponse({"object": "list", "data": [card]})
+        conn.respond_json(200, {"object": "list", "data": [card]})
 
-    async def version(_: HttpRequest) -> Response:
-        return JSONResponse({"version": VLLM_VERSION})
+    def version(self, conn: HttpConnection, _: HttpRequest) -> None:
+        """GET /version."""
+        conn.respond_json(200, {"version": VLLM_VERSION})
 
-    async def metrics(_: HttpRequest) -> Response:
+    def metrics(self, conn: HttpConnection, _: HttpRequest) -> None:
+        """GET /metrics: Prometheus text with vLLM's metric names."""
+        service = self.service
         text = render_metrics(service.engine, service.metrics, service.model_name,
                               service.engine.config.gpu_memory_utilization)  # fmt: skip
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+        conn.respond(200, text.encode(), METRICS)
 
-    async def debug_requests(_: HttpRequest) -> Response:
-        return JSONResponse({"requests": service.debug_rows()})
-
-    routes = [
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/health", health),
-        Route("/v1/models", models),
-        Route("/version", version),
-        Route("/metrics", metrics),
-    ]
-    if service.options.debug_timings:
-        routes.append(Route("/debug/requests", debug_requests))
-
-    async def lifespan(_: Any) -> AsyncIterator[None]:
-        service.start()
-        yield
-        await service.stop()
-
-    return Starlette(routes=routes, lifespan=contextlib.asynccontextmanager(lifespan))
+    def debug_requests(self, conn: HttpConnection, _: HttpRequest) -> None:
+        """GET /debug/requests (--debug-timings): exact server-side timings of finished requests."""
+        conn.respond_json(200, {"requests": self.service.debug_rows()})
 
 
 # --------------------------------------------------------------------------- serve
@@ -760,8 +833,6 @@ def create_app(service: SimService) -> Any:
 
 def serve(config: EngineConfig, options: ServerOptions) -> int:
     """Start the engine (exit 1 with vLLM's message if it refuses) and serve until interrupted."""
-    import uvicorn
-
     from autotune.errors import EngineStartupError
     from autotune.sim.engine import SimEngine
     from autotune.sim.models import get_model
@@ -801,21 +872,45 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
          f"enable_prefix_caching={resolved.enable_prefix_caching}")  # fmt: skip
     service = SimService(engine, options, model_name, get_model(config.model).vocab_size)
     _log("INFO", "api_server.py:1971", f"Starting vLLM API server 0 on http://{options.host}:{options.port}")
-    uv_config = uvicorn.Config(
-        create_app(service),
-        host=options.host,
-        port=options.port,
-        workers=1,
-        access_log=False,
-        log_level="info",
-        timeout_graceful_shutdown=1,  # hung streams (--hang-after) must not hold up SIGTERM
-    )
-    server = uvicorn.Server(uv_config)
+    # As vLLM does after loading: objects made so far live for good, and a full collection that walks
+    # them all stalls the event loop for tens of milliseconds (every request then waits that long).
+    gc.collect()
+    gc.freeze()
     try:
-        server.run()
-    except KeyboardInterrupt:
+        return asyncio.run(_serve_http(service, options))
+    except KeyboardInterrupt:  # a second Ctrl-C while shutting down
         return 0
-    return 0 if server.started else 1
+
+
+async def _serve_http(service: SimService, options: ServerOptions) -> int:
+    """Listen, run the engine loop and serve until SIGTERM or SIGINT; 1 if the address cannot be bound."""
+    try:
+        server, live = await start_http_server(options.host, options.port, SimRoutes(service).handle)
+    except OSError as exc:
+        _server_log("ERROR", str(exc))  # "... address already in use": backends classify it
+        return 1
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    service.start()
+    # The lines uvicorn prints under vLLM, so logs read the same.
+    _server_log("INFO", f"Started server process [{os.getpid()}]")
+    _server_log("INFO", "Waiting for application startup.")
+    _server_log("INFO", "Application startup complete.")
+    await stop.wait()
+    _server_log("INFO", "Shutting down")
+    server.close()
+    for conn in list(live):  # open streams end at once: a hung one must not hold up the exit
+        conn.close()
+    await service.stop()
+    _server_log("INFO", f"Finished server process [{os.getpid()}]")
+    return 0
+
+
+def _server_log(level: str, message: str) -> None:
+    """A line in uvicorn's format (`INFO:     message`), as vLLM's API server prints them."""
+    print(f"{level + ':':<9} {message}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- test/benchmark helper
