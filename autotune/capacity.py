@@ -121,6 +121,7 @@ def _annotate(
     throughputs, record the search."""
     best.startup_s = sum(r.startup_s for r in results)
     best.benchmark_s = sum(r.benchmark_s for r in results)
+    best.saved_s = sum(r.saved_s for r in results)
     bench = best.benchmark
     goodput = bench.request_goodput if bench is not None else None
     measured = {}

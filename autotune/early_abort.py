@@ -206,3 +206,22 @@ def _in_flight_bound(metric: str, req: InFlight, now: float) -> float:
     if req.expected_tokens > 1:
         return (now - req.first_token) / (req.expected_tokens - 1)
     return 0.0
+
+
+def replay_abort_time(
+    slos: Sequence[Slo], records: Sequence[RequestRecord], output_lens: Sequence[int]
+) -> float | None:
+    """When a guard fed `records` in the order they finished first declares an SLO lost (seconds on
+    the run's clock), or None if it never does.
+
+    The live guard also counts what in-flight requests have already waited, so it stops no later
+    than this: the time after it is a lower bound on what early abort saves on that run.
+    """
+    if not slos:
+        return None
+    guard = SloGuard.for_requests(slos, output_lens)
+    for record in sorted(records, key=lambda r: r.start_time + r.latency):
+        guard.add(record)
+        if guard.check():
+            return record.start_time + record.latency
+    return None

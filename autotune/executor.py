@@ -174,8 +174,12 @@ class Executor:
     def cancel_all(self) -> list[int]:
         """Cancel every running trial (Ctrl-C); returns their numbers."""
         numbers = list(self._jobs)
-        for job in self._jobs.values():
-            self._cancel(job.ref, force=False)
+        # A backend that runs servers gets a polite cancel, so its task tears the server down. An
+        # in-process simulation is left to finish within the grace: a cancel racing a task's own end
+        # can crash Ray's driver ("Tried to complete task that was not pending").
+        if self.backend.runs_servers:
+            for job in self._jobs.values():
+                self._cancel(job.ref, force=False)
         deadline = time.monotonic() + CANCEL_GRACE_S
         pending = [job.ref for job in self._jobs.values()]
         while pending and time.monotonic() < deadline:

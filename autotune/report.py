@@ -117,7 +117,8 @@ def front_table(out: Outcome, limit: int = 15) -> str:
         "  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
         for row in [headers, *rows]
     ]
-    counts = f"{len(out.front)} of {len(out.feasible())} feasible, {len(out.records)} trials"
+    shown = f", top {limit} by {out.objective_names[0]} shown" if len(out.front) > limit else ""
+    counts = f"{len(out.front)} points; {len(out.feasible())} of {len(out.records)} trials feasible{shown}"
     title = f"Feasible Pareto front ({counts}):"
     return "\n".join([title, *lines])
 
@@ -169,6 +170,7 @@ def _row(r: TrialRecord, out: Outcome) -> dict[str, Any]:
         if value is not None:
             row[key] = value
     row["gpu_seconds"] = r.gpu_seconds
+    row["gpu_seconds_saved"] = r.gpu_seconds_saved
     return row
 
 

@@ -159,7 +159,7 @@ class SearchSpace:
     def config(self, params: Mapping[str, Any]) -> EngineConfig:
         """The EngineConfig of a trial: fixed flags, then the sampled parameters."""
         values = {**self.fixed, **params}
-        return EngineConfig(model=self.model).replace(**_plain(values))
+        return EngineConfig(model=self.model).replace(**plain_params(values))
 
     def baseline_params(self, gpu_memory_gib: float, max_position_embeddings: int | None) -> dict[str, Any]:
         """vLLM's default value of every tuned parameter for this GPU and model (the baseline trial).
@@ -297,7 +297,7 @@ def _resolve(path_or_name: str | Path) -> Path:
     raise AutotuneError(f"search space file not found: {path_or_name}")
 
 
-def _plain(values: Mapping[str, Any]) -> dict[str, Any]:
+def plain_params(values: Mapping[str, Any]) -> dict[str, Any]:
     """numpy/Optuna scalars -> Python ones, floats rounded so equal configs compare equal."""
     out = {}
     for name, value in values.items():

@@ -29,7 +29,7 @@ from autotune.progress import Progress, ProgressState, running_params
 from autotune.screen import MemoryScreen, Screening
 from autotune.slo import Slo
 from autotune.space import SearchSpace, violations
-from autotune.study import config_key, sampler_exhausted, tell_duplicate, tell_result
+from autotune.study import config_key, fail_stale_trials, sampler_exhausted, tell_duplicate, tell_result
 
 POLL_S = 0.5
 # Suggestions rejected before launch (vLLM's validity rules, startup screening) cost no GPU time and do
@@ -264,12 +264,13 @@ class Tuner:
         self._told = 0
 
     def _abandon(self) -> None:
-        """Ctrl-C: cancel what runs and mark every untold trial FAIL (it was never measured)."""
+        """Ctrl-C: cancel what runs and mark every untold trial FAIL (it was never measured).
+
+        All of the study's RUNNING trials are this run's, including one the interrupt caught between
+        `ask` and the bookkeeping, or in the middle of its `tell`.
+        """
         self.executor.cancel_all()
-        for pending in (*self._running.values(), *self._queued):
-            for trial in (pending.trial, *pending.duplicates):
-                trial.set_user_attr("failure", "interrupted")
-                self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        fail_stale_trials(self.study)
         self._running.clear()
         self._queued.clear()
 

@@ -213,7 +213,7 @@ def oracle_summary(oracle: Oracle) -> dict[str, Any]:
         "fail_to_start": sum(1 for r in grid if r.benchmark is None),
         "feasible": len(feasible),
         "best_tok_s": round(oracle.best, 1),
-        "baseline_tok_s": None if oracle.baseline is None else round(oracle.baseline, 1),
+        "baseline_tok_s": "infeasible" if oracle.baseline is None else round(oracle.baseline, 1),
         **{
             f"share_ge_{int(t * 100)}": round(sum(v >= t * oracle.best for v in feasible) / total, 4)
             for t in TARGETS

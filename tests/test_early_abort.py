@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
 import pytest
 
-from autotune.early_abort import InFlight, SloGuard, percentile_lower_bound_exceeds
+from autotune.early_abort import InFlight, SloGuard, percentile_lower_bound_exceeds, replay_abort_time
 from autotune.metrics import RequestRecord, compute_metrics
 from autotune.slo import Slo, parse_slos
 
@@ -34,6 +35,18 @@ def test_p99_of_400_needs_five_violators_for_certain() -> None:
     reason = guard.check()
     assert reason is not None
     assert reason.startswith("p99_ttft_ms cannot be met: 5 of 400 requests already over 2000 ms")
+
+
+def test_replay_finds_when_the_guard_would_have_stopped_the_run() -> None:
+    slos = parse_slos("ttft_p99=2s")
+    ok = [dataclasses.replace(_record(ttft=0.1), start_time=i * 0.01) for i in range(396)]
+    late = [dataclasses.replace(_record(ttft=2.5), start_time=10.0 + i) for i in range(5)]
+    lens = [r.output_len for r in ok + late[:4]]
+    assert replay_abort_time(slos, ok + late[:4], lens) is None  # 4 of 400 over: p99 can still pass
+    lens = [r.output_len for r in ok[:395] + late]
+    # The fifth late request (started at 14 s, finished 2.51 s later) makes it certain.
+    assert replay_abort_time(slos, late + ok[:395], lens) == pytest.approx(16.51)
+    assert replay_abort_time([], late, [2] * 5) is None
 
 
 def test_boundary_case_uses_interpolation_with_known_values() -> None:

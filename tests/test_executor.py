@@ -30,6 +30,7 @@ class SleepBackend:
 
     seconds: float = 0.5
     boom: bool = False
+    runs_servers: bool = True  # as a server backend: Ctrl-C cancels its tasks politely
 
     def evaluate(
         self,

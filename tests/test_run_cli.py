@@ -66,6 +66,21 @@ def test_more_gpus_than_the_cluster_has(
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "autotune run: error: --gpus asks for 4 GPU(s) but the Ray cluster has 2"
+    assert not list(tmp_path.rglob("study.db")), "the refused run left a study that would need --resume"
+
+
+def test_sim_server_as_serve_command_needs_no_gpu(tmp_path: Path) -> None:
+    """Without a GPU, `--backend vllm --serve-cmd "autotune sim-server" --gpus 2` gets 2 virtual GPUs."""
+    workload = tmp_path / "tiny.yaml"
+    workload.write_text("name: tiny\nnum_requests: 16\nrequest_rate: inf\nprompt_len: 64\noutput_len: 16\n")
+    cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--workload", str(workload)]
+    cmd += ["--backend", "vllm", "--serve-cmd", SIM_SERVER, "--gpus", "2", "--n-trials", "3"]
+    cmd += ["--slo", "ttft_p99=10s", "--runs-dir", str(tmp_path), "--study", "virt", "--quiet"]
+    env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert _completed(tmp_path / "virt" / "study.db", "virt") == (3, 0)
+    assert (tmp_path / "virt" / "trials" / "0" / "server.log").stat().st_size > 0  # a real server ran
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -122,7 +137,7 @@ def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> No
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert "interrupted" in err
+    assert "interrupted" in err and "finished trials kept" in err and "--resume" in err
     done, running = _completed(db, "intr")
     assert done >= 3 and running == 0  # finished trials kept, the cancelled one marked FAIL
     assert (tmp_path / "intr" / "trials.csv").exists()  # partial results written on the way out

@@ -36,8 +36,18 @@ def test_evaluate_returns_vllm_bench_metrics_and_server_figures() -> None:
     assert bench.server["num_gpu_blocks"] == result.info["num_gpu_blocks"] > 0
     assert {"num_preemptions", "peak_kv_cache_usage"} <= set(bench.server)
     assert result.info["resolved"]["max_num_seqs"] == 1024
-    assert result.benchmark_s == bench.duration and result.startup_s > 20
+    assert result.benchmark_s + result.saved_s == bench.duration and result.startup_s > 20
     assert "GPU KV cache size:" in result.log_tail
+
+
+def test_gpu_time_stops_where_early_abort_would_stop_the_real_run() -> None:
+    config = EngineConfig(model=LLAMA_8B, max_model_len=8192)
+    met = SimBackend("H100").evaluate(config, TinyWorkload(), parse_slos("ttft_p99=60s"))
+    assert met.saved_s == 0 and met.benchmark_s == met.benchmark.duration
+    lost = SimBackend("H100").evaluate(config, TinyWorkload(), parse_slos("ttft_p99=1ms"))
+    assert lost.failure is None and lost.benchmark.completed == 40  # the sim keeps the whole run's metrics
+    assert 0 < lost.benchmark_s < lost.benchmark.duration  # but charges the GPU time until the abort
+    assert lost.benchmark_s + lost.saved_s == lost.benchmark.duration
 
 
 def test_more_cuda_graphs_cost_more_startup_time() -> None:

@@ -25,6 +25,7 @@ from autotune.study import (
     StudySettings,
     auto_sampler,
     config_key,
+    connect_storage,
     make_sampler,
     open_study,
     pareto_front,
@@ -137,6 +138,31 @@ def test_pareto_and_recommendation_rules(tmp_path: Path) -> None:
     assert recommend(recs, maximize).number == 2
 
 
+def test_records_show_float_params_without_optunas_step_noise() -> None:
+    study = optuna.create_study()
+    noisy = 0.8 + 3 * 0.05  # 0.9500000000000001: what a float step makes of 0.95
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"gpu_memory_utilization": noisy},
+            distributions={"gpu_memory_utilization": optuna.distributions.FloatDistribution(0.5, 1.0)},
+            user_attrs={"config": {"gpu_memory_utilization": 0.95}},
+            value=1.0,
+        )
+    )
+    assert study.trials[0].params["gpu_memory_utilization"] == noisy != 0.95
+    assert records(study)[0].params["gpu_memory_utilization"] == 0.95
+
+
+def test_connect_storage(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    storage = connect_storage(url)
+    assert isinstance(storage, optuna.storages.RDBStorage)
+    assert connect_storage(storage) is storage
+    assert connect_storage(url) is not None  # a second process opening the same file finds its schema
+    with pytest.raises(AutotuneError, match="cannot open storage nosuchdb://x"):
+        connect_storage("nosuchdb://x", attempts=2)
+
+
 def test_existing_study_needs_resume_and_same_settings(tmp_path: Path) -> None:
     storage = sqlite_url(tmp_path)
     sampler = optuna.samplers.RandomSampler()
@@ -176,7 +202,7 @@ def test_samplers() -> None:
     grid = space_from_dict(
         {"params": {"max_num_seqs": {"type": "int", "low": 16, "high": 64, "log": True}}}
     ).grid()
-    assert isinstance(auto_sampler(6, seed=0), optuna.samplers.TPESampler)
+    assert isinstance(auto_sampler(seed=0), optuna.samplers.TPESampler)
     for name, cls in [("random", optuna.samplers.RandomSampler), ("grid", optuna.samplers.GridSampler)]:
         assert isinstance(make_sampler(name, grid, 0, 20), cls)
     assert isinstance(make_sampler("nsga2", grid, 0, 20), optuna.samplers.NSGAIISampler)

@@ -88,6 +88,7 @@ class _Failure:
     kind: FailureKind
     message: str
     benchmark: BenchmarkResult | None = None
+    saved_s: float = 0.0  # an early abort's estimate of the load time it spared
 
 
 @contextlib.contextmanager
@@ -187,6 +188,7 @@ class ServerSession:
             benchmark, failure = _benchmark(handle, model, workload, slos, seed, self.limits, salt)
         result = self._result(benchmark, failure)
         result.startup_s, result.benchmark_s = startup_s, time.monotonic() - started
+        result.saved_s = failure.saved_s if failure is not None else 0.0
         if failure is not None and (
             failure.kind is FailureKind.BENCHMARK_TIMEOUT or handle.exit_code() is not None
         ):
@@ -236,37 +238,56 @@ def _start(handle: ServerHandle, model: str, timeout_s: float, salt: int) -> _Fa
 
 
 def _wait_healthy(handle: ServerHandle, timeout_s: float) -> _Failure | None:
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=2.0) as client:
-        while True:
-            code = handle.exit_code()
-            if code is not None:
-                return _Failure(*classify(code, handle.log_text(), STARTUP))
-            with contextlib.suppress(httpx.HTTPError):
-                if client.get(handle.base_url + "/health").status_code == 200:
-                    return None
-            if time.monotonic() >= deadline:
-                return _Failure(FailureKind.STARTUP_TIMEOUT, f"/health did not answer within {timeout_s:g} s")
-            time.sleep(HEALTH_POLL_S)
+    def healthy(client: httpx.Client) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return client.get(handle.base_url + "/health").status_code == 200
+        return False
+
+    def silent() -> _Failure:
+        return _Failure(FailureKind.STARTUP_TIMEOUT, f"/health did not answer within {timeout_s:g} s")
+
+    return _poll(handle, STARTUP, timeout_s, HEALTH_POLL_S, healthy, silent)
 
 
 def _wait_idle(handle: ServerHandle, timeout_s: float) -> _Failure | None:
     """Wait until no request is running or waiting on the server (a previous load's leftovers, e.g.
     after an early abort, would slow this one down); a failure if it died or stayed busy."""
+    busy: float | None = None
+
+    def idle(client: httpx.Client) -> bool:
+        nonlocal busy
+        busy = _requests_in_server(client, handle.base_url)
+        return busy == 0
+
+    def stuck() -> _Failure:
+        state = "did not answer /metrics" if busy is None else f"still had {busy:g} requests"
+        message = f"the server {state} {timeout_s:g} s after the previous load"
+        return _Failure(FailureKind.BENCHMARK_TIMEOUT, message)
+
+    return _poll(handle, BENCHMARK, timeout_s, IDLE_POLL_S, idle, stuck)
+
+
+def _poll(
+    handle: ServerHandle,
+    phase: str,
+    timeout_s: float,
+    every_s: float,
+    ready: Callable[[httpx.Client], bool],
+    timed_out: Callable[[], _Failure],
+) -> _Failure | None:
+    """Ask `ready` every `every_s` until it holds; the failure if the server exits first (classified
+    as in `phase`) or `timed_out()` once `timeout_s` has passed."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0) as client:
         while True:
             code = handle.exit_code()
             if code is not None:
-                return _Failure(*classify(code, handle.log_text(), BENCHMARK))
-            busy = _requests_in_server(client, handle.base_url)
-            if busy == 0:
+                return _Failure(*classify(code, handle.log_text(), phase))
+            if ready(client):
                 return None
             if time.monotonic() >= deadline:
-                state = "did not answer /metrics" if busy is None else f"still had {busy:g} requests"
-                message = f"the server {state} {timeout_s:g} s after the previous load"
-                return _Failure(FailureKind.BENCHMARK_TIMEOUT, message)
-            time.sleep(IDLE_POLL_S)
+                return timed_out()
+            time.sleep(every_s)
 
 
 def _requests_in_server(client: httpx.Client, base_url: str) -> float | None:
@@ -337,7 +358,11 @@ def _judge(handle: ServerHandle, load: Any, metrics: BenchmarkResult) -> _Failur
                 FailureKind.ERROR, f"all {len(failed)} requests failed: {failed[0].error}", metrics
             )
     if load.aborted:
-        return _Failure(FailureKind.EARLY_ABORT, load.aborted, metrics)
+        # At the pace so far (at least one request per elapsed run time), the unfinished requests (cut
+        # off or never sent) would have taken this much longer.
+        unfinished = load.cancelled + load.not_sent
+        saved_s = load.duration * unfinished / max(len(load.records), 1)
+        return _Failure(FailureKind.EARLY_ABORT, load.aborted, metrics, saved_s)
     return None
 
 

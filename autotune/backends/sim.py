@@ -18,6 +18,7 @@ from typing import Any
 
 from autotune.backends.base import Backend, FailureKind, TrialResult
 from autotune.config import EngineConfig
+from autotune.early_abort import replay_abort_time
 from autotune.errors import EngineStartupError
 from autotune.metrics import GOODPUT_METRICS, compute_metrics
 from autotune.sim.engine import SimEngine, SimRun, simulate
@@ -109,7 +110,12 @@ class SimSession:
         startup_s, self._startup_s = self._startup_s, 0.0
         if self._failure is not None:
             return dataclasses.replace(self._failure, startup_s=startup_s, info=dict(self._failure.info))
-        run = simulate(self.config, self._gpu, workload.requests(seed), workload.max_concurrency)
+        requests = workload.requests(seed)
+        run = simulate(self.config, self._gpu, requests, workload.max_concurrency)
+        # The sim has the whole run anyway; GPU time is charged as the real path would spend it:
+        # until early abort would stop the load (its metrics stay whole: the SLO verdict is the same).
+        abort_s = replay_abort_time(slos, run.records, [r.output_len for r in requests])
+        spent_s = run.duration if abort_s is None else min(abort_s, run.duration)
         server = {
             "num_preemptions": run.stats.num_preemptions,
             "num_gpu_blocks": run.memory.num_gpu_blocks,
@@ -122,7 +128,8 @@ class SimSession:
             benchmark=benchmark,
             log_tail=self._log_tail,
             startup_s=startup_s,
-            benchmark_s=run.duration,
+            benchmark_s=spent_s,
+            saved_s=run.duration - spent_s,
             info=_info(self._resolved, run),
         )
 

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autotune.backends.factory import BACKENDS
+
 HELP = "Tune vLLM launch flags with Optuna + Ray: SLOs as constraints, Pareto front, ready-to-paste flags."
 DEFAULT_TRIALS = 50
 LOADS = ("workload", "fixed", "capacity")
@@ -39,7 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     study.add_argument("--storage", help="Optuna storage URL (default: sqlite in runs/<study>/study.db)")
     study.add_argument("--runs-dir", default="runs", help="where run folders go (default: runs)")
     study.add_argument("--resume", action="store_true", help="continue an existing study to --n-trials")
-    study.add_argument("--sampler", default="auto", choices=("auto", "tpe", "gp", "nsga2", "random", "grid"))
+    study.add_argument(
+        "--sampler",
+        default="auto",
+        choices=("auto", "tpe", "gp", "nsga2", "random", "grid"),
+        help="auto (default): multivariate TPE, chosen by benchmarks/sample_efficiency.py (see README)",
+    )
     study.add_argument(
         "--n-trials", type=int, default=DEFAULT_TRIALS, help=f"configs to measure (default {DEFAULT_TRIALS})"
     )
@@ -51,12 +58,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="launch every valid config, also those the memory model predicts to fail to start",
     )
     where = parser.add_argument_group("where trials run")
-    where.add_argument("--backend", default="sim", choices=("sim", "vllm", "docker"))
-    where.add_argument("--gpus", help="GPUs to use: a count (4) or device ids (0,1,2,3); sim: fake GPUs")
+    where.add_argument(
+        "--backend",
+        default="sim",
+        choices=BACKENDS,
+        help="sim (default): the simulated engine in process; vllm: `vllm serve` subprocesses; docker: "
+        "vllm/vllm-openai containers",
+    )
+    where.add_argument(
+        "--gpus",
+        help="GPUs to use: a count (4) or device ids (0,1,2,3); virtual ones for the simulator "
+        "(--backend sim, or --serve-cmd 'autotune sim-server')",
+    )
     where.add_argument("--parallel", type=int, default=1, help="sim: trials at once on CPU slots (default 1)")
     where.add_argument("--ray-address", help="join an existing Ray cluster instead of starting one")
     where.add_argument("--trial-timeout", type=float, help="deadline per trial in seconds (forced cancel)")
-    where.add_argument("--serve-cmd", default="vllm serve", help="vllm backend: the server command")
+    where.add_argument(
+        "--serve-cmd",
+        default="vllm serve",
+        help="vllm backend: the server command (default 'vllm serve'; 'autotune sim-server' needs no GPU)",
+    )
     where.add_argument("--image", default="vllm/vllm-openai:latest", help="docker backend: the image")
     parser.add_argument("--dashboard", action="store_true", help="serve optuna-dashboard during the run")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
@@ -128,6 +149,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
 
 
 def _execute(args: argparse.Namespace, s: _Setup) -> int:
+    import optuna
     import ray
 
     from autotune import report
@@ -148,16 +170,12 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         backend=args.backend,
     )
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
-    s.run_dir.mkdir(parents=True, exist_ok=True)
-    baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
-    study = start_study(s.study_name, s.storage, settings, sampler, args.resume, baseline)
-    RunInfo(study=s.study_name, storage=s.storage, directory=s.run_dir).save(
-        {**settings.to_dict(), "space": s.space.source, "load": s.workload.load}
-    )
 
     sim = args.backend == "sim"
     owns_ray = not ray.is_initialized()
-    fake_gpus = len(s.gpu_ids) if sim and s.gpu_ids else None
+    fake_gpus = None  # the simulator's GPUs are virtual: a local Ray cluster gets that many fake ones
+    if s.backend.simulated and args.ray_address is None:
+        fake_gpus = len(s.gpu_ids) or (None if sim else 1)
     start_ray(args.ray_address, num_cpus=max(args.parallel, 1), fake_gpus=fake_gpus)
     gpu_ids = s.gpu_ids or ([] if sim else list(range(cluster_gpus())))
     if not sim and not gpu_ids:
@@ -171,6 +189,14 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         timeout *= MAX_EVALS if not args.trial_timeout else 1
     executor = Executor(
         s.backend, s.workload, s.slos, gpu_ids=gpu_ids, cpu_slots=args.parallel, trial_timeout_s=timeout
+    )
+    # The study is created only once the GPUs checked out: a corrected command must not meet a
+    # half-made study that asks for --resume.
+    s.run_dir.mkdir(parents=True, exist_ok=True)
+    baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
+    study = start_study(s.study_name, s.storage, settings, sampler, args.resume, baseline)
+    RunInfo(study=s.study_name, storage=s.storage, directory=s.run_dir).save(
+        {**settings.to_dict(), "space": s.space.source, "load": s.workload.load}
     )
     progress = None if args.quiet else Progress()
     _announce(args, s, gpu_ids, study)
@@ -190,6 +216,14 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     )
     try:
         summary = tuner.run()
+    except KeyboardInterrupt:
+        kept = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+        print(
+            f"autotune run: {kept} finished trials kept in {s.run_dir}/; the same command with --resume "
+            "continues",
+            file=sys.stderr,
+        )
+        raise
     finally:
         recs = records(study)
         out = report.outcome(
@@ -203,12 +237,14 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
             ray.shutdown()
     print(report.summary_text(out))
     gpu_hours = sum(r.gpu_seconds for r in recs) / 3600
+    saved_hours = sum(r.gpu_seconds_saved for r in recs) / 3600
     ended = " (timeout)" if summary.timed_out else ""
     print(
         f"\n{summary.completed} configs measured or deduplicated, {summary.rejected} suggestions rejected "
         f"before launch ({summary.screened} predicted to fail to start); {summary.told} told this run in "
         f"{summary.wall_s:.0f} s{ended}; "
-        f"{'simulated ' if sim else ''}GPU time {gpu_hours:.2f} h."
+        f"{'simulated ' if sim else ''}GPU time {gpu_hours:.2f} h, {saved_hours:.2f} h more saved by early "
+        f"abort in {sum(r.gpu_seconds_saved > 0 for r in recs)} trials."
         f"\nResults: {s.run_dir}/ (trials.csv, pareto.csv, best.json, best.sh, pareto.png, report.html)"
     )
     return 0
