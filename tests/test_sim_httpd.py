@@ -112,3 +112,40 @@ def test_a_paused_stream_holds_its_tokens_and_writes_them_in_one_chunk_on_resume
     assert last and len(events) == 6 and events[-1] == "data: [DONE]"
     assert '"finish_reason":"length"' in events[3] and '"usage"' in events[4]
     assert state.first_sent is not None and state.listener is None
+
+
+def test_a_burst_of_requests_is_read_before_their_handlers_run() -> None:
+    """Simultaneous requests are all read (and stamped) before their handlers run, so none waits unread
+    in its socket while earlier handlers work (time the client counts and the server's clock would not)."""
+    import asyncio
+
+    from autotune.sim.httpd import DISPATCH_BATCH, HttpConnection, HttpRequest, start_http_server
+
+    burst = DISPATCH_BATCH + 4
+    handled: list[tuple[float, float]] = []  # (read_at, handler start) per request
+
+    def handler(conn: HttpConnection, request: HttpRequest) -> None:
+        handled.append((request.read_at, time.perf_counter()))
+        time.sleep(0.002)  # a handler's work
+        conn.respond(200, b"ok", "text/plain")
+
+    async def main() -> None:
+        server, live = await start_http_server("127.0.0.1", 0, handler)
+        port = server.sockets[0].getsockname()[1]
+        socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(burst)]
+        while len(live) < burst:  # every connection accepted: the next poll sees only their requests
+            await asyncio.sleep(0.01)
+        for sock in socks:
+            sock.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")  # all in the kernel before the loop runs
+        await asyncio.sleep(0.05)
+        while len(handled) < burst:
+            await asyncio.sleep(0.01)
+        for sock in socks:
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200 OK\r\n")
+            sock.close()
+        server.close()
+
+    asyncio.run(main())
+    reads = sorted(read for read, _ in handled)
+    starts = sorted(start for _, start in handled)
+    assert reads[-1] < starts[0]  # the whole burst read before the first handler

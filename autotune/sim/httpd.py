@@ -3,8 +3,9 @@
 A framework (Starlette on anyio, behind uvicorn) costs a task, several wrappers and event wakeups per
 request and per streamed chunk. With hundreds of simultaneous requests that kept the event loop busy
 for tens of milliseconds at a time, and the server's own latency grew by as much. Here a request is
-parsed and handed to its handler inside the protocol callback that read it, and a streamed response
-is written by whoever has its data (the engine loop, after each step) straight to the transport.
+parsed inside the protocol callback that read it and handed to its handler right after the loop's
+reads (see _Dispatcher), and a streamed response is written by whoever has its data (the engine loop,
+after each step) straight to the transport.
 
 What it does: keep-alive connections with requests answered one at a time in order (pipelined ones
 wait their turn), content-length responses, chunked streamed responses, `Connection: close`, HEAD for
@@ -30,6 +31,7 @@ import httptools
 
 KEEP_ALIVE_S = 5.0  # an idle keep-alive connection is closed after this long (uvicorn's default)
 BACKLOG = 2048  # pending connections the kernel queues: a burst of clients must not be refused
+DISPATCH_BATCH = 16  # requests handled per loop iteration before the loop reads sockets again
 
 log = logging.getLogger("autotune.sim.httpd")
 
@@ -73,9 +75,10 @@ class HttpConnection(asyncio.Protocol):
     """One client connection. The handler answers each request with `respond`, or with `start_stream`
     then `send_chunk`, or later after `hold`."""
 
-    def __init__(self, handler: Handler, live: set[HttpConnection]) -> None:
+    def __init__(self, handler: Handler, live: set[HttpConnection], dispatcher: _Dispatcher) -> None:
         self._handler = handler
         self._live = live  # every open connection, for shutdown
+        self._dispatcher = dispatcher
         self._parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.paused = False  # the transport's buffer is full: responses wait for `Exchange.resume`
@@ -150,7 +153,7 @@ class HttpConnection(asyncio.Protocol):
         self._incoming.body.append(body)  # type: ignore[union-attr]
 
     def on_message_complete(self) -> None:
-        """Queue the request and answer it now unless an earlier one on this connection is in progress."""
+        """Queue the request; the dispatcher answers it between the loop's socket reads (see _Dispatcher)."""
         incoming, self._incoming = self._incoming, None
         assert incoming is not None
         parsed = httptools.parse_url(incoming.url)
@@ -164,7 +167,7 @@ class HttpConnection(asyncio.Protocol):
                 keep_alive=self._parser.should_keep_alive(),
             )
         )
-        self._serve_queued()
+        self._dispatcher.add(self)
 
     # ---- responses
 
@@ -217,7 +220,7 @@ class HttpConnection(asyncio.Protocol):
 
     # ---- internals
 
-    def _serve_queued(self) -> None:
+    def serve_queued(self) -> None:
         """Answer queued requests in order while each is answered at once (a later answer resumes it)."""
         if self._dispatching:
             return  # a handler answered synchronously: the loop below goes on with the next one
@@ -249,7 +252,7 @@ class HttpConnection(asyncio.Protocol):
         if request is not None and not request.keep_alive:
             self.close()
             return
-        self._serve_queued()
+        self.serve_queued()
 
     def _head(self, status: int, fields: dict[str, str]) -> bytes:
         """The status line and headers (with `connection: close` when this is the connection's last)."""
@@ -288,6 +291,36 @@ class HttpConnection(asyncio.Protocol):
             self.close()
 
 
+class _Dispatcher:
+    """Runs connections' complete requests a few at a time, between the event loop's socket reads.
+
+    A handler run inside the read callback that completed its request would leave every other request
+    of a simultaneous burst unread in its socket until the earlier handlers finish: time the client sees
+    and the server's own clock does not (its stamp is the read). Deferred, and at most DISPATCH_BATCH
+    per loop iteration, a burst is read (and stamped) at once and its handlers follow.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiting: deque[HttpConnection] = deque()
+        self._scheduled = False
+
+    def add(self, connection: HttpConnection) -> None:
+        """`connection` has a request to answer."""
+        self._waiting.append(connection)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._run)
+
+    def _run(self) -> None:
+        for _ in range(min(DISPATCH_BATCH, len(self._waiting))):
+            self._waiting.popleft().serve_queued()
+        if self._waiting:
+            self._loop.call_soon(self._run)  # after the reads the loop's next poll finds
+        else:
+            self._scheduled = False
+
+
 @functools.cache
 def _reason(status: int) -> str:
     """The reason phrase ("OK", "Not Found"; "" for codes outside the standard, like 499)."""
@@ -305,5 +338,8 @@ async def start_http_server(
     Raises OSError when the address cannot be bound (in use, not local)."""
     live: set[HttpConnection] = set()
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: HttpConnection(handler, live), host, port, backlog=BACKLOG)
+    dispatcher = _Dispatcher(loop)
+    server = await loop.create_server(
+        lambda: HttpConnection(handler, live, dispatcher), host, port, backlog=BACKLOG
+    )
     return server, live
