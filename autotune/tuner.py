@@ -8,13 +8,18 @@ duplicate of a running trial waits for it. A config the memory model predicts to
 `--n-trials` counts measured and deduplicated trials, not the rejected or screened ones (they cost
 nothing, and the sampler learns the invalid region from them).
 Ctrl-C cancels the running trials and marks them FAIL; every finished trial is already in the
-storage, so `--resume` continues where the run stopped.
+storage, so `--resume` continues where the run stopped. The loop takes Ctrl-C between its steps (a
+second one interrupts at once): a KeyboardInterrupt raised wherever the main thread happens to be can
+land in a finalizer, where Python prints it and goes on, and the run would not stop.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,23 +113,15 @@ class Tuner:
         self._queued: list[_Pending] = []  # asked, valid, waiting for enough free GPUs
         self._counters = _Counters()
         self._told = 0
+        self._interrupted = False  # Ctrl-C seen: stop at the next step
 
     def run(self) -> RunSummary:
         """Run until n_trials trials are COMPLETE or the timeout; Ctrl-C cancels and re-raises."""
         start = time.monotonic()
         self._load_existing()
-        timed_out = False
         try:
-            while True:
-                timed_out = self._timed_out(start)
-                self._fill(timed_out)
-                if not self._running and not self._queued:
-                    if timed_out or self._budget_spent():
-                        break
-                    continue  # every asked trial was told at once (invalid or duplicate): ask more
-                for number, result in self.executor.wait(POLL_S):
-                    self._finish(number, result)
-                self._show()
+            with self._ctrl_c_between_steps():
+                timed_out = self._loop(start)
         except KeyboardInterrupt:
             self._abandon()
             raise
@@ -139,6 +136,40 @@ class Tuner:
             wall_s=time.monotonic() - start,
             timed_out=timed_out,
         )
+
+    def _loop(self, start: float) -> bool:
+        """Ask, dispatch and tell until the budget is spent or the timeout passed (then True)."""
+        while True:
+            if self._interrupted:
+                raise KeyboardInterrupt
+            timed_out = self._timed_out(start)
+            self._fill(timed_out)
+            if not self._running and not self._queued:
+                if timed_out or self._budget_spent():
+                    return timed_out
+                continue  # every asked trial was told at once (invalid or duplicate): ask more
+            for number, result in self.executor.wait(POLL_S):
+                self._finish(number, result)
+            self._show()
+
+    @contextlib.contextmanager
+    def _ctrl_c_between_steps(self) -> Iterator[None]:
+        """While the loop runs, a first Ctrl-C only sets a flag the loop reads; a second one raises."""
+        previous = signal.getsignal(signal.SIGINT)
+        if threading.current_thread() is not threading.main_thread() or previous is signal.SIG_IGN:
+            yield  # signals reach only the main thread; an ignored Ctrl-C stays ignored
+            return
+
+        def on_ctrl_c(signum: int, frame: object) -> None:
+            if self._interrupted:
+                raise KeyboardInterrupt
+            self._interrupted = True
+
+        signal.signal(signal.SIGINT, on_ctrl_c)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     # -- asking and dispatching -------------------------------------------------------------------------
 

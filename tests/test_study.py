@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from autotune.executor import Executor
 from autotune.export import RunInfo
 from autotune.metrics import BenchmarkResult
 from autotune.objectives import FAILED_KEY, load_objectives
+from autotune.progress import ProgressState
 from autotune.slo import parse_slos
 from autotune.space import space_from_dict
 from autotune.study import (
@@ -226,6 +228,48 @@ def run_tuner(study: optuna.Study, space, n_trials: int, run_dir: Path) -> None:
     executor = Executor(SimBackend("H100"), workload, SLOS, cpu_slots=2)
     tuner = Tuner(study, space, OBJECTIVES, SLOS, executor, TunerOptions(n_trials=n_trials, run_dir=run_dir))
     tuner.run()
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_ctrl_c_stops_the_tuner_at_its_next_step(tmp_path: Path) -> None:
+    space = space_from_dict(
+        {
+            "fixed": {"model": MODEL, "gpu": "H100", "max_model_len": 8192},
+            "params": {"max_num_seqs": {"type": "int", "low": 8, "high": 1024}},
+        }
+    )
+    storage = sqlite_url(tmp_path)
+    study = start_study(
+        "c", storage, settings(), optuna.samplers.RandomSampler(seed=0), False, {"max_num_seqs": 256}
+    )
+
+    class CtrlCInAFinalizer:
+        """Ctrl-C arriving while the main thread runs a finalizer: a KeyboardInterrupt raised there
+        is printed and dropped by Python ("Exception ignored in ..."), and the run would go on."""
+
+        def __del__(self) -> None:
+            signal.raise_signal(signal.SIGINT)
+
+    class Progress:
+        def show(self, state: ProgressState) -> None:
+            if state.done >= 2 and not hasattr(self, "sent"):
+                self.sent = CtrlCInAFinalizer()
+                del self.sent
+
+        def close(self) -> None:
+            pass
+
+    workload = dataclasses.replace(load_workload("chat"), num_requests=60)
+    executor = Executor(SimBackend("H100"), workload, SLOS, cpu_slots=1)
+    options = TunerOptions(n_trials=100, run_dir=tmp_path)
+    tuner = Tuner(study, space, OBJECTIVES, SLOS, executor, options, progress=Progress())  # type: ignore[arg-type]
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        tuner.run()
+    assert signal.getsignal(signal.SIGINT) is before  # the loop's own Ctrl-C handling is undone
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert states.count(TrialState.COMPLETE) >= 2 and TrialState.RUNNING not in states
+    assert len(states) < 10  # it stopped at the next step, not at the end of the budget
 
 
 @pytest.mark.usefixtures("ray_cluster")
