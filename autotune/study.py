@@ -378,7 +378,9 @@ def recommend(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> TrialRec
     """The recommended config: best feasible primary objective; within TIE_TOLERANCE, the next objectives.
 
     Only Pareto-optimal trials can win, and among near-ties on throughput the lower-latency one does,
-    so the recommendation never trades a lot of latency for noise-level throughput.
+    so the recommendation never trades a lot of latency for noise-level throughput. The tie is broken
+    by the next objectives together (the sum of each one's ratio to the best among the tied), not one
+    after the other: 3 % less TTFT does not win over 35 % less ITL.
     """
     front = pareto_front(recs, maximize)
     if not front:
@@ -387,8 +389,24 @@ def recommend(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> TrialRec
     best = max(sign * (r.values or [0])[0] for r in front)
     scale = max(abs(best), 1e-12)
     near = [r for r in front if (best - sign * (r.values or [0])[0]) <= TIE_TOLERANCE * scale]
-    signs = [-1.0 if m else 1.0 for m in maximize[1:]]
-    return min(near, key=lambda r: [s * v for s, v in zip(signs, (r.values or [])[1:], strict=True)])
+    return min(near, key=lambda r: _tie_cost(r, near, maximize[1:]))
+
+
+def _tie_cost(
+    r: TrialRecord, tied: Sequence[TrialRecord], maximize: Sequence[bool]
+) -> tuple[float, list[float]]:
+    """How far `r` is from the best of `tied` on the secondary objectives: the sum of ratios (1 = the
+    best on that objective), then the objectives in order for an exact tie."""
+    ratios, ordered = 0.0, []
+    for i, up in enumerate(maximize, start=1):
+        values = [abs((t.values or [])[i]) for t in tied]
+        mine = abs((r.values or [])[i])
+        top = max(values) if up else min(values)
+        ratios += (
+            (top / mine if up else mine / top) if top > 0 and mine > 0 else (0.0 if mine == top else 1.0)
+        )
+        ordered.append(-mine if up else mine)
+    return ratios, ordered
 
 
 def baseline(recs: Sequence[TrialRecord]) -> TrialRecord | None:

@@ -132,12 +132,15 @@ def test_pareto_and_recommendation_rules(tmp_path: Path) -> None:
             ({"max_num_seqs": 256}, ok(4990, 1200, 30)),  # front: within 1% of #1, lower latency -> wins
             ({"max_num_seqs": 512}, ok(3000, 1900, 50)),  # dominated
             ({"max_num_seqs": 1024}, ok(9000, 2500, 10)),  # infeasible: never recommended
+            # front, tied too, 4% less TTFT than #2 but 50% more ITL: loses (latencies weigh together)
+            ({"max_num_seqs": 320}, ok(4995, 1150, 45)),
         ],
     )
     recs = records(study)
     maximize = [True, False, False]
-    assert {r.number for r in pareto_front(recs, maximize)} == {0, 1, 2}
+    assert {r.number for r in pareto_front(recs, maximize)} == {0, 1, 2, 5}
     assert recommend(recs, maximize).number == 2
+    assert recommend([r for r in recs if r.number != 2], maximize).number == 5  # vs #1: better on both
 
 
 def test_records_show_float_params_without_optunas_step_noise() -> None:
