@@ -25,6 +25,7 @@ from autotune.errors import AutotuneError
 from autotune.slo import Slo
 
 CANCEL_GRACE_S = 5.0  # a polite cancel first (backends tear their server down), then a forced one
+REAP_WAIT_S = 2.0  # after a forced cancel, how long the killed trial's container may take to be an orphan
 
 
 def evaluate_trial(
@@ -241,11 +242,14 @@ class Executor:
 
         if not isinstance(self.backend, DockerBackend):
             return
-        # The container's owner must be dead before it counts as an orphan: wait for the kill to land.
+        # The container's owner must be dead before it counts as an orphan: wait for the kill to land
+        # (the task's end can be reported a moment before its worker is gone, on a busy machine).
         with contextlib.suppress(Exception):
             self._ray.wait([ref], timeout=CANCEL_GRACE_S)
+        deadline = time.monotonic() + REAP_WAIT_S
         with contextlib.suppress(AutotuneError):  # the engine is unreachable: nothing to reap there
-            reap_orphans()
+            while not reap_orphans() and time.monotonic() < deadline:
+                time.sleep(0.2)  # none yet: the worker may still be dying (or it had no container)
 
     def _release(self, job: Job) -> None:
         self._jobs.pop(job.number, None)

@@ -23,7 +23,14 @@ from pathlib import Path
 import pytest
 
 from autotune.backends.base import FailureKind
-from autotune.backends.docker import LABEL_OWNER_PID, LABEL_TRIAL, DockerBackend, docker_client, reap_orphans
+from autotune.backends.docker import (
+    LABEL_OWNER_PID,
+    LABEL_TRIAL,
+    DockerBackend,
+    _pid_alive,
+    docker_client,
+    reap_orphans,
+)
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
 from autotune.workload import LengthDist, WorkloadSpec
@@ -151,6 +158,18 @@ def test_force_cancelled_trial_leaves_no_container(docker, sim_image: str, tmp_p
     # The forced cancel a deadline ends with when the polite one did not stop the trial in time.
     executor._cancel(executor._jobs[0].ref, force=True)
     assert trial_containers() - others == set()
+
+
+def test_an_owner_that_exited_is_dead_even_before_it_is_reaped() -> None:
+    # A worker Ray killed stays a zombie until its parent reaps it: its container is an orphan already.
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while _pid_alive(str(child.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pid_alive(str(child.pid))
+    assert Path(f"/proc/{child.pid}").exists()  # not reaped yet: a zombie
+    child.wait()
+    assert not _pid_alive(str(child.pid)) and _pid_alive(str(os.getpid()))
 
 
 def test_reap_orphans_removes_only_containers_of_dead_owners(docker, sim_image: str) -> None:

@@ -246,6 +246,8 @@ def reap_orphans(client: Any = None) -> int:
 
 
 def _pid_alive(text: str) -> bool:
+    """Whether the process `text` names runs. A zombie does not: a worker Ray killed stays one until
+    its parent reaps it, which on a busy machine can be after the executor looks."""
     try:
         pid = int(text)
     except ValueError:
@@ -255,8 +257,16 @@ def _pid_alive(text: str) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # exists, owned by someone else
-    return True
+        pass  # exists, owned by someone else
+    if not Path("/proc/self/stat").exists():
+        return True  # no /proc (not Linux): os.kill said it exists
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False  # reaped since
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
 
 
 def _first_line(exc: BaseException) -> str:
