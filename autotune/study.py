@@ -399,14 +399,16 @@ def _tie_cost(
     best on that objective), then the objectives in order for an exact tie."""
     ratios, ordered = 0.0, []
     for i, up in enumerate(maximize, start=1):
-        values = [abs((t.values or [])[i]) for t in tied]
-        mine = abs((r.values or [])[i])
-        top = max(values) if up else min(values)
-        ratios += (
-            (top / mine if up else mine / top) if top > 0 and mine > 0 else (0.0 if mine == top else 1.0)
-        )
+        mine = _positive(r, i)
+        top = (max if up else min)(_positive(t, i) for t in tied)
+        ratios += top / mine if up else mine / top
         ordered.append(-mine if up else mine)
     return ratios, ordered
+
+
+def _positive(r: TrialRecord, i: int) -> float:
+    """Objective `i` of `r`, kept above 0 so that ratios are defined (latencies and throughputs are >= 0)."""
+    return max((r.values or [])[i], 1e-12)
 
 
 def baseline(recs: Sequence[TrialRecord]) -> TrialRecord | None:
