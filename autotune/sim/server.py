@@ -21,8 +21,9 @@ What the simulation cannot know, and what it does instead:
     token (the simulated engine does not report when a prefill chunk was first scheduled).
 
 HTTP is served by `autotune.sim.httpd` (asyncio protocols and httptools, no framework): a request is
-parsed and handed to the engine in the callback that read it, and after each step the engine loop
-writes every stream's new tokens, coalesced into one chunk, straight to its connection (`SseStream`).
+parsed as it is read and handed to the engine right after the loop's reads, and after each step the
+engine loop writes every stream's new tokens, coalesced into one chunk, straight to its connection
+(`SseStream`).
 A client that reads too slowly pauses its own stream (transport flow control) rather than buffering.
 
 A client that disconnects aborts its request, as in vLLM: the engine frees its KV blocks at once and
@@ -724,7 +725,7 @@ Endpoint = Callable[[HttpConnection, HttpRequest], None]
 
 
 class SimRoutes:
-    """vLLM's routes. Each request is answered (or handed to the engine) in the callback that read it."""
+    """vLLM's routes. Each request is answered (or handed to the engine) as soon as httpd dispatches it."""
 
     def __init__(self, service: SimService) -> None:
         self.service = service
