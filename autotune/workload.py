@@ -336,6 +336,12 @@ class WorkloadSpec:
             [text for _, _, text in picked],
         )
 
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether prompts can share a prefix a server could cache: a shared-prefix group, or text
+        prompts (their content may repeat). Token-id prompts are random and salted per run: they never do."""
+        return self.num_prefixes > 0 or self.jsonl is not None
+
     def with_load(
         self,
         request_rate: float | None = None,

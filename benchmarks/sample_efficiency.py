@@ -443,6 +443,7 @@ class RunScore:
     hv: dict[str, float]  # "20" -> relative hypervolume after 20 trials
     gpu_min: float
     screened: int = 0  # suggestions screened before launch (not trials)
+    duplicates: int = 0  # trials that re-proposed a measured config (no GPU time, but a trial of the budget)
 
 
 def score_run(
@@ -470,6 +471,7 @@ def score_run(
         hv=hv,
         gpu_min=round(float(gpu[-1]), 2) if len(gpu) else 0.0,
         screened=sum(o.screened_before for o in outcomes),
+        duplicates=sum(o.result is not None and not o.launched for o in outcomes),
     )
 
 
@@ -559,6 +561,7 @@ def summarize(scores: list[RunScore], n_trials: int) -> list[dict[str, Any]]:
         row["failed_launches"] = round(statistics.mean(r.failed_launches for r in runs), 1)
         row["failed_share_max"] = round(max(_failed_share(r) for r in runs), 3)
         row["screened"] = round(statistics.mean(r.screened for r in runs), 1)
+        row["duplicates"] = round(statistics.mean(r.duplicates for r in runs), 1)
         row["best_share_median"] = round(statistics.median(r.best_share for r in runs), 3)
         rows.append(row)
     return rows

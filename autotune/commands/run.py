@@ -152,6 +152,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     workload = load_workload(args.workload)
     if args.load != "workload":
         workload = dataclasses.replace(workload, load=args.load)
+    space = _untuned_for(space, workload)
     gpu = get_gpu(space.gpu)
     try:
         max_pos: int | None = get_model(space.model).max_position_embeddings
@@ -175,6 +176,26 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     run_dir = Path(args.runs_dir) / name
     storage = args.storage or sqlite_url(run_dir)
     return _Setup(space, objectives, slos, workload, backend, gpu, max_pos, gpu_ids, name, run_dir, storage)
+
+
+def _untuned_for(space: Any, workload: Any) -> Any:
+    """The space without the parameters this workload cannot tell apart, at vLLM's defaults.
+
+    Prefix caching only changes a result when prompts share prefixes; on a workload whose prompts never
+    do, both values measure the same and every trial spent on the difference is wasted.
+    """
+    from autotune.config import EngineConfig
+
+    name = "enable_prefix_caching"
+    if name not in space.names or workload.shares_prefixes:
+        return space
+    default = getattr(EngineConfig(model=space.model), name)
+    print(
+        f"autotune: {name} is not tuned: workload {workload.name} shares no prompt prefixes, so it cannot "
+        f"change a result (kept at vLLM's default, {default})",
+        file=sys.stderr,
+    )
+    return space.fix(name, default)
 
 
 def _execute(args: argparse.Namespace, s: _Setup) -> int:
