@@ -299,8 +299,12 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     gpu_hours = sum(r.gpu_seconds for r in recs) / 3600
     saved_hours = sum(r.gpu_seconds_saved for r in recs) / 3600
     ended = " (timeout)" if summary.timed_out else ""
+    converged = " (the sampler converged: it proposed only measured configs)" if summary.converged else ""
+    if summary.repeated:
+        ended += f"; {summary.repeated} re-measurements of the top configs and the baseline"
     print(
-        f"\n{summary.completed} configs measured or deduplicated, {summary.rejected} suggestions rejected "
+        f"\n{summary.completed} configs measured, {summary.duplicates} duplicate suggestions answered from "
+        f"earlier results{converged}, {summary.rejected} suggestions rejected "
         f"before launch ({summary.screened} predicted to fail to start); {summary.told} told this run in "
         f"{summary.wall_s:.0f} s{ended}; "
         f"{'simulated ' if sim else ''}GPU time {gpu_hours:.2f} h, {saved_hours:.2f} h more saved by early "
