@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.factory import BACKENDS
-from autotune.sim.noise import DEFAULT_CV as DEFAULT_NOISE
-from autotune.sim.noise import NoiseModel
+from autotune.sim.noise import add_noise_argument, noise_model
 
 HELP = "Tune vLLM launch flags with Optuna + Ray: SLOs as constraints, Pareto front, ready-to-paste flags."
 DEFAULT_TRIALS = 50
@@ -82,15 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vllm backend: the server command (default 'vllm serve'; 'autotune sim-server' needs no GPU)",
     )
     where.add_argument("--image", default="vllm/vllm-openai:latest", help="docker backend: the image")
-    where.add_argument(
-        "--noise",
-        type=float,
-        nargs="?",
-        const=DEFAULT_NOISE,
-        default=0.0,
-        metavar="CV",
-        help=f"sim: seeded run-to-run noise, as a real GPU has (default off; --noise alone: {DEFAULT_NOISE})",
-    )
+    add_noise_argument(where)
     where.add_argument(
         "--repeats",
         type=int,
@@ -112,8 +103,6 @@ def run(args: argparse.Namespace) -> int:
         raise AutotuneError("--parallel must be at least 1")
     if args.repeats < 0:
         raise AutotuneError("--repeats must be at least 0")
-    if not 0 <= args.noise < 1:
-        raise AutotuneError(f"--noise must be in [0, 1), got {args.noise:g}")
     setup = _prepare(args)
     return _execute(args, setup)
 
@@ -166,7 +155,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
         space.gpu,
         serve_cmd=shlex.split(args.serve_cmd),
         image=args.image,
-        noise=NoiseModel(args.noise),
+        noise=noise_model(args.noise),
     )
     if hasattr(backend, "preflight"):
         backend.preflight()

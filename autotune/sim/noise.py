@@ -12,6 +12,7 @@ default cv of 0.02 when noise is on. It is off by default (cv 0): unit tests com
 
 from __future__ import annotations
 
+import argparse
 import zlib
 from dataclasses import dataclass
 
@@ -45,6 +46,28 @@ class NoiseModel:
         if not self.enabled:
             return None
         return StepNoise(self.cv, [seed & 0xFFFFFFFF, zlib.crc32(label.encode())])
+
+
+def add_noise_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The `--noise [CV]` option of the commands that run the simulator."""
+    parser.add_argument(
+        "--noise",
+        type=float,
+        nargs="?",
+        const=DEFAULT_CV,
+        default=0.0,
+        metavar="CV",
+        help=f"sim: seeded run-to-run noise, as a real GPU has (default off; --noise alone: {DEFAULT_CV})",
+    )
+
+
+def noise_model(cv: float) -> NoiseModel:
+    """`--noise`'s value as a NoiseModel; an AutotuneError (one line) outside [0, 1)."""
+    from autotune.errors import AutotuneError
+
+    if not 0 <= cv < 1:
+        raise AutotuneError(f"--noise must be in [0, 1), got {cv:g}")
+    return NoiseModel(cv)
 
 
 class StepNoise:
