@@ -120,6 +120,7 @@ class _Setup:
     study_name: str
     run_dir: Path
     storage: str
+    untuned: str | None  # which flag is not tuned on this workload, and why
 
 
 def _prepare(args: argparse.Namespace) -> _Setup:
@@ -141,7 +142,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     workload = load_workload(args.workload)
     if args.load != "workload":
         workload = dataclasses.replace(workload, load=args.load)
-    space = _untuned_for(space, workload)
+    space, untuned = _untuned_for(space, workload)
     gpu = get_gpu(space.gpu)
     try:
         max_pos: int | None = get_model(space.model).max_position_embeddings
@@ -164,11 +165,14 @@ def _prepare(args: argparse.Namespace) -> _Setup:
         raise AutotuneError(f"bad --study {name!r}: use letters, digits, '-', '_' and '.'")
     run_dir = Path(args.runs_dir) / name
     storage = args.storage or sqlite_url(run_dir)
-    return _Setup(space, objectives, slos, workload, backend, gpu, max_pos, gpu_ids, name, run_dir, storage)
+    return _Setup(
+        space, objectives, slos, workload, backend, gpu, max_pos, gpu_ids, name, run_dir, storage, untuned
+    )
 
 
-def _untuned_for(space: Any, workload: Any) -> Any:
-    """The space without the parameters this workload cannot tell apart, at vLLM's defaults.
+def _untuned_for(space: Any, workload: Any) -> tuple[Any, str | None]:
+    """The space without the parameters this workload cannot tell apart (at vLLM's defaults), and a
+    line saying so (None when nothing changed).
 
     Prefix caching only changes a result when prompts share prefixes; on a workload whose prompts never
     do, both values measure the same and every trial spent on the difference is wasted.
@@ -177,14 +181,13 @@ def _untuned_for(space: Any, workload: Any) -> Any:
 
     name = "enable_prefix_caching"
     if name not in space.names or workload.shares_prefixes:
-        return space
+        return space, None
     default = getattr(EngineConfig(model=space.model), name)
-    print(
-        f"autotune: {name} is not tuned: workload {workload.name} shares no prompt prefixes, so it cannot "
-        f"change a result (kept at vLLM's default, {default})",
-        file=sys.stderr,
+    note = (
+        f"{name} is not tuned: workload {workload.name} shares no prompt prefixes, so it cannot change a "
+        f"result (kept at vLLM's default, {default})"
     )
-    return space.fix(name, default)
+    return space.fix(name, default), note
 
 
 def _execute(args: argparse.Namespace, s: _Setup) -> int:
@@ -241,6 +244,8 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     _announce(args, s, gpu_ids, study)
     screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu)
     print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
+    if s.untuned:
+        print(f"autotune: {s.untuned}", file=sys.stderr)
     dashboard = _start_dashboard(s.storage) if args.dashboard else None
     tuner = Tuner(
         study,
