@@ -27,6 +27,7 @@ import numpy as np
 from autotune.config import EngineConfig
 from autotune.metrics import RequestRecord
 from autotune.sim.costs import CostModel
+from autotune.sim.frontend import FrontendModel
 from autotune.sim.hardware import GpuSpec, get_gpu
 from autotune.sim.memory import MemoryPlan, plan_memory
 from autotune.sim.models import ModelSpec, get_model
@@ -77,7 +78,7 @@ class _Req:
     __slots__ = (
         "rid", "prompt_len", "output_len", "prefix_id", "prefix_blocks", "send_time", "outputs",
         "computed", "blocks", "cached_upto", "gen", "decode_start", "decode_outputs", "finish_step",
-        "segments", "prompt_counted", "seq",
+        "segments", "prompt_counted", "seq", "ready",
     )  # fmt: skip
 
     def __init__(self, request: Request, send_time: float, block_size: int) -> None:
@@ -100,6 +101,7 @@ class _Req:
         self.segments: list[tuple[int, int]] = []  # [first, last] steps of token emission runs
         self.prompt_counted = False
         self.seq = 0  # admission sequence number: running order
+        self.ready = send_time  # when the API server has handed it to the engine core
 
     def key(self, i: int) -> object:
         """Hash of full block i: shared prefix blocks by prefix, the rest unique to the request."""
@@ -201,6 +203,7 @@ class SimEngine:
             self.model, self.gpu, self.config.tensor_parallel_size, self.memory.kv_bytes_per_token
         )
         self.now = 0.0
+        self.frontend = FrontendModel()
         self.stats = EngineStats()
         self.step_times: list[float] = []  # end time of every step, indexed by step number
         self._bs = self.config.block_size
@@ -222,9 +225,13 @@ class SimEngine:
         self._admitted = 0
 
     # -- public API ------------------------------------------------------------------------------
-    def add_request(self, request: Request) -> None:
-        """Queue a request that arrives now. ValueError (vLLM's HTTP 400 text) if it is too long."""
-        self._enqueue(request, self.now)
+    def add_request(self, request: Request, chat: bool = False, send_time: float | None = None) -> None:
+        """Queue a request sent at `send_time` (default: now) through the API server (`chat`: chat API).
+
+        It joins the first step that starts once the frontend has handed it over (frontend.py).
+        ValueError (vLLM's HTTP 400 text) if it is too long.
+        """
+        self._enqueue(request, self.now if send_time is None else send_time, chat)
 
     def abort_request(self, request_id: int) -> bool:
         """Drop an unfinished request, as vLLM does when its HTTP client disconnects.
@@ -283,7 +290,7 @@ class SimEngine:
         )
 
     # -- internals -------------------------------------------------------------------------------
-    def _enqueue(self, request: Request, send_time: float) -> None:
+    def _enqueue(self, request: Request, send_time: float, chat: bool = False) -> None:
         total = request.prompt_len + request.output_len
         if total > self._max_len:
             raise ValueError(
@@ -291,11 +298,20 @@ class SimEngine:
                 f"{total} tokens ({request.prompt_len} in the messages, {request.output_len} in the "
                 "completion). Please reduce the length of the messages or completion."
             )
-        self._waiting.append(_Req(request, send_time, self._bs))
+        r = _Req(request, send_time, self._bs)
+        r.ready = self.frontend.ready_time(send_time, chat)
+        self._waiting.append(r)
+
+    def next_ready_time(self) -> float | None:
+        """When the oldest waiting request can be scheduled (None: nothing waits)."""
+        return self._waiting[0].ready if self._waiting else None
 
     def _step(self, emit: bool) -> StepOutput:
         if not self.has_unfinished():
             return StepOutput(duration=0.0)
+        begin = self.now
+        if not self._running and self._waiting[0].ready > self.now:
+            self.now = self._waiting[0].ready  # idle until the API server hands the next request over
         step = len(self.step_times)
         running = self._running
         preempted = self._grow_decodes(step)
@@ -336,6 +352,7 @@ class SimEngine:
         )
         self.now += duration
         self.step_times.append(self.now)
+        duration = self.now - begin  # what a real-time driver sleeps: idle wait included
         # -- effects ------------------------------------------------------------------------------
         self._decode_context += num_decode
         self.stats.generation_tokens += num_decode
@@ -403,8 +420,11 @@ class SimEngine:
         """Admit waiting requests FCFS; stop at the first that does not fit (head-of-line blocking)."""
         waiting, running, pool, bs = self._waiting, self._running, self._pool, self._bs
         stats = self.stats
+        now = self.now
         while waiting and budget > 0 and len(running) < self._max_seqs:
             r = waiting[0]
+            if r.ready > now:
+                break  # still in the API server
             num_tokens = r.prompt_len + r.outputs
             hits: list[int] = []
             if self._caching:
@@ -517,12 +537,16 @@ def simulate(
     gpu: str | GpuSpec,
     requests: Sequence[Request],
     max_concurrency: int | None = None,
+    api: str | None = None,
 ) -> SimRun:
     """Replay requests as `vllm bench serve` sends them (arrival times, optional concurrency cap).
 
     A request is sent once it has arrived and (with max_concurrency) a slot is free; its record's
-    start_time is that send time, so TTFT excludes the wait for a slot, as in vLLM's client.
+    start_time is that send time, so TTFT excludes the wait for a slot, as in vLLM's client. A finished
+    request's successor is sent when the step that finished it ends, so (as over HTTP) it cannot join
+    the step that starts at that instant. `api` "chat" prices the chat API's extra frontend work.
     """
+    chat = api == "chat"
     engine = SimEngine(config, gpu)
     order = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
     slots = [0.0] * max_concurrency if max_concurrency else None  # times at which slots became free
@@ -540,7 +564,7 @@ def simulate(
                 heapq.heappop(slots)
             i += 1
             try:
-                engine._enqueue(req, send)
+                engine._enqueue(req, send, chat)
             except ValueError as exc:
                 records[req.request_id] = RequestRecord(
                     prompt_len=req.prompt_len, output_len=0, start_time=send, success=False, error=str(exc)

@@ -59,6 +59,15 @@ _CATALOG: tuple[GpuSpec, ...] = (
         aliases=("H200", "h200-141gb", "h200-sxm"),
     ),
     GpuSpec(
+        name="NVIDIA B200",
+        memory_gib=179.06,
+        bf16_flops=2.25e15,
+        hbm_bytes_per_s=8.0e12,
+        interconnect_bytes_per_s=900e9,
+        interconnect_latency_s=8e-6,
+        aliases=("B200", "b200-180gb"),
+    ),
+    GpuSpec(
         name="NVIDIA A100-SXM4-80GB",
         memory_gib=79.15,
         bf16_flops=312e12,

@@ -1,0 +1,38 @@
+"""The API server in front of the simulated engine core: what a request costs before it can be scheduled.
+
+vLLM's OpenAI server parses the HTTP request, renders the chat template, tokenizes, and hands the
+request to the engine-core process over ZMQ; the answer goes back the same way, detokenized and
+streamed. Two effects matter for the numbers `vllm bench serve` reports:
+
+- a fixed latency on every request (light-load TTFT is never just the prefill): larger for the chat
+  API (template rendering, message parsing) than for completions;
+- a serial intake: one asyncio process admits requests one after another, so a burst of N requests at
+  t=0 reaches the engine over N x `per_request_s`, not all at once.
+
+`FrontendModel.ready_time` turns a send time into the time the engine core can first schedule the
+request. The constants are fitted on the train split of benchmarks/fidelity_points.yaml
+(docs/simulator.md, "Request intake").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COMPLETIONS_FIXED_S = 0.008  # send -> schedulable, completions API with token ids (light load)
+CHAT_EXTRA_S = 0.006  # chat template rendering and message parsing on top
+INTAKE_PER_REQUEST_S = 0.0006  # serial API-server work per request under a burst
+
+
+@dataclass
+class FrontendModel:
+    """Request intake of one API server: a fixed latency and a serial per-request cost."""
+
+    fixed_s: float = COMPLETIONS_FIXED_S
+    chat_extra_s: float = CHAT_EXTRA_S
+    per_request_s: float = INTAKE_PER_REQUEST_S
+    _free_at: float = 0.0  # when the serial intake is done with the requests it has
+
+    def ready_time(self, send_time: float, chat: bool = False) -> float:
+        """When a request sent at `send_time` can join an engine step (call in send order)."""
+        self._free_at = max(self._free_at, send_time) + self.per_request_s
+        return self._free_at + self.fixed_s - self.per_request_s + (self.chat_extra_s if chat else 0.0)
