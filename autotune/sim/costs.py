@@ -21,7 +21,7 @@ from autotune.sim.models import ModelSpec
 GEMM_EFF = 0.65  # achieved / peak bf16 for large GEMMs (prefill)
 ATTN_EFF = 0.45  # FlashAttention prefill achieved / peak
 BW_EFF = 0.80  # achieved / peak HBM bandwidth for weight and KV streaming
-STEP_BASE_S = 1.5e-3  # scheduler + input prep + sampling + output processing per step
+STEP_BASE_S = 2.5e-3  # scheduler + input prep + sampling + output processing per step
 PER_SEQ_S = 5e-6  # per scheduled request (block tables, sampling metadata, detokenize)
 EAGER_PER_LAYER_S = 30e-6  # kernel-launch cost per layer when the batch exceeds the CUDA-graph sizes
 

@@ -309,9 +309,10 @@ class SimEngine:
     def _step(self, emit: bool) -> StepOutput:
         if not self.has_unfinished():
             return StepOutput(duration=0.0)
-        begin = self.now
+        idle = 0.0
         if not self._running and self._waiting[0].ready > self.now:
-            self.now = self._waiting[0].ready  # idle until the API server hands the next request over
+            idle = self._waiting[0].ready - self.now  # until the API server hands the next request over
+            self.now = self._waiting[0].ready
         step = len(self.step_times)
         running = self._running
         preempted = self._grow_decodes(step)
@@ -350,9 +351,11 @@ class SimEngine:
             pairs,
             prefill_ctx,
         )
+        # The API server streams this step's tokens while the core runs the next one: with many
+        # streams it, not the GPU, sets the pace (frontend.py).
+        duration = max(duration, (num_decode + len(completing)) * self.frontend.per_token_s)
         self.now += duration
         self.step_times.append(self.now)
-        duration = self.now - begin  # what a real-time driver sleeps: idle wait included
         # -- effects ------------------------------------------------------------------------------
         self._decode_context += num_decode
         self.stats.generation_tokens += num_decode
@@ -377,7 +380,8 @@ class SimEngine:
                 r.outputs = r.output_len
                 finished.append(self._finish(r, step))
         self._update_gauges()
-        return StepOutput(duration=duration, new_tokens=new_tokens if emit else [], finished=finished)
+        # A real-time driver sleeps the idle wait too.
+        return StepOutput(duration=idle + duration, new_tokens=new_tokens if emit else [], finished=finished)
 
     def _grow_decodes(self, step: int) -> bool:
         """Give a new block to every decoding request crossing a block boundary; preempt when short."""

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 COMPLETIONS_FIXED_S = 0.008  # send -> schedulable, completions API with token ids (light load)
 CHAT_EXTRA_S = 0.006  # chat template rendering and message parsing on top
-INTAKE_PER_REQUEST_S = 0.0006  # serial API-server work per request under a burst
+INTAKE_PER_REQUEST_S = 0.008  # serial API-server work per request under a burst
+OUTPUT_PER_TOKEN_S = 80e-6  # detokenize + one SSE chunk per streamed token, in the same process
 
 
 @dataclass
@@ -30,6 +31,7 @@ class FrontendModel:
     fixed_s: float = COMPLETIONS_FIXED_S
     chat_extra_s: float = CHAT_EXTRA_S
     per_request_s: float = INTAKE_PER_REQUEST_S
+    per_token_s: float = OUTPUT_PER_TOKEN_S
     _free_at: float = 0.0  # when the serial intake is done with the requests it has
 
     def ready_time(self, send_time: float, chat: bool = False) -> float:
