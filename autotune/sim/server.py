@@ -295,8 +295,8 @@ class BadRequest(Exception):
 
 
 def error_body(message: str, status: int = 400, kind: str = "BadRequestError") -> dict[str, Any]:
-    """vLLM's error JSON."""
-    return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+    """vLLM's error JSON (the nested form of vLLM >= 0.10.1, as OpenAI's API)."""
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 
 @dataclass
@@ -333,6 +333,8 @@ class ParsedRequest:
     finish_reason: str
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
+    chat: bool = False
 
 
 # --------------------------------------------------------------------------- the service
@@ -357,6 +359,7 @@ class SimService:
         self._token_prefixes = PrefixIndex(engine.config.block_size)
         self._text_prefixes = PrefixIndex(engine.config.block_size * CHARS_PER_TOKEN)
         self._t0 = time.perf_counter()
+        self._step_end = 0.0  # perf_counter at which the running step's tokens appear
         self._loop_task: asyncio.Task | None = None
 
     # ---- lifecycle
@@ -383,6 +386,9 @@ class SimService:
             raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
         if body.get("n", 1) != 1:
             raise BadRequest("n > 1 is not supported by the simulated engine")
+        temperature = body.get("temperature")
+        if isinstance(temperature, (int, float)) and temperature < 0:
+            raise BadRequest(f"temperature must be non-negative, got {temperature}.")
         if chat:
             try:
                 text, template = _chat_text(body.get("messages"))
@@ -417,6 +423,8 @@ class SimService:
             finish_reason=reason,
             stream=bool(body.get("stream", False)),
             include_usage=bool(options.get("include_usage", False)),
+            continuous_usage=bool(options.get("continuous_usage_stats", False)),
+            chat=chat,
         )
 
     def _parse_prompt(self, prompt: Any) -> tuple[int, tuple[int | None, int]]:
@@ -444,16 +452,17 @@ class SimService:
         now = time.perf_counter()
         prefix_id, prefix_len = parsed.prefix
         self._sync_clock(now)
-        self.engine.add_request(
-            Request(
-                request_id=key,
-                prompt_len=parsed.prompt_tokens,
-                output_len=parsed.max_tokens,
-                arrival_time=self.engine.now,
-                prefix_id=prefix_id,
-                prefix_len=min(prefix_len, parsed.prompt_tokens),
-            )
+        # Mid-step the virtual clock is at the running step's end; the request was sent before that.
+        sent = self.engine.now - max(0.0, self._step_end - now)
+        request = Request(
+            request_id=key,
+            prompt_len=parsed.prompt_tokens,
+            output_len=parsed.max_tokens,
+            arrival_time=sent,
+            prefix_id=prefix_id,
+            prefix_len=min(prefix_len, parsed.prompt_tokens),
         )
+        self.engine.add_request(request, chat=parsed.chat, send_time=sent)
         state = Pending(
             key=key,
             rid=rid or uuid.uuid4().hex,
@@ -488,6 +497,7 @@ class SimService:
             if not self.engine.has_unfinished():
                 self._wake.clear()
                 await self._wake.wait()
+                deadline = time.perf_counter()  # an idle engine starts when work arrives, not earlier
             if self.options.die_after is not None and self.started >= self.options.die_after:
                 # The requests that started are streaming; the process vanishes under them.
                 _log("ERROR", "core.py:700", "EngineCore encountered a fatal error (simulated: --die-after).")
@@ -497,6 +507,7 @@ class SimService:
             start = max(deadline, time.perf_counter() - CATCH_UP_S)
             output = self.engine.step()
             deadline = start + output.duration
+            self._step_end = deadline
             delay = deadline - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -584,7 +595,7 @@ class ChunkWriter:
         text_key = '"delta":{"content":' if chat else '"text":'
         close = "}" if chat else ""
         self._token = f'data: {self.head},"choices":[{{"index":0,{text_key}{TOKEN_JSON}{close}'
-        self.tail_open = ',"logprobs":null,"finish_reason":null}]}\n\n'
+        self.tail_open = ',"logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}\n\n'
 
     def role_chunk(self) -> str:
         """The first chat chunk: the assistant role with empty content, as vLLM sends it."""
@@ -593,13 +604,31 @@ class ChunkWriter:
             f'"logprobs":null,"finish_reason":null}}]}}\n\n'
         )
 
-    def tokens(self, n: int, last: bool) -> str:
-        """n token chunks; the last one carries the finish reason when `last`."""
+    def tokens(self, n: int, last: bool, continuous_usage: bool = False) -> str:
+        """n token chunks; the last one carries the finish reason when `last`.
+
+        With `continuous_usage` every chunk carries the usage so far (stream_options.continuous_usage_stats).
+        """
+        if continuous_usage:
+            return "".join(self._usage_token(i, last and i == n) for i in range(1, n + 1))
         chunk = self._token + self.tail_open
         if not last:
             return chunk * n
-        final = f'{self._token},"logprobs":null,"finish_reason":"{self.state.finish_reason}"}}]}}\n\n'
+        final = (
+            f'{self._token},"logprobs":null,"finish_reason":"{self.state.finish_reason}",'
+            '"stop_reason":null}],"usage":null}\n\n'
+        )
         return chunk * (n - 1) + final
+
+    def _usage_token(self, i: int, last: bool) -> str:
+        """One token chunk with the usage after it (the i-th of the tokens not yet delivered)."""
+        p, c = self.state.prompt_tokens, self.state.delivered + i
+        usage = f'{{"prompt_tokens":{p},"total_tokens":{p + c},"completion_tokens":{c}}}'
+        reason = f'"{self.state.finish_reason}"' if last else "null"
+        return (
+            f'{self._token},"logprobs":null,"finish_reason":{reason},"stop_reason":null}}],'
+            f'"usage":{usage}}}\n\n'
+        )
 
     def usage_chunk(self) -> str:
         """The `include_usage` chunk: no choices, the token counts."""
@@ -617,12 +646,18 @@ class SseStream:
     into one chunked-body write) straight to the connection, and usage and [DONE] once it finishes."""
 
     def __init__(
-        self, service: SimService, conn: HttpConnection, writer: ChunkWriter, include_usage: bool
+        self,
+        service: SimService,
+        conn: HttpConnection,
+        writer: ChunkWriter,
+        include_usage: bool,
+        continuous_usage: bool = False,
     ) -> None:
         self.service = service
         self.conn = conn
         self.writer = writer
         self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
         self._role_pending = writer.chat
 
     def on_tokens(self, state: Pending) -> None:
@@ -635,7 +670,7 @@ class SseStream:
             if self._role_pending:
                 parts.append(self.writer.role_chunk())
                 self._role_pending = False
-            parts.append(self.writer.tokens(ready, state.finished))
+            parts.append(self.writer.tokens(ready, state.finished, self.continuous_usage))
             state.delivered = state.tokens
         if state.finished:
             state.listener = None  # no cycle left (state -> stream -> writer -> state) for the GC to find
@@ -747,11 +782,11 @@ class SimRoutes:
         """Route one request: 404 for an unknown path, 405 for a method the path does not take."""
         route = self._routes.get(request.path)
         if route is None:
-            conn.respond(404, b"Not Found", TEXT)
+            conn.respond_json(404, {"detail": "Not Found"})  # FastAPI's answer, as vLLM's server gives
             return
         methods, endpoint = route
         if request.method not in methods:
-            conn.respond(405, b"Method Not Allowed", TEXT, {"allow": ", ".join(methods)})
+            conn.respond_json(405, {"detail": "Method Not Allowed"}, {"allow": ", ".join(methods)})
             return
         endpoint(conn, request)
 
@@ -772,6 +807,9 @@ class SimRoutes:
         except ValueError as exc:
             conn.respond_json(400, error_body(f"Invalid JSON body: {exc}"))
             return
+        except RecursionError:
+            conn.respond_json(400, error_body("Invalid JSON body: nested too deeply"))
+            return
         try:
             parsed = service.parse(body, chat)
         except BadRequest as exc:
@@ -783,7 +821,7 @@ class SimRoutes:
         writer = ChunkWriter(service.model_name, chat, state)
         headers = {"x-request-id": state.rid}
         if parsed.stream:
-            stream = SseStream(service, conn, writer, parsed.include_usage)
+            stream = SseStream(service, conn, writer, parsed.include_usage, parsed.continuous_usage)
             conn.start_stream(SSE, headers, stream)
             state.listener = stream.on_tokens
         else:
