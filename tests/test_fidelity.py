@@ -1,0 +1,30 @@
+"""The simulator's regression test against real vLLM measurements (benchmarks/fidelity_points.yaml).
+
+The bounds are the validation-split medians measured when the model was last calibrated, with a
+little headroom: a model change must not make them worse.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import fidelity  # noqa: E402
+
+# (split, metric class) -> median |error| bound; measured: 4.8% / 10.8% / 1.8% (validation)
+BOUNDS = {("validation", "throughput"): 0.06, ("validation", "latency"): 0.12, ("validation", "memory"): 0.03}
+
+
+def test_validation_medians_do_not_get_worse() -> None:
+    errors = fidelity.evaluate(p for p in fidelity.load_points() if p["split"] == "validation")
+    medians = fidelity.medians(errors)
+    for key, bound in BOUNDS.items():
+        assert medians[key] <= bound, (key, medians[key])
+
+
+def test_real_starts_are_simulated_starts() -> None:
+    """A false "cannot start" is the worst error: every startup outcome in the data must match."""
+    starts = [e for e in fidelity.evaluate(fidelity.load_points()) if e.metric == "starts"]
+    assert starts and all(e.simulated == e.measured for e in starts)
