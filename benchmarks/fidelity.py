@@ -90,7 +90,7 @@ def _memory(point: dict[str, Any]) -> dict[str, float]:
     try:
         plan = plan_memory(config, model, gpu)
     except EngineStartupError:
-        return {"starts": 0.0}
+        return {"starts": 0.0, "kv_gib": 0.0}  # a false "cannot start": -100% KV
     return {"starts": 1.0, "kv_gib": plan.kv_available_bytes / GIB}
 
 

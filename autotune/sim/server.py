@@ -569,6 +569,7 @@ class SimService:
                     "done": s.done_at,
                     "ttft": (s.first_token or s.arrival) - s.arrival,
                     "ttft_sent": (s.first_sent or s.arrival) - s.arrival,
+                    "engine_ttft": self.engine.record(s.key).ttft,  # virtual: send -> first token
                     "prompt_tokens": s.prompt_tokens,
                     "completion_tokens": s.tokens,
                 }
