@@ -35,7 +35,8 @@ def _metrics(server: SimServerProcess) -> str:
 
 
 def _abort_count(server: SimServerProcess) -> float:
-    pattern = r'^vllm:request_success_total\{[^}]*finished_reason="abort"\} (\S+)$'
+    # prometheus_client (vLLM's exporter too) writes labels sorted by name
+    pattern = r'^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$'
     match = re.search(pattern, _metrics(server), re.MULTILINE)
     assert match, "no abort reason in vllm:request_success_total"
     return float(match.group(1))
