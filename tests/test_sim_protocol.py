@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -75,3 +78,48 @@ def test_closed_loop_in_process_and_over_http_agree_at_concurrency_32() -> None:
     http_ttft = np.mean([row["engine_ttft"] for row in rows])
     sim_ttft = np.mean([r.ttft for r in in_process.records])
     assert sim_ttft == pytest.approx(http_ttft, rel=0.10), (sim_ttft, http_ttft)
+
+
+@pytest.fixture(scope="module")
+def strict_server() -> Iterator[SimServerProcess]:
+    args = [MODEL, "--max-model-len", "4096", "--max-request-bytes", "2000", "--request-read-timeout", "0.5"]
+    with start_sim_server(args) as proc:
+        yield proc
+
+
+def _raw(server: SimServerProcess, data: bytes, wait_s: float = 3.0) -> bytes:
+    """Send `data` and read until the server closes the connection (or `wait_s` passes)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=wait_s) as sock:
+        sock.sendall(data)
+        seen = b""
+        with contextlib.suppress(TimeoutError):
+            while chunk := sock.recv(65536):
+                seen += chunk
+    return seen
+
+
+def _json_body(response: bytes) -> dict:
+    return json.loads(response.split(b"\r\n\r\n", 1)[1])
+
+
+def test_oversized_body_gets_413_json(strict_server: SimServerProcess) -> None:
+    big = httpx.post(strict_server.base_url + "/v1/completions", json={"model": MODEL, "prompt": [5] * 1000})
+    assert big.status_code == 413 and big.json()["error"]["code"] == 413
+    ok = httpx.post(strict_server.base_url + "/v1/completions", json={"prompt": [5] * 10, "max_tokens": 2})
+    assert ok.status_code == 200  # the limit is on size only
+
+
+def test_chunked_oversized_body_gets_413(strict_server: SimServerProcess) -> None:
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunk = b"x" * 1500
+    frame = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+    response = _raw(strict_server, head + frame + frame)
+    assert response.startswith(b"HTTP/1.1 413 ") and _json_body(response)["error"]["code"] == 413
+
+
+def test_half_sent_request_times_out_with_408(strict_server: SimServerProcess) -> None:
+    half = b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"prompt":'
+    start = time.monotonic()
+    response = _raw(strict_server, half, wait_s=5.0)
+    assert response.startswith(b"HTTP/1.1 408 ") and _json_body(response)["error"]["code"] == 408
+    assert time.monotonic() - start < 4.0  # closed by the server, not by our own timeout

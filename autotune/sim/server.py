@@ -37,7 +37,7 @@ import sys
 import time
 
 from autotune.config import EngineConfig
-from autotune.sim.httpd import start_http_server
+from autotune.sim.httpd import HttpLimits, start_http_server
 from autotune.sim.process import SimServerProcess, free_port, start_sim_server
 from autotune.sim.routes import VLLM_VERSION, SimRoutes
 from autotune.sim.service import Pending, ServerOptions, SimService, vllm_log
@@ -115,7 +115,8 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
 async def _serve_http(service: SimService, options: ServerOptions) -> int:
     """Listen, run the engine loop and serve until SIGTERM or SIGINT; 1 if the address cannot be bound."""
     try:
-        server, live = await start_http_server(options.host, options.port, SimRoutes(service).handle)
+        limits = HttpLimits(options.max_body_bytes, options.read_timeout_s)
+        server, live = await start_http_server(options.host, options.port, SimRoutes(service).handle, limits)
     except OSError as exc:
         _server_log("ERROR", str(exc))  # "... address already in use": backends classify it
         return 1

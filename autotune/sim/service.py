@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.sim.exposition import ServerMetrics, metrics_registry
+from autotune.sim.httpd import MAX_BODY_BYTES, READ_TIMEOUT_S
 from autotune.sim.parsing import ParsedRequest, RequestParser
 from autotune.workload import Request
 
@@ -43,6 +44,8 @@ class ServerOptions:
     die_after: int | None = None
     hang_after: int | None = None
     debug_timings: bool = False
+    max_body_bytes: int = MAX_BODY_BYTES
+    read_timeout_s: float = READ_TIMEOUT_S
 
 
 def vllm_log(level: str, where: str, message: str) -> None:
