@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 COMPLETIONS_FIXED_S = 0.008  # send -> schedulable, completions API with token ids (light load)
 CHAT_EXTRA_S = 0.006  # chat template rendering and message parsing on top
-INTAKE_PER_REQUEST_S = 0.008  # serial API-server work per request under a burst
-OUTPUT_PER_TOKEN_S = 80e-6  # detokenize + one SSE chunk per streamed token, in the same process
+INTAKE_PER_REQUEST_S = 0.003  # serial API-server work per request under a burst (completions)
+CHAT_INTAKE_PER_REQUEST_S = 0.020  # the same for the chat API (message parsing, template, tokenizing)
+OUTPUT_PER_TOKEN_S = 60e-6  # detokenize + one SSE chunk per streamed token, in the same process
 
 
 @dataclass
@@ -31,10 +32,12 @@ class FrontendModel:
     fixed_s: float = COMPLETIONS_FIXED_S
     chat_extra_s: float = CHAT_EXTRA_S
     per_request_s: float = INTAKE_PER_REQUEST_S
+    chat_per_request_s: float = CHAT_INTAKE_PER_REQUEST_S
     per_token_s: float = OUTPUT_PER_TOKEN_S
     _free_at: float = 0.0  # when the serial intake is done with the requests it has
 
     def ready_time(self, send_time: float, chat: bool = False) -> float:
         """When a request sent at `send_time` can join an engine step (call in send order)."""
-        self._free_at = max(self._free_at, send_time) + self.per_request_s
-        return self._free_at + self.fixed_s - self.per_request_s + (self.chat_extra_s if chat else 0.0)
+        intake = self.chat_per_request_s if chat else self.per_request_s
+        self._free_at = max(self._free_at, send_time) + intake
+        return self._free_at + self.fixed_s - intake + (self.chat_extra_s if chat else 0.0)
