@@ -99,7 +99,7 @@ def test_a_paused_stream_holds_its_tokens_and_writes_them_in_one_chunk_on_resume
 
     state = Pending(key=0, rid="r", arrival=0.0, prompt_tokens=5, max_tokens=4, finish_reason="length")
     conn = _Conn()
-    stream = SseStream(None, conn, ChunkWriter(MODEL, False, state), include_usage=True)  # type: ignore[arg-type]
+    stream = SseStream(None, conn, [ChunkWriter(MODEL, False, state)], include_usage=True)  # type: ignore[arg-type]
     state.listener = stream.on_tokens
     state.tokens = 2
     stream.on_tokens(state)

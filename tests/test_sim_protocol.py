@@ -123,3 +123,17 @@ def test_half_sent_request_times_out_with_408(strict_server: SimServerProcess) -
     response = _raw(strict_server, half, wait_s=5.0)
     assert response.startswith(b"HTTP/1.1 408 ") and _json_body(response)["error"]["code"] == 408
     assert time.monotonic() - start < 4.0  # closed by the server, not by our own timeout
+
+
+def test_n_choices_share_the_prompt_and_stream_with_their_index(server: SimServerProcess) -> None:
+    """vLLM samples n > 1 choices in parallel (one request each, the prompt's KV shared)."""
+    url = server.base_url + "/v1/completions"
+    plain = httpx.post(url, json={"model": MODEL, "prompt": [7] * 64, "max_tokens": 3, "n": 3}).json()
+    assert [c["index"] for c in plain["choices"]] == [0, 1, 2]
+    assert plain["usage"] == {"prompt_tokens": 64, "total_tokens": 73, "completion_tokens": 9}
+    chunks = _stream(server, n=2, max_tokens=3, stream_options={"include_usage": True})
+    token_chunks = [c for c in chunks if c["choices"]]
+    assert sorted(c["choices"][0]["index"] for c in token_chunks) == [0, 0, 0, 1, 1, 1]
+    assert len({c["id"] for c in chunks}) == 1 and chunks[-1]["usage"]["completion_tokens"] == 6
+    zero = httpx.post(url, json={"model": MODEL, "prompt": "x", "n": 0})
+    assert zero.status_code == 400 and "n must be at least 1" in zero.json()["error"]["message"]

@@ -122,6 +122,7 @@ class ParsedRequest:
     include_usage: bool
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
     chat: bool = False
+    n: int = 1  # choices to sample (vLLM fans them out as n requests sharing the prompt)
 
 
 class RequestParser:
@@ -141,8 +142,11 @@ class RequestParser:
         model = body.get("model")
         if model is not None and model != self.model_name:
             raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
-        if body.get("n", 1) != 1:
-            raise BadRequest("n > 1 is not supported by the simulated engine")
+        n = body.get("n", 1)
+        if n is None:
+            n = 1
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise BadRequest(f"n must be at least 1, got {n}.")
         temperature = body.get("temperature")
         if isinstance(temperature, (int, float)) and temperature < 0:
             raise BadRequest(f"temperature must be non-negative, got {temperature}.")
@@ -182,6 +186,7 @@ class RequestParser:
             include_usage=bool(options.get("include_usage", False)),
             continuous_usage=bool(options.get("continuous_usage_stats", False)),
             chat=chat,
+            n=n,
         )
 
     def _parse_prompt(self, prompt: Any) -> tuple[int, tuple[int | None, int]]:

@@ -78,19 +78,26 @@ class SimRoutes:
         except BadRequest as exc:
             conn.respond_json(exc.status, error_body(str(exc), exc.status, exc.kind))
             return
-        state = service.submit(parsed, request.headers.get("x-request-id"))
-        state.received = received
-        state.read = request.read_at
-        writer = ChunkWriter(service.model_name, chat, state)
-        headers = {"x-request-id": state.rid}
+        states = service.submit_choices(parsed, request.headers.get("x-request-id"))
+        first = states[0]
+        writers = [ChunkWriter(service.model_name, chat, first)]
+        for index, state in enumerate(states[1:], start=1):  # n > 1: choices share the id and time
+            writers.append(
+                ChunkWriter(service.model_name, chat, state, index, writers[0].id, writers[0].created)
+            )
+        for state in states:
+            state.received = received
+            state.read = request.read_at
+        headers = {"x-request-id": first.rid}
+        response: SseStream | PlainAnswer
         if parsed.stream:
-            stream = SseStream(service, conn, writer, parsed.include_usage, parsed.continuous_usage)
-            conn.start_stream(SSE, headers, stream)
-            state.listener = stream.on_tokens
+            response = SseStream(service, conn, writers, parsed.include_usage, parsed.continuous_usage)
+            conn.start_stream(SSE, headers, response)
         else:
-            answer = PlainAnswer(service, conn, writer, headers)
-            conn.hold(answer)
-            state.listener = answer.on_tokens
+            response = PlainAnswer(service, conn, writers, headers)
+            conn.hold(response)
+        for state in states:
+            state.listener = response.on_tokens
 
     def health(self, conn: HttpConnection, _: HttpRequest) -> None:
         """GET /health: 200, or no answer at all while the engine is hung (as with a stuck vLLM)."""

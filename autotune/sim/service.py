@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 import sys
@@ -96,6 +97,7 @@ class SimService:
         self.started = 0
         self.hung = False
         self._ids = itertools.count()
+        self._choice_groups = itertools.count()
         self._wake = asyncio.Event()
         self._t0 = time.perf_counter()
         self._step_end = 0.0  # perf_counter at which the running step's tokens appear
@@ -151,6 +153,19 @@ class SimService:
         self.pending[key] = state
         self._wake.set()
         return state
+
+    def submit_choices(self, parsed: ParsedRequest, rid: str | None = None) -> list[Pending]:
+        """Hand a request with `n` choices to the engine: n requests sharing the prompt, as vLLM's
+        parallel sampling fans them out (the prefix cache serves the prompt's KV to all but the first)."""
+        if parsed.n == 1:
+            return [self.submit(parsed, rid)]
+        prefix = parsed.prefix
+        if prefix[1] < parsed.prompt_tokens:  # share the whole prompt among the choices
+            # negative ids: apart from the parser's prefix groups (0, 1, ...)
+            prefix = (-1 - next(self._choice_groups), parsed.prompt_tokens)
+        shared = dataclasses.replace(parsed, prefix=prefix)
+        first = self.submit(shared, rid)
+        return [first] + [self.submit(shared, first.rid) for _ in range(parsed.n - 1)]
 
     def abort(self, state: Pending) -> None:
         """The client went away: drop its request from the engine, as vLLM does, so it stops using the batch.

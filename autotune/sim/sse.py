@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from autotune.sim.httpd import HttpConnection
@@ -22,27 +23,42 @@ TOKEN_JSON = json.dumps(TOKEN_TEXT)
 
 
 class ChunkWriter:
-    """Pre-rendered SSE chunks for one response (JSON built once, token chunks by concatenation)."""
+    """Pre-rendered SSE chunks for one choice of a response (JSON built once, token chunks by concatenation).
 
-    def __init__(self, model: str, chat: bool, state: Pending) -> None:
+    `state` is the engine request behind choice `index`; the choices of one response share `response_id`
+    and `created` (n > 1)."""
+
+    def __init__(
+        self,
+        model: str,
+        chat: bool,
+        state: Pending,
+        index: int = 0,
+        response_id: str | None = None,
+        created: int | None = None,
+    ) -> None:
         self.model = model
         self.chat = chat
         self.state = state
-        self.created = int(time.time())
+        self.index = index
+        self.created = int(time.time()) if created is None else created
         kind = "chat.completion.chunk" if chat else "text_completion"
-        self.id = ("chatcmpl-" if chat else "cmpl-") + state.rid
+        self.id = response_id or ("chatcmpl-" if chat else "cmpl-") + state.rid
         self.head = json.dumps(
             {"id": self.id, "object": kind, "created": self.created, "model": model}, separators=(",", ":")
         )[:-1]
         text_key = '"delta":{"content":' if chat else '"text":'
         close = "}" if chat else ""
-        self._token = f'data: {self.head},"choices":[{{"index":0,{text_key}{TOKEN_JSON}{close}'
+        self._token = f'data: {self.head},"choices":[{{"index":{index},{text_key}{TOKEN_JSON}{close}'
         self.tail_open = ',"logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}\n\n'
+        self.role_pending = chat  # chat streams open each choice with the assistant role
 
     def role_chunk(self) -> str:
-        """The first chat chunk: the assistant role with empty content, as vLLM sends it."""
+        """The first chat chunk of a choice: the assistant role with empty content, as vLLM sends it."""
+        self.role_pending = False
+        delta = '"delta":{"role":"assistant","content":""}'
         return (
-            f'data: {self.head},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},'
+            f'data: {self.head},"choices":[{{"index":{self.index},{delta},'
             f'"logprobs":null,"finish_reason":null}}]}}\n\n'
         )
 
@@ -72,92 +88,102 @@ class ChunkWriter:
             f'"usage":{usage}}}\n\n'
         )
 
-    def usage_chunk(self) -> str:
+    def usage_chunk(self, usage: dict[str, int]) -> str:
         """The `include_usage` chunk: no choices, the token counts."""
-        usage = json.dumps(self.usage(), separators=(",", ":"))
-        return f'data: {self.head},"choices":[],"usage":{usage}}}\n\n'
+        return f'data: {self.head},"choices":[],"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n'
 
-    def usage(self) -> dict[str, int]:
-        """OpenAI usage block."""
-        p, c = self.state.prompt_tokens, self.state.tokens
-        return {"prompt_tokens": p, "total_tokens": p + c, "completion_tokens": c}
+
+def usage_of(states: Sequence[Pending]) -> dict[str, int]:
+    """OpenAI usage block of a response: the prompt once, the completion tokens of every choice."""
+    p, c = states[0].prompt_tokens, sum(s.tokens for s in states)
+    return {"prompt_tokens": p, "total_tokens": p + c, "completion_tokens": c}
 
 
 class SseStream:
     """A streaming response: after each engine step the engine loop writes its new token chunks (coalesced
-    into one chunked-body write) straight to the connection, and usage and [DONE] once it finishes."""
+    into one chunked-body write) straight to the connection, and usage and [DONE] once every choice ended."""
 
     def __init__(
         self,
         service: SimService,
         conn: HttpConnection,
-        writer: ChunkWriter,
+        writers: Sequence[ChunkWriter],
         include_usage: bool,
         continuous_usage: bool = False,
     ) -> None:
         self.service = service
         self.conn = conn
-        self.writer = writer
+        self.writers = {w.state.key: w for w in writers}
         self.include_usage = include_usage
         self.continuous_usage = continuous_usage
-        self._role_pending = writer.chat
+        self._open = len(self.writers)  # choices not finished yet
 
     def on_tokens(self, state: Pending) -> None:
-        """Write the tokens not written yet, then the end if the request finished (Pending.listener)."""
-        if self.conn.paused:
+        """Write the choice's tokens not written yet, then the end once all finished (Pending.listener)."""
+        if self.conn.paused or state.listener is None:
             return  # a slow reader: `resume` writes them, together with those that come meanwhile
+        writer = self.writers[state.key]
         ready = state.tokens - state.delivered
         parts: list[str] = []
         if ready:
-            if self._role_pending:
-                parts.append(self.writer.role_chunk())
-                self._role_pending = False
-            parts.append(self.writer.tokens(ready, state.finished, self.continuous_usage))
+            if writer.role_pending:
+                parts.append(writer.role_chunk())
+            parts.append(writer.tokens(ready, state.finished, self.continuous_usage))
             state.delivered = state.tokens
         if state.finished:
             state.listener = None  # no cycle left (state -> stream -> writer -> state) for the GC to find
-            if self.include_usage:
-                parts.append(self.writer.usage_chunk())
-            parts.append("data: [DONE]\n\n")
+            self._open -= 1
+            if not self._open:
+                if self.include_usage:
+                    parts.append(writer.usage_chunk(usage_of([w.state for w in self.writers.values()])))
+                parts.append("data: [DONE]\n\n")
         if not parts:
             return
         if ready and state.first_sent is None:
             state.first_sent = time.perf_counter()  # just before the write: asyncio sends at once if it can
-        self.conn.send_chunk("".join(parts).encode(), last=state.finished)
+        self.conn.send_chunk("".join(parts).encode(), last=not self._open)
 
     def resume(self) -> None:
         """The client caught up: write what was held back."""
-        self.on_tokens(self.writer.state)
+        for writer in list(self.writers.values()):
+            self.on_tokens(writer.state)
 
     def lost(self) -> None:
-        """The client disconnected mid-stream: abort the request, as vLLM does."""
-        _abandon(self.service, self.writer.state)
+        """The client disconnected mid-stream: abort the requests, as vLLM does."""
+        for writer in self.writers.values():
+            _abandon(self.service, writer.state)
 
 
 class PlainAnswer:
-    """A non-streaming response: its JSON body is written when the engine finishes the request."""
+    """A non-streaming response: its JSON body is written when the engine finished every choice."""
 
     def __init__(
-        self, service: SimService, conn: HttpConnection, writer: ChunkWriter, headers: dict[str, str]
+        self,
+        service: SimService,
+        conn: HttpConnection,
+        writers: Sequence[ChunkWriter],
+        headers: dict[str, str],
     ):
         self.service = service
         self.conn = conn
-        self.writer = writer
+        self.writers = list(writers)
         self.headers = headers
 
     def on_tokens(self, state: Pending) -> None:
-        """Answer once the request finished (Pending.listener)."""
+        """Answer once every choice finished (Pending.listener)."""
         if state.finished:
             state.listener = None
             state.delivered = state.tokens
-            self.conn.respond_json(200, full_response(self.writer), self.headers)
+            if all(w.state.listener is None for w in self.writers):  # the last choice: answer once
+                self.conn.respond_json(200, full_response(self.writers), self.headers)
 
     def resume(self) -> None:
         """Nothing is held back: the body is written whole."""
 
     def lost(self) -> None:
-        """The client gave up waiting: abort the request (vLLM's 499, which nobody reads)."""
-        _abandon(self.service, self.writer.state)
+        """The client gave up waiting: abort the requests (vLLM's 499, which nobody reads)."""
+        for writer in self.writers:
+            _abandon(self.service, writer.state)
 
 
 class NeverAnswered:
@@ -177,17 +203,21 @@ def _abandon(service: SimService, state: Pending) -> None:
         service.abort(state)
 
 
-def full_response(writer: ChunkWriter) -> dict[str, Any]:
-    """The non-streaming response body."""
-    text = TOKEN_TEXT * writer.state.tokens
-    reason = writer.state.finish_reason
-    if writer.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
-                  "logprobs": None, "finish_reason": reason, "stop_reason": None}  # fmt: skip
-        kind = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None,
-                  "prompt_logprobs": None}  # fmt: skip
-        kind = "text_completion"
-    return {"id": writer.id, "object": kind, "created": writer.created, "model": writer.model,
-            "choices": [choice], "usage": writer.usage()}  # fmt: skip
+def full_response(writers: Sequence[ChunkWriter]) -> dict[str, Any]:
+    """The non-streaming response body: one choice per writer."""
+    first = writers[0]
+    choices = []
+    for w in writers:
+        text, reason = TOKEN_TEXT * w.state.tokens, w.state.finish_reason
+        choice: dict[str, Any] = {"index": w.index}
+        if first.chat:
+            choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
+        else:
+            choice["text"] = text
+        choice.update(logprobs=None, finish_reason=reason, stop_reason=None)
+        if not first.chat:
+            choice["prompt_logprobs"] = None
+        choices.append(choice)
+    kind = "chat.completion" if first.chat else "text_completion"
+    return {"id": first.id, "object": kind, "created": first.created, "model": first.model,
+            "choices": choices, "usage": usage_of([w.state for w in writers])}  # fmt: skip
