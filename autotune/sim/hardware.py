@@ -50,15 +50,6 @@ _CATALOG: tuple[GpuSpec, ...] = (
         aliases=("H100", "h100-80gb", "h100-sxm", "h100-80gb-sxm", "h100-sxm5"),
     ),
     GpuSpec(
-        name="NVIDIA H100 NVL",
-        memory_gib=93.58,  # 95,830 MiB
-        bf16_flops=835e12,
-        hbm_bytes_per_s=3.9e12,
-        interconnect_bytes_per_s=300e9,  # NVLink bridge between pairs (600 GB/s both directions)
-        interconnect_latency_s=8e-6,
-        aliases=("H100-NVL", "h100-nvl-94gb"),
-    ),
-    GpuSpec(
         name="NVIDIA H200",
         memory_gib=139.81,
         bf16_flops=989e12,
@@ -120,6 +111,15 @@ _CATALOG: tuple[GpuSpec, ...] = (
         interconnect_bytes_per_s=25e9,
         interconnect_latency_s=30e-6,
         aliases=("A10G", "a10g-24gb"),
+    ),
+    GpuSpec(
+        name="NVIDIA H100 NVL",
+        memory_gib=93.58,  # 95,830 MiB
+        bf16_flops=835e12,
+        hbm_bytes_per_s=3.9e12,
+        interconnect_bytes_per_s=300e9,  # NVLink bridge between pairs (600 GB/s both directions)
+        interconnect_latency_s=8e-6,
+        aliases=("H100-NVL", "h100-nvl-94gb"),
     ),
 )
 

@@ -39,6 +39,7 @@ PROFILE_BASE_BYTES = int(0.43 * GIB)  # workspaces and the compiled forward's pe
 PROFILE_SAMPLER_BYTES_PER_LOGIT = 35  # the profile's sampler run, per (row x vocab) logit
 HIDDEN_BYTES_PER_TOKEN = 2  # one bf16 hidden-state row per budget token (residual stream)
 SAMPLER_BYTES_PER_LOGIT = 8  # the sampler warm-up after KV allocation: fp32 logits plus a working copy
+GRAPH_MLP_FACTOR = 14  # live elements per intermediate unit per token in the largest captured graph
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,19 @@ def activation_bytes(model: ModelSpec, tp: int, num_tokens: int, num_sampled: in
     return PROFILE_BASE_BYTES + hidden + sampler
 
 
+def graph_pool_bytes(model: ModelSpec, tp: int, num_tokens: int) -> int:
+    """The largest captured graph's intermediate buffers (kept in the graph pool after capture).
+
+    Unlike the profiled peak, nothing newer calibrates this: it keeps the earlier per-token estimate
+    (hidden states, q/k/v, and 14 elements per intermediate unit, bf16), which puts vLLM's documented
+    failures at 0.98 on H100 and its neighbours where they were."""
+    q_kv = (model.num_attention_heads + 2 * model.num_key_value_heads) * model.head_dim // tp
+    per_token = model.dtype_bytes * (
+        4 * model.hidden_size + GRAPH_MLP_FACTOR * model.intermediate_size // tp + q_kv
+    )
+    return num_tokens * per_token
+
+
 def sampler_bytes(model: ModelSpec, num_sampled: int) -> int:
     """Sampler warm-up: logits (gathered to the full vocab on every rank) and a working copy, fp32."""
     return num_sampled * model.vocab_size * SAMPLER_BYTES_PER_LOGIT
@@ -204,9 +218,8 @@ def plan_memory(config: EngineConfig, model: ModelSpec, gpu: GpuSpec) -> MemoryP
             FailureKind.KV_CACHE_OOM.value,
         )
     sizes = cuda_graph_sizes(config.max_num_seqs)
-    # Graph pools: a small per-graph, per-layer cost plus the largest graph's hidden-state buffers.
-    graphs = len(sizes) * model.num_layers * CUDA_GRAPH_BYTES_PER_LAYER + (
-        sizes[-1] * model.hidden_size * HIDDEN_BYTES_PER_TOKEN
+    graphs = len(sizes) * model.num_layers * CUDA_GRAPH_BYTES_PER_LAYER + graph_pool_bytes(
+        model, tp, sizes[-1]
     )
     warmup = sampler_bytes(model, num_sampled)
     headroom = free - requested  # what is physically left once the KV cache fills the budget
