@@ -18,7 +18,7 @@ recovered at the end from the global step-time array and each request's [first, 
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +29,7 @@ from autotune.metrics import RequestRecord
 from autotune.sim.costs import CostModel
 from autotune.sim.frontend import FrontendModel
 from autotune.sim.hardware import GpuSpec, get_gpu
+from autotune.sim.kv_pool import BlockPool
 from autotune.sim.memory import MemoryPlan, plan_memory
 from autotune.sim.models import ModelSpec, get_model
 from autotune.workload import Request
@@ -114,77 +115,6 @@ class _Req:
         return self.prompt_len + self.decode_outputs - 1 + (step - self.decode_start)
 
 
-class _BlockPool:
-    """vLLM's KV block pool: free queue in LRU order, ref counts, hash -> block map for cached blocks."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self.num_blocks = num_blocks
-        self.fresh_next = 0  # blocks [fresh_next, num_blocks) were never used: the free queue's head
-        self.free: OrderedDict[int, None] = OrderedDict()  # freed blocks, least recently freed first
-        self.ref = [0] * num_blocks
-        self.hash: list[object | None] = [None] * num_blocks
-        self.cache: dict[object, int] = {}
-
-    @property
-    def num_free(self) -> int:
-        return self.num_blocks - self.fresh_next + len(self.free)
-
-    def allocate(self, n: int) -> list[int]:
-        """n blocks (caller checked num_free); evicts the least recently freed cached blocks."""
-        fresh = min(n, self.num_blocks - self.fresh_next)
-        out = list(range(self.fresh_next, self.fresh_next + fresh))
-        self.fresh_next += fresh
-        for _ in range(n - fresh):
-            bid = self.free.popitem(last=False)[0]
-            h = self.hash[bid]
-            if h is not None:
-                self.hash[bid] = None
-                if self.cache.get(h) == bid:
-                    del self.cache[h]
-            out.append(bid)
-        ref = self.ref
-        for bid in out:
-            ref[bid] = 1
-        return out
-
-    def touch(self, hits: list[int]) -> None:
-        """Take a reference on cached blocks (removing free ones from the free queue)."""
-        for bid in hits:
-            if self.ref[bid] == 0:
-                del self.free[bid]
-            self.ref[bid] += 1
-
-    def release(self, blocks: list[int]) -> None:
-        """Drop a request's references; its tail blocks are freed first so they are evicted first."""
-        ref, free = self.ref, self.free
-        for bid in reversed(blocks):
-            ref[bid] -= 1
-            if ref[bid] == 0:
-                free[bid] = None
-
-    def register(self, req: _Req, upto: int) -> None:
-        """Cache req's full blocks [cached_upto, upto)."""
-        cache, hashes, blocks = self.cache, self.hash, req.blocks
-        for i in range(req.cached_upto, upto):
-            key = req.key(i)
-            if key not in cache:
-                bid = blocks[i]
-                cache[key] = bid
-                hashes[bid] = key
-        req.cached_upto = max(req.cached_upto, upto)
-
-    def lookup(self, req: _Req, max_blocks: int) -> list[int]:
-        """The cached blocks of req's longest cached prefix (at most max_blocks)."""
-        hits = []
-        cache = self.cache
-        for i in range(max_blocks):
-            bid = cache.get(req.key(i))
-            if bid is None:
-                break
-            hits.append(bid)
-        return hits
-
-
 def _by_seq(r: _Req) -> int:
     return r.seq
 
@@ -214,7 +144,7 @@ class SimEngine:
         self._max_len = self.config.max_model_len
         self._chunked = self.config.enable_chunked_prefill
         self._caching = self.config.enable_prefix_caching
-        self._pool = _BlockPool(self.memory.num_gpu_blocks)
+        self._pool = BlockPool(self.memory.num_gpu_blocks)
         self._waiting: deque[_Req] = deque()
         self._running: dict[int, _Req] = {}  # admission order; the last one is the newest
         self._prefilling: _Req | None = None  # the running request mid-prefill (always the newest)
