@@ -232,10 +232,6 @@ class SimEngine:
         r.ready = self.frontend.ready_time(send_time, chat)
         self._waiting.append(r)
 
-    def next_ready_time(self) -> float | None:
-        """When the oldest waiting request can be scheduled (None: nothing waits)."""
-        return self._waiting[0].ready if self._waiting else None
-
     def _step(self, emit: bool) -> StepOutput:
         if not self.has_unfinished():
             return StepOutput(duration=0.0)

@@ -2,16 +2,18 @@
 
 vLLM's OpenAI server parses the HTTP request, renders the chat template, tokenizes, and hands the
 request to the engine-core process over ZMQ; the answer goes back the same way, detokenized and
-streamed. Two effects matter for the numbers `vllm bench serve` reports:
+streamed. Three effects matter for the numbers `vllm bench serve` reports:
 
 - a fixed latency on every request (light-load TTFT is never just the prefill): larger for the chat
   API (template rendering, message parsing) than for completions;
 - a serial intake: one asyncio process admits requests one after another, so a burst of N requests at
-  t=0 reaches the engine over N x `per_request_s`, not all at once.
+  t=0 reaches the engine over N x the per-request cost (chat far more than token-id completions);
+- a streaming floor: the same process detokenizes and writes one SSE chunk per token, so a step that
+  streams many tokens cannot end sooner than that work (the engine applies `per_token_s`).
 
 `FrontendModel.ready_time` turns a send time into the time the engine core can first schedule the
-request. The constants are fitted on the train split of benchmarks/fidelity_points.yaml
-(docs/simulator.md, "Request intake").
+request. The constants are fitted on the train split of benchmarks/fidelity_points.yaml, except the
+completions intake, which no measurement there isolates (docs/simulator.md, "Request intake").
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ OUTPUT_PER_TOKEN_S = 60e-6  # detokenize + one SSE chunk per streamed token, in 
 
 @dataclass
 class FrontendModel:
-    """Request intake of one API server: a fixed latency and a serial per-request cost."""
+    """One API server: a fixed latency, a serial per-request intake and a per-token streaming cost."""
 
     fixed_s: float = COMPLETIONS_FIXED_S
     chat_extra_s: float = CHAT_EXTRA_S
