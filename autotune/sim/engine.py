@@ -32,6 +32,7 @@ from autotune.sim.hardware import GpuSpec, get_gpu
 from autotune.sim.kv_pool import BlockPool
 from autotune.sim.memory import MemoryPlan, plan_memory
 from autotune.sim.models import ModelSpec, get_model
+from autotune.sim.noise import StepNoise
 from autotune.workload import Request
 
 _KEY_STRIDE = 1 << 22  # block index bound per request in the integer block-hash keys
@@ -122,7 +123,7 @@ def _by_seq(r: _Req) -> int:
 class SimEngine:
     """The simulated vLLM V1 engine with a virtual clock. Raises EngineStartupError like vLLM."""
 
-    def __init__(self, config: EngineConfig, gpu: str | GpuSpec) -> None:
+    def __init__(self, config: EngineConfig, gpu: str | GpuSpec, noise: StepNoise | None = None) -> None:
         self.gpu: GpuSpec = get_gpu(gpu)
         self.model: ModelSpec = get_model(config.model)
         self.config: EngineConfig = config.with_vllm_defaults(
@@ -132,6 +133,7 @@ class SimEngine:
         self.costs = CostModel(
             self.model, self.gpu, self.config.tensor_parallel_size, self.memory.kv_bytes_per_token
         )
+        self.noise = noise  # None: every step takes exactly its modelled time
         self.now = 0.0
         self.frontend = FrontendModel()
         self.stats = EngineStats()
@@ -277,6 +279,8 @@ class SimEngine:
             pairs,
             prefill_ctx,
         )
+        if self.noise is not None:
+            duration *= self.noise.factor()
         # The API server streams this step's tokens while the core runs the next one: with many
         # streams it, not the GPU, sets the pace (frontend.py).
         duration = max(duration, (num_decode + len(completing)) * self.frontend.per_token_s)
@@ -467,6 +471,7 @@ def simulate(
     gpu: str | GpuSpec,
     requests: Sequence[Request],
     max_concurrency: int | None = None,
+    noise: StepNoise | None = None,
     api: str | None = None,
 ) -> SimRun:
     """Replay requests as `vllm bench serve` sends them (arrival times, optional concurrency cap).
@@ -477,7 +482,7 @@ def simulate(
     the step that starts at that instant. `api` "chat" prices the chat API's extra frontend work.
     """
     chat = api == "chat"
-    engine = SimEngine(config, gpu)
+    engine = SimEngine(config, gpu, noise)
     order = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
     slots = [0.0] * max_concurrency if max_concurrency else None  # times at which slots became free
     records: dict[int, RequestRecord] = {}
