@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import fidelity  # noqa: E402
 
-# (split, metric class) -> median |error| bound. Measured at calibration: throughput 33.8% (the H100 NVL
+# (split, metric class) -> median |error| bound. Measured at calibration: throughput 33.3% (the H100 NVL
 # Qwen3-32B run is 65-71% fast, the 70B A100 runs within 3%), latency 5.8%, memory 0.0% (KV 1.8% off).
 BOUNDS = {("validation", "throughput"): 0.36, ("validation", "latency"): 0.07, ("validation", "memory"): 0.02}
 

@@ -12,18 +12,21 @@ streamed. Three effects matter for the numbers `vllm bench serve` reports:
   streams many tokens cannot end sooner than that work (the engine applies `per_token_s`).
 
 `FrontendModel.ready_time` turns a send time into the time the engine core can first schedule the
-request. The constants are fitted on the train split of benchmarks/fidelity_points.yaml, except the
-completions intake, which no measurement there isolates (docs/simulator.md, "Request intake").
+request. The constants are fitted on the train split of benchmarks/fidelity_points.yaml; no point there
+isolates the completions intake, which is the chat one less the chat-only work (docs/simulator.md,
+"Request intake").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-COMPLETIONS_FIXED_S = 0.008  # send -> schedulable, completions API with token ids (light load)
-CHAT_EXTRA_S = 0.006  # chat template rendering and message parsing on top
-INTAKE_PER_REQUEST_S = 0.003  # serial API-server work per request under a burst (completions)
-CHAT_INTAKE_PER_REQUEST_S = 0.020  # the same for the chat API (message parsing, template, tokenizing)
+COMPLETIONS_FIXED_S = 0.008  # send -> schedulable for a lone completions request
+CHAT_EXTRA_S = 0.006  # the chat API's message parsing and template rendering, on top (both costs)
+# Effective serial cost per request of an API server under a burst (it streams the running requests'
+# tokens meanwhile, so this is more than a lone request's latency): 20 ms for chat, fitted on PR 18566;
+# completions take that less the chat-only work.
+INTAKE_PER_REQUEST_S = 0.014
 OUTPUT_PER_TOKEN_S = 60e-6  # detokenize + one SSE chunk per streamed token, in the same process
 
 
@@ -34,12 +37,12 @@ class FrontendModel:
     fixed_s: float = COMPLETIONS_FIXED_S
     chat_extra_s: float = CHAT_EXTRA_S
     per_request_s: float = INTAKE_PER_REQUEST_S
-    chat_per_request_s: float = CHAT_INTAKE_PER_REQUEST_S
     per_token_s: float = OUTPUT_PER_TOKEN_S
     _free_at: float = 0.0  # when the serial intake is done with the requests it has
 
     def ready_time(self, send_time: float, chat: bool = False) -> float:
         """When a request sent at `send_time` can join an engine step (call in send order)."""
-        intake = self.chat_per_request_s if chat else self.per_request_s
+        extra = self.chat_extra_s if chat else 0.0
+        intake = self.per_request_s + extra
         self._free_at = max(self._free_at, send_time) + intake
-        return self._free_at + self.fixed_s - intake + (self.chat_extra_s if chat else 0.0)
+        return self._free_at - intake + self.fixed_s + extra
