@@ -442,10 +442,6 @@ class _KvSampler:
 
 # --- /metrics -------------------------------------------------------------------------------------
 
-_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
 @dataclass(frozen=True)
 class Sample:
     """One Prometheus sample line."""
@@ -456,17 +452,19 @@ class Sample:
 
 
 def parse_prometheus(text: str) -> list[Sample]:
-    """Parse Prometheus' text exposition format (comments and unparsable lines are skipped)."""
-    samples = []
-    for line in text.splitlines():
-        match = _SAMPLE.match(line.strip())
-        if not match or line.startswith("#"):
-            continue
-        try:
-            value = float(match["value"])
-        except ValueError:
-            continue
-        samples.append(Sample(match["name"], dict(_LABEL.findall(match["labels"] or "")), value))
+    """Parse Prometheus' text exposition format with prometheus_client's parser.
+
+    Sample names are as exposed (a counter keeps its `_total`). Text the parser rejects ends the parse:
+    the samples read before it are kept (a half-written scrape still gives what it has).
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: list[Sample] = []
+    try:
+        for family in text_string_to_metric_families(text):
+            samples.extend(Sample(s.name, dict(s.labels), float(s.value)) for s in family.samples)
+    except ValueError:
+        pass
     return samples
 
 
