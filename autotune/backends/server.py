@@ -340,10 +340,12 @@ def _benchmark(
     server = server_figures(before, after, sampler.peak_kv)
     duration = load.duration or (time.monotonic() - started)
     metrics = compute_metrics(load.records, duration, goodput_slos(slos), server=server)
-    return metrics, _judge(handle, load, metrics)
+    return metrics, _judge(handle, load, metrics, [r.arrival_time for r in requests], limits)
 
 
-def _judge(handle: ServerHandle, load: Any, metrics: BenchmarkResult) -> _Failure | None:
+def _judge(
+    handle: ServerHandle, load: Any, metrics: BenchmarkResult, arrivals: Sequence[float], limits: TrialLimits
+) -> _Failure | None:
     """Turn a finished load into a failure when the server died, stopped serving, or the run aborted."""
     failed = [r for r in load.records if not r.success]
     if failed:
@@ -358,10 +360,10 @@ def _judge(handle: ServerHandle, load: Any, metrics: BenchmarkResult) -> _Failur
                 FailureKind.ERROR, f"all {len(failed)} requests failed: {failed[0].error}", metrics
             )
     if load.aborted:
-        # At the pace so far (at least one request per elapsed run time), the unfinished requests (cut
-        # off or never sent) would have taken this much longer.
+        from autotune.early_abort import abort_savings
+
         unfinished = load.cancelled + load.not_sent
-        saved_s = load.duration * unfinished / max(len(load.records), 1)
+        saved_s = abort_savings(load.records, arrivals, load.duration, unfinished, limits.benchmark_timeout_s)
         return _Failure(FailureKind.EARLY_ABORT, load.aborted, metrics, saved_s)
     return None
 
