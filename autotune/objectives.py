@@ -69,6 +69,20 @@ class Objective:
         return float(value) if value is not None else (0.0 if self.maximize else FAILED_LATENCY_MS)
 
 
+def metric_unit(metric: str) -> str:
+    """The unit of a result key: "ms" for latencies, "req/s" or "tok/s" for throughputs ("/GPU" per GPU)."""
+    if metric.endswith("_ms"):
+        return "ms"
+    base = metric.removesuffix(PER_GPU)
+    unit = "req/s" if base in ("request_throughput", "request_goodput") else "tok/s"
+    return unit + ("/GPU" if metric.endswith(PER_GPU) else "")
+
+
+def metric_label(metric: str) -> str:
+    """A result key with its unit for an axis or a column, e.g. "p99_ttft (ms)"."""
+    return f"{metric.removesuffix('_ms')} ({metric_unit(metric)})"
+
+
 def failed_values(
     objectives: Sequence[Objective], slos: Sequence[Slo], worst: Mapping[str, float]
 ) -> list[float]:

@@ -19,7 +19,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.backends.base import FailureKind, TrialResult
 from autotune.config import EngineConfig
 from autotune.executor import Executor
-from autotune.objectives import ObjectiveSet
+from autotune.objectives import ObjectiveSet, metric_unit
 from autotune.progress import Progress, ProgressState, running_params
 from autotune.screen import MemoryScreen, Screening
 from autotune.slo import Slo
@@ -322,17 +322,9 @@ class Tuner:
                 rejected=c.rejected,
                 best=c.best,
                 baseline=c.baseline,
-                unit=_unit(self.objectives.objectives[0].metric),
+                unit=metric_unit(self.objectives.objectives[0].metric),
                 running=running,
                 last=c.last,
             )
         )
 
-
-def _unit(metric: str) -> str:
-    units: Mapping[str, str] = {"request_throughput": "req/s", "request_goodput": "req/s"}
-    if metric.endswith("_ms"):
-        return "ms"
-    return units.get(metric.removesuffix("_per_gpu"), "tok/s") + (
-        "/GPU" if metric.endswith("_per_gpu") else ""
-    )
