@@ -79,8 +79,9 @@ class Sizing:
         bound = "" if self.capacity_known else " at most (measured at a fixed load, not at capacity)"
         price = f"; ${self.usd_per_mtok:,.2f} per million output tokens" if self.usd_per_mtok else ""
         return (
-            f"{self.target_rate:g} req/s: {self.replicas} replicas{bound} x {self.gpus // self.replicas} GPU "
-            f"= {self.gpus} GPUs (one replica serves {self.per_replica_rate:.2f} req/s within the SLOs){price}."
+            f"{self.target_rate:g} req/s: {self.replicas} replicas{bound} x {self.gpus // self.replicas} "
+            f"GPU = {self.gpus} GPUs (one replica serves {self.per_replica_rate:.2f} req/s within the SLOs)"
+            f"{price}."
         )
 
 

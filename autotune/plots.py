@@ -47,7 +47,8 @@ def plot_pairs(path: Path, out: Outcome) -> Path:
         _pair_panel(ax, out, measured, x if x != y else None, y, limits)
     failed = sum(1 for r in out.records if not r.metrics)
     fig.suptitle(
-        f"{len(out.records)} trials ({failed} failed or rejected, not drawn); SLO: {', '.join(out.slos) or 'none'}",
+        f"{len(out.records)} trials ({failed} failed or rejected, not drawn); "
+        f"SLO: {', '.join(out.slos) or 'none'}",
         fontsize=10,
     )
     axes[0][0].legend(loc="best", fontsize=7)
@@ -92,7 +93,8 @@ def _pair_panel(
 
 def top_probed(out: Outcome, top: int = TOP_PROBED) -> list[TrialRecord]:
     """The best feasible configs (front order, the recommendation first) that carry capacity probes."""
-    ranked = ([out.best] if out.best else []) + [r for r in out.front if out.best is None or r is not out.best]
+    rest = [r for r in out.front if out.best is None or r is not out.best]
+    ranked = ([out.best] if out.best else []) + rest
     return [r for r in ranked if r.user_attrs.get("capacity_probes")][:top]
 
 
@@ -125,8 +127,9 @@ def plot_probes(path: Path, out: Outcome) -> Path | None:
 
 
 def _probe_series(ax: Any, record: TrialRecord, key: str, color: str, starred: bool) -> None:
+    raw = record.user_attrs.get("capacity_probes", [])
     probes = sorted(
-        (p for p in record.user_attrs.get("capacity_probes", []) if isinstance(p, dict) and p.get(key) is not None),
+        (p for p in raw if isinstance(p, dict) and p.get(key) is not None),
         key=lambda p: float(p.get("rate") or 0.0),
     )
     if not probes:

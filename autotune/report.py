@@ -78,7 +78,6 @@ class Outcome:
         """Feasible trials (duplicates left out)."""
         return [r for r in self.records if r.feasible and r.duplicate_of is None]
 
-
     def gain_text(self) -> str:
         """The gain with its interval when the recommendation came with one ("" otherwise)."""
         gain = self.gain_record

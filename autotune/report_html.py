@@ -23,7 +23,8 @@ from autotune.study import TrialRecord
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222}
 h1{font-size:1.5em;margin-bottom:.2em} h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
-.sub{color:#666;margin-top:0} .box{background:#f3f8f3;border:1px solid #9c9;padding:.8em 1em;border-radius:6px}
+.sub{color:#666;margin-top:0}
+.box{background:#f3f8f3;border:1px solid #9c9;padding:.8em 1em;border-radius:6px}
 .warn{background:#fff7e6;border:1px solid #e8b64c;padding:.5em 1em;border-radius:6px}
 pre{background:#f4f4f4;padding:.6em;white-space:pre-wrap;word-break:break-all;font-size:12px}
 .scroll{overflow-x:auto} table{border-collapse:collapse;font-size:12.5px}
@@ -60,10 +61,8 @@ def _e(value: Any) -> str:
 
 def _header(name: str, out: Outcome) -> str:
     ctx = out.context
-    what = ", ".join(
-        f"{label} {_e(ctx[key])}" for key, label in (("model", "model"), ("gpu", "GPU"), ("workload", "workload"))
-        if ctx.get(key)
-    )
+    labels = (("model", "model"), ("gpu", "GPU"), ("workload", "workload"))
+    what = ", ".join(f"{label} {_e(ctx[key])}" for key, label in labels if ctx.get(key))
     load = f" at {_e(ctx['load'])} load" if ctx.get("load") else ""
     backend = f"; backend {_e(ctx['backend'])}" if ctx.get("backend") else ""
     slos = _e(", ".join(out.slos) or "none")
@@ -97,10 +96,13 @@ def _changed_flags(out: Outcome) -> str:
             continue
         default = defaults.get(name, "")
         mark = " class='rec'" if default != "" and default != value else ""
-        rows.append(f"<tr{mark}><td class='l'>--{_e(name.replace('_', '-'))}</td><td>{_e(value)}</td>"
-                    f"<td>{_e(default)}</td></tr>")
+        rows.append(
+            f"<tr{mark}><td class='l'>--{_e(name.replace('_', '-'))}</td><td>{_e(value)}</td>"
+            f"<td>{_e(default)}</td></tr>"
+        )
     head = "<tr><th class='l'>flag</th><th>recommended</th><th>vLLM default (baseline)</th></tr>"
-    return f"<details open><summary>Flags (changed ones highlighted)</summary><table>{head}{''.join(rows)}</table></details>"
+    summary = "<summary>Flags (changed ones highlighted)</summary>"
+    return f"<details open>{summary}<table>{head}{''.join(rows)}</table></details>"
 
 
 def _cost(out: Outcome) -> str:
@@ -165,7 +167,8 @@ def _failures(out: Outcome) -> str:
         screened = sum(1 for r in rs if r.user_attrs.get("screened"))
         trials = ", ".join(f"#{r.number}" for r in rs[:12]) + (" ..." if len(rs) > 12 else "")
         note = f" ({screened} predicted, not launched)" if screened else ""
-        messages = sorted({r.message for r in rs if r.message}, key=lambda m: -sum(r.message == m for r in rs))
+        counts = [r.message for r in rs if r.message]
+        messages = sorted(set(counts), key=lambda m: -counts.count(m))
         rows.append(("", [kind, f"{len(rs)}{note}", trials, messages[0][:400] if messages else ""]))
     head = ["class", "trials", "which", "vLLM's message (most frequent)"]
     return "<h2>Failures by class</h2>" + _table(head, rows, left={0, 2, 3})

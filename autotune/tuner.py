@@ -19,7 +19,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +98,7 @@ class Tuner:
         progress: Progress | None = None,
         max_position_embeddings: int | None = None,
         screen: MemoryScreen | None = None,
+        on_told: Callable[[], None] | None = None,
     ) -> None:
         self.study = study
         self.space = space
@@ -108,6 +109,7 @@ class Tuner:
         self.progress = progress
         self.max_position_embeddings = max_position_embeddings
         self.screen = screen  # None: every valid config is launched
+        self.on_told = on_told  # called after each trial told (e.g. the dashboard note)
         self._known: dict[str, FrozenTrial] = {}
         self._running: dict[int, _Pending] = {}  # trial number -> its pending record
         self._queued: list[_Pending] = []  # asked, valid, waiting for enough free GPUs
@@ -281,6 +283,8 @@ class Tuner:
             status = f"screened ({status})"
         shown = f" {value:,.0f}" if value is not None and attrs.get("feasible") else ""
         c.last = f"#{frozen.number} {status}{shown}"
+        if self.on_told is not None:
+            self.on_told()
 
     def _better(self, a: float, b: float) -> bool:
         return a > b if self.objectives.objectives[0].maximize else a < b
@@ -327,4 +331,3 @@ class Tuner:
                 last=c.last,
             )
         )
-

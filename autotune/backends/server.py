@@ -444,6 +444,7 @@ class _KvSampler:
 
 # --- /metrics -------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Sample:
     """One Prometheus sample line."""

@@ -79,6 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vllm backend: the server command (default 'vllm serve'; 'autotune sim-server' needs no GPU)",
     )
     where.add_argument("--image", default="vllm/vllm-openai:latest", help="docker backend: the image")
+    cost = parser.add_argument_group("deployment cost (report)")
+    cost.add_argument(
+        "--target-rate", type=float, help="req/s to serve: replicas and GPUs of the recommendation for it"
+    )
+    cost.add_argument("--gpu-price", type=float, help="$ per GPU-hour: $/Mtok of the recommendation")
     parser.add_argument("--dashboard", action="store_true", help="serve optuna-dashboard during the run")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
 
@@ -91,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
         raise AutotuneError("--n-trials must be at least 1")
     if args.parallel < 1:
         raise AutotuneError("--parallel must be at least 1")
+    for name in ("target_rate", "gpu_price"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            raise AutotuneError(f"--{name.replace('_', '-')} must be positive")
     setup = _prepare(args)
     return _execute(args, setup)
 
@@ -136,6 +144,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
         if args.backend == "sim":
             raise
         max_pos = None  # a real model outside the catalog: vLLM checks what needs its context length
+    _check_fits(space)
     gpu_ids = parse_gpus(args.gpus)
     backend = make_backend(args.backend, space.gpu, serve_cmd=shlex.split(args.serve_cmd), image=args.image)
     if hasattr(backend, "preflight"):
@@ -148,11 +157,27 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     return _Setup(space, objectives, slos, workload, backend, gpu, max_pos, gpu_ids, name, run_dir, storage)
 
 
+def _check_fits(space: Any) -> None:
+    """A model whose weights do not fit the space's largest TP: one clear error, not N startup failures."""
+    from autotune.errors import AutotuneError
+    from autotune.screen import required_tp
+
+    tp_param = next((p for p in space.params if p.name == "tensor_parallel_size"), None)
+    largest = max(tp_param.grid_values()) if tp_param else int(space.fixed.get("tensor_parallel_size", 1))
+    needed = required_tp(space.model, space.gpu, largest)
+    if needed is not None:
+        raise AutotuneError(
+            f"{space.model} does not fit on one {space.gpu} at tensor_parallel_size {largest}: use tensor "
+            f"parallelism (TP >= {needed}), e.g. --space tp"
+        )
+
+
 def _execute(args: argparse.Namespace, s: _Setup) -> int:
     import optuna
     import ray
 
     from autotune import report
+    from autotune.dashboard import StudyNote
     from autotune.executor import Executor, cluster_gpus, start_ray
     from autotune.export import RunInfo
     from autotune.progress import Progress
@@ -200,9 +225,13 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     )
     progress = None if args.quiet else Progress()
     _announce(args, s, gpu_ids, study)
+    if not sim:
+        _print_estimate(args, s, baseline, gpu_ids)
     screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu)
     print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
     dashboard = _start_dashboard(s.storage) if args.dashboard else None
+    context = {**settings.to_dict(), "load": s.workload.load, "simulated": s.backend.simulated}
+    note = StudyNote(study, s.objectives, context)
     tuner = Tuner(
         study,
         s.space,
@@ -213,6 +242,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         progress=progress,
         max_position_embeddings=s.max_position_embeddings,
         screen=screen,
+        on_told=note.update,
     )
     try:
         summary = tuner.run()
@@ -226,25 +256,25 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         raise
     finally:
         recs = records(study)
+        maximize = [o.maximize for o in s.objectives.objectives]
         out = report.outcome(
-            recs, s.objectives.names, [o.maximize for o in s.objectives.objectives], settings.slos
+            recs, s.objectives.names, maximize, settings.slos, context, args.target_rate, args.gpu_price
         )
         if recs:
             report.write_all(s.run_dir, out)
+            note.update(force=True)
         if dashboard is not None:
             dashboard.stop()
+            print(f"autotune: the dashboard stopped with the run; reopen it: autotune dashboard {s.run_dir}")
         if owns_ray:
             ray.shutdown()
     print(report.summary_text(out))
-    gpu_hours = sum(r.gpu_seconds for r in recs) / 3600
-    saved_hours = sum(r.gpu_seconds_saved for r in recs) / 3600
     ended = " (timeout)" if summary.timed_out else ""
+    cost = out.cost.text() if out.cost is not None else ""
     print(
         f"\n{summary.completed} configs measured or deduplicated, {summary.rejected} suggestions rejected "
         f"before launch ({summary.screened} predicted to fail to start); {summary.told} told this run in "
-        f"{summary.wall_s:.0f} s{ended}; "
-        f"{'simulated ' if sim else ''}GPU time {gpu_hours:.2f} h, {saved_hours:.2f} h more saved by early "
-        f"abort in {sum(r.gpu_seconds_saved > 0 for r in recs)} trials."
+        f"{summary.wall_s:.0f} s{ended}; {cost}"
         f"\nResults: {s.run_dir}/ (trials.csv, pareto.csv, best.json, best.sh, pareto.png, report.html)"
     )
     return 0
@@ -256,9 +286,44 @@ def _announce(args: argparse.Namespace, s: _Setup, gpu_ids: list[int], study: An
     resumed = f", resuming at {len(study.trials)} trials" if args.resume and study.trials else ""
     print(
         f"autotune: study {s.study_name} ({args.backend}: {s.space.model} on {s.space.gpu}, workload "
-        f"{s.workload.name} at {s.workload.load} load, SLO {slos}; {where}; {args.n_trials} trials{resumed})",
+        f"{s.workload.name} at {_load_text(s)}, SLO {slos}; {where}; {args.n_trials} trials{resumed})",
         file=sys.stderr,
     )
+
+
+def _load_text(s: _Setup) -> str:
+    """What a trial measures, in words: without an SLO, "capacity" is the saturated throughput."""
+    if s.workload.load == "capacity" and not s.slos:
+        return (
+            "capacity load (no SLO: each config's saturated throughput, every request sent at once, "
+            "latency unbounded)"
+        )
+    return f"{s.workload.load} load"
+
+
+def _print_estimate(
+    args: argparse.Namespace, s: _Setup, baseline: dict[str, Any], gpu_ids: list[int]
+) -> None:
+    """Before a real-GPU run: time and GPU-hours, from the baseline trial replayed on the simulator."""
+    from autotune.backends.sim import SimBackend
+    from autotune.cost import estimate_run
+    from autotune.executor import evaluate_trial
+
+    config = s.space.config(baseline)
+    tp = max(1, config.tensor_parallel_size)
+    try:
+        result = evaluate_trial(SimBackend(s.space.gpu), config, s.workload, s.slos, args.seed, (), None)
+    except Exception:  # noqa: BLE001  (an estimate must never stop the run)
+        result = None
+    source = "the baseline config replayed on the simulated engine"
+    estimate = estimate_run(result, args.n_trials, tp, len(gpu_ids) // tp, source) if result else None
+    if estimate is None:
+        print(
+            "autotune: no time estimate (the model or GPU is not in the simulator's catalogs)",
+            file=sys.stderr,
+        )
+    else:
+        print(f"autotune: {estimate.text()}", file=sys.stderr)
 
 
 def _start_dashboard(storage: str) -> Any:
