@@ -221,7 +221,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
     study = start_study(s.study_name, s.storage, settings, sampler, args.resume, baseline)
     RunInfo(study=s.study_name, storage=s.storage, directory=s.run_dir).save(
-        {**settings.to_dict(), "space": s.space.source, "load": s.workload.load}
+        {**settings.to_dict(), "space": s.space.source, "load": s.workload.load, **_image(args)}
     )
     progress = None if args.quiet else Progress()
     _announce(args, s, gpu_ids, study)
@@ -289,6 +289,11 @@ def _announce(args: argparse.Namespace, s: _Setup, gpu_ids: list[int], study: An
         f"{s.workload.name} at {_load_text(s)}, SLO {slos}; {where}; {args.n_trials} trials{resumed})",
         file=sys.stderr,
     )
+
+
+def _image(args: argparse.Namespace) -> dict[str, str]:
+    """The image a docker run tuned with, for `autotune export` to deploy the same one."""
+    return {"image": args.image} if args.backend == "docker" else {}
 
 
 def _load_text(s: _Setup) -> str:
