@@ -30,7 +30,7 @@ from autotune.backends.base import FailureKind, TrialResult
 from autotune.config import EngineConfig
 from autotune.executor import Executor
 from autotune.objectives import ObjectiveSet, metric_unit
-from autotune.progress import Progress, ProgressState, running_params
+from autotune.progress import Progress, ProgressState, read_probe, running_params
 from autotune.screen import MemoryScreen, Screening
 from autotune.slo import Slo
 from autotune.space import SearchSpace, violations
@@ -116,10 +116,12 @@ class Tuner:
         self._counters = _Counters()
         self._told = 0
         self._interrupted = False  # Ctrl-C seen: stop at the next step
+        self._started = time.monotonic()
+        self._submitted: dict[int, float] = {}  # trial number -> when it was started (progress display)
 
     def run(self) -> RunSummary:
         """Run until n_trials trials are COMPLETE or the timeout; Ctrl-C cancels and re-raises."""
-        start = time.monotonic()
+        start = self._started = time.monotonic()
         self._load_existing()
         try:
             with self._ctrl_c_between_steps():
@@ -242,11 +244,13 @@ class Tuner:
         if gpu_ids:
             pending.trial.set_user_attr("gpu_ids", list(gpu_ids))
         self._running[number] = pending
+        self._submitted[number] = time.monotonic()
 
     # -- telling ------------------------------------------------------------------------------------------
 
     def _finish(self, number: int, result: TrialResult) -> None:
         pending = self._running.pop(number)
+        self._submitted.pop(number, None)
         frozen = self._tell(pending.trial, result, pending.key)
         for duplicate in pending.duplicates:
             self._record(tell_duplicate(self.study, duplicate, frozen))
@@ -317,6 +321,10 @@ class Tuner:
             return
         c = self._counters
         running = running_params(self.executor.in_flight(), self.space.names)
+        now = time.monotonic()
+        trial_dirs = {
+            n: self.options.run_dir / "trials" / str(n) if self.options.run_dir else None for n, _ in running
+        }
         self.progress.show(
             ProgressState(
                 done=c.done,
@@ -329,5 +337,8 @@ class Tuner:
                 unit=metric_unit(self.objectives.objectives[0].metric),
                 running=running,
                 last=c.last,
+                elapsed_s=now - self._started,
+                running_since={n: now - self._submitted[n] for n, _ in running if n in self._submitted},
+                probes={n: read_probe(d) for n, d in trial_dirs.items()},
             )
         )
