@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.progress import clock
 from autotune.study import TrialRecord
 
 STARTUP_FAILURES = ("invalid_config", "kv_cache_oom", "startup_oom", "startup_timeout")
@@ -127,8 +128,8 @@ class RunEstimate:
     def text(self) -> str:
         """One line printed before the run starts."""
         return (
-            f"estimate: about {self.wall_hours:.1f} h and {self.gpu_hours:.1f} GPU-hours for {self.n_trials} "
-            f"trials ({self.per_trial_s / 60:.0f} min per trial on {self.gpus_per_trial} GPU(s), "
+            f"estimate: about {clock(self.wall_hours * 3600)} and {self.gpu_hours:.2f} GPU-hours for "
+            f"{self.n_trials} trials ({clock(self.per_trial_s)} per trial on {self.gpus_per_trial} GPU(s), "
             f"{self.parallel} at once; {self.source}). Early abort and screening make it less."
         )
 

@@ -1,0 +1,91 @@
+"""The report's content: the recommendation with its gain record, costs, sizing, flags to know."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from test_study import OBJECTIVES, build_run, ok
+
+from autotune import report
+from autotune.cost import cost_view, sizing
+from autotune.study import records
+
+MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
+
+
+@dataclass
+class Gain:
+    metric: str
+    ratio: float
+    low: float
+    high: float
+    significant: bool
+    text: str = ""
+
+
+@dataclass
+class Recommendation:
+    trial: object
+    gain: Gain
+
+
+def three_trials(tmp_path: Path) -> optuna.Study:
+    return build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, ok(4000, 2500, 20)),  # infeasible: TTFT > 2 s
+            ({"max_num_seqs": 256}, ok(4800, 1700, 25)),
+            ({"max_num_seqs": 8}, None),  # fails to start
+        ],
+    )
+
+
+def test_outcome_reads_a_gain_record_and_says_what_to_know(tmp_path: Path, monkeypatch) -> None:
+    recs = records(three_trials(tmp_path))
+    plain = report.outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    assert plain.best is not None and plain.best.number == 1 and plain.gain_text() == ""
+    assert "vLLM's default config is infeasible here (violates the SLOs)" in plain.flags()
+
+    def recommend_with_gain(rs, maximize):  # the shape study.recommend may return (issue 9)
+        return Recommendation(trial=plain.best, gain=Gain("output_throughput", 1.2, 1.15, 1.25, False))
+
+    monkeypatch.setattr(report, "recommend", recommend_with_gain)
+    out = report.outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    assert out.best is plain.best
+    assert out.gain_text() == "output_throughput x1.200 vs the baseline (interval 1.150-1.250)"
+    assert "the gain over the baseline is within measurement noise (not significant)" in out.flags()
+    assert "gain: output_throughput x1.200" in report.summary_text(out)
+
+
+def test_cost_view_and_sizing(tmp_path: Path) -> None:
+    recs = records(three_trials(tmp_path))
+    recs[0].gpu_seconds, recs[0].gpu_seconds_saved = 3600.0, 1800.0
+    recs[1].gpu_seconds = 1800.0
+    recs[2].gpu_seconds = 120.0  # a launched config that failed to start
+    screened = report.TrialRecord(**{**recs[2].__dict__, "number": 3, "gpu_seconds": 0.0})
+    screened.user_attrs = {**recs[2].user_attrs, "screened": True, "launched": False}
+    view = cost_view([*recs, screened], simulated=False)
+    assert (view.spent_h, view.saved_abort_h) == (5520 / 3600, 0.5)
+    assert view.saved_screen_h == 120 / 3600  # the median launched startup failure, per screened config
+    assert view.text() == (
+        "GPU time spent 1.53 GPU-h; saved at least 0.50 h by early abort (1 trials) and "
+        "0.03 h by screening (1 configs not launched)."
+    )
+    best = recs[1]  # 10 req/s served (fixed load), 480 output tokens per request, TP 1
+    size = sizing(best, target_rate=35.0, gpu_price=2.0)
+    assert size is not None and (size.replicas, size.gpus, size.capacity_known) == (4, 4, False)
+    # 4 GPUs x $2/h for 35 req/s x 480 tokens x 3600 s = 60.48 Mtok/h
+    assert abs(size.usd_per_mtok - 8.0 / 60.48) < 1e-9
+    assert "4 replicas at most (measured at a fixed load" in size.text()
+
+
+def test_numbers_are_written_for_people() -> None:
+    assert [report.fmt_number(v) for v in (12571.3, 95.81, 0.8234, None, 3)] == [
+        "12,571",
+        "95.8",
+        "0.823",
+        "",
+        "3",
+    ]
