@@ -17,7 +17,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 HOST = "127.0.0.1"
-NOTE_EVERY_S = 2.0  # the note and figure are rewritten at most this often during a run
+NOTE_EVERY_S = 5.0  # the note and figure are rewritten at most this often during a run (~0.1 s each)
 FIGURE_ID = "pareto-feasibility"
 
 

@@ -165,8 +165,11 @@ def _failures(out: Outcome) -> str:
     rows = []
     for kind, rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         screened = sum(1 for r in rs if r.user_attrs.get("screened"))
+        rejected = sum(1 for r in rs if r.user_attrs.get("launched") is False) - screened
         trials = ", ".join(f"#{r.number}" for r in rs[:12]) + (" ..." if len(rs) > 12 else "")
-        note = f" ({screened} predicted, not launched)" if screened else ""
+        notes = [f"{screened} predicted, not launched"] if screened else []
+        notes += [f"{rejected} rejected before launch"] if rejected else []
+        note = f" ({'; '.join(notes)})" if notes else ""
         counts = [r.message for r in rs if r.message]
         messages = sorted(set(counts), key=lambda m: -counts.count(m))
         rows.append(("", [kind, f"{len(rs)}{note}", trials, messages[0][:400] if messages else ""]))
