@@ -89,3 +89,28 @@ def test_numbers_are_written_for_people() -> None:
         "",
         "3",
     ]
+
+
+def test_capacity_probes_are_plotted_when_trials_carry_them(tmp_path: Path) -> None:
+    from autotune.plots import plot_probes, top_probed
+
+    recs = records(three_trials(tmp_path))
+    out = report.outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    assert plot_probes(tmp_path / "probes.png", out) is None  # no probes recorded: no figure, no error
+    probes = [
+        {
+            "rate": r,
+            "served_rate": r,
+            "p99_ttft_ms": t,
+            "p99_itl_ms": 20.0,
+            "meets_slos": t <= 2000,
+            "kept_up": True,
+        }
+        for r, t in ((8.0, 300.0), (16.0, 900.0), (32.0, 4000.0), (22.6, 1800.0))
+    ]
+    out.best.user_attrs["capacity_probes"] = probes
+    assert top_probed(out) == [out.best]
+    path = plot_probes(tmp_path / "probes.png", out)
+    assert path is not None and path.stat().st_size > 10_000
+    report.write_all(tmp_path, out)
+    assert "capacity probes" in (tmp_path / "report.html").read_text()
