@@ -234,17 +234,21 @@ def abort_savings(
     unfinished: int,
     limit_s: float,
 ) -> float:
-    """Load time an early abort spared: a lower-bound estimate, never past the benchmark's time limit.
+    """Load time an early abort spared: an estimate, never past the benchmark's time limit.
 
-    Without the abort the run would have gone on at least until its last request was due (the
-    workload's arrival schedule) and then that request would have taken about as long as a typical
-    finished one (their median E2EL). Scaling the elapsed time by unfinished/finished requests, as
-    before, claimed 40x the time spent for a run aborted after a handful of requests: completions come
-    slowly at first, arrivals do not.
+    While requests are still due (a Poisson or trace schedule), the run would have gone on at least
+    until the last one arrived, and that one would have taken about as long as a typical finished
+    request (their median E2EL). Once every request has arrived (a burst, or a concurrency-bound
+    load), the unfinished ones would have taken the completion pace so far. Applying that pace to a
+    schedule, as before, claimed 20x the time a Poisson run had left: completions come slowly at
+    first, arrivals do not.
     """
     if unfinished <= 0:
         return 0.0
     schedule_left = max(0.0, max(arrivals, default=0.0) - duration_s)
-    latencies = sorted(r.latency for r in records if r.success)
-    tail = latencies[len(latencies) // 2] if latencies else 0.0
-    return max(0.0, min(schedule_left + tail, limit_s - duration_s))
+    if schedule_left > 0:
+        latencies = sorted(r.latency for r in records if r.success)
+        remaining = schedule_left + (latencies[len(latencies) // 2] if latencies else 0.0)
+    else:
+        remaining = duration_s * unfinished / max(len(records), 1)
+    return max(0.0, min(remaining, limit_s - duration_s))

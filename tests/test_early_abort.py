@@ -187,3 +187,6 @@ def test_abort_savings_follow_the_arrival_schedule_not_the_completion_pace() -> 
     # never past the benchmark's own time limit, nothing when nothing was left
     assert abort_savings(done, arrivals, 12.0, 995, limit_s=50.0) == pytest.approx(38.0)
     assert abort_savings(done, arrivals, 12.0, 0, 1800.0) == 0.0
+    # every request already arrived (a burst): the completion pace so far, 995 left at 5 per 12 s
+    assert abort_savings(done, [0.0] * 1000, 12.0, 995, limit_s=1800.0) == pytest.approx(1788.0)
+    assert abort_savings(done, [0.0] * 1000, 12.0, 10, limit_s=1800.0) == pytest.approx(24.0)
