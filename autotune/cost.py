@@ -1,9 +1,10 @@
 """What a run cost and what its recommendation costs to deploy: GPU-hours spent and saved, replicas for
 a target request rate, $/Mtok at a GPU price, and the estimate shown before a real-GPU run.
 
-GPU-hours saved are two estimates, each a lower bound, each said as such:
-- early abort: per trial, the load time the abort spared (the workload's arrival schedule left plus a
-  median request, never past the benchmark's time limit; see early_abort.abort_savings);
+GPU-hours saved are two estimates, each said as such:
+- early abort: per trial, the load time the abort spared (the arrival schedule left plus a median
+  request, or the completion pace once every request arrived; never past the benchmark's time limit:
+  see early_abort.abort_savings);
 - startup screening: each config screened out would have been launched and failed at startup; it is
   charged the median GPU time of this run's launched configs that failed to start (none launched: 0).
 """
@@ -41,7 +42,7 @@ class CostView:
             saved.append(f"{self.saved_abort_h:.2f} h by early abort ({self.aborted} trials)")
         if self.screened:
             saved.append(f"{self.saved_screen_h:.2f} h by screening ({self.screened} configs not launched)")
-        tail = f"; saved at least {' and '.join(saved)}" if saved else ""
+        tail = f"; saved about {' and '.join(saved)}" if saved else ""
         return f"{kind}GPU time spent {self.spent_h:.2f} GPU-h{tail}."
 
 

@@ -70,7 +70,7 @@ def test_cost_view_and_sizing(tmp_path: Path) -> None:
     assert (view.spent_h, view.saved_abort_h) == (5520 / 3600, 0.5)
     assert view.saved_screen_h == 120 / 3600  # the median launched startup failure, per screened config
     assert view.text() == (
-        "GPU time spent 1.53 GPU-h; saved at least 0.50 h by early abort (1 trials) and "
+        "GPU time spent 1.53 GPU-h; saved about 0.50 h by early abort (1 trials) and "
         "0.03 h by screening (1 configs not launched)."
     )
     best = recs[1]  # 10 req/s served (fixed load), 480 output tokens per request, TP 1
