@@ -72,10 +72,12 @@ def start_dashboard(storage: str, port: int = 0) -> DashboardServer:
 class StudyNote:
     """Keeps the study's dashboard note and feasibility figure up to date during a run."""
 
-    def __init__(self, study: Any, objectives: Any, context: dict[str, Any]) -> None:
+    def __init__(self, study: Any, context: dict[str, Any]) -> None:
+        import optuna
+
         self.study = study
-        self.names = list(objectives.names)
-        self.maximize = [o.maximize for o in objectives.objectives]
+        self.names = list(study.metric_names or [f"objective {i}" for i in range(len(study.directions))])
+        self.maximize = [d == optuna.study.StudyDirection.MAXIMIZE for d in study.directions]
         self.context = context
         self._last = 0.0
 

@@ -56,7 +56,7 @@ def study_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         result = sim.evaluate(EngineConfig(model=MODEL).replace(**flags), workload, [], seed=0)
         outcomes.append((params, result))
     study = build_run(run_dir, outcomes)
-    StudyNote(study, OBJECTIVES, CONTEXT).update(force=True)
+    StudyNote(study, CONTEXT).update(force=True)
     maximize = [o.maximize for o in OBJECTIVES.objectives]
     out = report.outcome(records(study), OBJECTIVES.names, maximize, CONTEXT["slos"], CONTEXT)
     report.write_all(run_dir, out)

@@ -231,7 +231,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
     dashboard = _start_dashboard(s.storage) if args.dashboard else None
     context = {**settings.to_dict(), "load": s.workload.load, "simulated": s.backend.simulated}
-    note = StudyNote(study, s.objectives, context)
+    note = StudyNote(study, context)
     tuner = Tuner(
         study,
         s.space,
