@@ -148,10 +148,10 @@ def note_markdown(name: str, out: Any) -> str:
     lines += [
         "",
         "### Reading the plots",
-        "Feasibility is the trial user attr `feasible` (and `failure`); the figure "
-        f"*{FIGURE_ID}* below colours it. A config that failed or was rejected is told throughput 0 "
-        "and latencies 10% past the worst measured (or its SLO limit), so it sits in the worst corner "
-        "of Optuna's own plots instead of stretching their scales.",
+        "Feasibility is the trial user attr `feasible` (and `failure`); the figure *Pareto front with "
+        "feasibility* on the study's main page colours it. A config that failed or was rejected is told "
+        "throughput 0 and latencies 10% past the worst measured (or its SLO limit), so it sits in the "
+        "worst corner of Optuna's own plots instead of stretching their scales.",
     ]
     return "\n".join(lines)
 
