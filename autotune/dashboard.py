@@ -93,8 +93,10 @@ class StudyNote:
         from autotune import report
         from autotune.study import records
 
+        slos = self.context.get("slos", [])
+        remeasured = self.study.user_attrs.get("remeasured")
         out = report.outcome(
-            records(self.study), self.names, self.maximize, self.context.get("slos", []), self.context
+            records(self.study), self.names, self.maximize, slos, self.context, remeasured=remeasured
         )
         save_note(self.study, note_markdown(self.study.study_name, out))
         figure = json.dumps(pareto_figure(out))

@@ -95,7 +95,16 @@ def top_probed(out: Outcome, top: int = TOP_PROBED) -> list[TrialRecord]:
     """The best feasible configs (front order, the recommendation first) that carry capacity probes."""
     rest = [r for r in out.front if out.best is None or r is not out.best]
     ranked = ([out.best] if out.best else []) + rest
-    return [r for r in ranked if r.user_attrs.get("capacity_probes")][:top]
+    return [r for r in ranked if capacity_probes(r)][:top]
+
+
+def capacity_probes(record: TrialRecord) -> list[dict[str, Any]]:
+    """The trial's capacity probes (in its `info` attr, or top level), [] when it has none."""
+    info = record.user_attrs.get("info")
+    probes = (info.get("capacity_probes") if isinstance(info, dict) else None) or record.user_attrs.get(
+        "capacity_probes"
+    )
+    return [p for p in probes or [] if isinstance(p, dict)]
 
 
 def plot_probes(path: Path, out: Outcome) -> Path | None:
@@ -127,9 +136,8 @@ def plot_probes(path: Path, out: Outcome) -> Path | None:
 
 
 def _probe_series(ax: Any, record: TrialRecord, key: str, color: str, starred: bool) -> None:
-    raw = record.user_attrs.get("capacity_probes", [])
     probes = sorted(
-        (p for p in raw if isinstance(p, dict) and p.get(key) is not None),
+        (p for p in capacity_probes(record) if p.get(key) is not None),
         key=lambda p: float(p.get("rate") or 0.0),
     )
     if not probes:

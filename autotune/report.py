@@ -2,11 +2,8 @@
 objectives), probes.png (capacity probes of the top configs), report.html (report_html.py), and the
 terminal summary (the feasible Pareto front and the recommended flags).
 
-How the recommendation is picked (study.recommend): among feasible trials on the Pareto front, the
-highest primary objective (output throughput by default); configs within 1% of it count as a tie,
-broken by the next objectives in order (p99 TTFT, then p99 ITL). The baseline is trial 0, vLLM's
-defaults for the GPU; gains are against its value (when the baseline itself violates the SLOs, that is
-said, and the gain is against its raw throughput).
+How the recommendation is picked: autotune.recommendation.decide (the best config on the Pareto front,
+unless its gain over vLLM's defaults, trial 0, is within the measurement's resolution or noise).
 """
 
 from __future__ import annotations
@@ -22,7 +19,8 @@ from autotune.cost import CostView, Sizing, cost_view, sizing
 from autotune.export import render, serve_flags
 from autotune.plots import plot_pairs, plot_probes
 from autotune.progress import short_params
-from autotune.study import TIE_TOLERANCE, TrialRecord, baseline, pareto_front, recommend
+from autotune.recommendation import Recommendation, decide, resolution_of
+from autotune.study import TrialRecord, baseline, pareto_front
 
 SUMMARY_METRICS = ("request_throughput", "p99_tpot_ms", "p99_e2el_ms", "num_preemptions", "capacity_rate")
 
@@ -38,7 +36,7 @@ class Outcome:
     objective_names: list[str]
     maximize: list[bool]
     slos: list[str]
-    gain_record: Any = None  # the recommendation's gain with its interval, when study.recommend gives one
+    decision: Recommendation
     context: dict[str, Any] = field(default_factory=dict)  # the study's settings (model, gpu, workload...)
     cost: CostView | None = None
     sizing: Sizing | None = None
@@ -55,40 +53,24 @@ class Outcome:
 
     def verdict(self) -> str:
         """One sentence: the recommendation against the baseline, with the evidence (every objective)."""
-        if self.best is None:
-            return "No feasible config: every trial failed or violated the SLOs (see trials.csv for reasons)."
-        base = self.baseline
-        if base is None or not base.values:
-            return f"Recommended: trial #{self.best.number} (no baseline trial in this study)."
-        if self.best.number == base.number:
-            return (
-                f"The baseline (vLLM's defaults, trial #{base.number}) is already the best feasible config: "
-                f"no trial beat its {self.objective_names[0]} by more than {TIE_TOLERANCE:.0%} with lower "
-                f"latency ({len(self.feasible())} feasible of {len(self.records)} trials)."
-            )
+        text = self.decision.text
+        best, base = self.decision.candidate, self.baseline
+        if best is None or base is None or not base.values or best.number == base.number:
+            return text
         changes = ", ".join(
             f"{name} {_change(new, old)}"
-            for name, new, old in zip(self.objective_names, self.best.values or [], base.values, strict=False)
+            for name, new, old in zip(self.objective_names, best.values or [], base.values, strict=False)
         )
-        why = base.failure or "violates SLO"
-        status = "" if base.feasible else f"; the baseline itself is infeasible ({why})"
-        return f"Recommended: trial #{self.best.number}: {changes} vs the baseline (vLLM's defaults){status}."
+        return f"{text} Trial #{best.number} vs the defaults: {changes}."
 
     def feasible(self) -> list[TrialRecord]:
         """Feasible trials (duplicates left out)."""
         return [r for r in self.records if r.feasible and r.duplicate_of is None]
 
     def gain_text(self) -> str:
-        """The gain with its interval when the recommendation came with one ("" otherwise)."""
-        gain = self.gain_record
-        text = getattr(gain, "text", None) if gain is not None else None
-        if text:
-            return str(text)
-        low, high = getattr(gain, "low", None), getattr(gain, "high", None)
-        if gain is None or low is None or high is None:
-            return ""
-        metric = getattr(gain, "metric", self.objective_names[0])
-        return f"{metric} x{getattr(gain, 'ratio', 0.0):.3f} vs the baseline (interval {low:.3f}-{high:.3f})"
+        """The gain with its interval when the decision measured one ("" otherwise)."""
+        gain = self.decision.gain
+        return f"{gain.metric} {gain.percent()}" if gain is not None else ""
 
     def flags(self) -> list[str]:
         """What a deployer should know before acting: infeasible baseline, a gain within noise..."""
@@ -98,14 +80,19 @@ class Outcome:
         if self.baseline is not None and not self.baseline.feasible:
             why = self.baseline.failure or "violates the SLOs"
             out.append(f"vLLM's default config is infeasible here ({why})")
-        gain = self.gain_record
-        if gain is not None and getattr(gain, "significant", True) is False:
-            out.append("the gain over the baseline is within measurement noise (not significant)")
+        gain = self.decision.gain
+        if gain is not None and not gain.significant:
+            found = self.decision.candidate.number if self.decision.candidate else "?"
+            out.append(
+                f"the best config found (#{found}) gains less than the measurement's margin "
+                f"({gain.margin:.1%}): vLLM's defaults are kept"
+            )
         if self.best is not None:
-            resolution = self.best.user_attrs.get("capacity_resolution")
+            resolution = resolution_of(self.best)
             if resolution:
-                out.append(f"capacity measured to within {float(resolution):.0%}")
-            if self.best.user_attrs.get("load_kept_up") is False:
+                out.append(f"capacity measured to within {resolution:.1%}")
+            info = self.best.user_attrs.get("info") or {}
+            if self.best.user_attrs.get("load_kept_up") is False or info.get("kept_up") is False:
                 out.append("at the fixed load the recommended config did not keep up with the arrivals")
         return out
 
@@ -118,13 +105,11 @@ def outcome(
     context: dict[str, Any] | None = None,
     target_rate: float | None = None,
     gpu_price: float | None = None,
+    remeasured: dict[str, list[float]] | None = None,
 ) -> Outcome:
-    """Front, recommendation, baseline and costs of a study's records.
-
-    `study.recommend` returns the trial, or a record with `.trial` and `.gain` (its gain and interval).
-    """
-    chosen = recommend(records, maximize)
-    best = getattr(chosen, "trial", chosen)
+    """Front, recommendation (with its gain), baseline and costs of a study's records."""
+    decision = decide(records, maximize, objective_names, remeasured)
+    best = decision.trial
     ctx = dict(context or {})
     simulated = bool(ctx.get("simulated", ctx.get("backend") == "sim"))
     return Outcome(
@@ -135,7 +120,7 @@ def outcome(
         objective_names=objective_names,
         maximize=maximize,
         slos=slos,
-        gain_record=getattr(chosen, "gain", None),
+        decision=decision,
         context=ctx,
         cost=cost_view(records, simulated),
         sizing=sizing(best, target_rate, gpu_price) if best is not None and target_rate else None,
@@ -240,9 +225,23 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
     path = run_dir / "best.json"
     data: dict[str, Any] = {"verdict": out.verdict(), "slos": out.slos, "objectives": out.objective_names}
     data["how"] = (
-        f"highest feasible {out.objective_names[0]} on the Pareto front; within {TIE_TOLERANCE:.0%} ties go "
-        "to the next objectives in order"
+        f"highest feasible {out.objective_names[0]} on the Pareto front (ties within the capacity resolution "
+        "go to the lowest latencies together); vLLM's defaults are kept unless the gain clears the "
+        "measurement's resolution or noise"
     )
+    gain = out.decision.gain
+    data["keeps_defaults"] = out.decision.keeps_defaults
+    if out.decision.candidate is not None:
+        data["best_found"] = out.decision.candidate.number
+    if gain is not None:
+        data["gain"] = {
+            "metric": gain.metric,
+            "ratio": round(gain.ratio, 4),
+            "interval": [round(gain.low, 4), round(gain.high, 4)],
+            "margin": round(gain.margin, 4),
+            "significant": gain.significant,
+            "how": gain.how,
+        }
     if out.best is not None:
         config = out.best.engine_config()
         data |= {
@@ -252,7 +251,6 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
             "command": render(config, "cmd").strip(),
             "values": dict(zip(out.objective_names, out.best.values or [], strict=False)),
             "gain_vs_baseline": out.gain(out.best),
-            "gain": _plain(out.gain_record),
             "flags_to_know": out.flags(),
             "metrics": out.best.metrics,
             "info": out.best.user_attrs.get("info", {}),
@@ -271,15 +269,6 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
         data["cost"] = dataclasses.asdict(out.cost)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return path
-
-
-def _plain(record: Any) -> Any:
-    """A gain record as JSON-able data (a dataclass, a mapping, or None)."""
-    if record is None or isinstance(record, dict):
-        return record
-    if dataclasses.is_dataclass(record) and not isinstance(record, type):
-        return dataclasses.asdict(record)
-    return {k: getattr(record, k, None) for k in ("metric", "ratio", "low", "high", "significant", "text")}
 
 
 def _write_best_sh(run_dir: Path, best: TrialRecord) -> Path:

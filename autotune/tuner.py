@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +32,7 @@ from autotune.config import EngineConfig
 from autotune.executor import Executor
 from autotune.objectives import ObjectiveSet, metric_unit
 from autotune.progress import Progress, ProgressState, read_probe, running_params
+from autotune.remeasure import TOP_CANDIDATES, remeasure
 from autotune.screen import MemoryScreen, Screening
 from autotune.slo import Slo
 from autotune.space import SearchSpace, violations
@@ -50,6 +52,7 @@ class TunerOptions:
     timeout_s: float | None = None
     seed: int = 0  # the workload seed: every trial replays the same requests, so configs compare fairly
     run_dir: Path | None = None
+    repeats: int = 0  # other seeds for the top candidates and the baseline at the end (noisy backends)
 
 
 @dataclass
@@ -62,6 +65,7 @@ class RunSummary:
     wall_s: float
     timed_out: bool = False
     screened: int = 0  # of the rejected: predicted by the memory model to fail to start
+    repeated: int = 0  # re-measurements of the top candidates and the baseline (other seeds)
 
 
 @dataclass
@@ -126,6 +130,7 @@ class Tuner:
         try:
             with self._ctrl_c_between_steps():
                 timed_out = self._loop(start)
+                repeated = 0 if timed_out else self._remeasure()
         except KeyboardInterrupt:
             self._abandon()
             raise
@@ -139,6 +144,28 @@ class Tuner:
             screened=self._counters.screened,
             wall_s=time.monotonic() - start,
             timed_out=timed_out,
+            repeated=repeated,
+        )
+
+    def _remeasure(self) -> int:
+        """Re-measure the top candidates and the baseline with other seeds (see autotune/remeasure.py)."""
+        if self.options.repeats <= 0:
+            return 0
+        if self.progress:
+            self.progress.close()
+        print(
+            f"autotune: re-measuring the top {TOP_CANDIDATES} configs and the baseline with "
+            f"{self.options.repeats} other seed(s) each",
+            file=sys.stderr,
+        )
+        return remeasure(
+            self.study,
+            self.executor,
+            self.objectives,
+            self.options.repeats,
+            self.options.seed,
+            self.options.run_dir,
+            interrupted=lambda: self._interrupted,
         )
 
     def _loop(self, start: float) -> bool:
@@ -283,6 +310,9 @@ class Tuner:
         if attrs.get("baseline") and attrs.get("feasible"):
             c.baseline = value
         status = "feasible" if attrs.get("feasible") else attrs.get("failure") or "violates SLO"
+        info = attrs.get("info", {})
+        if info.get("kept_up") is False:
+            status = f"did not keep up (served {info['served_rate']:.1f} of {info['offered_rate']:.1f} req/s)"
         if attrs.get("screened"):
             status = f"screened ({status})"
         shown = f" {value:,.0f}" if value is not None and attrs.get("feasible") else ""

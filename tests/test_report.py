@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -13,22 +12,6 @@ from autotune.cost import cost_view, sizing
 from autotune.study import records
 
 MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
-
-
-@dataclass
-class Gain:
-    metric: str
-    ratio: float
-    low: float
-    high: float
-    significant: bool
-    text: str = ""
-
-
-@dataclass
-class Recommendation:
-    trial: object
-    gain: Gain
 
 
 def three_trials(tmp_path: Path) -> optuna.Study:
@@ -42,21 +25,35 @@ def three_trials(tmp_path: Path) -> optuna.Study:
     )
 
 
-def test_outcome_reads_a_gain_record_and_says_what_to_know(tmp_path: Path, monkeypatch) -> None:
-    recs = records(three_trials(tmp_path))
-    plain = report.outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
-    assert plain.best is not None and plain.best.number == 1 and plain.gain_text() == ""
-    assert "vLLM's default config is infeasible here (violates the SLOs)" in plain.flags()
+def test_outcome_shows_the_gain_and_says_what_to_know(tmp_path: Path) -> None:
+    recs = records(three_trials(tmp_path / "a"))
+    infeasible_base = report.outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    assert infeasible_base.best is not None and infeasible_base.best.number == 1
+    assert "vLLM's default config is infeasible here (violates the SLOs)" in infeasible_base.flags()
 
-    def recommend_with_gain(rs, maximize):  # the shape study.recommend may return (issue 9)
-        return Recommendation(trial=plain.best, gain=Gain("output_throughput", 1.2, 1.15, 1.25, False))
+    gain = build_run(
+        tmp_path / "b",
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, ok(4000, 1500, 20)),
+            ({"max_num_seqs": 256}, ok(4800, 1700, 25)),
+        ],
+    )
+    out = report.outcome(records(gain), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    assert out.gain_text() == "output_throughput +20.0 % (interval +20.0 % to +20.0 %, one run each)"
+    assert "gain: output_throughput +20.0 %" in report.summary_text(out) and out.flags() == []
 
-    monkeypatch.setattr(report, "recommend", recommend_with_gain)
-    out = report.outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
-    assert out.best is plain.best
-    assert out.gain_text() == "output_throughput x1.200 vs the baseline (interval 1.150-1.250)"
-    assert "the gain over the baseline is within measurement noise (not significant)" in out.flags()
-    assert "gain: output_throughput x1.200" in report.summary_text(out)
+    tie = build_run(
+        tmp_path / "c",
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, ok(4000, 1500, 20)),
+            ({"max_num_seqs": 256}, ok(4020, 1400, 19)),
+        ],
+    )
+    kept = report.outcome(records(tie), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    assert kept.best is not None and kept.best.number == 0  # a 0.5 % gain is a tie: keep the defaults
+    assert kept.flags() == [
+        "the best config found (#1) gains less than the measurement's margin (1.0%): vLLM's defaults are kept"
+    ]
 
 
 def test_cost_view_and_sizing(tmp_path: Path) -> None:
@@ -108,7 +105,7 @@ def test_capacity_probes_are_plotted_when_trials_carry_them(tmp_path: Path) -> N
         }
         for r, t in ((8.0, 300.0), (16.0, 900.0), (32.0, 4000.0), (22.6, 1800.0))
     ]
-    out.best.user_attrs["capacity_probes"] = probes
+    out.best.user_attrs["info"] = {**out.best.user_attrs.get("info", {}), "capacity_probes": probes}
     assert top_probed(out) == [out.best]
     path = plot_probes(tmp_path / "probes.png", out)
     assert path is not None and path.stat().st_size > 10_000

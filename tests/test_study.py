@@ -18,7 +18,7 @@ from autotune.errors import AutotuneError
 from autotune.executor import Executor
 from autotune.export import RunInfo
 from autotune.metrics import BenchmarkResult
-from autotune.objectives import FAILED_KEY, load_objectives
+from autotune.objectives import FAILED_KEY, KEPT_UP_KEY, load_objectives
 from autotune.progress import ProgressState
 from autotune.slo import parse_slos
 from autotune.space import space_from_dict
@@ -105,9 +105,10 @@ def test_constraints_fixed_order_and_failures_are_violations(tmp_path: Path) -> 
     for trial in study.trials:
         # the same keys in the same order on every trial (GPSampler needs it)
         assert list(trial.constraints) == list(study.trials[0].constraints)
-        assert set(trial.constraints) == {"ttft_p99", FAILED_KEY}
+        assert set(trial.constraints) == {"ttft_p99", KEPT_UP_KEY, FAILED_KEY}
         assert trial.state == TrialState.COMPLETE  # failures are COMPLETE + violation, so samplers learn
-    assert feasible.constraints == {"ttft_p99": pytest.approx(-0.25), FAILED_KEY: 0.0}
+    # a run that cannot tell whether it kept up (no steadiness in its info) is not held against it
+    assert feasible.constraints == {"ttft_p99": pytest.approx(-0.25), KEPT_UP_KEY: 0.0, FAILED_KEY: 0.0}
     assert feasible.user_attrs["feasible"] is True and feasible.user_attrs["margin_ttft_p99"] == -0.25
     assert (
         violating.constraints["ttft_p99"] == pytest.approx(0.25) and violating.user_attrs["feasible"] is False

@@ -17,6 +17,7 @@ from typing import Any
 from autotune.backends.factory import BACKENDS
 from autotune.config import ENGINE_FLAGS, EngineConfig, _parse_value
 from autotune.errors import AutotuneError
+from autotune.sim.noise import DEFAULT_CV, NoiseModel
 
 HELP = "Benchmark one vLLM config on one workload (simulated by default) and print the metrics."
 
@@ -46,6 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--serve-cmd", default="vllm serve", help="vllm backend: the server command")
     parser.add_argument("--image", default="vllm/vllm-openai:latest", help="docker backend: the image")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--noise",
+        type=float,
+        nargs="?",
+        const=DEFAULT_CV,
+        default=0.0,
+        metavar="CV",
+        help=f"sim: seeded run-to-run noise, as a real GPU has (default off; --noise alone: {DEFAULT_CV})",
+    )
 
 
 def parse_settings(settings: list[str]) -> dict[str, Any]:
@@ -69,12 +79,20 @@ def run(args: argparse.Namespace) -> int:
 
     slos = parse_slos(args.slo)
     workload = load_workload(args.workload)
+    if not 0 <= args.noise < 1:
+        raise AutotuneError(f"--noise must be in [0, 1), got {args.noise:g}")
     if args.url:
         return _bench_url(args, workload, slos)
     config, resolved, gpu = _config(args)
     from autotune.backends.factory import make_backend
 
-    backend = make_backend(args.backend, gpu=gpu, serve_cmd=shlex.split(args.serve_cmd), image=args.image)
+    backend = make_backend(
+        args.backend,
+        gpu=gpu,
+        serve_cmd=shlex.split(args.serve_cmd),
+        image=args.image,
+        noise=NoiseModel(args.noise),
+    )
     result = backend.evaluate(config, workload, slos=slos, seed=args.seed)
     head = {"backend": args.backend, "model_id": config.model, "gpu": gpu}
     return _print(

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.factory import BACKENDS
+from autotune.sim.noise import DEFAULT_CV as DEFAULT_NOISE
+from autotune.sim.noise import NoiseModel
 
 HELP = "Tune vLLM launch flags with Optuna + Ray: SLOs as constraints, Pareto front, ready-to-paste flags."
 DEFAULT_TRIALS = 50
@@ -18,6 +20,7 @@ SIM_TRIAL_TIMEOUT_S = 600.0
 # A real trial's own limits are the backend's (startup 600 s, benchmark 1800 s); the executor's deadline
 # is the safety net above them.
 REAL_TRIAL_TIMEOUT_S = 2700.0
+DEFAULT_REPEATS = 2  # seeds beyond the first: 3 paired measurements give a gain an interval
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +82,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vllm backend: the server command (default 'vllm serve'; 'autotune sim-server' needs no GPU)",
     )
     where.add_argument("--image", default="vllm/vllm-openai:latest", help="docker backend: the image")
+    where.add_argument(
+        "--noise",
+        type=float,
+        nargs="?",
+        const=DEFAULT_NOISE,
+        default=0.0,
+        metavar="CV",
+        help=f"sim: seeded run-to-run noise, as a real GPU has (default off; --noise alone: {DEFAULT_NOISE})",
+    )
+    where.add_argument(
+        "--repeats",
+        type=int,
+        default=DEFAULT_REPEATS,
+        help="on a noisy backend (a real GPU, or --noise), re-measure the top candidates and the baseline "
+        f"with this many other seeds before recommending (default {DEFAULT_REPEATS}; 0: never)",
+    )
     cost = parser.add_argument_group("deployment cost (report)")
     cost.add_argument(
         "--target-rate", type=float, help="req/s to serve: replicas and GPUs of the recommendation for it"
@@ -96,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
         raise AutotuneError("--n-trials must be at least 1")
     if args.parallel < 1:
         raise AutotuneError("--parallel must be at least 1")
+    if args.repeats < 0:
+        raise AutotuneError("--repeats must be at least 0")
+    if not 0 <= args.noise < 1:
+        raise AutotuneError(f"--noise must be in [0, 1), got {args.noise:g}")
     for name in ("target_rate", "gpu_price"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise AutotuneError(f"--{name.replace('_', '-')} must be positive")
@@ -146,7 +169,13 @@ def _prepare(args: argparse.Namespace) -> _Setup:
         max_pos = None  # a real model outside the catalog: vLLM checks what needs its context length
     _check_fits(space)
     gpu_ids = parse_gpus(args.gpus)
-    backend = make_backend(args.backend, space.gpu, serve_cmd=shlex.split(args.serve_cmd), image=args.image)
+    backend = make_backend(
+        args.backend,
+        space.gpu,
+        serve_cmd=shlex.split(args.serve_cmd),
+        image=args.image,
+        noise=NoiseModel(args.noise),
+    )
     if hasattr(backend, "preflight"):
         backend.preflight()
     name = args.study or default_study_name(space.model, space.gpu, workload.name)
@@ -209,9 +238,9 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         raise AutotuneError(f"the {args.backend} backend needs GPUs and the Ray cluster has none")
     timeout = args.trial_timeout or (SIM_TRIAL_TIMEOUT_S if sim else REAL_TRIAL_TIMEOUT_S)
     if s.workload.load == "capacity":
-        from autotune.capacity import MAX_EVALS
+        from autotune.capacity import MAX_PROBES
 
-        timeout *= MAX_EVALS if not args.trial_timeout else 1
+        timeout *= MAX_PROBES + 1 if not args.trial_timeout else 1  # the saturation run and every probe
     executor = Executor(
         s.backend, s.workload, s.slos, gpu_ids=gpu_ids, cpu_slots=args.parallel, trial_timeout_s=timeout
     )
@@ -238,7 +267,13 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         s.objectives,
         s.slos,
         executor,
-        TunerOptions(n_trials=args.n_trials, timeout_s=args.timeout, seed=args.seed, run_dir=s.run_dir),
+        TunerOptions(
+            n_trials=args.n_trials,
+            timeout_s=args.timeout,
+            seed=args.seed,
+            run_dir=s.run_dir,
+            repeats=args.repeats if s.backend.noisy else 0,
+        ),
         progress=progress,
         max_position_embeddings=s.max_position_embeddings,
         screen=screen,
@@ -258,7 +293,14 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         recs = records(study)
         maximize = [o.maximize for o in s.objectives.objectives]
         out = report.outcome(
-            recs, s.objectives.names, maximize, settings.slos, context, args.target_rate, args.gpu_price
+            recs,
+            s.objectives.names,
+            maximize,
+            settings.slos,
+            context,
+            args.target_rate,
+            args.gpu_price,
+            study.user_attrs.get("remeasured"),
         )
         if recs:
             report.write_all(s.run_dir, out)
