@@ -136,7 +136,7 @@ def note_markdown(name: str, out: Any) -> str:
         )
         lines += [f"**Baseline (vLLM's defaults), trial #{base.number}:** {base_values} ({status})", ""]
     lines += ["### Recommendation", out.verdict()]
-    if out.gain_text():
+    if out.decision.gain is not None and out.decision.gain.percent() not in out.verdict():
         lines.append(f"Gain: {out.gain_text()}")
     if out.best is not None:
         from autotune.export import render

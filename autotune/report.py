@@ -164,7 +164,8 @@ def front_table(out: Outcome, limit: int = 15) -> str:
 def summary_text(out: Outcome) -> str:
     """What `autotune run` prints at the end: the front, the verdict and the recommended flags."""
     parts = [front_table(out), "", out.verdict()]
-    if out.gain_text():
+    gain = out.decision.gain
+    if gain is not None and gain.percent() not in out.verdict():
         parts.append(f"  gain: {out.gain_text()}")
     if out.best is not None:
         parts.append("  " + shlex.join(["vllm", "serve", *out.best.engine_config().to_args()]))

@@ -73,7 +73,8 @@ def _header(name: str, out: Outcome) -> str:
 
 def _recommendation(out: Outcome) -> str:
     parts = ["<h2>Recommendation</h2><div class='box'>", f"<p><b>{_e(out.verdict())}</b></p>"]
-    if out.gain_text():
+    gain = out.decision.gain
+    if gain is not None and gain.percent() not in out.verdict():
         parts.append(f"<p>Gain: {_e(out.gain_text())}</p>")
     if out.best is not None:
         parts.append(f"<pre>{_e(render(out.best.engine_config(), 'cmd').strip())}</pre>")

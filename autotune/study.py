@@ -444,6 +444,8 @@ def _jsonable(data: Mapping[str, Any]) -> dict[str, Any]:
             out[key] = value
         elif isinstance(value, (list, tuple)) and all(isinstance(v, (int, float, str)) for v in value):
             out[key] = list(value)
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, Mapping) for v in value):
+            out[key] = [_jsonable(v) for v in value]  # e.g. capacity_probes: the report plots them
         elif isinstance(value, dict):
             out[key] = _jsonable(value)
         else:

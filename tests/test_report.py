@@ -40,7 +40,7 @@ def test_outcome_shows_the_gain_and_says_what_to_know(tmp_path: Path) -> None:
     )
     out = report.outcome(records(gain), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
     assert out.gain_text() == "output_throughput +20.0 % (interval +20.0 % to +20.0 %, one run each)"
-    assert "gain: output_throughput +20.0 %" in report.summary_text(out) and out.flags() == []
+    assert report.summary_text(out).count("+20.0 % (interval") == 1 and out.flags() == []  # said once
 
     tie = build_run(
         tmp_path / "c",
@@ -111,3 +111,11 @@ def test_capacity_probes_are_plotted_when_trials_carry_them(tmp_path: Path) -> N
     assert path is not None and path.stat().st_size > 10_000
     report.write_all(tmp_path, out)
     assert "capacity probes" in (tmp_path / "report.html").read_text()
+
+
+def test_capacity_probes_survive_the_study_storage(tmp_path: Path) -> None:
+    probes = [{"rate": 8.0, "p99_ttft_ms": 300.0, "meets_slos": True, "failure": None}]
+    result = ok(4000, 1500, 20)
+    result.info = {"capacity_rate": 8.0, "capacity_bracket": [8.0, 8.4], "capacity_probes": probes}
+    (record,) = records(build_run(tmp_path, [({"max_num_seqs": 64, "baseline": True}, result)]))
+    assert record.user_attrs["info"]["capacity_probes"] == probes  # a list of dicts, not its str()
