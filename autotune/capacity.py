@@ -30,6 +30,7 @@ from typing import Any
 
 from autotune.backends.base import Backend, Session, TrialResult
 from autotune.config import EngineConfig
+from autotune.progress import write_probe
 from autotune.slo import Slo
 from autotune.steady_state import MIN_WARMUP_S, MIN_WINDOW_S, Window, plan_window
 
@@ -109,7 +110,7 @@ def find_capacity(
     Every rate is measured on one server (one backend session), so the trial pays one startup.
     """
     with backend.session(config, gpu_ids, trial_dir) as session:
-        return _search(session, config, workload, slos, seed, search)
+        return _search(session, config, workload, slos, seed, search, trial_dir)
 
 
 def _search(
@@ -119,6 +120,7 @@ def _search(
     slos: Sequence[Slo],
     seed: int,
     search: CapacitySearch,
+    trial_dir: Path | None = None,
 ) -> TrialResult:
     seqs = config.max_num_seqs or DEFAULT_MAX_NUM_SEQS
     n_sat = min(MAX_SATURATION_REQUESTS, max(workload.num_requests, SATURATION_BATCHES * seqs))
@@ -131,6 +133,7 @@ def _search(
     top = SATURATION_MARGIN * sat["throughput"]
 
     def probe(rate: float) -> Probe:
+        write_probe(trial_dir, len(probes) + 1, search.max_probes, rate)  # for the driver's progress line
         plan = _probe_window(window, rate, search)
         n = max(1, math.ceil(rate * plan.end))
         result = session.measure(
