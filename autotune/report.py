@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.atomic import atomic_path, atomic_write_text
 from autotune.export import render, serve_flags
 from autotune.progress import short_params
 from autotune.study import TIE_TOLERANCE, TrialRecord, baseline, pareto_front, recommend
@@ -138,10 +139,10 @@ def write_all(run_dir: Path, out: Outcome) -> list[Path]:
     run_dir.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame([_row(r, out) for r in out.records])
     paths = [run_dir / "trials.csv", run_dir / "pareto.csv"]
-    frame.to_csv(paths[0], index=False)
+    atomic_write_text(paths[0], frame.to_csv(index=False))
     front_numbers = {r.number for r in out.front}
     front = frame[frame["trial"].isin(front_numbers)] if len(frame) else frame
-    front.to_csv(paths[1], index=False)
+    atomic_write_text(paths[1], front.to_csv(index=False))
     paths.append(_write_best(run_dir, out))
     if out.best is not None:
         paths.append(_write_best_sh(run_dir, out.best))
@@ -201,19 +202,20 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
             "config": out.baseline.config,
             "values": dict(zip(out.objective_names, out.baseline.values or [], strict=False)),
         }
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
     return path
 
 
 def _write_best_sh(run_dir: Path, best: TrialRecord) -> Path:
     path = run_dir / "best.sh"
     command = render(best.engine_config(), "cmd").strip()
-    path.write_text(
+    atomic_write_text(
+        path,
         "#!/bin/sh\n"
         f"# autotune recommendation: trial #{best.number} of {run_dir.name}. Extra args are appended.\n"
-        f'exec {command} "$@"\n'
+        f'exec {command} "$@"\n',
+        mode=0o755,
     )
-    path.chmod(0o755)
     return path
 
 
@@ -267,7 +269,8 @@ def plot_front(path: Path, out: Outcome) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
     return path
 
@@ -292,7 +295,7 @@ def _write_html(path: Path, out: Outcome, front: Any, trials: Any) -> Path:
         trials.to_html(index=False, na_rep="") if len(trials) else "<p>none</p>",
         "</body></html>",
     ]
-    path.write_text("\n".join(body))
+    atomic_write_text(path, "\n".join(body))
     return path
 
 

@@ -25,9 +25,11 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.backends.base import TrialResult
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
+from autotune.lease import GRACE_S, HEARTBEAT_S, fail_stale, refuse_live_driver
 from autotune.objectives import ObjectiveSet, constraints, is_feasible
 from autotune.slo import Slo
 from autotune.space import plain_params
+from autotune.storage_url import masked, sqlite_path
 
 SAMPLERS = ("auto", "tpe", "gp", "nsga2", "random", "grid")
 GP_MODULES = ("torch", "scipy.optimize", "scipy.stats")  # what optuna's GPSampler imports when sampling
@@ -166,13 +168,17 @@ def make_sampler(
 
 
 def connect_storage(
-    storage: str | optuna.storages.BaseStorage, attempts: int = STORAGE_ATTEMPTS
+    storage: str | optuna.storages.BaseStorage,
+    attempts: int = STORAGE_ATTEMPTS,
+    heartbeat_s: int = HEARTBEAT_S,
+    grace_s: int = GRACE_S,
 ) -> optuna.storages.BaseStorage:
-    """The storage behind an Optuna storage URL (an object passes through).
+    """The storage behind an Optuna storage URL (an object passes through), with trial heartbeats.
 
     A new SQLite file is given its schema by whoever opens it first; a second process opening it at
     that moment (a dashboard, a monitoring script) can make that fail once ("UNIQUE constraint failed:
-    alembic_version"), so it is retried before any error counts as a bad --storage.
+    alembic_version"), so it is retried before any error counts as a bad --storage. The error line
+    never shows a password of the URL.
     """
     if not isinstance(storage, str):
         return storage
@@ -181,10 +187,63 @@ def connect_storage(
         if attempt:
             time.sleep(STORAGE_RETRY_S)
         try:
-            return optuna.storages.RDBStorage(storage)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    storage, heartbeat_interval=heartbeat_s, grace_period=grace_s
+                )
         except Exception as exc:  # noqa: BLE001  (any storage error is a bad --storage for the user)
             error = exc
-    raise AutotuneError(f"cannot open storage {storage}: {error.__class__.__name__}: {error}") from error
+    raise AutotuneError(f"cannot open storage {masked(storage)}: {storage_error(error)}") from None
+
+
+def storage_error(error: BaseException | None) -> str:
+    """One line for a storage exception (SQLAlchemy's carry the SQL and a link on further lines)."""
+    text = str(getattr(error, "orig", None) or error or "unknown error").strip().splitlines()
+    return masked(f"{type(error).__name__}: {text[0] if text else ''}")
+
+
+def preflight_storage(storage: str, resume: bool) -> None:
+    """Check --storage before anything starts: a URL SQLAlchemy knows; an SQLite file that can be
+    this study's (not created yet: a run refused later leaves nothing); any other database reachable."""
+    import sqlalchemy
+
+    try:
+        sqlalchemy.engine.make_url(storage).get_dialect()
+    except Exception as exc:  # noqa: BLE001  (ArgumentError, NoSuchModuleError, a missing driver)
+        raise AutotuneError(f"bad --storage {masked(storage)}: {storage_error(exc)}") from None
+    path = sqlite_path(storage)
+    if path is None:
+        if storage.startswith("sqlite"):
+            return
+        connect_storage(storage, attempts=1)
+        return
+    check_sqlite_file(storage, resume)
+    if not path.parent.is_dir():
+        raise AutotuneError(f"bad --storage: folder {path.parent} does not exist")
+
+
+def check_sqlite_file(storage: str, resume: bool) -> None:
+    """An SQLite file that cannot be this study's: refused before SQLAlchemy writes a schema into it.
+
+    A zero-byte file with --resume is a study that was lost (a full disk, a bad copy): starting a new
+    one there would overwrite the run folder's results. A file that is not SQLite is refused too.
+    """
+    path = sqlite_path(storage)
+    if path is None or not path.exists():
+        return
+    if path.is_dir():
+        raise AutotuneError(f"storage {path} is a folder, not an SQLite file")
+    size = path.stat().st_size
+    if size == 0 and resume:
+        raise AutotuneError(
+            f"{path} is empty (0 bytes): no study to resume there; nothing was changed (move the file "
+            "away to start over)"
+        )
+    if size:
+        with path.open("rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                raise AutotuneError(f"{path} is not an SQLite database (corrupted?); nothing was changed")
 
 
 def open_study(
@@ -193,16 +252,29 @@ def open_study(
     settings: StudySettings,
     sampler: optuna.samplers.BaseSampler,
     resume: bool,
+    results_dir: Path | None = None,
 ) -> optuna.Study:
-    """Create a new study, or resume an existing one with the same settings (stale RUNNING trials failed)."""
+    """Create a new study, or resume an existing one with the same settings.
+
+    Resuming refuses while another process drives the study (autotune.lease) and fails only the
+    trials nobody runs any more. `results_dir` (the run folder): with --resume and no study in the
+    storage, results there mean the study was lost, and nothing is overwritten.
+    """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    where, storage = storage, connect_storage(storage)
+    if isinstance(storage, str):
+        check_sqlite_file(storage, resume)
+    where, storage = masked(str(storage)), connect_storage(storage)
     exists = name in optuna.study.get_all_study_names(storage)
     if exists and not resume:
         raise AutotuneError(
             f"study {name!r} already exists in {where}: add --resume to continue it or pick --study"
         )
     if not exists:
+        if resume and results_dir is not None and (results_dir / "trials.csv").exists():
+            raise AutotuneError(
+                f"no study {name!r} in {where}, but {results_dir} holds its results: the storage was lost "
+                "or moved; nothing was changed (pass its --storage, or remove the folder to start over)"
+            )
         if resume:
             print(f"autotune: no study {name!r} to resume; starting it", file=sys.stderr)
         study = optuna.create_study(
@@ -215,7 +287,8 @@ def open_study(
         return study
     study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     check_resume(study, settings)
-    fail_stale_trials(study)
+    refuse_live_driver(study)
+    fail_stale(study)
     return study
 
 
@@ -226,12 +299,13 @@ def start_study(
     sampler: optuna.samplers.BaseSampler,
     resume: bool,
     baseline: Mapping[str, Any],
+    results_dir: Path | None = None,
 ) -> optuna.Study:
     """`open_study`, then a new study gets `baseline` (vLLM's default config) as its first trial.
 
     A resumed study already has its baseline (measured, or still queued): it is not enqueued again.
     """
-    study = open_study(name, storage, settings, sampler, resume)
+    study = open_study(name, storage, settings, sampler, resume, results_dir)
     if not study.trials:
         study.enqueue_trial(dict(baseline), user_attrs={"baseline": True})
     return study
@@ -255,7 +329,10 @@ def check_resume(study: optuna.Study, settings: StudySettings) -> None:
 
 
 def fail_stale_trials(study: optuna.Study) -> int:
-    """Mark trials left RUNNING by an interrupted run as FAIL (their results were never told)."""
+    """Mark this driver's RUNNING trials FAIL (an interrupted run: their results were never told).
+
+    Every RUNNING trial is this driver's: a study has one driver at a time (autotune.lease).
+    """
     stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for trial in stale:
         study._storage.set_trial_user_attr(trial._trial_id, "failure", "interrupted")
@@ -327,12 +404,21 @@ def tell_duplicate(study: optuna.Study, trial: optuna.Trial, original: FrozenTri
 
 
 def records(study: optuna.Study) -> list[TrialRecord]:
-    """Every finished (COMPLETE or FAIL) trial with a config, in trial order."""
+    """Every finished (COMPLETE or FAIL) trial, in trial order.
+
+    A trial that failed before it was told (interrupted, or its driver died) has no `config` attr:
+    its config is the study's model with the params it was given, and its failure "interrupted".
+    """
     out = []
+    model = study.user_attrs.get(SETTINGS_ATTR, {}).get("model", "")
     for t in study.get_trials(deepcopy=False):
-        if t.state not in (TrialState.COMPLETE, TrialState.FAIL) or "config" not in t.user_attrs:
+        if t.state not in (TrialState.COMPLETE, TrialState.FAIL):
             continue
         attrs = t.user_attrs
+        if "config" not in attrs:
+            if t.state != TrialState.FAIL:
+                continue
+            attrs = {"config": {"model": model, **plain_params(t.params)}, "failure": "interrupted", **attrs}
         out.append(
             TrialRecord(
                 number=t.number,

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 import autotune
 from autotune.errors import AutotuneError
+from autotune.inputs import read_yaml
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TRACES = (
@@ -31,6 +31,7 @@ TRACES = (
 )  # the shipped Azure LLM inference traces (CC-BY 4.0, see data/AZURE_TRACE_README.md)
 LOADS = ("fixed", "capacity")
 DISTS = ("fixed", "uniform", "normal", "lognormal")
+MAX_REQUESTS = 1_000_000  # requests per load: a few hundred MB of records, minutes of simulation
 CHARS_PER_TOKEN = 4  # text prompts without a tokenizer: ~4 characters per token (English BPE rule of thumb)
 
 # Independent random streams, so that changing the rate keeps the same lengths and vice versa.
@@ -457,15 +458,7 @@ def prompt_token_ids(request: Request, vocab_size: int = 32000, salt: int = 0) -
 def load_workload(path_or_name: str | Path) -> WorkloadSpec:
     """Load a workload YAML file, or a bundled one by bare name ("chat" -> workloads/chat.yaml)."""
     path = _resolve(path_or_name)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise AutotuneError(f"cannot read workload {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise AutotuneError(f"malformed YAML in {path}{where}: {problem}") from None
+    data = read_yaml(path, "workload")
     if not isinstance(data, dict):
         raise AutotuneError(f"workload {path} must be a YAML mapping of keys to values")
     try:
@@ -514,7 +507,7 @@ def spec_from_dict(
     return WorkloadSpec(
         name=str(data.get("name") or default_name),
         description=str(data.get("description") or ""),
-        num_requests=_positive_int(_required(data, "num_requests"), "num_requests"),
+        num_requests=_bounded(_positive_int(_required(data, "num_requests"), "num_requests"), "num_requests"),
         seed=_int(data.get("seed", 0), "seed"),
         load=str(data.get("load", "fixed")),
         request_rate=_number(data.get("request_rate", math.inf), "request_rate"),
@@ -602,6 +595,13 @@ def _int(value: Any, what: str) -> int:
     if not math.isfinite(number) or number != int(number):
         raise AutotuneError(f"{what} must be a whole number, got {value!r}")
     return int(number)
+
+
+def _bounded(number: int, what: str) -> int:
+    """A count every trial replays in full: more than MAX_REQUESTS would not fit in memory."""
+    if number > MAX_REQUESTS:
+        raise AutotuneError(f"{what} must be <= {MAX_REQUESTS:,}, got {number:,}")
+    return number
 
 
 def _positive_int(value: Any, what: str) -> int:

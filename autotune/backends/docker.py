@@ -21,6 +21,7 @@ from autotune.backends.base import Backend
 from autotune.backends.server import LaunchError, ServerSession, TrialLimits, scrub_args, server_session
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
+from autotune.procs import pid_alive
 
 CONTAINER_PORT = 8000
 CONTAINER_HF_CACHE = "/root/.cache/huggingface"
@@ -235,7 +236,7 @@ def reap_orphans(client: Any = None) -> int:
     host = socket.gethostname()
     for container in client.containers.list(all=True, filters={"label": LABEL_OWNER_PID}):
         labels = container.labels
-        if labels.get(LABEL_OWNER_HOST, host) != host or _pid_alive(labels.get(LABEL_OWNER_PID, "")):
+        if labels.get(LABEL_OWNER_HOST, host) != host or pid_alive(labels.get(LABEL_OWNER_PID, "")):
             continue
         try:
             container.remove(force=True)
@@ -243,30 +244,6 @@ def reap_orphans(client: Any = None) -> int:
         except docker.errors.APIError:
             pass  # removed concurrently
     return removed
-
-
-def _pid_alive(text: str) -> bool:
-    """Whether the process `text` names runs. A zombie does not: a worker Ray killed stays one until
-    its parent reaps it, which on a busy machine can be after the executor looks."""
-    try:
-        pid = int(text)
-    except ValueError:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    if not Path("/proc/self/stat").exists():
-        return True  # no /proc (not Linux): os.kill said it exists
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False  # reaped since
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -8,8 +8,9 @@ import sys
 from typing import Any
 
 from autotune.backends.factory import BACKENDS
-from autotune.config import ENGINE_FLAGS, EngineConfig, _parse_value
+from autotune.config import ENGINE_FLAGS, EngineConfig, check_flags, parse_value
 from autotune.errors import AutotuneError
+from autotune.inputs import add_startup_timeout
 
 HELP = "Benchmark one vLLM config on one workload (simulated by default) and print the metrics."
 
@@ -34,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--serve-cmd", default="vllm serve", help="vllm backend: the server command")
     parser.add_argument("--image", default="vllm/vllm-openai:latest", help="docker backend: the image")
+    add_startup_timeout(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -47,27 +49,34 @@ def parse_settings(settings: list[str]) -> dict[str, Any]:
             raise AutotuneError(f"bad --set {item!r}: expected NAME=VALUE, e.g. max_num_seqs=256")
         if name not in TUNABLE:
             raise AutotuneError(f"unknown vLLM parameter {name!r}; known: {', '.join(TUNABLE)}")
-        out[name] = _parse_value(value)
+        out[name] = parse_value(value)
+    check_flags(out, "bad --set")
     return out
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; exit 1 with vLLM's message when the config fails."""
-    import shlex
-
     from autotune.backends.factory import make_backend
+    from autotune.inputs import check_fits, known_max_model_len, serve_command
     from autotune.slo import parse_slos
     from autotune.workload import load_workload
 
     config = EngineConfig(model=args.model).replace(**parse_settings(args.settings))
     slos = parse_slos(args.slo)
     workload = load_workload(args.workload)
+    check_fits(workload, args.seed, known_max_model_len(config.model, config.max_model_len, args.backend))
     backend = make_backend(
-        args.backend, gpu=args.gpu, serve_cmd=shlex.split(args.serve_cmd), image=args.image
+        args.backend,
+        gpu=args.gpu,
+        serve_cmd=serve_command(args.serve_cmd),
+        image=args.image,
+        startup_timeout_s=args.startup_timeout,
     )
     result = backend.evaluate(config, workload, slos=slos, seed=args.seed)
-    if result.benchmark is None:
+    if result.failure is not None:
+        # Why, always on stderr: the table (or JSON) below is the partial metrics of a failed run.
         print(f"autotune bench: {result.failure}: {result.message}", file=sys.stderr)
+    if result.benchmark is None:
         return 1
     report = {
         "backend": args.backend,

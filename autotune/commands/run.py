@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 from autotune.backends.factory import BACKENDS
+from autotune.inputs import add_startup_timeout, positive_seconds
 
 HELP = "Tune vLLM launch flags with Optuna + Ray: SLOs as constraints, Pareto front, ready-to-paste flags."
 DEFAULT_TRIALS = 50
@@ -18,6 +18,7 @@ SIM_TRIAL_TIMEOUT_S = 600.0
 # A real trial's own limits are the backend's (startup 600 s, benchmark 1800 s); the executor's deadline
 # is the safety net above them.
 REAL_TRIAL_TIMEOUT_S = 2700.0
+MAX_PARALLEL = 256  # CPU slots for simulated trials: more than any host has cores
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,8 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     study.add_argument(
         "--n-trials", type=int, default=DEFAULT_TRIALS, help=f"configs to measure (default {DEFAULT_TRIALS})"
     )
-    study.add_argument("--timeout", type=float, help="stop asking for new trials after this many seconds")
-    study.add_argument("--seed", type=int, default=0, help="sampler and workload seed")
+    study.add_argument(
+        "--timeout", type=positive_seconds, help="stop asking for new trials after this many seconds"
+    )
+    study.add_argument("--seed", type=int, default=0, help="sampler and workload seed (>= 0)")
     study.add_argument(
         "--no-screen",
         action="store_true",
@@ -72,7 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     where.add_argument("--parallel", type=int, default=1, help="sim: trials at once on CPU slots (default 1)")
     where.add_argument("--ray-address", help="join an existing Ray cluster instead of starting one")
-    where.add_argument("--trial-timeout", type=float, help="deadline per trial in seconds (forced cancel)")
+    where.add_argument(
+        "--trial-timeout", type=positive_seconds, help="deadline per trial in seconds (forced cancel)"
+    )
+    add_startup_timeout(where)
     where.add_argument(
         "--serve-cmd",
         default="vllm serve",
@@ -89,8 +95,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.n_trials < 1:
         raise AutotuneError("--n-trials must be at least 1")
-    if args.parallel < 1:
-        raise AutotuneError("--parallel must be at least 1")
+    if not 1 <= args.parallel <= MAX_PARALLEL:
+        raise AutotuneError(f"--parallel must be between 1 and {MAX_PARALLEL}")
+    if args.seed < 0:
+        raise AutotuneError("--seed must be >= 0")
     setup = _prepare(args)
     return _execute(args, setup)
 
@@ -115,14 +123,22 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.backends.factory import make_backend
     from autotune.errors import AutotuneError
     from autotune.executor import parse_gpus
+    from autotune.inputs import (
+        check_fits,
+        check_gpus_text,
+        check_runs_dir,
+        known_max_model_len,
+        serve_command,
+    )
     from autotune.objectives import load_objectives
     from autotune.sim.hardware import get_gpu
-    from autotune.sim.models import get_model
     from autotune.slo import parse_slos
     from autotune.space import load_space
-    from autotune.study import default_study_name, sqlite_url
+    from autotune.storage_url import absolute
+    from autotune.study import default_study_name, preflight_storage, sqlite_url
     from autotune.workload import load_workload
 
+    check_runs_dir(Path(args.runs_dir))
     space = load_space(args.space).with_overrides(model=args.model, gpu=args.gpu)
     objectives = load_objectives(args.objectives)
     slos = parse_slos(args.slo) if args.slo else list(objectives.slos)
@@ -130,35 +146,36 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     if args.load != "workload":
         workload = dataclasses.replace(workload, load=args.load)
     gpu = get_gpu(space.gpu)
-    try:
-        max_pos: int | None = get_model(space.model).max_position_embeddings
-    except AutotuneError:
-        if args.backend == "sim":
-            raise
-        max_pos = None  # a real model outside the catalog: vLLM checks what needs its context length
+    # None: a real model outside the catalog, whose context length vLLM checks itself.
+    max_pos = known_max_model_len(space.model, None, args.backend)
+    check_fits(workload, args.seed, space.largest("max_model_len") or max_pos)
+    check_gpus_text(args.gpus)
     gpu_ids = parse_gpus(args.gpus)
-    backend = make_backend(args.backend, space.gpu, serve_cmd=shlex.split(args.serve_cmd), image=args.image)
+    backend = make_backend(
+        args.backend,
+        space.gpu,
+        serve_cmd=serve_command(args.serve_cmd),
+        image=args.image,
+        startup_timeout_s=args.startup_timeout,
+    )
     if hasattr(backend, "preflight"):
         backend.preflight()
     name = args.study or default_study_name(space.model, space.gpu, workload.name)
-    if not all(c.isalnum() or c in "-_." for c in name):
+    if not all(c.isalnum() or c in "-_." for c in name) or name.strip(".") == "":
         raise AutotuneError(f"bad --study {name!r}: use letters, digits, '-', '_' and '.'")
     run_dir = Path(args.runs_dir) / name
-    storage = args.storage or sqlite_url(run_dir)
+    storage = absolute(args.storage) if args.storage else sqlite_url(run_dir)
+    if args.storage:
+        preflight_storage(storage, args.resume)
     return _Setup(space, objectives, slos, workload, backend, gpu, max_pos, gpu_ids, name, run_dir, storage)
 
 
 def _execute(args: argparse.Namespace, s: _Setup) -> int:
-    import optuna
     import ray
 
-    from autotune import report
     from autotune.executor import Executor, cluster_gpus, start_ray
-    from autotune.export import RunInfo
-    from autotune.progress import Progress
-    from autotune.screen import describe, make_screen
-    from autotune.study import StudySettings, make_sampler, records, start_study
-    from autotune.tuner import Tuner, TunerOptions
+    from autotune.interrupts import sigterm_as_ctrl_c
+    from autotune.study import StudySettings, make_sampler
 
     settings = StudySettings(
         objectives=s.objectives.names,
@@ -177,64 +194,155 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     if s.backend.simulated and args.ray_address is None:
         fake_gpus = len(s.gpu_ids) or (None if sim else 1)
     start_ray(args.ray_address, num_cpus=max(args.parallel, 1), fake_gpus=fake_gpus)
-    gpu_ids = s.gpu_ids or ([] if sim else list(range(cluster_gpus())))
-    if not sim and not gpu_ids:
-        from autotune.errors import AutotuneError
+    try:
+        with sigterm_as_ctrl_c():  # after ray.init, which installs its own SIGTERM handler
+            gpu_ids = s.gpu_ids or ([] if sim else list(range(cluster_gpus())))
+            if not sim and not gpu_ids:
+                from autotune.errors import AutotuneError
 
-        raise AutotuneError(f"the {args.backend} backend needs GPUs and the Ray cluster has none")
-    timeout = args.trial_timeout or (SIM_TRIAL_TIMEOUT_S if sim else REAL_TRIAL_TIMEOUT_S)
-    if s.workload.load == "capacity":
-        from autotune.capacity import MAX_EVALS
+                raise AutotuneError(f"the {args.backend} backend needs GPUs and the Ray cluster has none")
+            timeout = args.trial_timeout or (SIM_TRIAL_TIMEOUT_S if sim else REAL_TRIAL_TIMEOUT_S)
+            if s.workload.load == "capacity":
+                from autotune.capacity import MAX_EVALS
 
-        timeout *= MAX_EVALS if not args.trial_timeout else 1
-    executor = Executor(
-        s.backend, s.workload, s.slos, gpu_ids=gpu_ids, cpu_slots=args.parallel, trial_timeout_s=timeout
-    )
+                timeout *= MAX_EVALS if not args.trial_timeout else 1
+            executor = Executor(
+                s.backend,
+                s.workload,
+                s.slos,
+                gpu_ids=gpu_ids,
+                cpu_slots=args.parallel,
+                trial_timeout_s=timeout,
+            )
+            return _tune(args, s, settings, sampler, executor, gpu_ids)
+    finally:
+        if owns_ray:
+            ray.shutdown()
+
+
+def _tune(
+    args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, executor: Any, gpu_ids: list[int]
+) -> int:
+    """Open the study (one driver: autotune.lease), run the tuner, write the results whatever happens."""
+    from autotune.export import RunInfo
+    from autotune.lease import Lease
+    from autotune.progress import Progress
+    from autotune.screen import describe, make_screen
+    from autotune.storage_url import for_run_file
+    from autotune.study import start_study
+    from autotune.tuner import Tuner, TunerOptions
+
     # The study is created only once the GPUs checked out: a corrected command must not meet a
     # half-made study that asks for --resume.
     s.run_dir.mkdir(parents=True, exist_ok=True)
     baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
-    study = start_study(s.study_name, s.storage, settings, sampler, args.resume, baseline)
-    RunInfo(study=s.study_name, storage=s.storage, directory=s.run_dir).save(
-        {**settings.to_dict(), "space": s.space.source, "load": s.workload.load}
-    )
-    progress = None if args.quiet else Progress()
-    _announce(args, s, gpu_ids, study)
-    screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu)
-    print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
-    dashboard = _start_dashboard(s.storage) if args.dashboard else None
-    tuner = Tuner(
-        study,
-        s.space,
-        s.objectives,
-        s.slos,
-        executor,
-        TunerOptions(n_trials=args.n_trials, timeout_s=args.timeout, seed=args.seed, run_dir=s.run_dir),
-        progress=progress,
-        max_position_embeddings=s.max_position_embeddings,
-        screen=screen,
-    )
+    study = start_study(s.study_name, s.storage, settings, sampler, args.resume, baseline, s.run_dir)
+    lease = Lease(study).start()
+    dashboard = None
     try:
-        summary = tuner.run()
+        RunInfo(study=s.study_name, storage=for_run_file(s.storage, s.run_dir), directory=s.run_dir).save(
+            {**settings.to_dict(), "space": s.space.source, "load": s.workload.load}
+        )
+        progress = None if args.quiet else Progress()
+        _announce(args, s, gpu_ids, study)
+        screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu)
+        print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
+        dashboard = _start_dashboard(s.storage) if args.dashboard else None
+        tuner = Tuner(
+            study,
+            s.space,
+            s.objectives,
+            s.slos,
+            executor,
+            TunerOptions(n_trials=args.n_trials, timeout_s=args.timeout, seed=args.seed, run_dir=s.run_dir),
+            progress=progress,
+            max_position_embeddings=s.max_position_embeddings,
+            screen=screen,
+        )
+        summary = _run_tuner(tuner, study, s.run_dir)
+    finally:
+        written = _write_results(study, s, settings, lease, dashboard)
+    _print_summary(written, summary, args.backend == "sim", s.run_dir)
+    return 0
+
+
+def _run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
+    """tuner.run(); an interrupt or a storage fault ends in one line that says how to continue."""
+    import optuna
+    import sqlalchemy.exc
+
+    from autotune.errors import RunFailure
+    from autotune.study import storage_error
+
+    try:
+        return tuner.run()
     except KeyboardInterrupt:
-        kept = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
         print(
-            f"autotune run: {kept} finished trials kept in {s.run_dir}/; the same command with --resume "
-            "continues",
-            file=sys.stderr,
+            f"autotune run: {_kept(study)} finished trials kept in {run_dir}/; {RESUME_HINT}", file=sys.stderr
         )
         raise
-    finally:
-        recs = records(study)
-        out = report.outcome(
-            recs, s.objectives.names, [o.maximize for o in s.objectives.objectives], settings.slos
+    except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError, OSError) as exc:
+        tuner.executor.cancel_all()
+        cause = (
+            exc.__cause__ or exc.__context__
+            if isinstance(exc, optuna.exceptions.StorageInternalError)
+            else exc
         )
-        if recs:
-            report.write_all(s.run_dir, out)
-        if dashboard is not None:
-            dashboard.stop()
-        if owns_ray:
-            ray.shutdown()
+        raise RunFailure(
+            f"the run stopped: {storage_error(cause or exc)}; {_kept(study)} finished trials kept in "
+            f"{run_dir}/; once fixed, {RESUME_HINT}"
+        ) from None
+
+
+RESUME_HINT = "the same command with --resume continues"
+
+
+def _kept(study: Any) -> str:
+    """How many COMPLETE trials the study holds ('every' when the storage cannot say)."""
+    import optuna
+
+    try:
+        return str(len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))))
+    except Exception:  # noqa: BLE001  (the storage is what failed)
+        return "its"
+
+
+def _write_results(study: Any, s: _Setup, settings: Any, lease: Any, dashboard: Any) -> Any:
+    """Write the results (Ctrl-C waits until they are complete); the outcome, or None when they
+    could not be written (the line says why; the study still has every trial)."""
+    from autotune import report
+    from autotune.interrupts import deferred_ctrl_c
+    from autotune.study import records, storage_error
+
+    out = None
+    with deferred_ctrl_c():
+        try:
+            recs = records(study)
+            maximize = [o.maximize for o in s.objectives.objectives]
+            out = report.outcome(recs, s.objectives.names, maximize, settings.slos), recs
+            if recs:
+                report.write_all(s.run_dir, out[0])
+        except Exception as exc:  # noqa: BLE001  (a full disk, a broken storage: the trials are safe)
+            print(
+                f"autotune run: cannot write the results to {s.run_dir}/ ({storage_error(exc)}); the study "
+                f"keeps every trial: {RESUME_HINT} and writes them",
+                file=sys.stderr,
+            )
+            out = None
+        finally:
+            lease.release()
+            if dashboard is not None:
+                dashboard.stop()
+    return out
+
+
+def _print_summary(written: Any, summary: Any, sim: bool, run_dir: Path) -> None:
+    from autotune import report
+    from autotune.errors import RunFailure
+
+    if written is None:
+        raise RunFailure(f"results not written to {run_dir}/; {RESUME_HINT}")
+    out, recs = written
     print(report.summary_text(out))
     gpu_hours = sum(r.gpu_seconds for r in recs) / 3600
     saved_hours = sum(r.gpu_seconds_saved for r in recs) / 3600
@@ -245,9 +353,8 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         f"{summary.wall_s:.0f} s{ended}; "
         f"{'simulated ' if sim else ''}GPU time {gpu_hours:.2f} h, {saved_hours:.2f} h more saved by early "
         f"abort in {sum(r.gpu_seconds_saved > 0 for r in recs)} trials."
-        f"\nResults: {s.run_dir}/ (trials.csv, pareto.csv, best.json, best.sh, pareto.png, report.html)"
+        f"\nResults: {run_dir}/ (trials.csv, pareto.csv, best.json, best.sh, pareto.png, report.html)"
     )
-    return 0
 
 
 def _announce(args: argparse.Namespace, s: _Setup, gpu_ids: list[int], study: Any) -> None:

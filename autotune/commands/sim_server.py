@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from autotune.inputs import port_number
+
 HELP = "Serve the simulated vLLM engine as an OpenAI-compatible server (takes vllm serve's flags)."
 
 DEFAULT_GPU = "H100"
@@ -35,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag in ("--trust-remote-code", "--enforce-eager", "--disable-log-requests", "--disable-log-stats"):
         ignored.add_argument(flag, action="store_true")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=port_number, default=8000)
     parser.add_argument("--gpu", default=None, help="simulated GPU (default: $AUTOTUNE_SIM_GPU or H100)")
     faults = parser.add_argument_group("fault injection (tests)")
     faults.add_argument(
