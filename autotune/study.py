@@ -180,6 +180,11 @@ def connect_storage(
     alembic_version"), so it is retried before any error counts as a bad --storage. The error line
     never shows a password of the URL.
     """
+    # Heartbeats are recorded by autotune.lease for the ask/tell loop: Optuna's warning that they are
+    # meant for Study.optimize (printed at the first ask) does not apply.
+    warnings.filterwarnings(
+        "ignore", message="Heartbeat of storage is supposed to be used with Study.optimize"
+    )
     if not isinstance(storage, str):
         return storage
     error: Exception | None = None

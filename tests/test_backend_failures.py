@@ -111,10 +111,10 @@ def test_port_in_use(line: str) -> None:
     assert message == " ".join(line.split())
 
 
-def test_unknown_startup_failure_is_an_error_with_the_last_error_line() -> None:
+def test_unknown_startup_exit_is_a_crash_with_the_exit_code_and_last_error_line() -> None:
     log = vllm_log("RuntimeError: NCCL error: unhandled system error") + "some trailing info line\n"
     kind, message = classify(1, log, STARTUP)
-    assert kind is FailureKind.ERROR
+    assert kind is FailureKind.CRASHED
     assert message == "server exited with code 1: RuntimeError: NCCL error: unhandled system error"
 
 

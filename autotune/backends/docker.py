@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import Backend
-from autotune.backends.server import LaunchError, ServerSession, TrialLimits, scrub_args, server_session
+from autotune.backends.server import (
+    LaunchError,
+    ServerSession,
+    TrialLimits,
+    scrub,
+    scrub_args,
+    secret_args,
+    server_session,
+)
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
 from autotune.procs import pid_alive
@@ -95,9 +103,11 @@ class DockerBackend(Backend):
             def launch(port: int, log_path: Path) -> _Container:
                 return self._launch(client, config, port, gpu_ids, log_path)
 
-            info = {"image": self.image, "command": scrub_args(self.command(config, CONTAINER_PORT))}
+            command = self.command(config, CONTAINER_PORT)
+            info = {"image": self.image, "command": scrub_args(command)}
             env = {**os.environ, **(self.env or {})}
-            with server_session(launch, config, self._limits, trial_dir, info, env) as session:
+            secrets = secret_args(command)
+            with server_session(launch, config, self._limits, trial_dir, info, env, secrets) as session:
                 yield session
         finally:
             client.close()
@@ -126,7 +136,8 @@ class DockerBackend(Backend):
             container = client.containers.create(self.image, self.command(config, inside_port), **options)
         except docker.errors.APIError as exc:
             raise LaunchError(_first_line(exc)) from exc
-        handle = _Container(container, f"http://127.0.0.1:{port}", log_path, self.stop_grace_s)
+        scrubbing = ({**os.environ, **(self.env or {})}, secret_args(self.command(config, port)))
+        handle = _Container(container, f"http://127.0.0.1:{port}", log_path, self.stop_grace_s, scrubbing)
         try:
             container.start()
         except docker.errors.APIError as exc:
@@ -175,8 +186,16 @@ class DockerBackend(Backend):
 class _Container:
     """A running container (the ServerHandle of the `docker` backend)."""
 
-    def __init__(self, container: Any, base_url: str, log_path: Path, grace_s: float) -> None:
+    def __init__(
+        self,
+        container: Any,
+        base_url: str,
+        log_path: Path,
+        grace_s: float,
+        scrubbing: tuple[Mapping[str, str], Sequence[str]] = ({}, ()),
+    ) -> None:
         self.container = container
+        self.scrubbing = scrubbing  # (environment, secret flag values): masked in the saved log
         self.base_url = base_url
         self.log_path = log_path
         self.grace_s = grace_s
@@ -216,7 +235,7 @@ class _Container:
             # Already gone or exited: remove(force=True) below settles it.
             with contextlib.suppress(docker.errors.APIError):
                 self.container.stop(timeout=int(self.grace_s))
-            self.log_path.write_text(self._fetch_logs())
+            self.log_path.write_text(scrub(self._fetch_logs(), *self.scrubbing))
         finally:
             with contextlib.suppress(docker.errors.APIError):
                 self.container.remove(force=True)
