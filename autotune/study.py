@@ -203,7 +203,13 @@ def connect_storage(
 
 
 def storage_error(error: BaseException | None) -> str:
-    """One line for a storage exception (SQLAlchemy's carry the SQL and a link on further lines)."""
+    """One line for a storage exception (SQLAlchemy's carry the SQL and a link on further lines).
+
+    Optuna's StorageInternalError only says that a commit failed: the cause (database is locked,
+    disk full...) is the exception it was raised from.
+    """
+    if isinstance(error, optuna.exceptions.StorageInternalError):
+        error = error.__cause__ or error.__context__ or error
     text = str(getattr(error, "orig", None) or error or "unknown error").strip().splitlines()
     return masked(f"{type(error).__name__}: {text[0] if text else ''}")
 
@@ -226,6 +232,16 @@ def preflight_storage(storage: str, resume: bool) -> None:
     check_sqlite_file(storage, resume)
     if not path.parent.is_dir():
         raise AutotuneError(f"bad --storage: folder {path.parent} does not exist")
+
+
+def check_not_driven(name: str, storage: str) -> None:
+    """Before anything starts: refuse (one line) to --resume a study another process is running."""
+    path = sqlite_path(storage)
+    if path is not None and not path.is_file():
+        return  # nothing to resume yet (and connecting would create the file)
+    connected = connect_storage(storage, attempts=1)
+    if name in optuna.study.get_all_study_names(connected):
+        refuse_live_driver(optuna.load_study(study_name=name, storage=connected))
 
 
 def check_sqlite_file(storage: str, resume: bool) -> None:

@@ -135,7 +135,13 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.slo import parse_slos
     from autotune.space import load_space
     from autotune.storage_url import absolute
-    from autotune.study import default_study_name, preflight_storage, sqlite_url
+    from autotune.study import (
+        check_not_driven,
+        check_sqlite_file,
+        default_study_name,
+        preflight_storage,
+        sqlite_url,
+    )
     from autotune.workload import load_workload
 
     check_runs_dir(Path(args.runs_dir))
@@ -167,6 +173,9 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     storage = absolute(args.storage) if args.storage else sqlite_url(run_dir)
     if args.storage:
         preflight_storage(storage, args.resume)
+    if args.resume:
+        check_sqlite_file(storage, resume=True)
+        check_not_driven(name, storage)
     return _Setup(space, objectives, slos, workload, backend, gpu, max_pos, gpu_ids, name, run_dir, storage)
 
 
@@ -224,6 +233,7 @@ def _tune(
     args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, executor: Any, gpu_ids: list[int]
 ) -> int:
     """Open the study (one driver: autotune.lease), run the tuner, write the results whatever happens."""
+    from autotune.errors import RunFailure
     from autotune.export import RunInfo
     from autotune.lease import Lease
     from autotune.progress import Progress
@@ -260,8 +270,13 @@ def _tune(
             screen=screen,
         )
         summary = _run_tuner(tuner, study, s.run_dir)
-    finally:
-        written = _write_results(study, s, settings, lease, dashboard)
+    except RunFailure:
+        _write_results(study, s, settings, lease, dashboard, quiet=True)  # its own line says it all
+        raise
+    except BaseException:
+        _write_results(study, s, settings, lease, dashboard)
+        raise
+    written = _write_results(study, s, settings, lease, dashboard)
     _print_summary(written, summary, args.backend == "sim", s.run_dir)
     return 0
 
@@ -277,20 +292,13 @@ def _run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
     try:
         return tuner.run()
     except KeyboardInterrupt:
-        print(
-            f"autotune run: {_kept(study)} finished trials kept in {run_dir}/; {RESUME_HINT}", file=sys.stderr
-        )
+        print(f"autotune run: {_kept(study)} kept in {run_dir}/; {RESUME_HINT}", file=sys.stderr)
         raise
     except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError, OSError) as exc:
         tuner.executor.cancel_all()
-        cause = (
-            exc.__cause__ or exc.__context__
-            if isinstance(exc, optuna.exceptions.StorageInternalError)
-            else exc
-        )
         raise RunFailure(
-            f"the run stopped: {storage_error(cause or exc)}; {_kept(study)} finished trials kept in "
-            f"{run_dir}/; once fixed, {RESUME_HINT}"
+            f"the run stopped: {storage_error(exc)}; {_kept(study)} kept in {run_dir}/; once fixed, "
+            f"{RESUME_HINT}"
         ) from None
 
 
@@ -298,16 +306,19 @@ RESUME_HINT = "the same command with --resume continues"
 
 
 def _kept(study: Any) -> str:
-    """How many COMPLETE trials the study holds ('every' when the storage cannot say)."""
+    """'N finished trials' (COMPLETE) of the study, or 'every finished trial is' when it cannot say."""
     import optuna
 
     try:
-        return str(len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))))
+        n = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
     except Exception:  # noqa: BLE001  (the storage is what failed)
-        return "its"
+        return "every finished trial is"
+    return f"{n} finished trials"
 
 
-def _write_results(study: Any, s: _Setup, settings: Any, lease: Any, dashboard: Any) -> Any:
+def _write_results(
+    study: Any, s: _Setup, settings: Any, lease: Any, dashboard: Any, quiet: bool = False
+) -> Any:
     """Write the results (Ctrl-C waits until they are complete); the outcome, or None when they
     could not be written (the line says why; the study still has every trial)."""
     from autotune import report
@@ -323,11 +334,12 @@ def _write_results(study: Any, s: _Setup, settings: Any, lease: Any, dashboard: 
             if recs:
                 report.write_all(s.run_dir, out[0])
         except Exception as exc:  # noqa: BLE001  (a full disk, a broken storage: the trials are safe)
-            print(
-                f"autotune run: cannot write the results to {s.run_dir}/ ({storage_error(exc)}); the study "
-                f"keeps every trial: {RESUME_HINT} and writes them",
-                file=sys.stderr,
-            )
+            if not quiet:
+                print(
+                    f"autotune run: cannot write the results to {s.run_dir}/ ({storage_error(exc)}); the "
+                    f"study keeps every trial: {RESUME_HINT} and writes them",
+                    file=sys.stderr,
+                )
             out = None
         finally:
             lease.release()
