@@ -119,14 +119,16 @@ class Lease:
         self._thread.start()
         return self
 
-    def release(self) -> None:
-        """Stop renewing and mark the lease released, so a --resume need not wait for it to go stale."""
+    def release(self, write: bool = True) -> None:
+        """Stop renewing and mark the lease released, so a --resume need not wait for it to go stale
+        (`write=False` when the storage is failing: the lease then goes stale by itself)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.interval_s + 5)
+            self._thread.join(timeout=self.interval_s + 5 if write else 0.1)
         self.driver.renewed = 0.0
-        with contextlib.suppress(Exception):  # a broken storage: the lease goes stale by itself
-            self._write()
+        if write:
+            with contextlib.suppress(Exception):  # a broken storage: the lease goes stale by itself
+                self._write()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -58,9 +58,7 @@ def _trials(runs: Path, study: str) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name=study, storage=f"sqlite:///{runs / study / 'study.db'}").trials
 
 
-def test_sigterm_acts_like_ctrl_c_and_a_moved_run_folder_still_exports(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_sigterm_acts_like_ctrl_c(tmp_path: Path) -> None:
     proc = _start(tmp_path, "term", at_least=2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=90)
@@ -68,42 +66,55 @@ def test_sigterm_acts_like_ctrl_c_and_a_moved_run_folder_still_exports(
     assert "finished trials kept" in err and "--resume continues" in err and "Traceback" not in err
     trials = _trials(tmp_path, "term")
     assert not [t for t in trials if t.state == TrialState.RUNNING]
+    assert all(t.user_attrs.get("failure") == "interrupted" for t in trials if t.state == TrialState.FAIL)
     csv_rows = (tmp_path / "term" / "trials.csv").read_text().splitlines()[1:]
     assert len(csv_rows) == sum(t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in trials)
     assert (tmp_path / "term" / "report.html").stat().st_size > 0
 
-    # run.json records the default study.db relative to the run folder: a moved folder still opens.
-    moved = tmp_path / "elsewhere" / "moved"
-    moved.parent.mkdir()
-    (tmp_path / "term").rename(moved)
-    monkeypatch.chdir(moved.parent)
-    capsys.readouterr()
-    assert main(["export", "moved", "--trial", "0", "--format", "flags"]) == 0
-    assert "--max-num-seqs" in capsys.readouterr().out
 
-
-def test_a_second_driver_is_refused_and_never_fails_the_first_ones_trials(tmp_path: Path) -> None:
-    first = _start(tmp_path, "two", at_least=2)
+def test_one_driver_per_study_a_locked_database_and_a_moved_run_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = _start(tmp_path, "one", at_least=2)
+    db = tmp_path / "one" / "study.db"
+    # A second driver on the same study is refused in one line, before it starts anything.
     second = subprocess.run(
-        _cmd(tmp_path, "two", 100_000, "--resume"), capture_output=True, text=True, env=ENV, timeout=120
+        _cmd(tmp_path, "one", 100_000, "--resume"), capture_output=True, text=True, env=ENV, timeout=120
     )
     assert second.returncode == 2, second.stderr
     (line,) = _lines(second.stderr)
     assert "is being run by another autotune process" in line and "--resume continues" in line
-    time.sleep(1.0)
-    assert first.poll() is None, "the first run must go on"
-    first.send_signal(signal.SIGINT)
-    _, err = first.communicate(timeout=90)
-    assert first.returncode == 130 and "UpdateFinishedTrialError" not in err, err
-    # Only the first run's own in-flight trial(s) were failed, by itself, on Ctrl-C.
-    failed = [t for t in _trials(tmp_path, "two") if t.state == TrialState.FAIL]
-    assert len(failed) <= 1 and all(t.user_attrs.get("failure") == "interrupted" for t in failed)
-    done = _completed(tmp_path / "two" / "study.db", "two")[0]
+    assert first.poll() is None, "the first run goes on"
+    assert not [t for t in _trials(tmp_path, "one") if t.state == TrialState.FAIL], "no live trial failed"
+
+    # Another program locks the database: the run stops with one line and the --resume hint.
+    lock = sqlite3.connect(db, isolation_level=None, timeout=30)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        _, err = first.communicate(timeout=120)
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    assert first.returncode == 1, err
+    (line,) = _lines(err)
+    assert "database is locked" in line and "--resume continues" in line, line
+    assert "UpdateFinishedTrialError" not in err
+
+    done = _completed(db, "one")[0]
     again = subprocess.run(
-        _cmd(tmp_path, "two", done + 1, "--resume"), capture_output=True, text=True, env=ENV, timeout=180
+        _cmd(tmp_path, "one", done + 1, "--resume"), capture_output=True, text=True, env=ENV, timeout=180
     )
     assert again.returncode == 0, again.stderr
-    assert _completed(tmp_path / "two" / "study.db", "two") == (done + 1, 0)
+    assert _completed(db, "one") == (done + 1, 0)
+
+    # run.json records the default study.db relative to the run folder: a moved folder still opens.
+    moved = tmp_path / "elsewhere" / "moved"
+    moved.parent.mkdir()
+    (tmp_path / "one").rename(moved)
+    monkeypatch.chdir(moved.parent)
+    capsys.readouterr()
+    assert main(["export", "moved", "--trial", "0", "--format", "flags"]) == 0
+    assert "--max-num-seqs" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -122,26 +133,3 @@ def test_a_lost_or_corrupted_study_is_never_overwritten(
     (line,) = _lines(capsys.readouterr().err)
     assert needle in line and "nothing was changed" in line
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == files
-
-
-def test_a_locked_database_mid_run_ends_in_one_line_and_resume_continues(tmp_path: Path) -> None:
-    proc = _start(tmp_path, "lock", at_least=2)
-    db = tmp_path / "lock" / "study.db"
-    lock = sqlite3.connect(db, isolation_level=None, timeout=30)
-    lock.execute(
-        "BEGIN EXCLUSIVE"
-    )  # another program holds the file: every write of the run waits, then fails
-    try:
-        _, err = proc.communicate(timeout=120)
-    finally:
-        lock.execute("ROLLBACK")
-        lock.close()
-    assert proc.returncode == 1, err
-    (line,) = _lines(err)
-    assert "database is locked" in line and "--resume continues" in line, line
-    done = _completed(db, "lock")[0]
-    again = subprocess.run(
-        _cmd(tmp_path, "lock", done + 1, "--resume"), capture_output=True, text=True, env=ENV, timeout=180
-    )
-    assert again.returncode == 0, again.stderr
-    assert _completed(db, "lock") == (done + 1, 0)

@@ -271,7 +271,8 @@ def _tune(
         )
         summary = _run_tuner(tuner, study, s.run_dir)
     except RunFailure:
-        _write_results(study, s, settings, lease, dashboard, quiet=True)  # its own line says it all
+        # The storage failed: reading it back for the results would wait on it again. --resume writes them.
+        _stop(lease, dashboard, write_lease=False)
         raise
     except BaseException:
         _write_results(study, s, settings, lease, dashboard)
@@ -316,9 +317,7 @@ def _kept(study: Any) -> str:
     return f"{n} finished trials"
 
 
-def _write_results(
-    study: Any, s: _Setup, settings: Any, lease: Any, dashboard: Any, quiet: bool = False
-) -> Any:
+def _write_results(study: Any, s: _Setup, settings: Any, lease: Any, dashboard: Any) -> Any:
     """Write the results (Ctrl-C waits until they are complete); the outcome, or None when they
     could not be written (the line says why; the study still has every trial)."""
     from autotune import report
@@ -334,18 +333,21 @@ def _write_results(
             if recs:
                 report.write_all(s.run_dir, out[0])
         except Exception as exc:  # noqa: BLE001  (a full disk, a broken storage: the trials are safe)
-            if not quiet:
-                print(
-                    f"autotune run: cannot write the results to {s.run_dir}/ ({storage_error(exc)}); the "
-                    f"study keeps every trial: {RESUME_HINT} and writes them",
-                    file=sys.stderr,
-                )
+            print(
+                f"autotune run: cannot write the results to {s.run_dir}/ ({storage_error(exc)}); the "
+                f"study keeps every trial: {RESUME_HINT} and writes them",
+                file=sys.stderr,
+            )
             out = None
         finally:
-            lease.release()
-            if dashboard is not None:
-                dashboard.stop()
+            _stop(lease, dashboard)
     return out
+
+
+def _stop(lease: Any, dashboard: Any, write_lease: bool = True) -> None:
+    lease.release(write=write_lease)
+    if dashboard is not None:
+        dashboard.stop()
 
 
 def _print_summary(written: Any, summary: Any, sim: bool, run_dir: Path) -> None:
