@@ -38,6 +38,8 @@ LABEL_OWNER_PID = "autotune.owner_pid"
 LABEL_OWNER_HOST = "autotune.owner_host"
 PASSED_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE")
 LOG_FETCH_LINES = 2000  # lines fetched from the engine while the container runs
+ENGINE_LOST_EXIT_CODE = 125  # Docker's own exit status for "the daemon failed" (docker run)
+REAPED_STATES = ("exited", "dead")
 
 
 def docker_client() -> Any:
@@ -99,6 +101,7 @@ class DockerBackend(Backend):
         """A container for `config`, for one or more measurements (see autotune.backends.server)."""
         client = self.preflight()
         try:
+            reap_orphans(client)  # containers of dead owners, or of an earlier trial the engine lost
 
             def launch(port: int, log_path: Path) -> _Container:
                 return self._launch(client, config, port, gpu_ids, log_path)
@@ -200,6 +203,7 @@ class _Container:
         self.log_path = log_path
         self.grace_s = grace_s
         self._stopped = False
+        self.engine_lost = ""  # why the Docker engine stopped answering mid-trial, once it did
 
     def exit_code(self) -> int | None:
         import docker
@@ -208,21 +212,28 @@ class _Container:
             self.container.reload()
         except docker.errors.NotFound:
             return -9  # removed behind our back: as good as killed
+        except _engine_errors() as exc:
+            # The daemon went away (restart, crash): the trial is lost; its container is reaped at the
+            # next session's start (reap_orphans), if the daemon kept it.
+            self.engine_lost = _first_line(exc)
+            return ENGINE_LOST_EXIT_CODE
         if self.container.status in ("exited", "dead"):
             return int(self.container.attrs["State"]["ExitCode"])
         return None
 
     def log_text(self) -> str:
         if self._stopped:
-            return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return self._fetch_logs(tail=LOG_FETCH_LINES)
+            text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        else:
+            text = self._fetch_logs(tail=LOG_FETCH_LINES)
+        if self.engine_lost:
+            text += f"\nERROR autotune: Docker engine lost mid-trial: {self.engine_lost}\n"
+        return text
 
     def _fetch_logs(self, tail: int | str = "all") -> str:
-        import docker
-
         try:
             return self.container.logs(stdout=True, stderr=True, tail=tail).decode("utf-8", errors="replace")
-        except docker.errors.APIError:
+        except _engine_errors():
             return ""
 
     def stop(self) -> None:
@@ -232,12 +243,13 @@ class _Container:
         import docker
 
         try:
-            # Already gone or exited: remove(force=True) below settles it.
-            with contextlib.suppress(docker.errors.APIError):
+            # Already gone or exited: remove(force=True) below settles it; an engine that is gone
+            # cannot stop it (reap_orphans removes it at the next start).
+            with contextlib.suppress(docker.errors.APIError, *_engine_errors()):
                 self.container.stop(timeout=int(self.grace_s))
             self.log_path.write_text(scrub(self._fetch_logs(), *self.scrubbing))
         finally:
-            with contextlib.suppress(docker.errors.APIError):
+            with contextlib.suppress(docker.errors.APIError, *_engine_errors()):
                 self.container.remove(force=True)
             self._stopped = True
 
@@ -245,8 +257,10 @@ class _Container:
 def reap_orphans(client: Any = None) -> int:
     """Remove autotune containers on this host whose owner process is dead; returns how many.
 
-    The executor calls this after force-cancelling a trial: the killed worker could not stop its
-    container. Containers of live owners (other running studies) are left alone.
+    The executor calls this after force-cancelling a trial (the killed worker could not stop its
+    container), and each session at its start: also this process's own exited containers, which a
+    trial whose Docker engine was lost mid-run could not remove. Containers of live owners (other
+    running studies) are left alone.
     """
     import docker
 
@@ -255,7 +269,13 @@ def reap_orphans(client: Any = None) -> int:
     host = socket.gethostname()
     for container in client.containers.list(all=True, filters={"label": LABEL_OWNER_PID}):
         labels = container.labels
-        if labels.get(LABEL_OWNER_HOST, host) != host or pid_alive(labels.get(LABEL_OWNER_PID, "")):
+        if labels.get(LABEL_OWNER_HOST, host) != host:
+            continue
+        owner = labels.get(LABEL_OWNER_PID, "")
+        # This process's own containers are running trials unless they already exited: one whose
+        # stop failed (the engine was lost mid-trial) is left over.
+        mine_and_done = owner == str(os.getpid()) and container.status in REAPED_STATES
+        if pid_alive(owner) and not mine_and_done:
             continue
         try:
             container.remove(force=True)
@@ -263,6 +283,14 @@ def reap_orphans(client: Any = None) -> int:
         except docker.errors.APIError:
             pass  # removed concurrently
     return removed
+
+
+def _engine_errors() -> tuple[type[BaseException], ...]:
+    """What the SDK raises when the engine does not answer (refused socket, daemon restarting)."""
+    import docker
+    import requests
+
+    return (docker.errors.DockerException, requests.exceptions.RequestException)
 
 
 def _first_line(exc: BaseException) -> str:
