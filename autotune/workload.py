@@ -157,6 +157,8 @@ class TraceSource:
                 rows = list(csv.reader(f))
         except OSError as exc:
             raise AutotuneError(f"cannot read trace {self.path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise AutotuneError(f"trace {self.path} is not a text CSV file") from None
         try:
             # csv.reader + column indexes: DictReader is 3x slower on the 19k-row conv trace
             columns = [rows[0].index(name) for name in ("TIMESTAMP", "ContextTokens", "GeneratedTokens")]
@@ -403,6 +405,8 @@ def read_jsonl(path: Path) -> list[tuple[int, int | None, str | None]]:
         lines = path.read_text().splitlines()
     except OSError as exc:
         raise AutotuneError(f"cannot read JSONL file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise AutotuneError(f"JSONL file {path} is not UTF-8 text") from None
     rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -508,7 +512,7 @@ def spec_from_dict(
         name=str(data.get("name") or default_name),
         description=str(data.get("description") or ""),
         num_requests=_bounded(_positive_int(_required(data, "num_requests"), "num_requests"), "num_requests"),
-        seed=_int(data.get("seed", 0), "seed"),
+        seed=_non_negative(_int(data.get("seed", 0), "seed"), "seed"),
         load=str(data.get("load", "fixed")),
         request_rate=_number(data.get("request_rate", math.inf), "request_rate"),
         burstiness=_number(data.get("burstiness", 1.0), "burstiness"),
@@ -595,6 +599,12 @@ def _int(value: Any, what: str) -> int:
     if not math.isfinite(number) or number != int(number):
         raise AutotuneError(f"{what} must be a whole number, got {value!r}")
     return int(number)
+
+
+def _non_negative(number: int, what: str) -> int:
+    if number < 0:
+        raise AutotuneError(f"{what} must be >= 0, got {number}")
+    return number
 
 
 def _bounded(number: int, what: str) -> int:

@@ -182,6 +182,128 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes]]] = [
     ("sim-server-port", ["sim-server", "meta-llama/Llama-3.1-8B-Instruct", "--port", "99999"], {}),
     ("export-not-a-run", ["export", "{tmp}"], {}),
     ("export-bad-run-json", ["export", "{tmp}/r"], {"r/run.json": BINARY}),
+    # -- more workload fields ------------------------------------------------------------------------
+    (
+        "workload-prompt-negative",
+        ["run", "--workload", "{tmp}/w.yaml"],
+        {"w.yaml": "num_requests: 4\nprompt_len: -5\noutput_len: 8\n"},
+    ),
+    (
+        "workload-output-0",
+        ["run", "--workload", "{tmp}/w.yaml"],
+        {"w.yaml": "num_requests: 4\nprompt_len: 5\noutput_len: 0\n"},
+    ),
+    (
+        "workload-rate-negative",
+        ["run", "--workload", "{tmp}/w.yaml"],
+        {"w.yaml": WORKLOAD + "request_rate: -1\n"},
+    ),
+    (
+        "workload-burstiness-0",
+        ["run", "--workload", "{tmp}/w.yaml"],
+        {"w.yaml": WORKLOAD + "burstiness: 0\n"},
+    ),
+    (
+        "workload-concurrency-0",
+        ["run", "--workload", "{tmp}/w.yaml"],
+        {"w.yaml": WORKLOAD + "max_concurrency: 0\n"},
+    ),
+    ("workload-seed-negative", ["run", "--workload", "{tmp}/w.yaml"], {"w.yaml": WORKLOAD + "seed: -1\n"}),
+    ("workload-seed-float", ["run", "--workload", "{tmp}/w.yaml"], {"w.yaml": WORKLOAD + "seed: 1.5\n"}),
+    (
+        "workload-num-abc",
+        ["run", "--workload", "{tmp}/w.yaml"],
+        {"w.yaml": "num_requests: abc\nprompt_len: 5\noutput_len: 5\n"},
+    ),
+    (
+        "workload-lognormal-no-mean",
+        ["run", "--workload", "{tmp}/w.yaml"],
+        {"w.yaml": "num_requests: 4\nprompt_len: {dist: lognormal}\noutput_len: 8\n"},
+    ),
+    (
+        "workload-trace-missing",
+        ["run", "--workload", "{tmp}/w.yaml"],
+        {"w.yaml": "num_requests: 4\ntrace: nope.csv\n"},
+    ),
+    (
+        "workload-trace-binary",
+        ["run", "--workload", "{tmp}/w.yaml"],
+        {"w.yaml": "num_requests: 4\ntrace: t.csv\n", "t.csv": BINARY},
+    ),
+    (
+        "workload-jsonl-binary",
+        ["run", "--workload", "{tmp}/w.yaml"],
+        {"w.yaml": "num_requests: 4\njsonl: p.jsonl\noutput_len: 4\n", "p.jsonl": BINARY},
+    ),
+    ("workload-list", ["run", "--workload", "{tmp}/w.yaml"], {"w.yaml": "[1, 2]\n"}),
+    ("workload-is-dir", ["run", "--workload", "{tmp}"], {}),
+    ("workload-load-bogus", ["run", "--workload", "{tmp}/w.yaml"], {"w.yaml": WORKLOAD + "load: bogus\n"}),
+    # -- more options --------------------------------------------------------------------------------
+    ("n-trials-negative", ["run", "--n-trials", "-1"], {}),
+    ("n-trials-abc", ["run", "--n-trials", "abc"], {}),
+    ("load-bogus", ["run", "--load", "bogus"], {}),
+    ("sampler-bogus", ["run", "--sampler", "bogus"], {}),
+    ("backend-bogus", ["run", "--backend", "bogus"], {}),
+    ("timeout-inf", ["run", "--timeout", "inf"], {}),
+    ("gpus-word", ["run", "--gpus", "two"], {}),
+    ("gpus-99999", ["run", "--gpus", "99999"], {}),
+    ("storage-missing-dir", ["run", "--storage", "sqlite:///{tmp}/no/such/x.db"], {}),
+    (
+        "storage-not-sqlite-file",
+        ["run", "--storage", "sqlite:///{tmp}/x.db", "--resume"],
+        {"x.db": "not a db"},
+    ),
+    (
+        "resume-zero-byte",
+        ["run", "--study", "z", "--resume", "--runs-dir", "{tmp}/runs"],
+        {"runs/z/study.db": ""},
+    ),
+    ("space-is-dir", ["run", "--space", "{tmp}"], {}),
+    ("space-param-no-type", ["run", "--space", "{tmp}/s.yaml"], space("  max_num_seqs: {low: 1, high: 8}")),
+    (
+        "space-both-fixed-and-tuned",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space("  max_num_seqs: {type: int, low: 16, high: 64}", "  max_num_seqs: 32"),
+    ),
+    (
+        "space-huge-int-as-string",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space("  max_num_seqs: {type: int, low: 1, high: 1e12}"),
+    ),
+    (
+        "space-tp-0",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space("  tensor_parallel_size: {type: categorical, choices: [0, 1]}"),
+    ),
+    (
+        "objectives-list-of-strings",
+        ["run", "--objectives", "{tmp}/o.yaml"],
+        {"o.yaml": "objectives: [output_throughput]\n"},
+    ),
+    (
+        "objectives-bad-direction",
+        ["run", "--objectives", "{tmp}/o.yaml"],
+        {"o.yaml": "objectives:\n  - {metric: output_throughput, direction: up}\n"},
+    ),
+    ("bench-model-unknown", ["bench", "--model", "no/such"], {}),
+    ("bench-gpu-unknown", ["bench", "--gpu", "B9000"], {}),
+    ("bench-slo-bad", ["bench", "--slo", "ttft_p99=fast"], {}),
+    ("bench-workload-missing", ["bench", "--workload", "nope"], {}),
+    ("sim-server-no-model", ["sim-server"], {}),
+    (
+        "sim-server-gpu-unknown",
+        ["sim-server", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "B9000", "--port", "0"],
+        {},
+    ),
+    (
+        "export-trial-missing",
+        ["export", "{tmp}/r", "--trial", "7"],
+        {"r/run.json": '{"study": "x", "storage": "sqlite:///study.db"}'},
+    ),
+    ("export-format-bogus", ["export", "{tmp}", "--format", "bogus"], {}),
+    ("dashboard-not-a-run", ["dashboard", "{tmp}"], {}),
+    ("no-command", [], {}),
+    ("unknown-command", ["tune"], {}),
 ]
 
 
@@ -207,9 +329,9 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
     monkeypatch.chdir(tmp_path)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    if args[0] == "run" and "--runs-dir" not in args:
+    if args and args[0] == "run" and "--runs-dir" not in args:
         args += ["--runs-dir", str(tmp_path / "runs")]
-    if args[0] == "run":
+    if args and args[0] == "run":
         args += ["--n-trials", "1", "--quiet"] if "--n-trials" not in args else ["--quiet"]
     try:
         code = main(args)

@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     """Build the engine config from the flags and serve; exit 1 when the engine refuses the config."""
     from autotune.config import ENGINE_FLAGS, EngineConfig
     from autotune.errors import AutotuneError
+    from autotune.sim.hardware import get_gpu
     from autotune.sim.server import ServerOptions, serve
 
     model = args.model_flag or args.model_tag
@@ -63,10 +64,12 @@ def run(args: argparse.Namespace) -> int:
         raise AutotuneError("sim-server needs a model: autotune sim-server MODEL [flags]")
     values = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
     config = EngineConfig(model=model).replace(**values)
+    gpu = args.gpu or os.environ.get("AUTOTUNE_SIM_GPU") or DEFAULT_GPU
+    get_gpu(gpu)  # an unknown GPU is a usage error (one line), not a server that logs and then dies
     options = ServerOptions(
         host=args.host,
         port=args.port,
-        gpu=args.gpu or os.environ.get("AUTOTUNE_SIM_GPU") or DEFAULT_GPU,
+        gpu=gpu,
         served_model_name=args.served_model_name,
         startup_delay_s=args.startup_delay,
         die_after=args.die_after,
