@@ -56,6 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AutotuneError as exc:
         print(f"autotune {args.command}: error: {exc}", file=sys.stderr)
         return int(getattr(exc, "exit_code", 2))
+    except OSError as exc:
+        # The environment failed (a full disk, a folder that went away): one line, not a traceback.
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"autotune {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"autotune {args.command}: interrupted", file=sys.stderr)
         return 130
