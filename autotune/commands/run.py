@@ -182,9 +182,10 @@ def _prepare(args: argparse.Namespace) -> _Setup:
 def _execute(args: argparse.Namespace, s: _Setup) -> int:
     import ray
 
+    from autotune.errors import RunFailure
     from autotune.executor import Executor, cluster_gpus, start_ray
     from autotune.interrupts import sigterm_as_ctrl_c
-    from autotune.study import StudySettings, make_sampler
+    from autotune.study import StudySettings, make_sampler, storage_error
 
     settings = StudySettings(
         objectives=s.objectives.names,
@@ -223,7 +224,12 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
                 cpu_slots=args.parallel,
                 trial_timeout_s=timeout,
             )
-            return _tune(args, s, settings, sampler, executor, gpu_ids)
+            try:
+                return _tune(args, s, settings, sampler, executor, gpu_ids)
+            except STORAGE_ERRORS() as exc:  # opening the study, taking its lease: before any trial
+                raise RunFailure(
+                    f"the storage failed: {storage_error(exc)}; once fixed, {RESUME_HINT}"
+                ) from None
     finally:
         if owns_ray:
             ray.shutdown()
@@ -275,18 +281,19 @@ def _tune(
         _stop(lease, dashboard, write_lease=False)
         raise
     except BaseException:
-        _write_results(study, s, settings, lease, dashboard)
+        _, problem = _write_results(study, s, settings, lease, dashboard)
+        if problem:
+            print(f"autotune run: {problem}", file=sys.stderr)  # then the interrupt's own line
         raise
-    written = _write_results(study, s, settings, lease, dashboard)
+    written, problem = _write_results(study, s, settings, lease, dashboard)
+    if problem:
+        raise RunFailure(problem)
     _print_summary(written, summary, args.backend == "sim", s.run_dir)
     return 0
 
 
 def _run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
     """tuner.run(); an interrupt or a storage fault ends in one line that says how to continue."""
-    import optuna
-    import sqlalchemy.exc
-
     from autotune.errors import RunFailure
     from autotune.study import storage_error
 
@@ -295,7 +302,7 @@ def _run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
     except KeyboardInterrupt:
         print(f"autotune run: {_kept(study)} kept in {run_dir}/; {RESUME_HINT}", file=sys.stderr)
         raise
-    except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError, OSError) as exc:
+    except (*STORAGE_ERRORS(), OSError) as exc:
         tuner.executor.cancel_all()
         raise RunFailure(
             f"the run stopped: {storage_error(exc)}; {_kept(study)} kept in {run_dir}/; once fixed, "
@@ -304,6 +311,14 @@ def _run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
 
 
 RESUME_HINT = "the same command with --resume continues"
+
+
+def STORAGE_ERRORS() -> tuple[type[BaseException], ...]:  # noqa: N802  (a constant, imported late)
+    """What a failing study storage raises (locked, full, corrupted, unreachable database)."""
+    import optuna
+    import sqlalchemy.exc
+
+    return (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
 
 
 def _kept(study: Any) -> str:
@@ -317,14 +332,14 @@ def _kept(study: Any) -> str:
     return f"{n} finished trials"
 
 
-def _write_results(study: Any, s: _Setup, settings: Any, lease: Any, dashboard: Any) -> Any:
-    """Write the results (Ctrl-C waits until they are complete); the outcome, or None when they
-    could not be written (the line says why; the study still has every trial)."""
+def _write_results(study: Any, s: _Setup, settings: Any, lease: Any, dashboard: Any) -> tuple[Any, str]:
+    """Write the results (Ctrl-C waits until they are complete): (the outcome and records, ''), or
+    (None, why) when they could not be written (a full disk: the study still has every trial)."""
     from autotune import report
     from autotune.interrupts import deferred_ctrl_c
     from autotune.study import records, storage_error
 
-    out = None
+    out, problem = None, ""
     with deferred_ctrl_c():
         try:
             recs = records(study)
@@ -333,15 +348,14 @@ def _write_results(study: Any, s: _Setup, settings: Any, lease: Any, dashboard: 
             if recs:
                 report.write_all(s.run_dir, out[0])
         except Exception as exc:  # noqa: BLE001  (a full disk, a broken storage: the trials are safe)
-            print(
-                f"autotune run: cannot write the results to {s.run_dir}/ ({storage_error(exc)}); the "
-                f"study keeps every trial: {RESUME_HINT} and writes them",
-                file=sys.stderr,
+            problem = (
+                f"cannot write the results to {s.run_dir}/ ({storage_error(exc)}); the study keeps every "
+                f"trial: once fixed, {RESUME_HINT} and writes them"
             )
             out = None
         finally:
             _stop(lease, dashboard)
-    return out
+    return out, problem
 
 
 def _stop(lease: Any, dashboard: Any, write_lease: bool = True) -> None:
@@ -352,10 +366,7 @@ def _stop(lease: Any, dashboard: Any, write_lease: bool = True) -> None:
 
 def _print_summary(written: Any, summary: Any, sim: bool, run_dir: Path) -> None:
     from autotune import report
-    from autotune.errors import RunFailure
 
-    if written is None:
-        raise RunFailure(f"results not written to {run_dir}/; {RESUME_HINT}")
     out, recs = written
     print(report.summary_text(out))
     gpu_hours = sum(r.gpu_seconds for r in recs) / 3600
