@@ -324,10 +324,13 @@ def start_study(
 ) -> optuna.Study:
     """`open_study`, then a new study gets `baseline` (vLLM's default config) as its first trial.
 
-    A resumed study already has its baseline (measured, or still queued): it is not enqueued again.
+    A resumed study already has its baseline (measured, or still queued): it is not enqueued again,
+    unless it was interrupted before it was measured.
     """
     study = open_study(name, storage, settings, sampler, resume, results_dir)
-    if not study.trials:
+    # A baseline interrupted before it was measured (FAIL) is queued again: every result is compared to it.
+    alive = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
+    if not any(t.user_attrs.get("baseline") and t.state in alive for t in study.get_trials(deepcopy=False)):
         study.enqueue_trial(dict(baseline), user_attrs={"baseline": True})
     return study
 
@@ -519,8 +522,10 @@ def _positive(r: TrialRecord, i: int) -> float:
 
 
 def baseline(recs: Sequence[TrialRecord]) -> TrialRecord | None:
-    """The trial of vLLM's default config (the first trial of the study)."""
-    return next((r for r in recs if r.baseline), None)
+    """The trial of vLLM's default config (the first trial of the study; its measured one if the first
+    was interrupted)."""
+    measured = next((r for r in recs if r.baseline and r.state == "COMPLETE"), None)
+    return measured or next((r for r in recs if r.baseline), None)
 
 
 def _jsonable(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 from autotune.errors import AutotuneError
 from autotune.lease import LEASE_KEY, Lease
-from autotune.study import StudySettings, connect_storage, open_study
+from autotune.study import StudySettings, connect_storage, fail_stale_trials, open_study, start_study
 
 SETTINGS = StudySettings(
     objectives=["output_throughput"],
@@ -102,3 +102,14 @@ def postgres() -> Iterator[str]:
 
 def test_one_driver_on_postgresql(postgres: str) -> None:
     _check_one_driver(postgres)
+
+
+def test_an_interrupted_baseline_is_measured_again_on_resume(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    sampler = optuna.samplers.RandomSampler(seed=0)
+    study = start_study("s", url, SETTINGS, sampler, resume=False, baseline={"max_num_seqs": 256})
+    assert study.ask().user_attrs["baseline"] is True  # the run is stopped while it is measured
+    fail_stale_trials(study)
+    again = start_study("s", url, SETTINGS, sampler, resume=True, baseline={"max_num_seqs": 256})
+    states = [(t.state, t.user_attrs.get("baseline")) for t in again.trials]
+    assert states == [(TrialState.FAIL, True), (TrialState.WAITING, True)]
