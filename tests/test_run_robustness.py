@@ -95,7 +95,7 @@ def test_one_driver_per_study_a_locked_database_and_a_moved_run_folder(
     finally:
         lock.execute("ROLLBACK")
         lock.close()
-    assert first.returncode == 1, err
+    assert first.returncode == 1 and len(_lines(err)) == 1, err
     (line,) = _lines(err)
     assert "database is locked" in line and "--resume continues" in line, line
     assert "UpdateFinishedTrialError" not in err
