@@ -22,7 +22,6 @@ import time
 import uuid
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -79,25 +78,22 @@ def refuse_live_driver(study: optuna.Study, grace_s: float = GRACE_S) -> None:
 
 
 def fail_stale(study: optuna.Study) -> int:
-    """Fail the RUNNING trials nobody runs any more (call only once no driver is alive); how many."""
-    before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    """Fail the RUNNING trials nobody runs any more; call only once no driver is alive
+    (`refuse_live_driver`). Returns how many.
+
+    Optuna's heartbeat-stale trials first (`fail_stale_trials`); then the other RUNNING ones: with no
+    live driver their heartbeats are not renewed any more (a driver known dead, its pid gone on this
+    host, or one from before heartbeats), so they are failed now rather than after the grace period.
+    A trial failed without a `failure` attr reads as "interrupted" (autotune.study.records).
+    """
+    before = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)  # heartbeat older than the grace period
-    driver = current_driver(study)
-    dead_driver = driver is None or not driver.alive()
-    storage = study._storage
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if dead_driver or not _has_heartbeat(storage, trial._trial_id):
-            storage.set_trial_user_attr(trial._trial_id, "failure", "interrupted")
-            study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
-    failed = [
-        t for t in study.get_trials(deepcopy=False) if t.number in before and t.state == TrialState.FAIL
-    ]
-    for trial in failed:
-        if "failure" not in trial.user_attrs:
-            storage.set_trial_user_attr(trial._trial_id, "failure", "interrupted")
-    return len(failed)
+        study._storage.set_trial_user_attr(trial._trial_id, "failure", "interrupted")
+        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+    return before
 
 
 @dataclass
@@ -147,16 +143,3 @@ class Lease:
 
     def _write(self) -> None:
         self.study._storage.set_study_system_attr(self.study._study_id, LEASE_KEY, dict(self.driver.__dict__))
-
-
-def _has_heartbeat(storage: Any, trial_id: int) -> bool:
-    """Whether Optuna's RDB storage has a heartbeat row for the trial."""
-    from optuna.storages._rdb import models
-
-    if not hasattr(storage, "scoped_session"):
-        return True
-    session = storage.scoped_session()
-    try:
-        return session.query(models.TrialHeartbeatModel).filter_by(trial_id=trial_id).first() is not None
-    finally:
-        session.close()
