@@ -281,7 +281,9 @@ def open_study(
     trials nobody runs any more. `results_dir` (the run folder): with --resume and no study in the
     storage, results there mean the study was lost, and nothing is overwritten.
     """
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Errors only: Optuna's warnings are about its internals (a locked SQLite read "falling back to a
+    # slower alternative", multi-line): what the user must know, autotune says in its own one line.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     if isinstance(storage, str):
         check_sqlite_file(storage, resume)
     where, storage = masked(str(storage)), connect_storage(storage)
