@@ -24,8 +24,9 @@ def run(args: argparse.Namespace) -> int:
 
     from autotune import export
     from autotune.errors import AutotuneError
+    from autotune.storage import storage_error
     from autotune.storage_url import masked, run_storage
-    from autotune.study import recommend, records, storage_error
+    from autotune.study import recommend, records
 
     info = export.load_run(args.run_dir)
     storage = run_storage(info)

@@ -134,14 +134,9 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.sim.hardware import get_gpu
     from autotune.slo import parse_slos
     from autotune.space import load_space
+    from autotune.storage import check_sqlite_file, preflight_storage
     from autotune.storage_url import absolute
-    from autotune.study import (
-        check_not_driven,
-        check_sqlite_file,
-        default_study_name,
-        preflight_storage,
-        sqlite_url,
-    )
+    from autotune.study import check_not_driven, default_study_name, sqlite_url
     from autotune.workload import load_workload
 
     check_runs_dir(Path(args.runs_dir))
@@ -185,7 +180,8 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     from autotune.errors import RunFailure
     from autotune.executor import Executor, cluster_gpus, start_ray
     from autotune.interrupts import sigterm_as_ctrl_c
-    from autotune.study import StudySettings, make_sampler, storage_error
+    from autotune.storage import storage_error
+    from autotune.study import StudySettings, make_sampler
 
     settings = StudySettings(
         objectives=s.objectives.names,
@@ -295,7 +291,7 @@ def _tune(
 def _run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
     """tuner.run(); an interrupt or a storage fault ends in one line that says how to continue."""
     from autotune.errors import RunFailure
-    from autotune.study import storage_error
+    from autotune.storage import storage_error
 
     try:
         return tuner.run()
@@ -337,7 +333,8 @@ def _write_results(study: Any, s: _Setup, settings: Any, lease: Any, dashboard: 
     (None, why) when they could not be written (a full disk: the study still has every trial)."""
     from autotune import report
     from autotune.interrupts import deferred_ctrl_c
-    from autotune.study import records, storage_error
+    from autotune.storage import storage_error
+    from autotune.study import records
 
     out, problem = None, ""
     with deferred_ctrl_c():
