@@ -60,12 +60,22 @@ def test_a_dead_drivers_lease_does_not_block(tmp_path: Path) -> None:
     open_study("s", url, SETTINGS, optuna.samplers.RandomSampler(seed=0), resume=True)  # not refused
 
 
+def _postgres_program(name: str) -> str | None:
+    """A PostgreSQL server program: on PATH, or where Debian's postgresql package keeps it."""
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True)
+    return str(candidates[0]) if candidates else None
+
+
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[str]:
     """A throwaway PostgreSQL server on 127.0.0.1 (skipped where none can start here)."""
     pytest.importorskip("psycopg", reason="psycopg (PostgreSQL driver) is not installed")
-    if not shutil.which("initdb") or not shutil.which("pg_ctl"):
-        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl) on this host")
+    initdb, pg_ctl = _postgres_program("initdb"), _postgres_program("pg_ctl")
+    if not initdb or not pg_ctl:
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl) on this host (.ci/install-postgres.sh)")
     as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     base = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
     if as_user:
@@ -76,14 +86,14 @@ def postgres() -> Iterator[str]:
     data = base / "data"
     try:
         subprocess.run(
-            [*as_user, "initdb", "-D", str(data), "-A", "trust", "-U", "postgres"],
+            [*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "postgres"],
             check=True,
             capture_output=True,
             timeout=60,
         )
         options = f"-k {base} -p {port} -c listen_addresses=127.0.0.1"
         subprocess.run(
-            [*as_user, "pg_ctl", "-D", str(data), "-o", options, "-l", str(base / "log"), "-w", "start"],
+            [*as_user, pg_ctl, "-D", str(data), "-o", options, "-l", str(base / "log"), "-w", "start"],
             check=True,
             capture_output=True,
             timeout=60,
@@ -95,7 +105,7 @@ def postgres() -> Iterator[str]:
         yield f"postgresql+psycopg://postgres:not-a-secret-1@127.0.0.1:{port}/postgres"
     finally:
         subprocess.run(
-            [*as_user, "pg_ctl", "-D", str(data), "-m", "immediate", "stop"], capture_output=True, timeout=60
+            [*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True, timeout=60
         )
         shutil.rmtree(base, ignore_errors=True)
 
