@@ -7,7 +7,7 @@ With `load: capacity` a trial is a short search per config, on one started serve
    config's request lifetime, which sets how long each probe is (autotune/steady_state.py).
 2. Probes: Poisson load at a rate, with an unmeasured warm-up and a measured window of several request
    lifetimes and at least 400 requests. A rate passes when the window meets every SLO and the server
-   kept up (the requests in it did not grow by more than 5 % of the window's arrivals, or than the
+   kept up (the requests in it did not grow by more than 2 % of the window's arrivals, or than the
    count's noise): that bounds capacity for every SLO set, ITL-only and none included. The first probe
    is at 90 % of saturation; while probes fail the rate steps down by 0.7x (further when an ITL/TPOT
    SLO was missed by a wide margin), then geometric bisection until the bracket is within `resolution`.

@@ -2,7 +2,7 @@
 
 Constraints are told in one fixed order on every trial (GPSampler needs the same keys each time):
 one per SLO (its margin, <= 0 holds); then `load_kept_up`: how much the requests in the server grew
-over the measured window beyond what is allowed (5 %, or the count's noise): a run that did not keep
+over the measured window beyond what is allowed (2 %, or the count's noise): a run that did not keep
 up with its offered load does not meet its SLOs at that load, however its latencies look (0 when the
 run cannot tell); then
 `config_failed` (1 when the config did not produce a benchmark). A failed config is a violation of

@@ -66,7 +66,7 @@ def _header(name: str, out: Outcome) -> str:
     what = ", ".join(f"{label} {_e(ctx[key])}" for key, label in labels if ctx.get(key))
     load = f" at {_e(ctx['load'])} load" if ctx.get("load") else ""
     if ctx.get("load") == "capacity" and not out.slos:
-        load += " (no SLO: each config's highest rate it keeps up with, served >= 95 % of offered)"
+        load += " (no SLO: each config's highest rate it keeps up with, served >= 98 % of offered)"
     backend = f"; backend {_e(ctx['backend'])}" if ctx.get("backend") else ""
     slos = _e(", ".join(out.slos) or "none")
     return f"<h1>autotune: {_e(name)}</h1><p class='sub'>{what}{load}; SLO {slos}{backend}</p>"

@@ -35,9 +35,11 @@ def test_a_server_over_its_capacity_does_not() -> None:
     assert not s.kept_up and s.backlog_growth > 0.05 and s.served_rate < 0.95 * s.offered_rate
 
 
-def test_a_few_requests_of_noise_are_not_a_growing_backlog() -> None:
-    s = steadiness(records(10, 12, 4, lifetime=0.3), Window(1, 3.9))  # ~30 requests: 2 more is noise
-    assert s.allowed_growth > 0.05 and s.kept_up
+def test_noise_on_a_short_window_is_not_a_growing_backlog() -> None:
+    """20 s at 83 % load: the count wanders; across 30 seeds, at most one is taken for a growing backlog."""
+    judged = [steadiness(records(10, 12, 20, lifetime=0.5, seed=s), Window(1, 19.9)) for s in range(30)]
+    assert sum(not s.kept_up for s in judged) <= 1
+    assert max(s.allowed_growth for s in judged) > 0.02  # a short window allows more than the floor
 
 
 def test_fixed_load_runs_are_judged_after_two_lifetimes_or_not_at_all() -> None:

@@ -491,7 +491,7 @@ def _load_text(s: _Setup) -> str:
     """What a trial measures, in words: without an SLO, capacity is bounded by keeping up alone."""
     if s.workload.load == "capacity" and not s.slos:
         return (
-            "capacity load (no SLO: each config's highest rate it keeps up with, served >= 95 % of offered, "
+            "capacity load (no SLO: each config's highest rate it keeps up with, served >= 98 % of offered, "
             "latency unbounded)"
         )
     return f"{s.workload.load} load"
