@@ -150,12 +150,11 @@ def _prepare(args: argparse.Namespace) -> _Setup:
 
 def _execute(args: argparse.Namespace, s: _Setup) -> int:
     import optuna
-    import ray
 
     from autotune import report
-    from autotune.executor import Executor, cluster_gpus, start_ray
     from autotune.export import RunInfo
     from autotune.progress import Progress
+    from autotune.ray_cluster import ClusterLost
     from autotune.screen import describe, make_screen
     from autotune.study import StudySettings, make_sampler, records, start_study
     from autotune.tuner import Tuner, TunerOptions
@@ -172,24 +171,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
 
     sim = args.backend == "sim"
-    owns_ray = not ray.is_initialized()
-    fake_gpus = None  # the simulator's GPUs are virtual: a local Ray cluster gets that many fake ones
-    if s.backend.simulated and args.ray_address is None:
-        fake_gpus = len(s.gpu_ids) or (None if sim else 1)
-    start_ray(args.ray_address, num_cpus=max(args.parallel, 1), fake_gpus=fake_gpus)
-    gpu_ids = s.gpu_ids or ([] if sim else list(range(cluster_gpus())))
-    if not sim and not gpu_ids:
-        from autotune.errors import AutotuneError
-
-        raise AutotuneError(f"the {args.backend} backend needs GPUs and the Ray cluster has none")
-    timeout = args.trial_timeout or (SIM_TRIAL_TIMEOUT_S if sim else REAL_TRIAL_TIMEOUT_S)
-    if s.workload.load == "capacity":
-        from autotune.capacity import MAX_EVALS
-
-        timeout *= MAX_EVALS if not args.trial_timeout else 1
-    executor = Executor(
-        s.backend, s.workload, s.slos, gpu_ids=gpu_ids, cpu_slots=args.parallel, trial_timeout_s=timeout
-    )
+    executor, owns_ray = _executor(args, s)
     # The study is created only once the GPUs checked out: a corrected command must not meet a
     # half-made study that asks for --resume.
     s.run_dir.mkdir(parents=True, exist_ok=True)
@@ -199,7 +181,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         {**settings.to_dict(), "space": s.space.source, "load": s.workload.load}
     )
     progress = None if args.quiet else Progress()
-    _announce(args, s, gpu_ids, study)
+    _announce(args, s, executor.describe(), study)
     screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu)
     print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
     dashboard = _start_dashboard(s.storage) if args.dashboard else None
@@ -224,6 +206,14 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
             file=sys.stderr,
         )
         raise
+    except ClusterLost as exc:
+        kept = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+        print(
+            f"autotune run: {exc}; {kept} finished trials kept in {s.run_dir}/; the same command with "
+            "--resume continues (against a new cluster: --ray-address)",
+            file=sys.stderr,
+        )
+        return 1
     finally:
         recs = records(study)
         out = report.outcome(
@@ -234,6 +224,8 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         if dashboard is not None:
             dashboard.stop()
         if owns_ray:
+            import ray
+
             ray.shutdown()
     print(report.summary_text(out))
     gpu_hours = sum(r.gpu_seconds for r in recs) / 3600
@@ -250,9 +242,57 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     return 0
 
 
-def _announce(args: argparse.Namespace, s: _Setup, gpu_ids: list[int], study: Any) -> None:
+def _executor(args: argparse.Namespace, s: _Setup) -> tuple[Any, bool]:
+    """(executor, whether this run started or joined Ray): in process for a small simulated run (no
+    Ray start, no Ray notices), else Ray tasks on a local cluster or the one at --ray-address."""
+    from autotune.errors import AutotuneError
+    from autotune.executor import Executor
+    from autotune.local_executor import LocalExecutor
+    from autotune.ray_cluster import start_ray
+
+    sim = args.backend == "sim"
+    if sim and args.parallel == 1 and not s.gpu_ids and not args.ray_address:
+        return LocalExecutor(s.backend, s.workload, s.slos), False
+    if args.ray_address and args.gpus and "," in args.gpus:
+        raise AutotuneError(
+            "--gpus with device ids picks devices of this machine; on a Ray cluster Ray assigns them: "
+            "give a count (--gpus 8), the most GPUs in use at once"
+        )
+    uses_gpus = not sim or bool(s.gpu_ids)
+    fake_gpus = None  # the simulator's GPUs are virtual: a local Ray cluster gets that many fake ones
+    if s.backend.simulated and uses_gpus:
+        fake_gpus = len(s.gpu_ids) or 1
+    # A local cluster sees only the --gpus devices (a count N: devices 0..N-1), so Ray assigns those.
+    devices = (s.gpu_ids or None) if uses_gpus else None
+    owns_ray = start_ray(args.ray_address, max(args.parallel, 1), fake_gpus, devices)
+    timeout = args.trial_timeout or (SIM_TRIAL_TIMEOUT_S if sim else REAL_TRIAL_TIMEOUT_S)
+    if s.workload.load == "capacity":
+        from autotune.capacity import MAX_EVALS
+
+        timeout *= MAX_EVALS if not args.trial_timeout else 1
+    try:
+        executor = Executor(
+            s.backend,
+            s.workload,
+            s.slos,
+            uses_gpus=uses_gpus,
+            gpu_cap=len(s.gpu_ids) or None,
+            cpu_slots=args.parallel,
+            trial_timeout_s=timeout,
+        )
+        if uses_gpus and executor.capacity == 0:
+            raise AutotuneError(f"the {args.backend} backend needs GPUs and the Ray cluster has none")
+    except BaseException:
+        if owns_ray:
+            import ray
+
+            ray.shutdown()
+        raise
+    return executor, owns_ray
+
+
+def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> None:
     slos = ", ".join(str(slo) for slo in s.slos) or "none"
-    where = f"GPUs {gpu_ids}" if gpu_ids else f"{args.parallel} CPU slot(s)"
     resumed = f", resuming at {len(study.trials)} trials" if args.resume and study.trials else ""
     print(
         f"autotune: study {s.study_name} ({args.backend}: {s.space.model} on {s.space.gpu}, workload "
