@@ -99,7 +99,8 @@ def test_ray_places_trials_by_tensor_parallel_size_and_the_backend_gets_its_devi
     one = EngineConfig(model="m")
     executor.submit(1, one, 0, None)
     executor.submit(2, one, 0, None)
-    a, b = (drain(executor, 2)[n].info for n in (1, 2))
+    results = drain(executor, 2)
+    a, b = (results[n].info for n in (1, 2))
     assert a["start"] < b["end"] and b["start"] < a["end"]  # they ran at once...
     assert sorted([a["seen_gpu_ids"][0], b["seen_gpu_ids"][0]]) == [0, 1]  # ...on a device each
 
