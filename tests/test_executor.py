@@ -4,6 +4,7 @@ the in-process executor of small simulated runs; joining an unreachable cluster.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -162,3 +163,19 @@ def test_an_unreachable_cluster_fails_in_seconds() -> None:
     with pytest.raises(AutotuneError, match="nothing answers"):
         check_reachable(f"ray://127.0.0.1:{port}")
     assert time.monotonic() - start < 5
+
+
+def test_a_small_simulated_run_does_not_start_ray(tmp_path: Path) -> None:
+    """`--backend sim --parallel 1` runs its trials in process: no Ray start, none of Ray's notices."""
+    script = (
+        "import sys; from autotune.cli import main; "
+        f"code = main(['run', '--space', 'small', '--n-trials', '3', '--slo', 'ttft_p99=2s', '--quiet', "
+        f"'--runs-dir', {str(tmp_path)!r}, '--study', 'small']); "
+        "print('ray imported' if 'ray' in sys.modules else 'no ray'); sys.exit(code)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "no ray"
+    assert "1 trial at a time in process (no Ray)" in done.stderr
+    assert "Ray" not in done.stderr.replace("(no Ray)", ""), done.stderr  # no token-auth notice either
+    assert (tmp_path / "small" / "trials.csv").stat().st_size > 0

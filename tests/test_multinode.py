@@ -233,3 +233,16 @@ def test_an_unreachable_ray_address_fails_in_seconds_with_one_line(tmp_path: Pat
         f"{address.removeprefix('ray://')} within 3 s"
     ]
     assert time.monotonic() - start < 15
+
+
+def test_device_ids_on_a_cluster_are_refused_in_one_line(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--backend", "vllm"]
+    cmd += ["--serve-cmd", f"{sys.executable} -m autotune.cli sim-server", "--ray-address", "auto"]
+    cmd += ["--gpus", "0,1"]
+    done = subprocess.run(
+        [*cmd, "--runs-dir", str(tmp_path)], capture_output=True, text=True, env=ENV, timeout=60
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert "--gpus with device ids picks devices of this machine" in line and "give a count" in line
+    assert not list(tmp_path.rglob("study.db"))
