@@ -330,11 +330,14 @@ class Executor:
 
 
 def _driver_node() -> str | None:
-    """This process's Ray node id: trials on it write logs straight to the driver's disk."""
+    """This process's Ray node id: trials on it write logs straight to the driver's disk. None for a
+    Ray Client driver (`ray://`), which is on no node of the cluster: every trial ships its logs."""
     import ray
+    import ray.util.client
 
-    with contextlib.suppress(Exception):  # a Ray Client driver is on no node of the cluster
-        return str(ray.get_runtime_context().get_node_id())
+    with contextlib.suppress(Exception):
+        if not ray.util.client.ray.is_connected():
+            return str(ray.get_runtime_context().get_node_id())
     return None
 
 
