@@ -1,15 +1,22 @@
-"""Capacity search: the highest request rate at which a config still meets the SLOs.
+"""Capacity: the highest Poisson request rate a config sustains while it meets the SLOs.
 
-With `load: capacity` a trial is not one benchmark but a short search per config: an exponential
-bracket from the workload's request_rate (doubling while the SLOs hold, halving while they fail),
-then geometric bisection until the bracket is within `tolerance`. Each step is one benchmark at a
-Poisson rate on the same started server (one startup per trial), so the bound on evaluations is the
-bound on benchmark time. A server that dies or hangs ends the search: the rates that met the SLOs
-before still count. The trial's result is the
-benchmark at the highest rate that met the SLOs, with its throughputs set to the *sustained* ones at
-that rate (rate x tokens per request): a short benchmark's measured throughput is dominated by its
-drain tail (the last long request), not by the load the config can carry. The measured ones stay in
-`info` (measured_output_throughput...).
+With `load: capacity` a trial is a short search per config, on one started server (one startup):
+1. Saturation: every request at t=0 (enough of them to fill the running batch twice). Its mid-run
+   completion rate is what the config can serve at most, so rates above it (plus a margin for the
+   estimate) are never probed: it is the bracket's top. Its requests' decode time at full batch is the
+   config's request lifetime, which sets how long each probe is (autotune/steady_state.py).
+2. Probes: Poisson load at a rate, with an unmeasured warm-up and a measured window of several request
+   lifetimes and at least 400 requests. A rate passes when the window meets every SLO and the server
+   kept up (the requests in it did not grow by more than 5 % of the window's arrivals, or than the
+   count's noise): that bounds capacity for every SLO set, ITL-only and none included. The first probe
+   is at 90 % of saturation; while probes fail the rate steps down by 0.7x, then geometric bisection
+   until the bracket is within `resolution`.
+A probe that is clearly lost is cut short by the early abort (its SLO cannot be met any more). A
+server that dies or hangs ends the search: the rates that passed before still count.
+
+The trial's result is the window at the highest passing rate, with throughputs set to the sustained
+ones at that rate (rate x tokens per request); `info` carries the bracket, its resolution and every
+probe (rate, served rate, backlog growth, p99 TTFT/ITL), for the report and the recommendation's tie rule.
 """
 
 from __future__ import annotations
@@ -24,25 +31,65 @@ from typing import Any
 from autotune.backends.base import Backend, Session, TrialResult
 from autotune.config import EngineConfig
 from autotune.slo import Slo
+from autotune.steady_state import MIN_WARMUP_S, MIN_WINDOW_S, Window, plan_window
 
-MAX_EVALS = 8
-TOLERANCE = 0.05  # stop when high / low <= 1.05: finer than run-to-run noise on real GPUs is wasted
+MAX_PROBES = 8  # rate probes after the saturation run
+RESOLUTION = 0.03  # stop when high / low <= 1.03: below run-to-run noise on real GPUs (1-3 %) is wasted
+START_FRACTION = 0.9  # the first probe, as a fraction of saturation throughput
+STEP_DOWN = 0.7  # while no rate passed
+SATURATION_MARGIN = 1.1  # bracket top = saturation throughput x this (the mid-run rate is an estimate)
+MIN_RATE = 0.05  # below this the config serves nothing useful: stop stepping down
+SATURATION_BATCHES = 2  # the saturation run sends this many times max_num_seqs (at least the workload's)
+MAX_SATURATION_REQUESTS = 4096
+MAX_PROBE_REQUESTS = 6000  # per probe (x window scale): a very fast config gets a shorter window
+MIN_WINDOW_REQUESTS = 400
+DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's largest per-GPU default, when the config leaves it unset
 SUSTAINED = ("request_throughput", "output_throughput", "total_token_throughput")
-DEFAULT_START_RATE = 8.0  # req/s, when the workload's own rate is inf
-MIN_RATE = 0.05  # below this the config serves nothing useful: stop halving
 
 
 @dataclass(frozen=True)
 class CapacitySearch:
-    """The search bounds (a separate record so tests and benchmarks can tighten them)."""
+    """The search's bounds (a record so tests and the accuracy benchmark can change them)."""
 
-    max_evals: int = MAX_EVALS
-    tolerance: float = TOLERANCE
+    max_probes: int = MAX_PROBES
+    resolution: float = RESOLUTION
+    window_scale: float = 1.0  # x the window and warm-up derived from the config's dynamics
+    min_warmup_s: float = MIN_WARMUP_S  # floors of the derived warm-up and window (tests lower them)
+    min_window_s: float = MIN_WINDOW_S
+    # p99 over fewer requests is the 2nd-4th largest value: too noisy to compare rates by (a window of
+    # 140 requests overestimated a config's capacity by 33 %, 400 came within 2 % of 1,000)
+    min_window_requests: int = MIN_WINDOW_REQUESTS
+
+
+@dataclass
+class Probe:
+    """One measured rate."""
+
+    rate: float
+    result: TrialResult
+    passed: bool
+
+    def to_info(self) -> dict[str, Any]:
+        """What the trial's `capacity_probes` attr keeps of it (the report plots these)."""
+        bench = self.result.benchmark
+        info = self.result.info
+        return {
+            "rate": round(self.rate, 4),
+            "served_rate": info.get("served_rate"),
+            "backlog_growth": info.get("backlog_growth"),
+            "kept_up": info.get("kept_up"),
+            "p99_ttft_ms": round(bench.latency_ms["ttft"]["p99"], 2) if bench else None,
+            "p99_itl_ms": round(bench.latency_ms["itl"]["p99"], 2) if bench else None,
+            "meets_slos": self.passed,
+            "failure": str(self.result.failure) if self.result.failure else None,
+        }
 
 
 def meets(result: TrialResult, slos: Sequence[Slo]) -> bool:
-    """A complete benchmark whose every SLO margin is <= 0."""
-    return result.ok and all(slo.margin(result.benchmark) <= 0 for slo in slos)  # type: ignore[arg-type]
+    """A complete benchmark that kept up with its load (when it had one) and met every SLO."""
+    if not result.ok or result.info.get("kept_up") is False:
+        return False
+    return all(slo.margin(result.benchmark) <= 0 for slo in slos)  # type: ignore[arg-type]
 
 
 def find_capacity(
@@ -55,77 +102,105 @@ def find_capacity(
     trial_dir: Path | None = None,
     search: CapacitySearch = CapacitySearch(),  # noqa: B008  (frozen, so a shared default is safe)
 ) -> TrialResult:
-    """Search the highest SLO-meeting rate for `config`: the result at that rate, the search in `info`.
+    """Search the highest sustained SLO-meeting rate for `config`: the result at it, the search in `info`.
 
     Every rate is measured on one server (one backend session), so the trial pays one startup.
     """
     with backend.session(config, gpu_ids, trial_dir) as session:
-        return _search(session, workload, slos, seed, search)
+        return _search(session, config, workload, slos, seed, search)
 
 
 def _search(
-    session: Session, workload: Any, slos: Sequence[Slo], seed: int, search: CapacitySearch
+    session: Session,
+    config: EngineConfig,
+    workload: Any,
+    slos: Sequence[Slo],
+    seed: int,
+    search: CapacitySearch,
 ) -> TrialResult:
-    def run(rate: float) -> TrialResult:
-        return session.measure(workload.with_load(request_rate=rate), slos, seed)
+    seqs = config.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    n_sat = min(MAX_SATURATION_REQUESTS, max(workload.num_requests, SATURATION_BATCHES * seqs))
+    sat_result = session.measure(
+        workload.with_load(request_rate=math.inf, num_requests=n_sat, measure_from=0.0), (), seed
+    )
+    sat = sat_result.info.get("saturation")
+    if not sat_result.ok or not sat or sat["throughput"] <= 0:
+        # Did not start, or could not serve at all: no rate will help, and the reason is the trial's.
+        return _annotate(sat_result, [], sat_result, None, None, 0.0)
+    window = plan_window(sat["lifetime_s"], search.window_scale, search.min_warmup_s, search.min_window_s)
+    top = SATURATION_MARGIN * sat["throughput"]
 
-    start = workload.request_rate if math.isfinite(workload.request_rate) else DEFAULT_START_RATE
-    if not slos:
-        # Nothing bounds the rate: capacity is the saturated throughput (all requests at t=0).
-        result = run(math.inf)
-        return _annotate(
-            result, [result], [math.inf], result.benchmark.request_throughput if result.ok else 0.0
+    def probe(rate: float) -> Probe:
+        plan = _probe_window(window, rate, search)
+        n = max(1, math.ceil(rate * plan.end))
+        result = session.measure(
+            workload.with_load(request_rate=rate, num_requests=n, measure_from=plan.start), slos, seed
         )
-    low: float | None = None
-    high: float | None = None
-    best: TrialResult | None = None
-    tried: list[float] = []
-    results: list[TrialResult] = []
-    rate = start
-    while len(tried) < search.max_evals:
-        result = run(rate)
-        tried.append(rate)
-        results.append(result)
-        if result.failure is not None and result.benchmark is None and not tried[:-1]:
-            return result  # did not start: no rate will help, and the reason is the trial's failure
-        if meets(result, slos):
-            low, best = rate, result
+        return Probe(rate, result, meets(result, slos))
+
+    probes: list[Probe] = []
+    low: Probe | None = None
+    high = top  # the lowest rate known to fail (the saturation bound until a probe fails)
+    rate = START_FRACTION * sat["throughput"]
+    while len(probes) < search.max_probes:
+        p = probe(rate)
+        probes.append(p)
+        if p.passed:
+            low = p
         else:
-            high = rate
+            high = min(high, rate)
         if not session.alive:
             break  # the server died or hung: no other rate can be measured on it
-        if high is None:
-            rate = rate * 2
-        elif low is None:
-            rate = rate / 2
+        if low is None:
+            rate *= STEP_DOWN
             if rate < MIN_RATE:
                 break
-        elif high / low <= 1 + search.tolerance:
+        elif high / low.rate <= 1 + search.resolution:
             break
         else:
-            rate = math.sqrt(low * high)
-    if best is None:
-        # No rate met the SLOs: report the gentlest one tried, which is infeasible and says by how much.
-        best = results[tried.index(min(tried))]
-    annotated = _annotate(best, results, tried, low or 0.0)
-    if not session.alive and results[-1] is not best:
+            rate = math.sqrt(low.rate * high)
+    best = low.result if low is not None else min(probes, key=lambda p: p.rate).result
+    annotated = _annotate(best, probes, sat_result, low, high, top)
+    if not session.alive and probes[-1].result is not best:
         # Say why the search stopped short (e.g. an OOM under load at a higher rate).
-        annotated.info["capacity_stopped_by"] = f"{results[-1].failure}: {results[-1].message}"
+        last = probes[-1].result
+        annotated.info["capacity_stopped_by"] = f"{last.failure}: {last.message}"
+    annotated.info["capacity_window_s"] = [round(window.start, 2), round(window.length, 2)]
     return annotated
 
 
+def _probe_window(window: Window, rate: float, search: CapacitySearch) -> Window:
+    """`window` at `rate`: long enough for `min_window_requests` measured requests, and shortened
+    (warm-up too, in proportion) when the probe would send more than MAX_PROBE_REQUESTS x scale."""
+    needed = search.min_window_requests * search.window_scale / rate
+    if needed > window.length:
+        window = Window(window.start, window.start + needed)
+    cap = MAX_PROBE_REQUESTS * search.window_scale
+    if rate * window.end <= cap:
+        return window
+    factor = cap / (rate * window.end)
+    return Window(window.start * factor, window.end * factor)
+
+
 def _annotate(
-    best: TrialResult, results: list[TrialResult], tried: list[float], capacity: float
+    best: TrialResult,
+    probes: list[Probe],
+    sat: TrialResult,
+    low: Probe | None,
+    high: float | None,
+    top: float,
 ) -> TrialResult:
-    """Sum the GPU time of every step (one startup, every benchmark) into the result, set sustained
+    """Sum the GPU time of every run (one startup, saturation, probes) into the result, set sustained
     throughputs, record the search."""
-    best.startup_s = sum(r.startup_s for r in results)
-    best.benchmark_s = sum(r.benchmark_s for r in results)
-    best.saved_s = sum(r.saved_s for r in results)
+    runs = [sat, *(p.result for p in probes if p.result is not sat)]
+    best.startup_s = sum(r.startup_s for r in runs)
+    best.benchmark_s = sum(r.benchmark_s for r in runs)
+    best.saved_s = sum(r.saved_s for r in runs)
+    capacity = low.rate if low is not None else 0.0
     bench = best.benchmark
     goodput = bench.request_goodput if bench is not None else None
     measured = {}
-    if bench is not None and capacity > 0 and math.isfinite(capacity) and bench.completed:
+    if bench is not None and capacity > 0 and bench.completed:
         measured = {f"measured_{k}": round(getattr(bench, k), 4) for k in SUSTAINED}
         per_request_out = bench.total_output_tokens / bench.completed
         per_request_all = (bench.total_input_tokens + bench.total_output_tokens) / bench.completed
@@ -135,11 +210,18 @@ def _annotate(
             output_throughput=capacity * per_request_out,
             total_token_throughput=capacity * per_request_all,
         )
+    sat_info = sat.info.get("saturation") or {}
+    bracket = [round(capacity, 4), round(high, 4)] if high else None
     best.info = {
         **best.info,
         **measured,
         "capacity_rate": round(capacity, 4),
+        "capacity_bracket": bracket,
+        # How finely capacity is known: the bracket's width relative to its bottom (inf: nothing passed).
+        "capacity_resolution": round(high / capacity - 1, 4) if high and capacity > 0 else None,
+        "capacity_bound_measured": bool(high is not None and high < top),
+        "saturation_throughput": sat_info.get("throughput"),
         "capacity_goodput": round(goodput, 4) if goodput is not None else None,
-        "capacity_rates_tried": [round(r, 4) if math.isfinite(r) else "inf" for r in tried],
+        "capacity_probes": [p.to_info() for p in probes],
     }
     return best

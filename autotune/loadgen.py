@@ -89,6 +89,7 @@ class _Run:
     timeout_s: float
     t0: float
     guard: SloGuard | None
+    measure_from: float = 0.0  # requests sent earlier are a warm-up: the guard ignores them
     records: list[RequestRecord] = field(default_factory=list)
     request_ids: list[int] = field(default_factory=list)
     in_flight: dict[int, _Stream] = field(default_factory=dict)
@@ -99,7 +100,7 @@ class _Run:
     def finish(self, request_id: int, record: RequestRecord) -> None:
         self.records.append(record)
         self.request_ids.append(request_id)
-        if self.guard is not None and self.aborted is None:
+        if self.guard is not None and self.aborted is None and record.start_time >= self.measure_from:
             self.guard.add(record)
             self.check()
 
@@ -107,7 +108,9 @@ class _Run:
         if self.guard is None or self.aborted is not None:
             return
         now = time.perf_counter()
-        reason = self.guard.check([s.view() for s in self.in_flight.values()], now)
+        measured_from = self.t0 + self.measure_from
+        views = [s.view() for s in self.in_flight.values() if s.start >= measured_from]
+        reason = self.guard.check(views, now)
         if reason:
             self.aborted = reason
             self.done.set()
@@ -281,13 +284,15 @@ async def run_load(
     vocab_size: int = 32000,
     guard: SloGuard | None = None,
     salt: int = 0,
+    measure_from: float = 0.0,
 ) -> LoadResult:
     """Replay `requests` against `base_url` (e.g. "http://127.0.0.1:8000") and time every request.
 
     `endpoint` is "/v1/completions" or "/v1/chat/completions"; `vocab_size` bounds the token ids of
     token-id prompts; a different `salt` per run keeps a server's prefix cache from serving one run's
     prompts to the next. Requests are replayed in `arrival_time` order. Never raises for a failed
-    request: its record has success=False and the error text.
+    request: its record has success=False and the error text. The `guard` sees only the requests sent
+    from `measure_from` (s) on: earlier ones are a warm-up that no statistic includes.
     """
     ordered = sorted(requests, key=lambda r: r.arrival_time)
     chat = endpoint.rstrip("/").endswith("chat/completions")
@@ -303,7 +308,7 @@ async def run_load(
         in_flight = min(max_concurrency or len(ordered), len(ordered), PREOPEN_MAX)
         await transport.open_connections(url, in_flight, timeout=request_timeout_s)
         with _gc_paused():
-            run = _Run(transport, request_timeout_s, time.perf_counter(), guard)
+            run = _Run(transport, request_timeout_s, time.perf_counter(), guard, measure_from)
             dispatcher = asyncio.create_task(_dispatch(run, ordered, http_requests, max_concurrency))
             watcher = asyncio.create_task(_guard_loop(run)) if guard is not None else None
             await run.done.wait()

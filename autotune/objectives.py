@@ -1,9 +1,13 @@
 """What a study optimises (objectives/*.yaml) and how a TrialResult becomes Optuna values and constraints.
 
 Constraints are told in one fixed order on every trial (GPSampler needs the same keys each time):
-one per SLO (its margin, <= 0 holds), then `config_failed` (1 when the config did not produce a
-benchmark). A failed config is a violation of every constraint, so samplers learn to avoid it;
-its objective values are pessimistic but finite (Optuna rejects NaN on COMPLETE trials).
+one per SLO (its margin, <= 0 holds); then `load_kept_up`: how much the requests in the server grew
+over the measured window beyond what is allowed (5 %, or the count's noise): a run that did not keep
+up with its offered load does not meet its SLOs at that load, however its latencies look (0 when the
+run cannot tell); then
+`config_failed` (1 when the config did not produce a benchmark). A failed config is a violation of
+every constraint, so samplers learn to avoid it; its objective values are pessimistic but finite
+(Optuna rejects NaN on COMPLETE trials).
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from autotune.backends.base import FailureKind, TrialResult
 from autotune.errors import AutotuneError
 from autotune.metrics import LATENCY_METRICS, PERCENTILES
 from autotune.slo import Slo, parse_slos
+from autotune.steady_state import MAX_BACKLOG_GROWTH
 
 OBJECTIVES_DIR = Path(__file__).resolve().parents[1] / "objectives"
 DIRECTIONS = ("maximize", "minimize")
 FAILED_KEY = "config_failed"
+KEPT_UP_KEY = "load_kept_up"
 # Constraint value of each SLO for a config that produced no benchmark: "100x over every limit", so it
 # ranks below any config that ran (TPE orders infeasible trials by their summed violation).
 FAILED_SLO_MARGIN = 100.0
@@ -118,7 +124,7 @@ def objectives_from_dict(data: Any, source: str = "<dict>") -> ObjectiveSet:
 
 def constraint_keys(slos: Sequence[Slo]) -> list[str]:
     """The constraint names told on every trial, in their fixed order."""
-    return [slo.name for slo in slos] + [FAILED_KEY]
+    return [slo.name for slo in slos] + [KEPT_UP_KEY, FAILED_KEY]
 
 
 def constraints(result: TrialResult, slos: Sequence[Slo]) -> dict[str, float]:
@@ -131,10 +137,14 @@ def constraints(result: TrialResult, slos: Sequence[Slo]) -> dict[str, float]:
     if result.benchmark is None:
         for slo in slos:
             values[slo.name] = FAILED_SLO_MARGIN
+        values[KEPT_UP_KEY] = 1.0
         values[FAILED_KEY] = 1.0
         return values
     for slo in slos:
         values[slo.name] = float(slo.margin(result.benchmark))
+    growth = result.info.get("backlog_growth")
+    allowed = result.info.get("backlog_allowed", MAX_BACKLOG_GROWTH)
+    values[KEPT_UP_KEY] = float(growth) - float(allowed) if growth is not None else 0.0
     aborted = result.failure == FailureKind.EARLY_ABORT and all(v <= 0 for v in values.values())
     values[FAILED_KEY] = 1.0 if result.failure not in (None, FailureKind.EARLY_ABORT) or aborted else 0.0
     return values

@@ -21,7 +21,8 @@ from typing import Any
 
 from autotune.export import render, serve_flags
 from autotune.progress import short_params
-from autotune.study import TIE_TOLERANCE, TrialRecord, baseline, pareto_front, recommend
+from autotune.recommendation import Recommendation, decide
+from autotune.study import TrialRecord, baseline, pareto_front
 
 SUMMARY_METRICS = ("request_throughput", "p99_tpot_ms", "p99_e2el_ms", "num_preemptions", "capacity_rate")
 
@@ -37,6 +38,7 @@ class Outcome:
     objective_names: list[str]
     maximize: list[bool]
     slos: list[str]
+    decision: Recommendation
 
     def gain(self, record: TrialRecord) -> float | None:
         """Relative change of the primary objective against the baseline (+0.23 = 23% better)."""
@@ -50,24 +52,15 @@ class Outcome:
 
     def verdict(self) -> str:
         """One sentence: the recommendation against the baseline, with the evidence (every objective)."""
-        if self.best is None:
-            return "No feasible config: every trial failed or violated the SLOs (see trials.csv for reasons)."
-        base = self.baseline
-        if base is None or not base.values:
-            return f"Recommended: trial #{self.best.number} (no baseline trial in this study)."
-        if self.best.number == base.number:
-            return (
-                f"The baseline (vLLM's defaults, trial #{base.number}) is already the best feasible config: "
-                f"no trial beat its {self.objective_names[0]} by more than {TIE_TOLERANCE:.0%} with lower "
-                f"latency ({len(self.feasible())} feasible of {len(self.records)} trials)."
-            )
+        text = self.decision.text
+        best, base = self.decision.candidate, self.baseline
+        if best is None or base is None or not base.values or best.number == base.number:
+            return text
         changes = ", ".join(
             f"{name} {_change(new, old)}"
-            for name, new, old in zip(self.objective_names, self.best.values or [], base.values, strict=False)
+            for name, new, old in zip(self.objective_names, best.values or [], base.values, strict=False)
         )
-        why = base.failure or "violates SLO"
-        status = "" if base.feasible else f"; the baseline itself is infeasible ({why})"
-        return f"Recommended: trial #{self.best.number}: {changes} vs the baseline (vLLM's defaults){status}."
+        return f"{text} Trial #{best.number} vs the defaults: {changes}."
 
     def feasible(self) -> list[TrialRecord]:
         """Feasible trials (duplicates left out)."""
@@ -75,17 +68,23 @@ class Outcome:
 
 
 def outcome(
-    records: list[TrialRecord], objective_names: list[str], maximize: list[bool], slos: list[str]
+    records: list[TrialRecord],
+    objective_names: list[str],
+    maximize: list[bool],
+    slos: list[str],
+    remeasured: dict[str, list[float]] | None = None,
 ) -> Outcome:
     """Front, recommendation and baseline of a study's records."""
+    decision = decide(records, maximize, objective_names, remeasured)
     return Outcome(
         records=records,
         front=pareto_front(records, maximize),
-        best=recommend(records, maximize),
+        best=decision.trial,
         baseline=baseline(records),
         objective_names=objective_names,
         maximize=maximize,
         slos=slos,
+        decision=decision,
     )
 
 
@@ -183,9 +182,23 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
     path = run_dir / "best.json"
     data: dict[str, Any] = {"verdict": out.verdict(), "slos": out.slos, "objectives": out.objective_names}
     data["how"] = (
-        f"highest feasible {out.objective_names[0]} on the Pareto front; within {TIE_TOLERANCE:.0%} ties go "
-        "to the next objectives in order"
+        f"highest feasible {out.objective_names[0]} on the Pareto front (ties within the capacity resolution "
+        "go to the lowest latencies together); vLLM's defaults are kept unless the gain clears the "
+        "measurement's resolution or noise"
     )
+    gain = out.decision.gain
+    data["keeps_defaults"] = out.decision.keeps_defaults
+    if out.decision.candidate is not None:
+        data["best_found"] = out.decision.candidate.number
+    if gain is not None:
+        data["gain"] = {
+            "metric": gain.metric,
+            "ratio": round(gain.ratio, 4),
+            "interval": [round(gain.low, 4), round(gain.high, 4)],
+            "margin": round(gain.margin, 4),
+            "significant": gain.significant,
+            "how": gain.how,
+        }
     if out.best is not None:
         config = out.best.engine_config()
         data |= {

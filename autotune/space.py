@@ -18,6 +18,7 @@ checked before anything is launched, and an invalid suggestion is told to the st
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -151,6 +152,11 @@ class SearchSpace:
             gpu=gpu or self.gpu,
             source=self.source,
         )
+
+    def fix(self, name: str, value: Any) -> SearchSpace:
+        """The same space with parameter `name` no longer tuned but fixed at `value`."""
+        params = tuple(p for p in self.params if p.name != name)
+        return dataclasses.replace(self, params=params, fixed={**self.fixed, name: value})
 
     def suggest(self, trial: Any) -> dict[str, Any]:
         """Sample every parameter on an Optuna trial (a fixed order keeps multivariate TPE's space stable)."""

@@ -374,8 +374,10 @@ def pareto_front(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> list[
     return sorted(front, key=lambda r: cost(r))
 
 
-def recommend(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> TrialRecord | None:
-    """The recommended config: best feasible primary objective; within TIE_TOLERANCE, the next objectives.
+def recommend(
+    recs: Sequence[TrialRecord], maximize: Sequence[bool], tie_tolerance: float = TIE_TOLERANCE
+) -> TrialRecord | None:
+    """The best config found: best feasible primary objective; within `tie_tolerance`, the next objectives.
 
     Only Pareto-optimal trials can win, and among near-ties on throughput the lower-latency one does,
     so the recommendation never trades a lot of latency for noise-level throughput. The tie is broken
@@ -388,7 +390,7 @@ def recommend(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> TrialRec
     sign = 1.0 if maximize[0] else -1.0
     best = max(sign * (r.values or [0])[0] for r in front)
     scale = max(abs(best), 1e-12)
-    near = [r for r in front if (best - sign * (r.values or [0])[0]) <= TIE_TOLERANCE * scale]
+    near = [r for r in front if (best - sign * (r.values or [0])[0]) <= tie_tolerance * scale]
     return min(near, key=lambda r: _tie_cost(r, near, maximize[1:]))
 
 

@@ -5,8 +5,9 @@ needs more GPUs than the pool has, is told as a violation at once (nothing is la
 a config already measured is told the earlier result (`duplicate_of`) instead of running again, and a
 duplicate of a running trial waits for it. A config the memory model predicts to fail to start
 (autotune/screen.py) is told as a violation with the predicted reason (`screened`), unlaunched too.
-`--n-trials` counts measured and deduplicated trials, not the rejected or screened ones (they cost
-nothing, and the sampler learns the invalid region from them).
+`--n-trials` counts measured configs: not the rejected or screened ones, nor duplicates (they cost
+nothing; the sampler learns the invalid region and the known results from them). A sampler that
+proposes only configs it has seen, MAX_DUPLICATES_IN_A_ROW times in a row, has converged: the run ends.
 Ctrl-C cancels the running trials and marks them FAIL; every finished trial is already in the
 storage, so `--resume` continues where the run stopped. The loop takes Ctrl-C between its steps (a
 second one interrupts at once): a KeyboardInterrupt raised wherever the main thread happens to be can
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,6 +34,7 @@ from autotune.executor import TrialExecutor
 from autotune.objectives import ObjectiveSet
 from autotune.progress import Progress, ProgressState, running_params
 from autotune.ray_cluster import ClusterLost
+from autotune.remeasure import TOP_CANDIDATES, remeasure
 from autotune.screen import MemoryScreen, Screening
 from autotune.slo import Slo
 from autotune.space import SearchSpace, violations
@@ -42,6 +45,9 @@ POLL_S = 0.5
 # Suggestions rejected before launch (vLLM's validity rules, startup screening) cost no GPU time and do
 # not count toward --n-trials; this bound stops a space that is almost all invalid from looping forever.
 MAX_REJECTS_PER_TRIAL = 5
+# Duplicates are free and do not count toward --n-trials either; this many in a row means the sampler
+# keeps proposing what it has measured (it has converged, or a small space is exhausted): stop.
+MAX_DUPLICATES_IN_A_ROW = 10
 
 
 @dataclass
@@ -52,24 +58,30 @@ class TunerOptions:
     timeout_s: float | None = None
     seed: int = 0  # the workload seed: every trial replays the same requests, so configs compare fairly
     run_dir: Path | None = None
+    repeats: int = 0  # other seeds for the top candidates and the baseline at the end (noisy backends)
 
 
 @dataclass
 class RunSummary:
     """How the run ended."""
 
-    completed: int  # trials that count toward n_trials (measured or deduplicated)
+    completed: int  # trials that count toward n_trials (measured configs)
     rejected: int  # suggestions told before launch: invalid, or screened
     told: int
     wall_s: float
     timed_out: bool = False
     screened: int = 0  # of the rejected: predicted by the memory model to fail to start
+    repeated: int = 0  # re-measurements of the top candidates and the baseline (other seeds)
+    duplicates: int = 0  # suggestions answered with an earlier result (free, not counted)
+    converged: bool = False  # the run ended because the sampler only proposed measured configs
 
 
 @dataclass
 class _Counters:
     done: int = 0  # trials that count toward n_trials
     rejected: int = 0  # told before launch (invalid or screened)
+    duplicates: int = 0  # told an earlier result
+    duplicate_streak: int = 0  # duplicates since the last measured config
     screened: int = 0
     feasible: int = 0
     failed: int = 0
@@ -124,6 +136,7 @@ class Tuner:
         try:
             with self._ctrl_c_between_steps():
                 timed_out = self._loop(start)
+                repeated = 0 if timed_out else self._remeasure()
         except (KeyboardInterrupt, ClusterLost):  # the cluster gone: stop like Ctrl-C, finished trials kept
             self._abandon()
             raise
@@ -137,6 +150,30 @@ class Tuner:
             screened=self._counters.screened,
             wall_s=time.monotonic() - start,
             timed_out=timed_out,
+            repeated=repeated,
+            duplicates=self._counters.duplicates,
+            converged=self._converged(),
+        )
+
+    def _remeasure(self) -> int:
+        """Re-measure the top candidates and the baseline with other seeds (see autotune/remeasure.py)."""
+        if self.options.repeats <= 0:
+            return 0
+        if self.progress:
+            self.progress.close()
+        print(
+            f"autotune: re-measuring the top {TOP_CANDIDATES} configs and the baseline with "
+            f"{self.options.repeats} other seed(s) each",
+            file=sys.stderr,
+        )
+        return remeasure(
+            self.study,
+            self.executor,
+            self.objectives,
+            self.options.repeats,
+            self.options.seed,
+            self.options.run_dir,
+            interrupted=lambda: self._interrupted,
         )
 
     def _loop(self, start: float) -> bool:
@@ -178,9 +215,8 @@ class Tuner:
     # -- asking and dispatching -------------------------------------------------------------------------
 
     def _outstanding(self) -> int:
-        """COMPLETE trials plus the ones on their way to be told."""
-        waiting = sum(1 + len(p.duplicates) for p in (*self._running.values(), *self._queued))
-        return self._counters.done + waiting
+        """Measured configs plus the ones on their way (duplicates waiting on them are free)."""
+        return self._counters.done + len(self._running) + len(self._queued)
 
     def _fill(self, timed_out: bool) -> None:
         """Start queued trials, then ask new ones while slots are free and the budget allows."""
@@ -237,8 +273,12 @@ class Tuner:
         return (
             self._outstanding() >= self.options.n_trials
             or self._too_many_rejects()
+            or self._converged()
             or sampler_exhausted(self.study)
         )
+
+    def _converged(self) -> bool:
+        return self._counters.duplicate_streak >= MAX_DUPLICATES_IN_A_ROW
 
     def _too_many_rejects(self) -> bool:
         return self._counters.rejected > MAX_REJECTS_PER_TRIAL * self.options.n_trials
@@ -275,13 +315,17 @@ class Tuner:
         self._told += 1
         c = self._counters
         attrs = frozen.user_attrs
-        if attrs.get("launched", True):
+        if "duplicate_of" in attrs:
+            c.duplicates += 1
+            c.duplicate_streak += 1
+        elif attrs.get("launched", True):
             c.done += 1
+            c.duplicate_streak = 0
         else:
             c.rejected += 1
             c.screened += bool(attrs.get("screened"))
         value = frozen.values[0] if frozen.values else None
-        if attrs.get("feasible"):
+        if attrs.get("feasible") and "duplicate_of" not in attrs:
             c.feasible += 1
             if value is not None and (c.best is None or self._better(value, c.best)):
                 c.best = value
@@ -291,6 +335,9 @@ class Tuner:
         if attrs.get("baseline") and attrs.get("feasible"):
             c.baseline = value
         status = "feasible" if attrs.get("feasible") else attrs.get("failure") or "violates SLO"
+        info = attrs.get("info", {})
+        if info.get("kept_up") is False:
+            status = f"did not keep up (served {info['served_rate']:.1f} of {info['offered_rate']:.1f} req/s)"
         if attrs.get("screened"):
             status = f"screened ({status})"
         shown = f" {value:,.0f}" if value is not None and attrs.get("feasible") else ""

@@ -208,6 +208,9 @@ class WorkloadSpec:
     prefix_len: int = 0
     seed: int = 0
     description: str = ""
+    # Requests sent before this time (s on the run's clock) are a warm-up: served, not measured. A
+    # capacity probe sets it so that the queue a config builds up is measured, not its empty start.
+    measure_from: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -333,15 +336,29 @@ class WorkloadSpec:
             [text for _, _, text in picked],
         )
 
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether prompts can share a prefix a server could cache: a shared-prefix group, or text
+        prompts (their content may repeat). Token-id prompts are random and salted per run: they never do."""
+        return self.num_prefixes > 0 or self.jsonl is not None
+
     def with_load(
-        self, request_rate: float | None = None, max_concurrency: int | None = None
+        self,
+        request_rate: float | None = None,
+        max_concurrency: int | None = None,
+        num_requests: int | None = None,
+        measure_from: float | None = None,
     ) -> WorkloadSpec:
-        """A copy at another load (the arguments given replace the spec's; lengths stay the same)."""
+        """A copy at another load (the arguments given replace the spec's; length distributions stay)."""
         changes: dict[str, Any] = {}
         if request_rate is not None:
             changes["request_rate"] = float(request_rate)
         if max_concurrency is not None:
             changes["max_concurrency"] = int(max_concurrency)
+        if num_requests is not None:
+            changes["num_requests"] = int(num_requests)
+        if measure_from is not None:
+            changes["measure_from"] = float(measure_from)
         return dataclasses.replace(self, **changes)
 
     def describe(self) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import math
 import os
@@ -54,6 +55,7 @@ from scenarios import Scenario, get_scenarios  # noqa: E402
 from autotune.backends.base import FailureKind, TrialResult  # noqa: E402
 from autotune.backends.sim import SimBackend  # noqa: E402
 from autotune.config import EngineConfig  # noqa: E402
+from autotune.executor import evaluate_trial  # noqa: E402
 from autotune.objectives import constraints, is_feasible, load_objectives  # noqa: E402
 from autotune.screen import make_screen  # noqa: E402
 from autotune.sim.hardware import get_gpu  # noqa: E402
@@ -72,6 +74,9 @@ DEFAULT_STRATEGIES = (*OPTUNA_STRATEGIES, f"auto{NO_SCREEN}", f"random{NO_SCREEN
 GP_SEEDS = 3  # GPSampler costs ~0.5 s per trial at 60 trials: fewer seeds keep the run under 20 minutes
 AUTO_TUNE_SH = "auto_tune.sh"
 WORKLOAD_SEED = 0  # every trial replays the same requests (as `autotune run --seed 0` does)
+# What a cached result keeps of a trial's info: what the constraints read (keeping up) and the capacity.
+KEPT_INFO = ("backlog_growth", "backlog_allowed", "kept_up", "capacity_rate", "capacity_resolution")
+MEASURING = ("capacity.py", "steady_state.py", "metrics.py", "early_abort.py", "objectives.py")
 # auto_tune.sh's defaults (benchmarks/auto_tune/auto_tune.sh in vLLM)
 SH_SEQS = (128, 256)
 SH_BUDGETS = (512, 1024, 2048, 4096)
@@ -127,13 +132,24 @@ def _raw_costs(result: TrialResult) -> tuple[float, float, float]:
 
 
 def simulate(scenario: Scenario, config: EngineConfig) -> TrialResult:
-    """One simulated trial of a config (log tail dropped: the cache keeps only what scoring needs)."""
-    result = SimBackend(scenario.gpu).evaluate(
-        config, scenario.workload_spec(), scenario.slo_list(), WORKLOAD_SEED
+    """One simulated trial of a config, exactly as `autotune run`'s executor runs it (a capacity search
+    when the workload says `load: capacity`). The cache keeps only what scoring needs."""
+    result = evaluate_trial(
+        SimBackend(scenario.gpu),
+        config,
+        scenario.workload_spec(),
+        scenario.slo_list(),
+        WORKLOAD_SEED,
+        (),
+        None,
     )
     result.log_tail = ""
-    result.info = {}
+    result.info = {k: v for k, v in result.info.items() if k in KEPT_INFO}
     return result
+
+
+def _simulate_job(job: tuple[Scenario, EngineConfig]) -> TrialResult:
+    return simulate(*job)
 
 
 def grid_configs(space: SearchSpace) -> list[EngineConfig]:
@@ -151,9 +167,13 @@ def _product(lists: list[list[Any]]) -> list[tuple[Any, ...]]:
     return out
 
 
-def build_oracle(scenario: Scenario, cache_dir: Path) -> Oracle:
-    """Evaluate (or load from the cache) the scenario's grid and derive the ground truth."""
-    path = cache_dir / f"{scenario.name}-{scenario.digest()}.pkl"
+def build_oracle(scenario: Scenario, cache_dir: Path, pool: ProcessPoolExecutor | None = None) -> Oracle:
+    """Evaluate (or load from the cache) the scenario's grid and derive the ground truth.
+
+    The cache is keyed by the scenario and by the source of the code that measures (the simulator,
+    the capacity search): results of an older simulator are never reused.
+    """
+    path = cache_dir / f"{scenario.name}-{scenario.digest()}-{code_digest()}.pkl"
     space = scenario.space()
     max_pos = get_model(scenario.model).max_position_embeddings
     configs = grid_configs(space)
@@ -161,7 +181,9 @@ def build_oracle(scenario: Scenario, cache_dir: Path) -> Oracle:
     if path.is_file():
         results = pickle.loads(path.read_bytes())
     else:
-        results = {config_key(c): simulate(scenario, c) for c in valid}
+        mapped = pool.map(_simulate_job, [(scenario, c) for c in valid], chunksize=4) if pool else None
+        measured = list(mapped) if mapped is not None else [simulate(scenario, c) for c in valid]
+        results = {config_key(c): r for c, r in zip(valid, measured, strict=True)}
         check_deterministic(scenario, valid, results)
         cache_dir.mkdir(parents=True, exist_ok=True)
         path.write_bytes(pickle.dumps(results))
@@ -169,6 +191,16 @@ def build_oracle(scenario: Scenario, cache_dir: Path) -> Oracle:
     grid_results = [results[config_key(c)] for c in valid]
     _derive_truth(oracle, grid_results, space, max_pos)
     return oracle
+
+
+def code_digest() -> str:
+    """A short hash of the source that decides a grid's results."""
+    root = Path(__file__).resolve().parent.parent / "autotune"
+    files = sorted([*root.glob("sim/*.py"), *root.glob("backends/sim.py"), *(root / n for n in MEASURING)])
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:8]
 
 
 def check_deterministic(
@@ -411,6 +443,7 @@ class RunScore:
     hv: dict[str, float]  # "20" -> relative hypervolume after 20 trials
     gpu_min: float
     screened: int = 0  # suggestions screened before launch (not trials)
+    duplicates: int = 0  # trials that re-proposed a measured config (no GPU time, but a trial of the budget)
 
 
 def score_run(
@@ -438,6 +471,7 @@ def score_run(
         hv=hv,
         gpu_min=round(float(gpu[-1]), 2) if len(gpu) else 0.0,
         screened=sum(o.screened_before for o in outcomes),
+        duplicates=sum(o.result is not None and not o.launched for o in outcomes),
     )
 
 
@@ -527,6 +561,7 @@ def summarize(scores: list[RunScore], n_trials: int) -> list[dict[str, Any]]:
         row["failed_launches"] = round(statistics.mean(r.failed_launches for r in runs), 1)
         row["failed_share_max"] = round(max(_failed_share(r) for r in runs), 3)
         row["screened"] = round(statistics.mean(r.screened for r in runs), 1)
+        row["duplicates"] = round(statistics.mean(r.duplicates for r in runs), 1)
         row["best_share_median"] = round(statistics.median(r.best_share for r in runs), 3)
         rows.append(row)
     return rows
@@ -631,7 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cache_dir = args.out / "cache"
     strategies = available_strategies(args.strategies)
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        oracles = list(pool.map(build_oracle, scenarios, [cache_dir] * len(scenarios)))
+        oracles = [build_oracle(scenario, cache_dir, pool) for scenario in scenarios]
         grid_s = time.monotonic() - start
         truth = [oracle_summary(o) for o in oracles]
         print_table(truth, f"Ground truth (exhaustive grid, {grid_s:.0f} s incl. cache)")

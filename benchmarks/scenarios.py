@@ -146,7 +146,8 @@ REGRESSION = Scenario(
     model=LLAMA_8B,
     gpu="H100",
     workload="chat",
-    overrides={"num_requests": 100, "request_rate": 40.0},
+    # At a fixed load: the test is about the sampler's path, and 50 capacity searches take minutes.
+    overrides={"num_requests": 100, "request_rate": 40.0, "load": "fixed"},
     slos=("ttft_p99=5s", "itl_p99=60ms"),
     params={
         "max_num_seqs": {"type": "categorical", "choices": [64, 128, 256, 512, 1024]},

@@ -10,7 +10,7 @@ import pytest
 from autotune.backends.base import FailureKind
 from autotune.backends.process import ProcessBackend
 from autotune.backends.sim import SimBackend
-from autotune.capacity import CapacitySearch, find_capacity
+from autotune.capacity import CapacitySearch, find_capacity, meets
 from autotune.config import EngineConfig
 from autotune.slo import parse_slos
 from autotune.workload import LengthDist, WorkloadSpec
@@ -45,17 +45,50 @@ def counting_backend(tmp_path: Path, *extra_args: str) -> tuple[ProcessBackend, 
     return ProcessBackend("H100", serve_cmd=serve_cmd, **options), launches
 
 
-def test_sim_capacity_pays_one_startup_and_every_benchmark() -> None:
+# Lower floors for the derived warm-up and window: the tiny workload's requests live ~0.1 s (windows
+# still hold >= 400 requests: the sim runs them in milliseconds).
+QUICK = CapacitySearch(min_warmup_s=1.0, min_window_s=10.0)
+
+
+def test_sim_capacity_pays_one_startup_and_every_run() -> None:
     backend = SimBackend("H100")
-    result = find_capacity(backend, CONFIG, WORKLOAD, SLOS)
+    result = find_capacity(backend, CONFIG, WORKLOAD, SLOS, search=QUICK)
     assert result.ok and result.info["capacity_rate"] > 0
-    rates = result.info["capacity_rates_tried"]
-    assert len(rates) >= 3
-    # Each rate on its own server, as before sessions: the same benchmarks, but one startup per rate.
-    alone = [backend.evaluate(CONFIG, WORKLOAD.with_load(request_rate=r), SLOS) for r in rates]
-    assert result.startup_s == alone[0].startup_s > 0  # one startup, not len(rates)
-    # (the rates in info are rounded, so their benchmarks differ in the last digits)
-    assert result.benchmark_s == pytest.approx(sum(r.benchmark_s for r in alone), rel=1e-3)
+    probes = result.info["capacity_probes"]
+    assert len(probes) >= 2
+    alone = backend.evaluate(CONFIG, WORKLOAD, SLOS)
+    assert result.startup_s == alone.startup_s > 0  # one startup for the saturation run and every probe
+    # every run is accounted for: spent, or saved by the early abort of a probe that was lost
+    warmup, window = result.info["capacity_window_s"]
+    assert result.benchmark_s + result.saved_s > len(probes) * (warmup + window) * 0.9
+    assert result.saved_s > 0
+
+
+def test_capacity_is_a_rate_the_config_sustains() -> None:
+    """At the reported rate a 4x longer run keeps up and meets the SLO; at the bracket's top it does not."""
+    backend = SimBackend("H100")
+    result = find_capacity(backend, CONFIG, WORKLOAD, SLOS, search=QUICK)
+    low, high = result.info["capacity_bracket"]
+    assert low == result.info["capacity_rate"] and high / low - 1 <= QUICK.resolution + 1e-9
+    assert result.info["capacity_bound_measured"]  # the top was a probe that failed, not the estimate
+    long_run = WORKLOAD.with_load(
+        request_rate=low, num_requests=int(low * 4 * sum(result.info["capacity_window_s"]))
+    )
+    check = backend.evaluate(CONFIG, long_run, SLOS)
+    assert check.info["kept_up"] and meets(check, SLOS)
+    failing = [p for p in result.info["capacity_probes"] if not p["meets_slos"]]
+    assert failing and min(p["rate"] for p in failing) == high
+
+
+@pytest.mark.parametrize("slo", ["itl_p99=1s", ""])
+def test_capacity_is_bounded_without_a_ttft_slo(slo: str) -> None:
+    """ITL-only or no SLO: the rate is bounded by what the server keeps up with, not by a probe limit."""
+    slos = parse_slos(slo) if slo else []
+    result = find_capacity(SimBackend("H100"), CONFIG, WORKLOAD, slos, search=QUICK)
+    saturation = result.info["saturation_throughput"]
+    assert 0 < result.info["capacity_rate"] <= 1.1 * saturation
+    over = [p for p in result.info["capacity_probes"] if not p["meets_slos"]]
+    assert over and all(p["kept_up"] is False for p in over)  # what failed was keeping up
 
 
 def test_sim_capacity_of_a_config_that_cannot_start() -> None:
@@ -67,22 +100,23 @@ def test_sim_capacity_of_a_config_that_cannot_start() -> None:
 
 def test_capacity_over_http_starts_the_server_once(tmp_path: Path) -> None:
     backend, launches = counting_backend(tmp_path)
-    result = find_capacity(
-        backend, CONFIG, WORKLOAD, SLOS, trial_dir=tmp_path / "trial", search=CapacitySearch(4)
-    )
+    search = CapacitySearch(max_probes=3, min_warmup_s=0.5, min_window_s=1.5, min_window_requests=20)
+    result = find_capacity(backend, CONFIG, WORKLOAD, SLOS, trial_dir=tmp_path / "trial", search=search)
     assert result.ok, (result.failure, result.message, result.log_tail)
     assert launches.read_text().splitlines() == ["launch"]
-    rates = result.info["capacity_rates_tried"]
-    assert len(rates) == 4 and rates[:2] == [8.0, 16.0]
-    assert result.info["capacity_rate"] in rates and result.benchmark.latency_ms["ttft"]["p99"] <= 300
+    probes = result.info["capacity_probes"]
+    assert len(probes) == 3 and result.info["saturation_throughput"] > 0
+    assert all(p["served_rate"] is not None for p in probes)  # steadiness measured over HTTP too
+    assert result.info["capacity_rate"] in [p["rate"] for p in probes]
+    assert result.benchmark.latency_ms["ttft"]["p99"] <= 300
     assert 0 < result.startup_s < result.benchmark_s
 
 
 def test_a_server_that_dies_mid_search_ends_it_without_a_relaunch(tmp_path: Path) -> None:
-    # The warm-up and the first load's 12 requests go through; the server dies in the second load.
+    # The warm-up request and the saturation run's 12 requests go through; it dies in the first probe.
     backend, launches = counting_backend(tmp_path, "--die-after", "16")
-    result = find_capacity(backend, CONFIG, WORKLOAD, SLOS, trial_dir=tmp_path / "trial")
+    search = CapacitySearch(min_warmup_s=0.5, min_window_s=1.5, min_window_requests=20)
+    result = find_capacity(backend, CONFIG, WORKLOAD, SLOS, trial_dir=tmp_path / "trial", search=search)
     assert launches.read_text().splitlines() == ["launch"]
-    assert result.info["capacity_rates_tried"] == [8.0, 16.0]
-    assert result.ok and result.info["capacity_rate"] == 8.0  # the rate that met the SLOs still counts
-    assert result.info["capacity_stopped_by"].startswith("crashed: server exited with code 1")
+    assert len(result.info["capacity_probes"]) == 1
+    assert result.failure is FailureKind.CRASHED and "server exited with code 1" in result.message

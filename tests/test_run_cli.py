@@ -101,12 +101,16 @@ def test_parallel_run_is_consistent_and_writes_results(
     study = optuna.load_study(study_name=info.study, storage=info.storage)
     trials = study.get_trials()
     assert not [t for t in trials if t.state == TrialState.RUNNING]
-    counted = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("launched", True)]
+    counted = [
+        t
+        for t in trials
+        if t.state == TrialState.COMPLETE
+        and t.user_attrs.get("launched", True)
+        and "duplicate_of" not in t.user_attrs
+    ]
     assert len(counted) == 8 and trials[0].user_attrs["baseline"] is True
     # two trials were in flight at once: some trial started before an earlier one was told
-    spans = sorted(
-        (t.datetime_start, t.datetime_complete) for t in counted if "duplicate_of" not in t.user_attrs
-    )
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in counted)
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))
     best = json.loads((run_dir / "best.json").read_text())
     shell = (run_dir / "best.sh").read_text().splitlines()[-1]
@@ -125,13 +129,19 @@ def _completed(db: Path, study: str) -> tuple[int, int]:
     except (KeyError, sqlite3.OperationalError, Exception):  # noqa: BLE001  (not created yet)
         return 0, 0
     trials = s.get_trials(deepcopy=False)
-    done = sum(t.state == TrialState.COMPLETE and t.user_attrs.get("launched", True) for t in trials)
+    done = sum(
+        t.state == TrialState.COMPLETE
+        and t.user_attrs.get("launched", True)
+        and "duplicate_of" not in t.user_attrs
+        for t in trials
+    )
     return done, sum(t.state == TrialState.RUNNING for t in trials)
 
 
 def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--slo", "ttft_p99=2s"]
-    cmd += ["--runs-dir", str(tmp_path), "--study", "intr", "--n-trials", "200"]
+    # At a fixed load (short trials): this is about Ctrl-C, not about what a trial measures.
+    cmd += ["--load", "fixed", "--runs-dir", str(tmp_path), "--study", "intr", "--n-trials", "200"]
     env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     db = tmp_path / "intr" / "study.db"

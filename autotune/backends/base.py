@@ -99,6 +99,12 @@ class Backend(ABC):
         """True when a session starts a server process or container that must be torn down."""
         return True
 
+    @property
+    def noisy(self) -> bool:
+        """True when two measurements of one config can differ (a real GPU always; the sim with noise),
+        so the tuner re-measures its top candidates and the baseline before recommending."""
+        return True
+
     @abstractmethod
     def session(
         self, config: EngineConfig, gpu_ids: Sequence[int] = (), trial_dir: Path | None = None

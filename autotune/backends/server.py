@@ -30,8 +30,9 @@ import httpx
 from autotune.backends.base import FailureKind, TrialResult
 from autotune.backends.failures import BENCHMARK, STARTUP, classify
 from autotune.config import EngineConfig
-from autotune.metrics import GOODPUT_METRICS, BenchmarkResult, compute_metrics
+from autotune.metrics import GOODPUT_METRICS, BenchmarkResult
 from autotune.slo import Slo
+from autotune.steady_state import LOAD_KEYS, load_kind, measure_window
 
 LOG_NAME = "server.log"
 LOG_TAIL_LINES = 40
@@ -202,6 +203,8 @@ class ServerSession:
         result = TrialResult(config=self.config, benchmark=benchmark, info=dict(self._info))
         if benchmark is not None:
             result.info["num_gpu_blocks"] = benchmark.server.get("num_gpu_blocks")
+            # How the load was kept up with is about the trial, not the server's counters.
+            result.info.update({k: benchmark.server.pop(k) for k in LOAD_KEYS if k in benchmark.server})
         if failure is not None:
             result.failure = failure.kind
             result.message = scrub(failure.message, self._env)
@@ -313,7 +316,9 @@ def _benchmark(
     from autotune.early_abort import SloGuard
 
     requests = workload.requests(seed)
-    guard = SloGuard.for_requests(slos, [r.output_len for r in requests]) if slos else None
+    measure_from = getattr(workload, "measure_from", 0.0)
+    measured_lens = [r.output_len for r in requests if r.arrival_time >= measure_from]
+    guard = SloGuard.for_requests(slos, measured_lens) if slos else None
     before = scrape_metrics(handle.base_url)
     sampler = _KvSampler(handle.base_url)
     started = time.monotonic()
@@ -327,6 +332,7 @@ def _benchmark(
         total_timeout_s=limits.benchmark_timeout_s,
         sampler=sampler,
         salt=salt,
+        measure_from=measure_from,
     )
     if load is None:
         code = _settled_exit_code(handle, settle_s=0.0)
@@ -339,7 +345,11 @@ def _benchmark(
     after = scrape_metrics(handle.base_url)
     server = server_figures(before, after, sampler.peak_kv)
     duration = load.duration or (time.monotonic() - started)
-    metrics = compute_metrics(load.records, duration, goodput_slos(slos), server=server)
+    kind = load_kind(requests, getattr(workload, "max_concurrency", None))
+    metrics, load_info = measure_window(
+        load.records, duration, measure_from, goodput_slos(slos), server, kind
+    )
+    metrics.server.update(load_info)  # moved to the trial's info by _result
     return metrics, _judge(handle, load, metrics)
 
 
@@ -386,6 +396,7 @@ def _load(
     total_timeout_s: float | None = None,
     sampler: _KvSampler | None = None,
     salt: int = 0,
+    measure_from: float = 0.0,
 ) -> Any:
     """Run the load generator (in its own event loop); None when `total_timeout_s` ran out."""
     from autotune.loadgen import run_load
@@ -402,6 +413,7 @@ def _load(
                     request_timeout_s=request_timeout_s,
                     guard=guard,
                     salt=salt,
+                    measure_from=measure_from,
                 ),
                 timeout=total_timeout_s,
             )

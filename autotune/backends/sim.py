@@ -20,12 +20,14 @@ from autotune.backends.base import Backend, FailureKind, TrialResult
 from autotune.config import EngineConfig
 from autotune.early_abort import replay_abort_time
 from autotune.errors import EngineStartupError
-from autotune.metrics import GOODPUT_METRICS, compute_metrics
+from autotune.metrics import GOODPUT_METRICS
 from autotune.sim.engine import SimEngine, SimRun, simulate
 from autotune.sim.hardware import GIB, get_gpu
 from autotune.sim.memory import MemoryPlan
 from autotune.sim.models import get_model
+from autotune.sim.noise import NoiseModel, StepNoise
 from autotune.slo import Slo
+from autotune.steady_state import load_kind, measure_window
 
 # Startup time model (seconds), from typical `vllm serve` logs on a warm compile cache.
 INIT_S = 12.0  # interpreter, imports, engine-core process, NCCL init
@@ -41,11 +43,12 @@ _FAILURE_PHASE_S = {
 
 
 class SimBackend(Backend):
-    """The simulated engine as a Backend (picklable: it holds only the GPU name)."""
+    """The simulated engine as a Backend (picklable: it holds only the GPU name and the noise model)."""
 
-    def __init__(self, gpu: str = "H100") -> None:
+    def __init__(self, gpu: str = "H100", noise: NoiseModel = NoiseModel()) -> None:  # noqa: B008 (frozen)
         get_gpu(gpu)  # fail fast on an unknown GPU
         self.gpu = gpu
+        self.noise = noise
 
     @property
     def simulated(self) -> bool:
@@ -57,11 +60,16 @@ class SimBackend(Backend):
         """Never: the simulation runs inside the task."""
         return False
 
+    @property
+    def noisy(self) -> bool:
+        """Only with a noise model: otherwise a config measures the same every time."""
+        return self.noise.enabled
+
     def session(
         self, config: EngineConfig, gpu_ids: Sequence[int] = (), trial_dir: Path | None = None
     ) -> AbstractContextManager[SimSession]:
         """A simulated server for `config`: validated and memory-planned once (nothing to stop)."""
-        return contextlib.nullcontext(SimSession(config, self.gpu))
+        return contextlib.nullcontext(SimSession(config, self.gpu, self.noise))
 
 
 class SimSession:
@@ -71,9 +79,11 @@ class SimSession:
     prompts share nothing with earlier ones (the real path salts its prompts for exactly that).
     """
 
-    def __init__(self, config: EngineConfig, gpu_name: str) -> None:
+    def __init__(self, config: EngineConfig, gpu_name: str, noise: NoiseModel = NoiseModel()) -> None:  # noqa: B008
         self.config = config
         self._gpu = get_gpu(gpu_name)
+        self._noise_model = noise
+        self._noise: StepNoise | None = None  # drawn at the first measurement, from its seed
         model = get_model(config.model)
         gpu = self._gpu
         resolved = config.with_vllm_defaults(gpu.memory_gib, gpu.name, model.max_position_embeddings)
@@ -111,10 +121,15 @@ class SimSession:
         if self._failure is not None:
             return dataclasses.replace(self._failure, startup_s=startup_s, info=dict(self._failure.info))
         requests = workload.requests(seed)
-        run = simulate(self.config, self._gpu, requests, workload.max_concurrency)
+        if self._noise is None:
+            self._noise = self._noise_model.session(seed, str(self.config))
+        run = simulate(self.config, self._gpu, requests, workload.max_concurrency, self._noise)
+        measure_from = getattr(workload, "measure_from", 0.0)
+        measured = [(rec, req.output_len) for rec, req in zip(run.records, requests, strict=True)]
+        measured = [(rec, n) for rec, n in measured if rec.start_time >= measure_from]
         # The sim has the whole run anyway; GPU time is charged as the real path would spend it:
         # until early abort would stop the load (its metrics stay whole: the SLO verdict is the same).
-        abort_s = replay_abort_time(slos, run.records, [r.output_len for r in requests])
+        abort_s = replay_abort_time(slos, [rec for rec, _ in measured], [n for _, n in measured])
         spent_s = run.duration if abort_s is None else min(abort_s, run.duration)
         server = {
             "num_preemptions": run.stats.num_preemptions,
@@ -122,7 +137,15 @@ class SimSession:
             "kv_cache_tokens": run.memory.kv_cache_tokens,
             "peak_kv_cache_usage": run.stats.peak_kv_cache_usage,
         }
-        benchmark = compute_metrics(run.records, run.duration, _goodput_bounds(slos), server=server)
+        benchmark, load_info = measure_window(
+            run.records,
+            run.duration,
+            measure_from,
+            _goodput_bounds(slos),
+            server,
+            load_kind(requests, workload.max_concurrency),
+        )
+        info = {**_info(self._resolved, run), **load_info}
         return TrialResult(
             config=self.config,
             benchmark=benchmark,
@@ -130,7 +153,7 @@ class SimSession:
             startup_s=startup_s,
             benchmark_s=spent_s,
             saved_s=run.duration - spent_s,
-            info=_info(self._resolved, run),
+            info=info,
         )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from autotune.backends.factory import BACKENDS
 from autotune.config import ENGINE_FLAGS, EngineConfig, _parse_value
 from autotune.errors import AutotuneError
+from autotune.sim.noise import add_noise_argument, noise_model
 
 HELP = "Benchmark one vLLM config on one workload (simulated by default) and print the metrics."
 
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--serve-cmd", default="vllm serve", help="vllm backend: the server command")
     parser.add_argument("--image", default="vllm/vllm-openai:latest", help="docker backend: the image")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_noise_argument(parser)
 
 
 def parse_settings(settings: list[str]) -> dict[str, Any]:
@@ -63,7 +65,11 @@ def run(args: argparse.Namespace) -> int:
     slos = parse_slos(args.slo)
     workload = load_workload(args.workload)
     backend = make_backend(
-        args.backend, gpu=args.gpu, serve_cmd=shlex.split(args.serve_cmd), image=args.image
+        args.backend,
+        gpu=args.gpu,
+        serve_cmd=shlex.split(args.serve_cmd),
+        image=args.image,
+        noise=noise_model(args.noise),
     )
     result = backend.evaluate(config, workload, slos=slos, seed=args.seed)
     if result.benchmark is None:

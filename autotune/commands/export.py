@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
 
     from autotune import export
     from autotune.errors import AutotuneError
-    from autotune.study import recommend, records
+    from autotune.recommendation import decide
+    from autotune.study import records
 
     info = export.load_run(args.run_dir)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -39,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
             raise AutotuneError(f"trial {args.trial} not found (or not finished) in {args.run_dir}")
     else:
         maximize = [d == optuna.study.StudyDirection.MAXIMIZE for d in study.directions]
-        chosen = recommend(recs, maximize)
+        names = study.metric_names or [f"objective {i}" for i in range(len(maximize))]
+        chosen = decide(recs, maximize, names, study.user_attrs.get("remeasured")).trial
         if chosen is None:
             raise AutotuneError(f"{args.run_dir} has no feasible trial to recommend; pass --trial N")
     if not chosen.feasible:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.factory import BACKENDS
+from autotune.sim.noise import add_noise_argument, noise_model
 
 HELP = "Tune vLLM launch flags with Optuna + Ray: SLOs as constraints, Pareto front, ready-to-paste flags."
 DEFAULT_TRIALS = 50
@@ -18,6 +19,7 @@ SIM_TRIAL_TIMEOUT_S = 600.0
 # A real trial's own limits are the backend's (startup 600 s, benchmark 1800 s); the executor's deadline
 # is the safety net above them.
 REAL_TRIAL_TIMEOUT_S = 2700.0
+DEFAULT_REPEATS = 2  # seeds beyond the first: 3 paired measurements give a gain an interval
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +81,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vllm backend: the server command (default 'vllm serve'; 'autotune sim-server' needs no GPU)",
     )
     where.add_argument("--image", default="vllm/vllm-openai:latest", help="docker backend: the image")
+    add_noise_argument(where)
+    where.add_argument(
+        "--repeats",
+        type=int,
+        default=DEFAULT_REPEATS,
+        help="on a noisy backend (a real GPU, or --noise), re-measure the top candidates and the baseline "
+        f"with this many other seeds before recommending (default {DEFAULT_REPEATS}; 0: never)",
+    )
     parser.add_argument("--dashboard", action="store_true", help="serve optuna-dashboard during the run")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
 
@@ -91,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         raise AutotuneError("--n-trials must be at least 1")
     if args.parallel < 1:
         raise AutotuneError("--parallel must be at least 1")
+    if args.repeats < 0:
+        raise AutotuneError("--repeats must be at least 0")
     setup = _prepare(args)
     return _execute(args, setup)
 
@@ -108,6 +120,7 @@ class _Setup:
     study_name: str
     run_dir: Path
     storage: str
+    untuned: str | None  # which flag is not tuned on this workload, and why
 
 
 def _prepare(args: argparse.Namespace) -> _Setup:
@@ -129,6 +142,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     workload = load_workload(args.workload)
     if args.load != "workload":
         workload = dataclasses.replace(workload, load=args.load)
+    space, untuned = _untuned_for(space, workload)
     gpu = get_gpu(space.gpu)
     try:
         max_pos: int | None = get_model(space.model).max_position_embeddings
@@ -137,7 +151,13 @@ def _prepare(args: argparse.Namespace) -> _Setup:
             raise
         max_pos = None  # a real model outside the catalog: vLLM checks what needs its context length
     gpu_ids = parse_gpus(args.gpus)
-    backend = make_backend(args.backend, space.gpu, serve_cmd=shlex.split(args.serve_cmd), image=args.image)
+    backend = make_backend(
+        args.backend,
+        space.gpu,
+        serve_cmd=shlex.split(args.serve_cmd),
+        image=args.image,
+        noise=noise_model(args.noise),
+    )
     if hasattr(backend, "preflight"):
         backend.preflight()
     name = args.study or default_study_name(space.model, space.gpu, workload.name)
@@ -145,7 +165,29 @@ def _prepare(args: argparse.Namespace) -> _Setup:
         raise AutotuneError(f"bad --study {name!r}: use letters, digits, '-', '_' and '.'")
     run_dir = Path(args.runs_dir) / name
     storage = args.storage or sqlite_url(run_dir)
-    return _Setup(space, objectives, slos, workload, backend, gpu, max_pos, gpu_ids, name, run_dir, storage)
+    return _Setup(
+        space, objectives, slos, workload, backend, gpu, max_pos, gpu_ids, name, run_dir, storage, untuned
+    )
+
+
+def _untuned_for(space: Any, workload: Any) -> tuple[Any, str | None]:
+    """The space without the parameters this workload cannot tell apart (at vLLM's defaults), and a
+    line saying so (None when nothing changed).
+
+    Prefix caching only changes a result when prompts share prefixes; on a workload whose prompts never
+    do, both values measure the same and every trial spent on the difference is wasted.
+    """
+    from autotune.config import EngineConfig
+
+    name = "enable_prefix_caching"
+    if name not in space.names or workload.shares_prefixes:
+        return space, None
+    default = getattr(EngineConfig(model=space.model), name)
+    note = (
+        f"{name} is not tuned: workload {workload.name} shares no prompt prefixes, so it cannot change a "
+        f"result (kept at vLLM's default, {default})"
+    )
+    return space.fix(name, default), note
 
 
 def _execute(args: argparse.Namespace, s: _Setup) -> int:
@@ -184,6 +226,8 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     _announce(args, s, executor.describe(), study)
     screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu)
     print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
+    if s.untuned:
+        print(f"autotune: {s.untuned}", file=sys.stderr)
     dashboard = _start_dashboard(s.storage) if args.dashboard else None
     tuner = Tuner(
         study,
@@ -191,7 +235,13 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         s.objectives,
         s.slos,
         executor,
-        TunerOptions(n_trials=args.n_trials, timeout_s=args.timeout, seed=args.seed, run_dir=s.run_dir),
+        TunerOptions(
+            n_trials=args.n_trials,
+            timeout_s=args.timeout,
+            seed=args.seed,
+            run_dir=s.run_dir,
+            repeats=args.repeats if s.backend.noisy else 0,
+        ),
         progress=progress,
         max_position_embeddings=s.max_position_embeddings,
         screen=screen,
@@ -217,7 +267,11 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     finally:
         recs = records(study)
         out = report.outcome(
-            recs, s.objectives.names, [o.maximize for o in s.objectives.objectives], settings.slos
+            recs,
+            s.objectives.names,
+            [o.maximize for o in s.objectives.objectives],
+            settings.slos,
+            study.user_attrs.get("remeasured"),
         )
         if recs:
             report.write_all(s.run_dir, out)
@@ -231,8 +285,12 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     gpu_hours = sum(r.gpu_seconds for r in recs) / 3600
     saved_hours = sum(r.gpu_seconds_saved for r in recs) / 3600
     ended = " (timeout)" if summary.timed_out else ""
+    converged = " (the sampler converged: it proposed only measured configs)" if summary.converged else ""
+    if summary.repeated:
+        ended += f"; {summary.repeated} re-measurements of the top configs and the baseline"
     print(
-        f"\n{summary.completed} configs measured or deduplicated, {summary.rejected} suggestions rejected "
+        f"\n{summary.completed} configs measured, {summary.duplicates} duplicate suggestions answered from "
+        f"earlier results{converged}, {summary.rejected} suggestions rejected "
         f"before launch ({summary.screened} predicted to fail to start); {summary.told} told this run in "
         f"{summary.wall_s:.0f} s{ended}; "
         f"{'simulated ' if sim else ''}GPU time {gpu_hours:.2f} h, {saved_hours:.2f} h more saved by early "
@@ -267,9 +325,9 @@ def _executor(args: argparse.Namespace, s: _Setup) -> tuple[Any, bool]:
     owns_ray = start_ray(args.ray_address, max(args.parallel, 1), fake_gpus, devices)
     timeout = args.trial_timeout or (SIM_TRIAL_TIMEOUT_S if sim else REAL_TRIAL_TIMEOUT_S)
     if s.workload.load == "capacity":
-        from autotune.capacity import MAX_EVALS
+        from autotune.capacity import MAX_PROBES
 
-        timeout *= MAX_EVALS if not args.trial_timeout else 1
+        timeout *= MAX_PROBES + 1 if not args.trial_timeout else 1  # the saturation run and every probe
     try:
         executor = Executor(
             s.backend,

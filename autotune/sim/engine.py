@@ -30,6 +30,7 @@ from autotune.sim.costs import CostModel
 from autotune.sim.hardware import GpuSpec, get_gpu
 from autotune.sim.memory import MemoryPlan, plan_memory
 from autotune.sim.models import ModelSpec, get_model
+from autotune.sim.noise import StepNoise
 from autotune.workload import Request
 
 _KEY_STRIDE = 1 << 22  # block index bound per request in the integer block-hash keys
@@ -190,7 +191,7 @@ def _by_seq(r: _Req) -> int:
 class SimEngine:
     """The simulated vLLM V1 engine with a virtual clock. Raises EngineStartupError like vLLM."""
 
-    def __init__(self, config: EngineConfig, gpu: str | GpuSpec) -> None:
+    def __init__(self, config: EngineConfig, gpu: str | GpuSpec, noise: StepNoise | None = None) -> None:
         self.gpu: GpuSpec = get_gpu(gpu)
         self.model: ModelSpec = get_model(config.model)
         self.config: EngineConfig = config.with_vllm_defaults(
@@ -200,6 +201,7 @@ class SimEngine:
         self.costs = CostModel(
             self.model, self.gpu, self.config.tensor_parallel_size, self.memory.kv_bytes_per_token
         )
+        self.noise = noise  # None: every step takes exactly its modelled time
         self.now = 0.0
         self.stats = EngineStats()
         self.step_times: list[float] = []  # end time of every step, indexed by step number
@@ -334,6 +336,8 @@ class SimEngine:
             pairs,
             prefill_ctx,
         )
+        if self.noise is not None:
+            duration *= self.noise.factor()
         self.now += duration
         self.step_times.append(self.now)
         # -- effects ------------------------------------------------------------------------------
@@ -517,13 +521,14 @@ def simulate(
     gpu: str | GpuSpec,
     requests: Sequence[Request],
     max_concurrency: int | None = None,
+    noise: StepNoise | None = None,
 ) -> SimRun:
     """Replay requests as `vllm bench serve` sends them (arrival times, optional concurrency cap).
 
     A request is sent once it has arrived and (with max_concurrency) a slot is free; its record's
     start_time is that send time, so TTFT excludes the wait for a slot, as in vLLM's client.
     """
-    engine = SimEngine(config, gpu)
+    engine = SimEngine(config, gpu, noise)
     order = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
     slots = [0.0] * max_concurrency if max_concurrency else None  # times at which slots became free
     records: dict[int, RequestRecord] = {}

@@ -1,0 +1,220 @@
+"""Is the capacity `autotune run` reports one a deployment can rely on?
+
+For each scenario (model, GPU, workload, SLO set) and each of four valid configs (vLLM's defaults and
+three others), on the simulated engine:
+- `default`: the capacity search as `autotune run` does it (autotune/capacity.py);
+- `reference`: the same search with 10x longer warm-ups and windows and a 1 % resolution, the
+  long-run answer the default must match (target: within 5 %);
+- `check`: a plain 4,000-request Poisson run at the default's reported rate, as a user would verify
+  it with `vllm bench serve`: did the server keep up (served >= 95 % of offered) and meet every SLO?
+Also printed: the GPU time one capacity search costs (simulated: startup + every run, as a real GPU
+would spend it) and the CPU time the simulation took.
+
+    python benchmarks/capacity_accuracy.py [--jobs 2] [--scenarios NAME ...] [--noise 0.02]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from autotune.backends.sim import SimBackend  # noqa: E402
+from autotune.capacity import CapacitySearch, find_capacity, meets  # noqa: E402
+from autotune.config import EngineConfig  # noqa: E402
+from autotune.sim.noise import NoiseModel  # noqa: E402
+from autotune.slo import parse_slos  # noqa: E402
+from autotune.workload import load_workload  # noqa: E402
+
+REFERENCE = CapacitySearch(max_probes=12, resolution=0.01, window_scale=10.0)
+CHECK_REQUESTS = 4000
+
+
+@dataclass(frozen=True)
+class Case:
+    """One scenario: where, what load, which SLOs, and the configs measured (params over defaults)."""
+
+    name: str
+    model: str
+    gpu: str
+    workload: str
+    slos: str
+    configs: tuple[dict, ...]
+    tensor_parallel_size: int = 1
+    max_model_len: int = 8192
+
+
+L8, L70, Q7, M7 = (
+    "meta-llama/Llama-3.1-8B-Instruct",
+    "meta-llama/Llama-3.1-70B-Instruct",
+    "Qwen/Qwen2.5-7B-Instruct",
+    "mistralai/Mistral-7B-Instruct-v0.3",
+)
+SMALL = {"max_num_seqs": 64, "max_num_batched_tokens": 2048}
+MID = {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
+NO_CHUNK = {"max_num_seqs": 512, "max_num_batched_tokens": 8192, "enable_chunked_prefill": False}
+
+CASES = (
+    Case("8b-h100-chat-ttft", L8, "H100", "chat", "ttft_p99=2s", ({}, SMALL, MID, NO_CHUNK)),
+    Case("8b-h100-chat-itl", L8, "H100", "chat", "itl_p99=60ms", ({}, SMALL, MID, NO_CHUNK)),
+    Case(
+        "8b-h100-prefill-ttft+itl",
+        L8,
+        "H100",
+        "prefill_heavy",
+        "ttft_p99=1.5s,itl_p99=50ms",
+        ({}, SMALL, MID, NO_CHUNK),
+    ),
+    Case(
+        "7b-a100-40gb-chat-both",
+        Q7,
+        "A100-40GB",
+        "chat",
+        "ttft_p99=3s,itl_p99=60ms",
+        (
+            {},
+            SMALL,
+            MID,
+            {"max_num_seqs": 128, "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.85},
+        ),
+    ),
+    Case(
+        "70b-a100-tp2-chat-ttft",
+        L70,
+        "A100-80GB",
+        "chat",
+        "ttft_p99=5s",
+        (
+            {},
+            {"max_num_seqs": 64, "max_num_batched_tokens": 4096},
+            {"max_num_seqs": 128, "max_num_batched_tokens": 2048},
+            {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.95},
+        ),
+        tensor_parallel_size=2,
+    ),
+    Case(
+        "8b-l4-decode-none",
+        L8,
+        "L4",
+        "decode_heavy",
+        "",
+        (
+            {},
+            {"max_num_seqs": 32, "max_num_batched_tokens": 2048},
+            {"max_num_seqs": 64, "max_num_batched_tokens": 4096},
+            {"max_num_seqs": 128, "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.95},
+        ),
+        max_model_len=4096,
+    ),
+    Case(
+        "7b-l40s-conv-e2el",
+        M7,
+        "L40S",
+        "azure_conv",
+        "e2el_p99=20s",
+        ({}, SMALL, MID, {"max_num_seqs": 128, "max_num_batched_tokens": 4096}),
+    ),
+)
+
+
+def _measure(job: tuple[Case, dict, float]) -> dict:
+    case, params, noise = job
+    config = EngineConfig(
+        model=case.model,
+        tensor_parallel_size=case.tensor_parallel_size,
+        max_model_len=case.max_model_len,
+        **params,
+    )
+    backend = SimBackend(case.gpu, NoiseModel(noise))
+    workload = load_workload(case.workload)
+    slos = parse_slos(case.slos) if case.slos else []
+    out: dict = {"case": case.name, "config": _label(params)}
+    started = time.process_time()
+    default = find_capacity(backend, config, workload, slos)
+    out["cpu_s"] = time.process_time() - started
+    if default.failure is not None and default.benchmark is None:
+        return {**out, "error": f"{default.failure}: {default.message[:80]}"}
+    out["default"] = default.info["capacity_rate"]
+    out["bracket"] = default.info["capacity_bracket"]
+    out["probes"] = len(default.info["capacity_probes"])
+    out["gpu_s"] = default.gpu_seconds
+    reference = find_capacity(backend, config, workload, slos, search=REFERENCE)
+    out["reference"] = reference.info["capacity_rate"]
+    rate = out["default"]
+    if rate > 0:
+        with backend.session(config) as session:
+            check = session.measure(
+                workload.with_load(request_rate=rate, num_requests=CHECK_REQUESTS, measure_from=0.0), slos, 1
+            )
+        out["check_served"] = check.info.get("served_rate", 0.0) / max(
+            check.info.get("offered_rate", 1e-9), 1e-9
+        )
+        out["check_kept_up"] = check.info.get("kept_up")
+        out["check_meets"] = meets(check, slos)
+    return out
+
+
+def _label(params: dict) -> str:
+    if not params:
+        return "vLLM defaults"
+    short = {
+        "max_num_seqs": "seqs",
+        "max_num_batched_tokens": "budget",
+        "enable_chunked_prefill": "chunked",
+        "gpu_memory_utilization": "gmu",
+    }
+    return " ".join(f"{short.get(k, k)}={v}" for k, v in params.items())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--scenarios", nargs="*")
+    parser.add_argument("--noise", type=float, default=0.0, help="simulator run-to-run noise (cv)")
+    args = parser.parse_args()
+    cases = [c for c in CASES if not args.scenarios or c.name in args.scenarios]
+    jobs = [(c, p, args.noise) for c in cases for p in c.configs]
+    started = time.time()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(_measure, jobs))
+    print(
+        f"{'scenario':28} {'config':44} {'default':>8} {'ref':>8} {'err':>7} {'probes':>6} "
+        f"{'GPU min':>7} {'CPU s':>6}  4,000-request check at the default's rate"
+    )
+    errors, passed, checked, gpu_min = [], 0, 0, []
+    for r in rows:
+        if "error" in r:
+            print(f"{r['case']:28} {r['config']:44} did not start: {r['error']}")
+            continue
+        err = (r["default"] / r["reference"] - 1) if r["reference"] else math.nan
+        errors.append(abs(err))
+        gpu_min.append(r["gpu_s"] / 60)
+        check = ""
+        if "check_meets" in r:
+            checked += 1
+            ok = bool(r["check_meets"])
+            passed += ok
+            check = f"served {r['check_served']:.1%}, SLOs {'met' if ok else 'MISSED'}"
+        print(
+            f"{r['case']:28} {r['config']:44} {r['default']:8.2f} {r['reference']:8.2f} {err:+7.1%} "
+            f"{r['probes']:6d} {r['gpu_s'] / 60:7.1f} {r['cpu_s']:6.2f}  {check}"
+        )
+    within = sum(e <= 0.05 for e in errors)
+    print(
+        f"\n{len(errors)} configs: |default - reference| / reference median {statistics.median(errors):.1%}, "
+        f"max {max(errors):.1%}, within 5 %: {within}/{len(errors)}; 4,000-request check passed "
+        f"{passed}/{checked}; GPU time per capacity search median {statistics.median(gpu_min):.1f} min "
+        f"(max {max(gpu_min):.1f}); {time.time() - started:.0f} s wall"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

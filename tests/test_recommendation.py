@@ -1,0 +1,87 @@
+"""The recommendation keeps vLLM's defaults unless a gain clears the measurement's resolution or noise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from test_study import OBJECTIVES, build_run, ok
+
+from autotune.backends.base import TrialResult
+from autotune.recommendation import decide
+from autotune.study import records
+
+MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
+
+
+def capacity(throughput: float, resolution: float, ttft_ms: float = 1500, itl_ms: float = 30) -> TrialResult:
+    """A capacity trial's result: its value and how finely its bracket knows it."""
+    result = ok(throughput, ttft_ms, itl_ms)
+    result.info = {"capacity_resolution": resolution, "capacity_bracket": [1.0, 1.0 + resolution]}
+    return result
+
+
+def decision(tmp_path: Path, outcomes: list, remeasured: dict | None = None):
+    study = build_run(tmp_path, outcomes)
+    return decide(records(study), MAXIMIZE, OBJECTIVES.names, remeasured)
+
+
+def test_a_gain_within_the_capacity_resolution_keeps_the_defaults(tmp_path: Path) -> None:
+    d = decision(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, capacity(5000, 0.03)),
+            ({"max_num_seqs": 256}, capacity(5100, 0.03)),
+        ],
+    )
+    assert d.keeps_defaults and d.trial is d.baseline and d.candidate.number == 1
+    assert d.gain is not None and not d.gain.significant and d.gain.how == "capacity brackets"
+    assert "Keep vLLM's defaults" in d.text and "a tie, not a gain" in d.text
+
+
+def test_a_gain_beyond_both_brackets_is_recommended(tmp_path: Path) -> None:
+    d = decision(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, capacity(5000, 0.03)),
+            ({"max_num_seqs": 256}, capacity(5400, 0.03)),
+        ],
+    )
+    assert not d.keeps_defaults and d.trial.number == 1 and d.gain.significant
+    assert d.gain.low > 1 and d.gain.low < d.gain.ratio < d.gain.high  # +8 % known to +4.9 .. +11.2 %
+    assert "Recommended: trial #1" in d.text and "interval" in d.text
+
+
+def test_repeats_give_the_gain_an_interval_and_can_undo_a_lucky_first_run(tmp_path: Path) -> None:
+    outcomes = [
+        ({"max_num_seqs": 1024, "baseline": True}, capacity(5000, 0.03)),
+        ({"max_num_seqs": 256}, capacity(5400, 0.03)),
+    ]
+    # the first runs said +8 %; repeats say +1 % and -2 %: the lowest pair does not clear the margin
+    lucky = decision(tmp_path / "a", outcomes, {"1": {"1": 5050, "2": 4900}, "0": {"1": 5000, "2": 5000}})
+    assert lucky.keeps_defaults and lucky.gain.how == "3 paired runs"
+    assert lucky.gain.low < 1 < lucky.gain.high
+    # consistent repeats: every pair clears the margin
+    real = decision(tmp_path / "b", outcomes, {"1": {"1": 5450, "2": 5380}, "0": {"1": 5020, "2": 4990}})
+    assert not real.keeps_defaults and real.gain.significant and real.gain.low > 1.03
+
+
+def test_an_infeasible_baseline_makes_any_feasible_config_the_recommendation(tmp_path: Path) -> None:
+    d = decision(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, capacity(5000, 0.03, ttft_ms=2500)),
+            ({"max_num_seqs": 256}, capacity(5010, 0.03)),
+        ],
+    )
+    assert d.trial.number == 1 and not d.keeps_defaults and "do not meet the SLOs" in d.text
+
+
+def test_fixed_load_ties_are_judged_at_one_percent(tmp_path: Path) -> None:
+    d = decision(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, ok(5000, 1500, 30)),
+            ({"max_num_seqs": 256}, ok(5030, 1400, 30)),
+        ],
+    )
+    assert d.keeps_defaults and d.gain.margin == 0.01
