@@ -24,7 +24,11 @@ from ray.cluster_utils import Cluster  # noqa: E402
 def main(gpus_per_worker: list[int]) -> None:
     """Start the cluster, report it, obey stdin, always shut it down (SIGTERM included)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    # A node that dies is declared dead after 3 missed health checks 1 s apart (Ray's default: 5 x 3 s),
+    # so a test of a lost node does not wait on the default detection.
+    health = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+    head = {"num_cpus": 1, "num_gpus": 0, "_system_config": health}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         workers = [cluster.add_node(num_cpus=1, num_gpus=gpus) for gpus in gpus_per_worker]
         cluster.wait_for_nodes()

@@ -109,6 +109,14 @@ def finished(tmp_path: Path) -> dict[int, FrozenTrial]:
     }
 
 
+def crashed_on(tmp_path: Path, node_id: str) -> bool:
+    """Whether a trial was told as crashed on that node."""
+    return any(
+        t.user_attrs.get("failure") == "crashed" and t.user_attrs.get("node_id") == node_id
+        for t in trials(tmp_path)
+    )
+
+
 def _parent(pid: int) -> int:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -155,8 +163,10 @@ def test_ray_places_trials_survives_a_lost_node_stops_with_the_cluster_and_resum
             wait_for(lambda: servers_under(lost["raylet_pid"]), run, 60, "a trial on the 3-GPU node")
             before = finished(tmp_path)
             cluster.kill(1)
-            # the run goes on without the node: a trial started after the loss finishes
-            wait_for(lambda: len(finished(tmp_path)) >= len(before) + 2, run, 120, "trials after the loss")
+            wait_for(lambda: crashed_on(tmp_path, lost["node_id"]), run, 120, "the lost node's crash")
+            # the run goes on without the node: one more trial finishes
+            count = len(finished(tmp_path))
+            wait_for(lambda: len(finished(tmp_path)) > count, run, 120, "a trial after the loss")
             cluster.stop()
             gone = time.monotonic()
             _, err = run.communicate(timeout=60)
