@@ -29,7 +29,9 @@ from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
 from autotune.ray_cluster import ClusterLost, Inventory, gcs_address, lost_node, tcp_reachable
 from autotune.slo import Slo
-from autotune.trial_task import land, run_trial_task
+from autotune.trial_task import evaluate_trial, land, run_trial_task
+
+__all__ = ["ClusterLost", "Executor", "TrialExecutor", "evaluate_trial", "parse_gpus"]
 
 CANCEL_GRACE_S = 5.0  # a polite cancel first (backends tear their server down), then a forced one
 REAP_WAIT_S = 2.0  # after a forced cancel, how long the killed trial's container may take to be an orphan
