@@ -9,8 +9,8 @@ With `load: capacity` a trial is a short search per config, on one started serve
    lifetimes and at least 400 requests. A rate passes when the window meets every SLO and the server
    kept up (the requests in it did not grow by more than 5 % of the window's arrivals, or than the
    count's noise): that bounds capacity for every SLO set, ITL-only and none included. The first probe
-   is at 90 % of saturation; while probes fail the rate steps down by 0.7x, then geometric bisection
-   until the bracket is within `resolution`.
+   is at 90 % of saturation; while probes fail the rate steps down by 0.7x (further when an ITL/TPOT
+   SLO was missed by a wide margin), then geometric bisection until the bracket is within `resolution`.
 A probe that is clearly lost is cut short by the early abort (its SLO cannot be met any more). A
 server that dies or hangs ends the search: the rates that passed before still count.
 
@@ -30,6 +30,7 @@ from typing import Any
 
 from autotune.backends.base import Backend, Session, TrialResult
 from autotune.config import EngineConfig
+from autotune.progress import write_probe
 from autotune.slo import Slo
 from autotune.steady_state import MIN_WARMUP_S, MIN_WINDOW_S, Window, plan_window
 
@@ -37,6 +38,8 @@ MAX_PROBES = 8  # rate probes after the saturation run
 RESOLUTION = 0.03  # stop when high / low <= 1.03: below run-to-run noise on real GPUs (1-3 %) is wasted
 START_FRACTION = 0.9  # the first probe, as a fraction of saturation throughput
 STEP_DOWN = 0.7  # while no rate passed
+MIN_STEP = 0.35  # the largest step down an ITL/TPOT miss can ask for
+SMOOTH_METRICS = ("itl", "tpot")
 SATURATION_MARGIN = 1.1  # bracket top = saturation throughput x this (the mid-run rate is an estimate)
 MIN_RATE = 0.05  # below this the config serves nothing useful: stop stepping down
 SATURATION_BATCHES = 2  # the saturation run sends this many times max_num_seqs (at least the workload's)
@@ -107,7 +110,7 @@ def find_capacity(
     Every rate is measured on one server (one backend session), so the trial pays one startup.
     """
     with backend.session(config, gpu_ids, trial_dir) as session:
-        return _search(session, config, workload, slos, seed, search)
+        return _search(session, config, workload, slos, seed, search, trial_dir)
 
 
 def _search(
@@ -117,12 +120,11 @@ def _search(
     slos: Sequence[Slo],
     seed: int,
     search: CapacitySearch,
+    trial_dir: Path | None = None,
 ) -> TrialResult:
     seqs = config.max_num_seqs or DEFAULT_MAX_NUM_SEQS
     n_sat = min(MAX_SATURATION_REQUESTS, max(workload.num_requests, SATURATION_BATCHES * seqs))
-    sat_result = session.measure(
-        workload.with_load(request_rate=math.inf, num_requests=n_sat, measure_from=0.0), (), seed
-    )
+    sat_result = session.measure(workload.burst(n_sat), (), seed)
     sat = sat_result.info.get("saturation")
     if not sat_result.ok or not sat or sat["throughput"] <= 0:
         # Did not start, or could not serve at all: no rate will help, and the reason is the trial's.
@@ -131,6 +133,7 @@ def _search(
     top = SATURATION_MARGIN * sat["throughput"]
 
     def probe(rate: float) -> Probe:
+        write_probe(trial_dir, len(probes) + 1, search.max_probes, rate)  # for the driver's progress line
         plan = _probe_window(window, rate, search)
         n = max(1, math.ceil(rate * plan.end))
         result = session.measure(
@@ -152,7 +155,7 @@ def _search(
         if not session.alive:
             break  # the server died or hung: no other rate can be measured on it
         if low is None:
-            rate *= STEP_DOWN
+            rate *= _step_down(p.result, slos)
             if rate < MIN_RATE:
                 break
         elif high / low.rate <= 1 + search.resolution:
@@ -167,6 +170,19 @@ def _search(
         annotated.info["capacity_stopped_by"] = f"{last.failure}: {last.message}"
     annotated.info["capacity_window_s"] = [round(window.start, 2), round(window.length, 2)]
     return annotated
+
+
+def _step_down(result: TrialResult, slos: Sequence[Slo]) -> float:
+    """How far to lower the rate after a failed probe while none has passed yet.
+
+    ITL and TPOT grow smoothly with the load (the batch grows with the rate), so missing one by a factor
+    says roughly how far the rate must fall: 1 / (1 + margin), between MIN_STEP and STEP_DOWN. TTFT
+    explodes only near capacity (its margin says nothing about the distance), so other misses step by
+    STEP_DOWN.
+    """
+    smooth = [s.margin(result.benchmark) for s in slos if s.metric in SMOOTH_METRICS] if result.ok else []
+    miss = max(smooth, default=0.0)
+    return min(STEP_DOWN, max(MIN_STEP, 1.0 / (1.0 + miss))) if miss > 0 else STEP_DOWN
 
 
 def _probe_window(window: Window, rate: float, search: CapacitySearch) -> Window:

@@ -6,8 +6,14 @@ over the measured window beyond what is allowed (5 %, or the count's noise): a r
 up with its offered load does not meet its SLOs at that load, however its latencies look (0 when the
 run cannot tell); then
 `config_failed` (1 when the config did not produce a benchmark). A failed config is a violation of
-every constraint, so samplers learn to avoid it; its objective values are pessimistic but finite
-(Optuna rejects NaN on COMPLETE trials).
+every constraint, so samplers learn to avoid it (they rank infeasible trials by their violation, not
+by their values).
+
+Its objective values must be finite (Optuna rejects NaN on COMPLETE trials) and are what
+optuna-dashboard plots, which does not read constraints: a 1e6 ms latency put every real trial flat on
+the axis. So they are told *just past the measured range*: throughputs 0, each latency 10% above the
+larger of the worst value measured so far in the study and its SLO limit (FAILED_LATENCY_MS when the
+study has neither yet). A failed config then sits in the worst corner of every plot, never off-scale.
 """
 
 from __future__ import annotations
@@ -32,7 +38,10 @@ KEPT_UP_KEY = "load_kept_up"
 # Constraint value of each SLO for a config that produced no benchmark: "100x over every limit", so it
 # ranks below any config that ran (TPE orders infeasible trials by their summed violation).
 FAILED_SLO_MARGIN = 100.0
-FAILED_LATENCY_MS = 1.0e6  # pessimistic objective value of a failed config for latency metrics
+# A failed config's latency before anything was measured and without an SLO on it: 10 s is past any
+# interactive latency yet keeps a plot's scale readable.
+FAILED_LATENCY_MS = 10_000.0
+FAILED_LATENCY_OVER = 1.1  # a failed config's latency: 10% past the worst measured (or the SLO limit)
 PER_GPU = "_per_gpu"
 _THROUGHPUTS = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
 _LATENCY_KEYS = tuple(
@@ -64,6 +73,38 @@ class Objective:
             return float(base) / max(1, result.config.tensor_parallel_size)
         value = result.benchmark.get(self.metric)
         return float(value) if value is not None else (0.0 if self.maximize else FAILED_LATENCY_MS)
+
+
+def metric_unit(metric: str) -> str:
+    """The unit of a result key: "ms" for latencies, "req/s" or "tok/s" for throughputs ("/GPU" per GPU)."""
+    if metric.endswith("_ms"):
+        return "ms"
+    base = metric.removesuffix(PER_GPU)
+    unit = "req/s" if base in ("request_throughput", "request_goodput") else "tok/s"
+    return unit + ("/GPU" if metric.endswith(PER_GPU) else "")
+
+
+def metric_label(metric: str) -> str:
+    """A result key with its unit for an axis or a column, e.g. "p99_ttft (ms)"."""
+    return f"{metric.removesuffix('_ms')} ({metric_unit(metric)})"
+
+
+def failed_values(
+    objectives: Sequence[Objective], slos: Sequence[Slo], worst: Mapping[str, float]
+) -> list[float]:
+    """The values told for a config without a benchmark: 0 throughput, latencies just past the worst.
+
+    `worst` maps a metric to the worst (highest) value measured so far in the study.
+    """
+    limits = {slo.key: slo.limit_ms for slo in slos}
+    values = []
+    for objective in objectives:
+        if objective.maximize:
+            values.append(0.0)
+            continue
+        ceiling = max(worst.get(objective.metric, 0.0), limits.get(objective.metric, 0.0))
+        values.append(round(ceiling * FAILED_LATENCY_OVER, 3) if ceiling > 0 else FAILED_LATENCY_MS)
+    return values
 
 
 @dataclass(frozen=True)

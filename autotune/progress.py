@@ -1,14 +1,23 @@
-"""The live progress line of `autotune run` on stderr: a redrawn bar on a TTY, plain lines otherwise."""
+"""The live progress of `autotune run` on stderr: a redrawn bar on a TTY, plain lines otherwise.
+
+The bar's line shows the run's elapsed time; every running trial gets a line of its own under it
+(elapsed, its config, and which capacity probe it is on, when the search writes `probe.json` into the
+trial's folder: `write_probe`), so a long real trial shows that it is alive and where it is.
+"""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
 BAR_WIDTH = 20
+PROBE_FILE = "probe.json"
 # Short names so several running configs fit on one line.
 SHORT = {
     "max_num_seqs": "seqs",
@@ -36,6 +45,39 @@ class ProgressState:
     unit: str = "tok/s"
     running: list[tuple[int, Mapping[str, Any]]] = field(default_factory=list)  # (trial number, params)
     last: str = ""  # what the last finished trial was, e.g. "#7 feasible 4,210 tok/s"
+    elapsed_s: float | None = None  # since the run started
+    running_since: dict[int, float] = field(default_factory=dict)  # trial number -> seconds running
+    probes: dict[int, str] = field(default_factory=dict)  # trial number -> "probe 3/8 at 12 req/s"
+
+
+def clock(seconds: float) -> str:
+    """12 s, 4m05s, 2h03m."""
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def write_probe(trial_dir: Path | None, probe: int, max_probes: int, rate: float) -> None:
+    """Record which capacity probe a trial is on (read by the driver's progress display)."""
+    if trial_dir is None:
+        return
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    data = {"probe": probe, "max": max_probes, "rate": rate, "at": time.time()}
+    (trial_dir / PROBE_FILE).write_text(json.dumps(data))
+
+
+def read_probe(trial_dir: Path | None) -> str:
+    """ "probe 3/8 at 12 req/s" from a trial's probe.json, "" when there is none (yet)."""
+    if trial_dir is None:
+        return ""
+    try:
+        data = json.loads((trial_dir / PROBE_FILE).read_text())
+        return f"probe {int(data['probe'])}/{int(data['max'])} at {float(data['rate']):.3g} req/s"
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def short_params(params: Mapping[str, Any]) -> str:
@@ -51,12 +93,14 @@ def short_params(params: Mapping[str, Any]) -> str:
 
 
 def render(state: ProgressState, width: int | None = None, bar: bool = True) -> str:
-    """One line: [####....] 12/50  feasible 7  best 4,210 tok/s (+23% vs baseline)  running #13 ..."""
+    """One line: [####....] 12/50  12m03s  feasible 7  best 4,210 tok/s (+23% vs baseline)  running #13 ..."""
     parts = []
     if bar:
         filled = int(BAR_WIDTH * state.done / max(1, state.total))
         parts.append("[" + "#" * filled + "." * (BAR_WIDTH - filled) + "]")
     parts.append(f"{state.done}/{state.total}")
+    if state.elapsed_s is not None:
+        parts.append(clock(state.elapsed_s))
     parts.append(f"feasible {state.feasible}")
     if state.failed:
         parts.append(f"failed {state.failed}")
@@ -71,12 +115,32 @@ def render(state: ProgressState, width: int | None = None, bar: bool = True) -> 
         parts.append("best -")
     if state.last and not bar:
         parts.append(f"last {state.last}")
-    if state.running:
-        parts.append("running " + "; ".join(f"#{n} {short_params(p)}" for n, p in state.running))
+    if state.running and not bar:
+        parts.append("running " + "; ".join(running_line(state, n, p) for n, p in state.running))
     line = "  ".join(parts)
     if width and len(line) > width:
         line = line[: width - 1] + "…"
     return line
+
+
+def running_line(state: ProgressState, number: int, params: Mapping[str, Any]) -> str:
+    """One running trial: "#13 4m05s probe 3/8 at 12 req/s seqs=256 budget=4096"."""
+    parts = [f"#{number}"]
+    if number in state.running_since:
+        parts.append(clock(state.running_since[number]))
+    if state.probes.get(number):
+        parts.append(state.probes[number])
+    parts.append(short_params(params))
+    return " ".join(parts)
+
+
+def render_lines(state: ProgressState, width: int | None = None) -> list[str]:
+    """The TTY display: the bar's line, then one line per running trial (every one is listed)."""
+    lines = [render(state, width=width)]
+    for number, params in state.running:
+        line = "  running " + running_line(state, number, params)
+        lines.append(line[: width - 1] + "…" if width and len(line) > width else line)
+    return lines
 
 
 class Progress:
@@ -86,14 +150,16 @@ class Progress:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self._last_done = -1
-        self._drawn = False
+        self._drawn = 0  # lines on screen (TTY)
 
     def show(self, state: ProgressState) -> None:
         """Draw the state (plain mode prints only when a trial finished, so logs stay short)."""
         if self.tty:
             width = shutil.get_terminal_size((120, 20)).columns - 1
-            self.stream.write("\r\x1b[2K" + render(state, width=width))
-            self._drawn = True
+            lines = render_lines(state, width=width)
+            self._erase()
+            self.stream.write("\n".join(lines))
+            self._drawn = len(lines)
         elif state.done != self._last_done:
             self.stream.write(render(state, bar=False) + "\n")
         self._last_done = state.done
@@ -101,17 +167,23 @@ class Progress:
 
     def message(self, text: str) -> None:
         """A line above the bar (e.g. a warning), without breaking the redraw."""
-        if self.tty and self._drawn:
-            self.stream.write("\r\x1b[2K")
+        self._erase()
+        self._drawn = 0
         self.stream.write(text + "\n")
         self.stream.flush()
+
+    def _erase(self) -> None:
+        """Clear what the TTY display drew (cursor to its first line, then clear to the end)."""
+        if self.tty and self._drawn:
+            up = f"\x1b[{self._drawn - 1}F" if self._drawn > 1 else ""
+            self.stream.write(up + "\r\x1b[J")
 
     def close(self) -> None:
         """End the bar's line."""
         if self.tty and self._drawn:
             self.stream.write("\n")
             self.stream.flush()
-        self._drawn = False
+        self._drawn = 0
 
 
 def running_params(

@@ -1,27 +1,25 @@
-"""The results of a run: trials.csv, pareto.csv, best.json, best.sh, pareto.png, report.html, and the
+"""The results of a run: trials.csv, pareto.csv, best.json, best.sh, pareto.png (every pair of
+objectives), probes.png (capacity probes of the top configs), report.html (report_html.py), and the
 terminal summary (the feasible Pareto front and the recommended flags).
 
-How the recommendation is picked (study.recommend): among feasible trials on the Pareto front, the
-highest primary objective (output throughput by default); configs within 1% of it count as a tie,
-broken by the next objectives in order (p99 TTFT, then p99 ITL). The baseline is trial 0, vLLM's
-defaults for the GPU; gains are against its value (when the baseline itself violates the SLOs, that is
-said, and the gain is against its raw throughput).
+How the recommendation is picked: autotune.recommendation.decide (the best config on the Pareto front,
+unless its gain over vLLM's defaults, trial 0, is within the measurement's resolution or noise).
 """
 
 from __future__ import annotations
 
-import base64
-import html
+import dataclasses
 import json
 import shlex
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.cost import CostView, Sizing, cost_view, sizing
 from autotune.export import render, serve_flags
+from autotune.plots import plot_pairs, plot_probes
 from autotune.progress import short_params
-from autotune.recommendation import Recommendation, decide
+from autotune.recommendation import Recommendation, decide, resolution_of
 from autotune.study import TrialRecord, baseline, pareto_front
 
 SUMMARY_METRICS = ("request_throughput", "p99_tpot_ms", "p99_e2el_ms", "num_preemptions", "capacity_rate")
@@ -39,6 +37,9 @@ class Outcome:
     maximize: list[bool]
     slos: list[str]
     decision: Recommendation
+    context: dict[str, Any] = field(default_factory=dict)  # the study's settings (model, gpu, workload...)
+    cost: CostView | None = None
+    sizing: Sizing | None = None
 
     def gain(self, record: TrialRecord) -> float | None:
         """Relative change of the primary objective against the baseline (+0.23 = 23% better)."""
@@ -66,25 +67,63 @@ class Outcome:
         """Feasible trials (duplicates left out)."""
         return [r for r in self.records if r.feasible and r.duplicate_of is None]
 
+    def gain_text(self) -> str:
+        """The gain with its interval when the decision measured one ("" otherwise)."""
+        gain = self.decision.gain
+        return f"{gain.metric} {gain.percent()}" if gain is not None else ""
+
+    def flags(self) -> list[str]:
+        """What a deployer should know before acting: infeasible baseline, a gain within noise..."""
+        out = []
+        if self.best is None:
+            out.append("no config met the SLOs: relax them or widen the search space")
+        if self.baseline is not None and not self.baseline.feasible:
+            why = self.baseline.failure or "violates the SLOs"
+            out.append(f"vLLM's default config is infeasible here ({why})")
+        gain = self.decision.gain
+        if gain is not None and not gain.significant:
+            found = self.decision.candidate.number if self.decision.candidate else "?"
+            out.append(
+                f"the best config found (#{found}) gains less than the measurement's margin "
+                f"({gain.margin:.1%}): vLLM's defaults are kept"
+            )
+        if self.best is not None:
+            resolution = resolution_of(self.best)
+            if resolution:
+                out.append(f"capacity measured to within {resolution:.1%}")
+            info = self.best.user_attrs.get("info") or {}
+            if self.best.user_attrs.get("load_kept_up") is False or info.get("kept_up") is False:
+                out.append("at the fixed load the recommended config did not keep up with the arrivals")
+        return out
+
 
 def outcome(
     records: list[TrialRecord],
     objective_names: list[str],
     maximize: list[bool],
     slos: list[str],
+    context: dict[str, Any] | None = None,
+    target_rate: float | None = None,
+    gpu_price: float | None = None,
     remeasured: dict[str, list[float]] | None = None,
 ) -> Outcome:
-    """Front, recommendation and baseline of a study's records."""
+    """Front, recommendation (with its gain), baseline and costs of a study's records."""
     decision = decide(records, maximize, objective_names, remeasured)
+    best = decision.trial
+    ctx = dict(context or {})
+    simulated = bool(ctx.get("simulated", ctx.get("backend") == "sim"))
     return Outcome(
         records=records,
         front=pareto_front(records, maximize),
-        best=decision.trial,
+        best=best,
         baseline=baseline(records),
         objective_names=objective_names,
         maximize=maximize,
         slos=slos,
         decision=decision,
+        context=ctx,
+        cost=cost_view(records, simulated),
+        sizing=sizing(best, target_rate, gpu_price) if best is not None and target_rate else None,
     )
 
 
@@ -125,8 +164,13 @@ def front_table(out: Outcome, limit: int = 15) -> str:
 def summary_text(out: Outcome) -> str:
     """What `autotune run` prints at the end: the front, the verdict and the recommended flags."""
     parts = [front_table(out), "", out.verdict()]
+    gain = out.decision.gain
+    if gain is not None and gain.percent() not in out.verdict():
+        parts.append(f"  gain: {out.gain_text()}")
     if out.best is not None:
         parts.append("  " + shlex.join(["vllm", "serve", *out.best.engine_config().to_args()]))
+    if out.sizing is not None:
+        parts.append(f"  for {out.sizing.text()}")
     return "\n".join(parts)
 
 
@@ -144,8 +188,13 @@ def write_all(run_dir: Path, out: Outcome) -> list[Path]:
     paths.append(_write_best(run_dir, out))
     if out.best is not None:
         paths.append(_write_best_sh(run_dir, out.best))
-    paths.append(plot_front(run_dir / "pareto.png", out))
-    paths.append(_write_html(run_dir / "report.html", out, front, frame))
+    paths.append(plot_pairs(run_dir / "pareto.png", out))
+    probes = plot_probes(run_dir / "probes.png", out)
+    if probes is not None:
+        paths.append(probes)
+    from autotune.report_html import write_html  # it reads Outcome: imported here, not at the top
+
+    paths.append(write_html(run_dir / "report.html", out))
     return paths
 
 
@@ -208,6 +257,7 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
             "command": render(config, "cmd").strip(),
             "values": dict(zip(out.objective_names, out.best.values or [], strict=False)),
             "gain_vs_baseline": out.gain(out.best),
+            "flags_to_know": out.flags(),
             "metrics": out.best.metrics,
             "info": out.best.user_attrs.get("info", {}),
         }
@@ -219,6 +269,10 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
             "config": out.baseline.config,
             "values": dict(zip(out.objective_names, out.baseline.values or [], strict=False)),
         }
+    if out.sizing is not None:
+        data["sizing"] = dataclasses.asdict(out.sizing)
+    if out.cost is not None:
+        data["cost"] = dataclasses.asdict(out.cost)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return path
 
@@ -235,87 +289,19 @@ def _write_best_sh(run_dir: Path, best: TrialRecord) -> Path:
     return path
 
 
-def plot_front(path: Path, out: Outcome) -> Path:
-    """Scatter of every trial that ran (second objective vs first), the front and the baseline marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=100)
-    measured = [r for r in out.records if r.values and r.metrics and r.duplicate_of is None]
-    use_second = len(out.objective_names) > 1
-
-    def xy(rs: Sequence[TrialRecord]) -> tuple[list[float], list[float]]:
-        xs = [(r.values or [0, 0])[1] if use_second else r.number for r in rs]
-        return xs, [(r.values or [0])[0] for r in rs]
-
-    groups = [
-        ([r for r in measured if not r.feasible], "violates SLO", "#c44e52", "x"),
-        ([r for r in measured if r.feasible], "feasible", "#4c72b0", "o"),
-        (out.front, "Pareto front", "#55a868", "D"),
-    ]
-    for rs, label, color, marker in groups:
-        if rs:
-            xs, ys = xy(rs)
-            ax.scatter(xs, ys, label=f"{label} ({len(rs)})", color=color, marker=marker, alpha=0.8)
-    if out.baseline is not None and out.baseline.values and out.baseline.metrics:
-        xs, ys = xy([out.baseline])
-        ax.scatter(
-            xs,
-            ys,
-            s=180,
-            facecolors="none",
-            edgecolors="black",
-            linewidths=2,
-            label="baseline (vLLM default)",
-        )
-    if out.best is not None:
-        xs, ys = xy([out.best])
-        ax.scatter(xs, ys, s=260, marker="*", color="#dd8452", label="recommended", zorder=5)
-    ax.set_xlabel(out.objective_names[1] if use_second else "trial")
-    ax.set_ylabel(out.objective_names[0])
-    failed = sum(1 for r in out.records if not r.metrics)
-    hidden = f"; front over {len(out.objective_names)} objectives" if len(out.objective_names) > 2 else ""
-    ax.set_title(
-        f"{len(out.records)} trials ({failed} failed or rejected, not shown){hidden}; "
-        f"SLO: {', '.join(out.slos) or 'none'}",
-        fontsize=10,
-    )
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
-def _write_html(path: Path, out: Outcome, front: Any, trials: Any) -> Path:
-    png = path.parent / "pareto.png"
-    image = base64.b64encode(png.read_bytes()).decode() if png.exists() else ""
-    command = render(out.best.engine_config(), "cmd").strip() if out.best else ""
-    body = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>autotune report</title>",
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}",
-        "td,th{border:1px solid #ccc;padding:2px 6px}code{background:#f4f4f4;padding:4px}</style>",
-        "</head><body>",
-        f"<h1>autotune: {html.escape(path.parent.name)}</h1>",
-        f"<p>{html.escape(out.verdict())}</p>",
-        f"<p><code>{html.escape(command)}</code></p>" if command else "",
-        f"<p>SLOs: {html.escape(', '.join(out.slos) or 'none')}</p>",
-        f"<img alt='Pareto front' src='data:image/png;base64,{image}'>" if image else "",
-        "<h2>Feasible Pareto front</h2>",
-        front.to_html(index=False, na_rep="") if len(front) else "<p>empty</p>",
-        "<h2>All trials</h2>",
-        trials.to_html(index=False, na_rep="") if len(trials) else "<p>none</p>",
-        "</body></html>",
-    ]
-    path.write_text("\n".join(body))
-    return path
-
-
 def _fmt(value: float) -> str:
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
+    return fmt_number(value)
+
+
+def fmt_number(value: Any) -> str:
+    """A figure as people read it: 12,571 / 95.8 / 0.82; "" for a missing value."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) or abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
 
 
 def _change(new: float, old: float) -> str:

@@ -136,3 +136,22 @@ def describe(screen: MemoryScreen | None, enabled: bool = True) -> str:
         f"startup screening on: configs the memory model predicts to fail to start are not launched "
         f"(margins: KV {m.kv_fraction:.0%} of GPU memory, CUDA graphs {m.capture_factor:.0%})"
     )
+
+
+def required_tp(model: str, gpu: str, max_tp: int, utilization: float = 0.95) -> int | None:
+    """The smallest power-of-two tensor parallelism whose weight shard fits in `utilization` of the
+    GPU, when the space's largest TP (`max_tp`) is below it; None when it fits or either is unknown.
+
+    Every config of such a space would fail to start the same way: the run says so once instead.
+    """
+    try:
+        spec, device = get_model(model), get_gpu(gpu)
+    except AutotuneError:
+        return None
+    budget = device.memory_bytes * utilization
+    if spec.weight_bytes(max(1, max_tp)) < budget:
+        return None
+    tp = 1
+    while spec.weight_bytes(tp) >= budget and tp < 64:
+        tp *= 2
+    return tp

@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.backends.base import TrialResult
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
-from autotune.objectives import ObjectiveSet, constraints, is_feasible
+from autotune.objectives import ObjectiveSet, constraints, failed_values, is_feasible
 from autotune.slo import Slo
 from autotune.space import plain_params
 
@@ -310,7 +310,23 @@ def tell_result(
         attrs["info"] = _jsonable(result.info)
     for name, value in attrs.items():
         trial.set_user_attr(name, value)
-    return study.tell(trial, [o.value(result) for o in objectives.objectives])
+    if result.benchmark is None:
+        values = failed_values(objectives.objectives, slos, _worst_measured(study, objectives))
+    else:
+        values = [o.value(result) for o in objectives.objectives]
+    return study.tell(trial, values)
+
+
+def _worst_measured(study: optuna.Study, objectives: ObjectiveSet) -> dict[str, float]:
+    """The highest value of each minimized objective among the study's measured trials."""
+    worst: dict[str, float] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if not t.values or "metrics" not in t.user_attrs:
+            continue
+        for objective, value in zip(objectives.objectives, t.values, strict=False):
+            if not objective.maximize:
+                worst[objective.metric] = max(worst.get(objective.metric, value), value)
+    return worst
 
 
 def tell_duplicate(study: optuna.Study, trial: optuna.Trial, original: FrozenTrial) -> FrozenTrial:
@@ -428,6 +444,8 @@ def _jsonable(data: Mapping[str, Any]) -> dict[str, Any]:
             out[key] = value
         elif isinstance(value, (list, tuple)) and all(isinstance(v, (int, float, str)) for v in value):
             out[key] = list(value)
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, Mapping) for v in value):
+            out[key] = [_jsonable(v) for v in value]  # e.g. capacity_probes: the report plots them
         elif isinstance(value, dict):
             out[key] = _jsonable(value)
         else:

@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,8 +31,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.backends.base import FailureKind, TrialResult
 from autotune.config import EngineConfig
 from autotune.executor import TrialExecutor
-from autotune.objectives import ObjectiveSet
-from autotune.progress import Progress, ProgressState, running_params
+from autotune.objectives import ObjectiveSet, metric_unit
+from autotune.progress import Progress, ProgressState, read_probe, running_params
 from autotune.ray_cluster import ClusterLost
 from autotune.remeasure import TOP_CANDIDATES, remeasure
 from autotune.screen import MemoryScreen, Screening
@@ -112,6 +112,7 @@ class Tuner:
         progress: Progress | None = None,
         max_position_embeddings: int | None = None,
         screen: MemoryScreen | None = None,
+        on_told: Callable[[], None] | None = None,
     ) -> None:
         self.study = study
         self.space = space
@@ -122,16 +123,19 @@ class Tuner:
         self.progress = progress
         self.max_position_embeddings = max_position_embeddings
         self.screen = screen  # None: every valid config is launched
+        self.on_told = on_told  # called after each trial told (e.g. the dashboard note)
         self._known: dict[str, FrozenTrial] = {}
         self._running: dict[int, _Pending] = {}  # trial number -> its pending record
         self._queued: list[_Pending] = []  # asked, valid, waiting for enough free GPUs
         self._counters = _Counters()
         self._told = 0
         self._interrupted = False  # Ctrl-C seen: stop at the next step
+        self._started = time.monotonic()
+        self._submitted: dict[int, float] = {}  # trial number -> when it was started (progress display)
 
     def run(self) -> RunSummary:
         """Run until n_trials trials are COMPLETE or the timeout; Ctrl-C cancels and re-raises."""
-        start = time.monotonic()
+        start = self._started = time.monotonic()
         self._load_existing()
         try:
             with self._ctrl_c_between_steps():
@@ -291,6 +295,7 @@ class Tuner:
         trial_dir = self.options.run_dir / "trials" / str(number) if self.options.run_dir else None
         self.executor.submit(number, pending.config, self.options.seed, trial_dir)
         self._running[number] = pending
+        self._submitted[number] = time.monotonic()
 
     # -- telling ------------------------------------------------------------------------------------------
 
@@ -299,6 +304,7 @@ class Tuner:
         for name in PLACEMENT_ATTRS:  # where it ran: Ray placed it (node, devices)
             if name in result.info:
                 pending.trial.set_user_attr(name, result.info[name])
+        self._submitted.pop(number, None)
         frozen = self._tell(pending.trial, result, pending.key)
         for duplicate in pending.duplicates:
             self._record(tell_duplicate(self.study, duplicate, frozen))
@@ -342,6 +348,8 @@ class Tuner:
             status = f"screened ({status})"
         shown = f" {value:,.0f}" if value is not None and attrs.get("feasible") else ""
         c.last = f"#{frozen.number} {status}{shown}"
+        if self.on_told is not None:
+            self.on_told()
 
     def _better(self, a: float, b: float) -> bool:
         return a > b if self.objectives.objectives[0].maximize else a < b
@@ -374,6 +382,10 @@ class Tuner:
             return
         c = self._counters
         running = running_params(self.executor.in_flight(), self.space.names)
+        now = time.monotonic()
+        trial_dirs = {
+            n: self.options.run_dir / "trials" / str(n) if self.options.run_dir else None for n, _ in running
+        }
         self.progress.show(
             ProgressState(
                 done=c.done,
@@ -383,17 +395,11 @@ class Tuner:
                 rejected=c.rejected,
                 best=c.best,
                 baseline=c.baseline,
-                unit=_unit(self.objectives.objectives[0].metric),
+                unit=metric_unit(self.objectives.objectives[0].metric),
                 running=running,
                 last=c.last,
+                elapsed_s=now - self._started,
+                running_since={n: now - self._submitted[n] for n, _ in running if n in self._submitted},
+                probes={n: read_probe(d) for n, d in trial_dirs.items()},
             )
         )
-
-
-def _unit(metric: str) -> str:
-    units: Mapping[str, str] = {"request_throughput": "req/s", "request_goodput": "req/s"}
-    if metric.endswith("_ms"):
-        return "ms"
-    return units.get(metric.removesuffix("_per_gpu"), "tok/s") + (
-        "/GPU" if metric.endswith("_per_gpu") else ""
-    )

@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ TRACES = (
 )  # the shipped Azure LLM inference traces (CC-BY 4.0, see data/AZURE_TRACE_README.md)
 LOADS = ("fixed", "capacity")
 DISTS = ("fixed", "uniform", "normal", "lognormal")
+STRATA = 64  # lengths are stratified in blocks of this many requests (see stratified_uniforms)
 CHARS_PER_TOKEN = 4  # text prompts without a tokenizer: ~4 characters per token (English BPE rule of thumb)
 
 # Independent random streams, so that changing the rate keeps the same lengths and vice versa.
@@ -90,19 +92,21 @@ class LengthDist:
             )
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """`n` integer lengths."""
+        """`n` integer lengths, stratified (see `stratified_uniforms`): each is a draw from the
+        distribution, and every block of STRATA consecutive requests covers all of its quantile bands."""
+        u = stratified_uniforms(rng, n)
         if self.dist == "fixed":
             values = np.full(n, float(self.mean))
         elif self.dist == "uniform":
             low = math.floor(self.mean * (1 - self.range_ratio))
             high = math.ceil(self.mean * (1 + self.range_ratio))
-            values = rng.integers(low, high + 1, size=n).astype(float)
+            values = np.floor(low + u * (high - low + 1))
         elif self.dist == "normal":
-            values = rng.normal(self.mean, self.std, size=n)
+            values = self.mean + self.std * _normal_quantiles(u)
         else:
             # mean of a lognormal is exp(mu + sigma^2 / 2); its median is exp(mu)
             mu = math.log(self.median) if self.median is not None else math.log(self.mean) - self.sigma**2 / 2
-            values = rng.lognormal(mu, self.sigma, size=n)
+            values = np.exp(mu + self.sigma * _normal_quantiles(u))
         return np.clip(np.rint(values), self.min, self.max).astype(np.int64)
 
     def describe(self) -> str:
@@ -115,6 +119,27 @@ class LengthDist:
             return f"normal({self.mean:g}, std {self.std:g})"
         center = f"median {self.median:g}" if self.median is not None else f"mean {self.mean:g}"
         return f"lognormal({center}, sigma {self.sigma:g})"
+
+
+def stratified_uniforms(rng: np.random.Generator, n: int) -> np.ndarray:
+    """`n` uniforms in [0, 1), each block of STRATA holding one from each band [k/STRATA, (k+1)/STRATA)
+    in random order.
+
+    Each value is uniform, so each length is a draw from its distribution, as with independent draws;
+    but any stretch of a few blocks holds the distribution's tail in its share. With independent draws
+    a 600-request window's p99 ITL moved by +-9 % with the prompt lengths it happened to draw (the
+    rare long prompts decide it), so a capacity probe was judged on its sample's luck. Blocks are
+    drawn whole and in order: the first k lengths do not depend on n.
+    """
+    blocks = -(-n // STRATA)
+    bands = np.concatenate([rng.permutation(STRATA) for _ in range(blocks)]) if blocks else np.zeros(0)
+    return (bands + rng.random(blocks * STRATA))[:n] / STRATA
+
+
+def _normal_quantiles(u: np.ndarray) -> np.ndarray:
+    """The standard normal's quantiles of `u` (numpy has no inverse CDF; NormalDist is exact)."""
+    inverse = NormalDist().inv_cdf
+    return np.array([inverse(min(max(x, 1e-12), 1 - 1e-12)) for x in u], dtype=float)
 
 
 @dataclass(frozen=True)
@@ -341,6 +366,16 @@ class WorkloadSpec:
         """Whether prompts can share a prefix a server could cache: a shared-prefix group, or text
         prompts (their content may repeat). Token-id prompts are random and salted per run: they never do."""
         return self.num_prefixes > 0 or self.jsonl is not None
+
+    def burst(self, num_requests: int) -> WorkloadSpec:
+        """`num_requests` of this workload's requests, all at t=0 (a trace's own times dropped: its rows
+        are sampled at random)."""
+        trace = self.trace
+        if trace is not None and trace.arrivals == "trace":
+            trace = dataclasses.replace(trace, arrivals="rate", time_scale=1.0, start=0.0)
+        return dataclasses.replace(
+            self, trace=trace, request_rate=math.inf, num_requests=num_requests, measure_from=0.0
+        )
 
     def with_load(
         self,

@@ -258,13 +258,13 @@ def oracle_summary(oracle: Oracle) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class TrialOutcome:
-    """What one trial of a run cost and found."""
+    """What one trial (a launched config) of a run cost and found."""
 
-    launched: bool  # a server was started (not rejected by the rules, not a duplicate)
-    failed_launch: bool  # launched, and the server did not produce a benchmark
+    failed_launch: bool  # the server did not produce a benchmark
     result: TrialResult | None  # None when nothing ran
     gpu_s: float  # GPU seconds (times the TP size) this trial cost
     screened_before: int = 0  # suggestions screened (not launched, not counted) since the previous trial
+    duplicates_before: int = 0  # duplicates (free, not counted toward --n-trials) since the previous trial
 
 
 class LookupExecutor:
@@ -356,30 +356,33 @@ def run_optuna(oracle: Oracle, strategy: str, seed: int, n_trials: int) -> list[
         screen=screen,
     )
     tuner.run()
-    # Suggestions rejected before launch (vLLM's rules, screening) cost no GPU time and do not count
-    # toward --n-trials (autotune/tuner.py), so they are not trials here either.
-    outcomes, screened = [], 0
+    # Suggestions rejected before launch (vLLM's rules, screening) and duplicates cost no GPU time and
+    # do not count toward --n-trials (autotune/tuner.py), so they are not trials here either.
+    outcomes, screened, duplicates = [], 0, 0
     for t in study.trials:  # in trial order: the lookup executor runs one trial at a time
         if t.state != optuna.trial.TrialState.COMPLETE:
             continue
-        if t.user_attrs.get("launched", True):
-            outcomes.append(_outcome(oracle, t, screened))
-            screened = 0
+        if "duplicate_of" in t.user_attrs:
+            duplicates += 1
+        elif t.user_attrs.get("launched", True):
+            outcomes.append(_outcome(oracle, t, screened, duplicates))
+            screened = duplicates = 0
         else:
             screened += bool(t.user_attrs.get("screened"))
     return outcomes
 
 
-def _outcome(oracle: Oracle, trial: optuna.trial.FrozenTrial, screened_before: int) -> TrialOutcome:
+def _outcome(
+    oracle: Oracle, trial: optuna.trial.FrozenTrial, screened_before: int, duplicates_before: int
+) -> TrialOutcome:
     attrs = trial.user_attrs
     result = oracle.results[attrs["config_key"]]
-    launched = "duplicate_of" not in attrs
     return TrialOutcome(
-        launched=launched,
-        failed_launch=launched and _failed_to_start(result),
+        failed_launch=_failed_to_start(result),
         result=result,
         gpu_s=float(attrs.get("gpu_seconds", 0.0)),
         screened_before=screened_before,
+        duplicates_before=duplicates_before,
     )
 
 
@@ -405,7 +408,7 @@ def run_auto_tune_sh(oracle: Oracle) -> tuple[list[TrialOutcome], TrialResult | 
             )
         )
         started = probe.benchmark is not None
-        outcomes.append(TrialOutcome(True, not started, None, probe.startup_s * tp))
+        outcomes.append(TrialOutcome(not started, None, probe.startup_s * tp))
         if started:
             break
         util = round(util - 0.01, 2)
@@ -419,7 +422,7 @@ def run_auto_tune_sh(oracle: Oracle) -> tuple[list[TrialOutcome], TrialResult | 
             )
             result = oracle.lookup(config)
             results.append(result)
-            outcomes.append(TrialOutcome(True, _failed_to_start(result), result, result.gpu_seconds * tp))
+            outcomes.append(TrialOutcome(_failed_to_start(result), result, result.gpu_seconds * tp))
     ran = [r for r in results if r.benchmark is not None]
     pick = max(ran, key=lambda r: r.benchmark.get("request_throughput"), default=None)  # type: ignore[union-attr]
     return outcomes, pick
@@ -471,7 +474,7 @@ def score_run(
         hv=hv,
         gpu_min=round(float(gpu[-1]), 2) if len(gpu) else 0.0,
         screened=sum(o.screened_before for o in outcomes),
-        duplicates=sum(o.result is not None and not o.launched for o in outcomes),
+        duplicates=sum(o.duplicates_before for o in outcomes),
     )
 
 

@@ -29,3 +29,18 @@ def test_dashboard_serves_the_study_api(tmp_path: Path) -> None:
         assert httpx.get(server.url, timeout=10).status_code == 200
     finally:
         server.stop()
+
+
+def test_the_dashboard_command_gives_an_older_study_its_note(tmp_path: Path) -> None:
+    import optuna
+    from optuna_dashboard import get_note
+
+    from autotune.commands.dashboard import _write_note
+
+    study = build_run(
+        tmp_path, [({"max_num_seqs": 64, "baseline": True}, ok(4000, 1500, 20)), ({"max_num_seqs": 8}, None)]
+    )
+    assert get_note(study) == ""
+    _write_note(load_run(tmp_path))
+    note = get_note(optuna.load_study(study_name="unit", storage=load_run(tmp_path).storage))
+    assert "## autotune: unit" in note and "kv_cache_oom" in note and "trial #0" in note

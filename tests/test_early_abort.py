@@ -172,3 +172,21 @@ def test_never_aborts_a_run_that_would_meet_its_slo(seed: int) -> None:
     # for percentiles and means of TTFT/E2EL/TPOT (ITL counts are only bounded).
     if not met and ok and slos[0].metric in ("ttft", "e2el"):
         assert guard.check() is not None
+
+
+def test_abort_savings_follow_the_arrival_schedule_not_the_completion_pace() -> None:
+    from autotune.early_abort import abort_savings
+    from autotune.metrics import RequestRecord
+
+    # 1,000 requests at 10 req/s, aborted at 12 s with 5 finished (each took 3 s): the old estimate
+    # (elapsed x unfinished / finished) said 2,388 s; the run had ~88 s of arrivals left plus a tail.
+    arrivals = [i / 10 for i in range(1000)]
+    done = [RequestRecord(prompt_len=10, output_len=10, latency=3.0) for _ in range(5)]
+    saved = abort_savings(done, arrivals, duration_s=12.0, unfinished=995, limit_s=1800.0)
+    assert saved == pytest.approx(99.9 - 12.0 + 3.0)
+    # never past the benchmark's own time limit, nothing when nothing was left
+    assert abort_savings(done, arrivals, 12.0, 995, limit_s=50.0) == pytest.approx(38.0)
+    assert abort_savings(done, arrivals, 12.0, 0, 1800.0) == 0.0
+    # every request already arrived (a burst): the completion pace so far, 995 left at 5 per 12 s
+    assert abort_savings(done, [0.0] * 1000, 12.0, 995, limit_s=1800.0) == pytest.approx(1788.0)
+    assert abort_savings(done, [0.0] * 1000, 12.0, 10, limit_s=1800.0) == pytest.approx(24.0)

@@ -11,7 +11,7 @@ from test_study import build_run, ok
 
 from autotune.cli import main
 from autotune.config import EngineConfig
-from autotune.export import parse_command, render
+from autotune.export import ExportOptions, RunInfo, load_run, parse_command, render
 
 CONFIG = EngineConfig(
     model="meta-llama/Llama-3.1-8B-Instruct",
@@ -43,7 +43,7 @@ def test_docker_passes_hf_token_by_name_only(monkeypatch: pytest.MonkeyPatch) ->
     assert args[args.index("--env") + 1] == "HF_TOKEN"
     image = args.index("vllm/vllm-openai:v0.11.0")
     assert EngineConfig.from_args(args[image + 1 :]) == CONFIG  # the image's args are vllm serve's
-    assert all("hf_secret" not in render(CONFIG, fmt) for fmt in ("cmd", "docker", "yaml", "k8s"))
+    assert all("hf_secret" not in render(CONFIG, fmt) for fmt in ("cmd", "docker", "yaml", "k8s", "helm"))
 
 
 def test_vllm_yaml_config_file() -> None:
@@ -58,14 +58,55 @@ def test_vllm_yaml_config_file() -> None:
     assert EngineConfig.from_args(args) == CONFIG
 
 
-def test_k8s_container_snippet() -> None:
-    text = render(CONFIG, "k8s")
-    (container,) = yaml.safe_load(text)["containers"]
+def test_k8s_pod_spec_has_its_volumes_and_names_the_secret() -> None:
+    spec = yaml.safe_load(render(CONFIG, "k8s", options=ExportOptions(secret="my-hf", secret_key="tok")))
+    (container,) = spec["containers"]
     assert container["image"] == "vllm/vllm-openai:latest"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
-    assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "hf-token"
+    assert container["env"][0]["valueFrom"]["secretKeyRef"] == {
+        "name": "my-hf",
+        "key": "tok",
+        "optional": True,
+    }
+    # every mount has its volume in the same pod spec (a valid Deployment spec.template.spec)
+    volumes = {v["name"] for v in spec["volumes"]}
+    assert {m["name"] for m in container["volumeMounts"]} <= volumes and "dshm" in volumes
     args = container["args"]
     assert args[:2] == ["--model", CONFIG.model]
+    assert EngineConfig.from_args(args) == CONFIG
+
+
+def test_a_local_model_dir_is_mounted_in_docker_and_k8s(tmp_path: Path) -> None:
+    model_dir = tmp_path / "my-llama"
+    model_dir.mkdir()
+    config = CONFIG.replace(model=str(model_dir))
+    args = shlex.split(render(config, "docker"))
+    assert args[args.index(f"{model_dir}:/models/my-llama:ro") - 1] == "-v"
+    assert args[args.index("--model") + 1] == "/models/my-llama"
+    assert args[args.index("--served-model-name") + 1] == str(model_dir)  # clients keep the tuned name
+    spec = yaml.safe_load(render(config, "k8s"))
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "model"]
+    assert volume["hostPath"]["path"] == str(model_dir)
+    mounts = spec["containers"][0]["volumeMounts"]
+    assert {"name": "model", "mountPath": "/models/my-llama", "readOnly": True} in mounts
+
+
+def test_helm_values_follow_the_production_stack_schema() -> None:
+    options = ExportOptions(image="registry.local:5000/vllm/vllm-openai:v0.11.0", replicas=3)
+    (spec,) = yaml.safe_load(render(CONFIG, "helm", options=options))["servingEngineSpec"]["modelSpec"]
+    assert (spec["repository"], spec["tag"]) == ("registry.local:5000/vllm/vllm-openai", "v0.11.0")
+    assert spec["modelURL"] == CONFIG.model and spec["replicaCount"] == 3 and spec["requestGPU"] == 2
+    assert spec["hf_token"] == {"secretName": "hf-token", "secretKey": "token"}
+    vllm = spec["vllmConfig"]
+    assert vllm["maxNumSeqs"] == 384 and vllm["tensorParallelSize"] == 2 and vllm["enablePrefixCaching"]
+    # the flags the chart does not name (and an off switch) go verbatim to extraArgs: the same config
+    named = {"maxNumSeqs": "--max-num-seqs", "tensorParallelSize": "--tensor-parallel-size"}
+    named |= {"gpuMemoryUtilization": "--gpu-memory-utilization", "maxModelLen": "--max-model-len"}
+    named |= {"dtype": "--dtype"}
+    args = [CONFIG.model, *vllm["extraArgs"], "--enable-prefix-caching"]
+    for key, flag in named.items():
+        args += [flag, str(vllm[key])]
+    assert "--no-enable-chunked-prefill" in vllm["extraArgs"]
     assert EngineConfig.from_args(args) == CONFIG
 
 
@@ -91,6 +132,14 @@ def test_export_cli_recommended_and_chosen_trial(tmp_path: Path, capsys: pytest.
         "--block-size 16 --gpu-memory-utilization 0.9 --enable-prefix-caching --kv-cache-dtype auto"
     )
     assert "not feasible" in captured.err
+    assert main(["export", str(run_dir), "--format", "k8s", "--image", "vllm/vllm-openai:v0.11.0"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["containers"][0]["image"] == "vllm/vllm-openai:v0.11.0"
+    # a docker run records its --image in run.json: the export deploys the image it was tuned with
+    RunInfo(study="unit", storage=load_run(run_dir).storage, directory=run_dir).save(
+        {"image": "my/vllm:tuned"}
+    )
+    assert main(["export", str(run_dir), "--format", "docker"]) == 0
+    assert "my/vllm:tuned" in shlex.split(capsys.readouterr().out)
     assert main(["export", str(run_dir), "--trial", "99"]) == 2
     assert main(["export", str(tmp_path / "nope")]) == 2
     assert "run folder not found" in capsys.readouterr().err

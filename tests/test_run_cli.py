@@ -32,6 +32,8 @@ SIM_SERVER = f"{sys.executable} -m autotune.cli sim-server"
         (["--gpu", "RTX-9999"], "unknown GPU"),
         (["--gpus", "two"], "bad --gpus"),
         (["--objectives", "nope"], "objectives file not found"),
+        (["--model", "meta-llama/Llama-3.1-70B-Instruct"], "use tensor parallelism (TP >= 2)"),
+        (["--target-rate", "0"], "--target-rate must be positive"),
     ],
 )
 def test_bad_inputs_give_one_line_and_exit_2(
@@ -82,6 +84,7 @@ def test_sim_server_as_serve_command_needs_no_gpu(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert _completed(tmp_path / "virt" / "study.db", "virt") == (3, 0)
     assert (tmp_path / "virt" / "trials" / "0" / "server.log").stat().st_size > 0  # a real server ran
+    assert "autotune: estimate: about " in done.stderr and "GPU-hours for 3 trials" in done.stderr
     study = optuna.load_study(study_name="virt", storage=f"sqlite:///{tmp_path / 'virt' / 'study.db'}")
     used = {g for t in study.trials for g in t.user_attrs.get("gpu_ids", ())}
     assert used and used <= {1, 3}  # the --gpus devices, as Ray assigned them
@@ -92,6 +95,7 @@ def test_parallel_run_is_consistent_and_writes_results(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = ["run", "--space", "small", "--slo", "ttft_p99=2s", "--n-trials", "8", "--parallel", "2"]
+    args += ["--target-rate", "100", "--gpu-price", "2.5"]
     assert main([*args, "--runs-dir", str(tmp_path), "--study", "par", "--seed", "3"]) == 0
     out = capsys.readouterr().out
     run_dir = tmp_path / "par"
@@ -119,6 +123,12 @@ def test_parallel_run_is_consistent_and_writes_results(
         == parse_command(best["command"]).params()
     )
     assert "Feasible Pareto front" in out and "vllm serve" in out
+    assert best["sizing"]["target_rate"] == 100 and best["sizing"]["replicas"] >= 1 and "replicas" in out
+    assert best["sizing"]["usd_per_mtok"] > 0 and "simulated GPU time spent" in out
+    from optuna_dashboard import get_note
+
+    note = get_note(study)
+    assert "ttft_p99=2s" in note and f"trial #{best['trial']}" in note  # the study's dashboard note
 
 
 def _completed(db: Path, study: str) -> tuple[int, int]:

@@ -94,11 +94,12 @@ class _Conn:
 
 
 def test_a_paused_stream_holds_its_tokens_and_writes_them_in_one_chunk_on_resume() -> None:
-    from autotune.sim.server import ChunkWriter, Pending, SseStream
+    from autotune.sim.service import Pending
+    from autotune.sim.sse import ChunkWriter, SseStream
 
     state = Pending(key=0, rid="r", arrival=0.0, prompt_tokens=5, max_tokens=4, finish_reason="length")
     conn = _Conn()
-    stream = SseStream(None, conn, ChunkWriter(MODEL, False, state), include_usage=True)  # type: ignore[arg-type]
+    stream = SseStream(None, conn, [ChunkWriter(MODEL, False, state)], include_usage=True)  # type: ignore[arg-type]
     state.listener = stream.on_tokens
     state.tokens = 2
     stream.on_tokens(state)

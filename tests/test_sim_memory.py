@@ -171,3 +171,26 @@ def test_model_from_local_config_json(tmp_path) -> None:
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(AutotuneError, match="lacks 'num_attention_heads'"):
         get_model(str(tmp_path))
+
+
+def test_qwen3_catalog_matches_vllms_logged_weights() -> None:
+    """llm-d's startup logs: Qwen3-0.6B 1.12 GiB, Qwen3-32B 61.03 GiB of weights on one GPU."""
+    assert get_model("Qwen/Qwen3-0.6B").weight_bytes() / 2**30 == pytest.approx(1.12, abs=0.02)
+    assert get_model("Qwen/Qwen3-32B").weight_bytes() / 2**30 == pytest.approx(61.03, abs=0.05)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"num_local_experts": 8, "num_experts_per_tok": 2}, "mixture-of-experts model"),  # Mixtral
+        ({"quantization_config": {"quant_method": "fp8"}}, r"quantized weights \(quantization_config: fp8\)"),
+    ],
+)
+def test_models_it_cannot_represent_are_refused_with_one_line(tmp_path, extra: dict, message: str) -> None:
+    config = {
+        "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "intermediate_size": 14336, "vocab_size": 32000, "max_position_embeddings": 32768, **extra,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(AutotuneError, match=message):
+        get_model(str(tmp_path))

@@ -118,7 +118,8 @@ def test_constraints_fixed_order_and_failures_are_violations(tmp_path: Path) -> 
         failed.user_attrs["failure"] == "kv_cache_oom"
         and failed.user_attrs["message"] == "No available memory"
     )
-    assert failed.values == [0.0, 1.0e6, 1.0e6]  # pessimistic but finite
+    # pessimistic but on the plots' scale: 10% past the worst measured (TTFT: the worst is 2.5 s)
+    assert failed.values == [0.0, pytest.approx(2750.0), pytest.approx(33.0)]
     assert study.metric_names == ["output_throughput", "p99_ttft_ms", "p99_itl_ms"]
     # Optuna's own view agrees: only the feasible trial is on the constrained front
     assert [t.number for t in study.best_trials] == [0]

@@ -350,10 +350,12 @@ def _benchmark(
         load.records, duration, measure_from, goodput_slos(slos), server, kind
     )
     metrics.server.update(load_info)  # moved to the trial's info by _result
-    return metrics, _judge(handle, load, metrics)
+    return metrics, _judge(handle, load, metrics, [r.arrival_time for r in requests], limits)
 
 
-def _judge(handle: ServerHandle, load: Any, metrics: BenchmarkResult) -> _Failure | None:
+def _judge(
+    handle: ServerHandle, load: Any, metrics: BenchmarkResult, arrivals: Sequence[float], limits: TrialLimits
+) -> _Failure | None:
     """Turn a finished load into a failure when the server died, stopped serving, or the run aborted."""
     failed = [r for r in load.records if not r.success]
     if failed:
@@ -368,10 +370,10 @@ def _judge(handle: ServerHandle, load: Any, metrics: BenchmarkResult) -> _Failur
                 FailureKind.ERROR, f"all {len(failed)} requests failed: {failed[0].error}", metrics
             )
     if load.aborted:
-        # At the pace so far (at least one request per elapsed run time), the unfinished requests (cut
-        # off or never sent) would have taken this much longer.
+        from autotune.early_abort import abort_savings
+
         unfinished = load.cancelled + load.not_sent
-        saved_s = load.duration * unfinished / max(len(load.records), 1)
+        saved_s = abort_savings(load.records, arrivals, load.duration, unfinished, limits.benchmark_timeout_s)
         return _Failure(FailureKind.EARLY_ABORT, load.aborted, metrics, saved_s)
     return None
 
@@ -454,9 +456,6 @@ class _KvSampler:
 
 # --- /metrics -------------------------------------------------------------------------------------
 
-_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
 
 @dataclass(frozen=True)
 class Sample:
@@ -468,17 +467,19 @@ class Sample:
 
 
 def parse_prometheus(text: str) -> list[Sample]:
-    """Parse Prometheus' text exposition format (comments and unparsable lines are skipped)."""
-    samples = []
-    for line in text.splitlines():
-        match = _SAMPLE.match(line.strip())
-        if not match or line.startswith("#"):
-            continue
-        try:
-            value = float(match["value"])
-        except ValueError:
-            continue
-        samples.append(Sample(match["name"], dict(_LABEL.findall(match["labels"] or "")), value))
+    """Parse Prometheus' text exposition format with prometheus_client's parser.
+
+    Sample names are as exposed (a counter keeps its `_total`). Text the parser rejects ends the parse:
+    the samples read before it are kept (a half-written scrape still gives what it has).
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: list[Sample] = []
+    try:
+        for family in text_string_to_metric_families(text):
+            samples.extend(Sample(s.name, dict(s.labels), float(s.value)) for s in family.samples)
+    except ValueError:
+        pass
     return samples
 
 

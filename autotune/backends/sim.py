@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import Backend, FailureKind, TrialResult
+from autotune.backends.server import TrialLimits
 from autotune.config import EngineConfig
 from autotune.early_abort import replay_abort_time
 from autotune.errors import EngineStartupError
@@ -28,6 +29,8 @@ from autotune.sim.models import get_model
 from autotune.sim.noise import NoiseModel, StepNoise
 from autotune.slo import Slo
 from autotune.steady_state import load_kind, measure_window
+
+_BENCHMARK_LIMIT_S = TrialLimits().benchmark_timeout_s
 
 # Startup time model (seconds), from typical `vllm serve` logs on a warm compile cache.
 INIT_S = 12.0  # interpreter, imports, engine-core process, NCCL init
@@ -152,7 +155,8 @@ class SimSession:
             log_tail=self._log_tail,
             startup_s=startup_s,
             benchmark_s=spent_s,
-            saved_s=run.duration - spent_s,
+            # A real run stops at its benchmark time limit: an abort cannot spare more than that.
+            saved_s=max(0.0, min(run.duration, _BENCHMARK_LIMIT_S) - spent_s),
             info=info,
         )
 

@@ -1,9 +1,16 @@
-"""`autotune bench`: benchmark one config on one workload and print vllm bench serve's metrics."""
+"""`autotune bench`: benchmark one config on one workload and print vllm bench serve's metrics.
+
+The config is built as `autotune run` builds a trial's: the search space's fixed flags (max_model_len
+8192 in the default space), then `--set`, then vLLM's defaults for the GPU; it is printed in full.
+`--url` measures a server that is already running instead (nothing launched), like
+`vllm bench serve --base-url`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from typing import Any
 
@@ -20,8 +27,12 @@ TUNABLE = sorted(ENGINE_FLAGS)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `autotune bench` options."""
     parser.add_argument("--backend", default="sim", choices=BACKENDS)
-    parser.add_argument("--model", default="meta-llama/Llama-3.1-8B-Instruct")
-    parser.add_argument("--gpu", default="H100", help="GPU type (sim: from the catalog)")
+    parser.add_argument(
+        "--url", help="benchmark the OpenAI-compatible server already running there (nothing is launched)"
+    )
+    parser.add_argument("--space", default="vllm", help="search space whose fixed flags apply (as in run)")
+    parser.add_argument("--model", help="model (default: the space's; with --url: the server's first model)")
+    parser.add_argument("--gpu", help="GPU type (default: the space's; sim: from the catalog)")
     parser.add_argument("--workload", default="chat", help="workload YAML file or a name in workloads/")
     parser.add_argument(
         "--set",
@@ -54,36 +65,74 @@ def parse_settings(settings: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark; exit 1 with vLLM's message when the config fails."""
-    import shlex
-
-    from autotune.backends.factory import make_backend
+    """Run the benchmark; exit 1 with vLLM's message (a JSON object with --json) when the config fails."""
     from autotune.slo import parse_slos
     from autotune.workload import load_workload
 
-    config = EngineConfig(model=args.model).replace(**parse_settings(args.settings))
     slos = parse_slos(args.slo)
     workload = load_workload(args.workload)
+    if args.url:
+        return _bench_url(args, workload, slos)
+    config, resolved, gpu = _config(args)
+    from autotune.backends.factory import make_backend
+
     backend = make_backend(
         args.backend,
-        gpu=args.gpu,
+        gpu=gpu,
         serve_cmd=shlex.split(args.serve_cmd),
         image=args.image,
         noise=noise_model(args.noise),
     )
     result = backend.evaluate(config, workload, slos=slos, seed=args.seed)
+    head = {"backend": args.backend, "model_id": config.model, "gpu": gpu}
+    return _print(
+        args, result, {**head, "workload": workload.name, "num_prompts": workload.num_requests}, resolved
+    )
+
+
+def _bench_url(args: argparse.Namespace, workload: Any, slos: list[Any]) -> int:
+    from autotune.remote import RemoteServer
+
+    server = RemoteServer(args.url)
+    model = args.model or server.served_model()
+    config = EngineConfig(model=model).replace(**parse_settings(args.settings))
+    result = server.measure(config, workload, slos, args.seed)
+    head = {"backend": "url", "server": args.url, "model_id": model, "gpu": args.gpu or "unknown"}
+    # The server's own flags are not autotune's to know: only what --set claims is shown.
+    return _print(
+        args,
+        result,
+        {**head, "workload": workload.name, "num_prompts": workload.num_requests},
+        config.params(),
+    )
+
+
+def _config(args: argparse.Namespace) -> tuple[EngineConfig, dict[str, Any], str]:
+    """The config as `run` builds a trial's (space's fixed flags, then --set), and its resolved flags."""
+    from autotune.sim.hardware import get_gpu
+    from autotune.sim.models import get_model
+    from autotune.space import load_space
+
+    space = load_space(args.space).with_overrides(model=args.model, gpu=args.gpu)
+    config = space.config(parse_settings(args.settings))
+    try:
+        spec = get_gpu(space.gpu)
+        resolved = config.with_vllm_defaults(
+            spec.memory_gib, spec.name, get_model(config.model).max_position_embeddings
+        )
+    except AutotuneError:
+        resolved = config  # outside the catalogs: vLLM fills the unset flags itself
+    return config, resolved.params(), space.gpu
+
+
+def _print(args: argparse.Namespace, result: Any, head: dict[str, Any], resolved: dict[str, Any]) -> int:
     if result.benchmark is None:
+        error = {**head, "config": resolved, "error": str(result.failure), "message": result.message}
+        if args.json:
+            print(json.dumps(error, indent=2, default=str))
         print(f"autotune bench: {result.failure}: {result.message}", file=sys.stderr)
         return 1
-    report = {
-        "backend": args.backend,
-        "model_id": config.model,
-        "gpu": args.gpu,
-        "workload": workload.name,
-        "num_prompts": workload.num_requests,
-        "config": result.info.get("resolved_flags", config.params()),
-        **result.benchmark.to_dict(),
-    }
+    report = {**head, "config": resolved, **result.benchmark.to_dict()}
     if result.failure is not None:
         report["failure"] = str(result.failure)
         report["failure_message"] = result.message
@@ -97,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
 def format_table(report: dict[str, Any]) -> str:
     """A readable summary in the layout of `vllm bench serve`."""
     rows: list[tuple[str, Any]] = [
-        ("Backend / GPU", f"{report['backend']} / {report['gpu']}"),
+        ("Backend / GPU", f"{report.get('server', report['backend'])} / {report['gpu']}"),
         ("Model", report["model_id"]),
         ("Workload", report["workload"]),
         ("Successful requests", report["completed"]),
@@ -126,8 +175,8 @@ def format_table(report: dict[str, Any]) -> str:
     if extras:
         rows.append(("--- Engine ---", ""))
         rows += [(k, report[k]) for k in extras]
-    flags = " ".join(f"{k}={v}" for k, v in report["config"].items())
-    lines = ["=" * 18 + " Serving Benchmark Result " + "=" * 18, f"config: {flags}"]
+    flags = " ".join(f"{k}={v}" for k, v in report["config"].items()) or "(the server's own)"
+    lines = ["=" * 18 + " Serving Benchmark Result " + "=" * 18, f"config (defaults included): {flags}"]
     lines += [f"{name:<42}{value}" if value != "" else f"{name:-^62}" for name, value in rows]
     lines.append("=" * 62)
     return "\n".join(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 HELP = "Serve optuna-dashboard for a run's study on 127.0.0.1 (the URL is printed); Ctrl-C stops it."
 
@@ -22,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.export import load_run
 
     info = load_run(args.run_dir)
+    _write_note(info)
     try:
         server = start_dashboard(info.storage, port=args.port)
     except OSError as exc:
@@ -35,3 +37,18 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         server.stop()
+
+
+def _write_note(info: Any) -> None:
+    """Refresh the study's note and feasibility figure (a study from before they existed gets them)."""
+    import optuna
+
+    from autotune.dashboard import StudyNote
+    from autotune.errors import AutotuneError
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.load_study(study_name=info.study, storage=info.storage)
+    except Exception as exc:  # noqa: BLE001  (missing study or unreachable storage)
+        raise AutotuneError(f"cannot open study {info.study!r} in {info.storage}: {exc}") from exc
+    StudyNote(study, info.meta).update(force=True)

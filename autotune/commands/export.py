@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "Print a run's recommended (or any) config as flags, a command, docker run, vLLM YAML or k8s args."
+HELP = (
+    "Print a run's recommended (or any) config as flags, a command, docker run, vLLM YAML, a k8s pod spec "
+    "or production-stack Helm values."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,7 +18,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN", help="a run folder, e.g. runs/<study>")
     parser.add_argument("--trial", type=int, help="trial number (default: the recommended config)")
     parser.add_argument("--format", default="cmd", choices=FORMATS, help="output format (default cmd)")
-    parser.add_argument("--tag", default="latest", help="vllm/vllm-openai image tag for docker and k8s")
+    parser.add_argument("--tag", default="latest", help="vllm/vllm-openai image tag for docker, k8s, helm")
+    parser.add_argument(
+        "--image", help="container image (default: the one the run was tuned with, else vllm/vllm-openai:TAG)"
+    )
+    parser.add_argument("--secret", default="hf-token", help="k8s/helm: the Secret holding HF_TOKEN")
+    parser.add_argument("--secret-key", default="token", help="k8s/helm: the key of HF_TOKEN in that Secret")
+    parser.add_argument("--replicas", type=int, default=1, help="helm: replicaCount (default 1)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,5 +56,11 @@ def run(args: argparse.Namespace) -> int:
     if not chosen.feasible:
         reason = chosen.failure or "violates the SLOs"
         print(f"autotune export: warning: trial {chosen.number} is not feasible ({reason})", file=sys.stderr)
-    sys.stdout.write(export.render(chosen.engine_config(), args.format, image_tag=args.tag))
+    image = args.image or info.meta.get("image") or f"{export.IMAGE}:{args.tag}"
+    if args.replicas < 1:
+        raise AutotuneError("--replicas must be at least 1")
+    options = export.ExportOptions(
+        image=image, secret=args.secret, secret_key=args.secret_key, replicas=args.replicas
+    )
+    sys.stdout.write(export.render(chosen.engine_config(), args.format, options=options))
     return 0

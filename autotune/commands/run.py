@@ -89,6 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on a noisy backend (a real GPU, or --noise), re-measure the top candidates and the baseline "
         f"with this many other seeds before recommending (default {DEFAULT_REPEATS}; 0: never)",
     )
+    cost = parser.add_argument_group("deployment cost (report)")
+    cost.add_argument(
+        "--target-rate", type=float, help="req/s to serve: replicas and GPUs of the recommendation for it"
+    )
+    cost.add_argument("--gpu-price", type=float, help="$ per GPU-hour: $/Mtok of the recommendation")
     parser.add_argument("--dashboard", action="store_true", help="serve optuna-dashboard during the run")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
 
@@ -103,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
         raise AutotuneError("--parallel must be at least 1")
     if args.repeats < 0:
         raise AutotuneError("--repeats must be at least 0")
+    for name in ("target_rate", "gpu_price"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            raise AutotuneError(f"--{name.replace('_', '-')} must be positive")
     setup = _prepare(args)
     return _execute(args, setup)
 
@@ -150,6 +158,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
         if args.backend == "sim":
             raise
         max_pos = None  # a real model outside the catalog: vLLM checks what needs its context length
+    _check_fits(space)
     gpu_ids = parse_gpus(args.gpus)
     backend = make_backend(
         args.backend,
@@ -190,10 +199,26 @@ def _untuned_for(space: Any, workload: Any) -> tuple[Any, str | None]:
     return space.fix(name, default), note
 
 
+def _check_fits(space: Any) -> None:
+    """A model whose weights do not fit the space's largest TP: one clear error, not N startup failures."""
+    from autotune.errors import AutotuneError
+    from autotune.screen import required_tp
+
+    tp_param = next((p for p in space.params if p.name == "tensor_parallel_size"), None)
+    largest = max(tp_param.grid_values()) if tp_param else int(space.fixed.get("tensor_parallel_size", 1))
+    needed = required_tp(space.model, space.gpu, largest)
+    if needed is not None:
+        raise AutotuneError(
+            f"{space.model} does not fit on one {space.gpu} at tensor_parallel_size {largest}: use tensor "
+            f"parallelism (TP >= {needed}), e.g. --space tp"
+        )
+
+
 def _execute(args: argparse.Namespace, s: _Setup) -> int:
     import optuna
 
     from autotune import report
+    from autotune.dashboard import StudyNote
     from autotune.export import RunInfo
     from autotune.progress import Progress
     from autotune.ray_cluster import ClusterLost
@@ -220,15 +245,19 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
     study = start_study(s.study_name, s.storage, settings, sampler, args.resume, baseline)
     RunInfo(study=s.study_name, storage=s.storage, directory=s.run_dir).save(
-        {**settings.to_dict(), "space": s.space.source, "load": s.workload.load}
+        {**settings.to_dict(), "space": s.space.source, "load": s.workload.load, **_image(args)}
     )
     progress = None if args.quiet else Progress()
     _announce(args, s, executor.describe(), study)
+    if not sim:
+        _print_estimate(args, s, baseline, executor.capacity)
     screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu)
     print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
     if s.untuned:
         print(f"autotune: {s.untuned}", file=sys.stderr)
     dashboard = _start_dashboard(s.storage) if args.dashboard else None
+    context = {**settings.to_dict(), "load": s.workload.load, "simulated": s.backend.simulated}
+    note = StudyNote(study, context)
     tuner = Tuner(
         study,
         s.space,
@@ -245,6 +274,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         progress=progress,
         max_position_embeddings=s.max_position_embeddings,
         screen=screen,
+        on_told=note.update,
     )
     try:
         summary = tuner.run()
@@ -266,35 +296,38 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         return 1
     finally:
         recs = records(study)
+        maximize = [o.maximize for o in s.objectives.objectives]
         out = report.outcome(
             recs,
             s.objectives.names,
-            [o.maximize for o in s.objectives.objectives],
+            maximize,
             settings.slos,
+            context,
+            args.target_rate,
+            args.gpu_price,
             study.user_attrs.get("remeasured"),
         )
         if recs:
             report.write_all(s.run_dir, out)
+            note.update(force=True)
         if dashboard is not None:
             dashboard.stop()
+            print(f"autotune: the dashboard stopped with the run; reopen it: autotune dashboard {s.run_dir}")
         if owns_ray:
             import ray
 
             ray.shutdown()
     print(report.summary_text(out))
-    gpu_hours = sum(r.gpu_seconds for r in recs) / 3600
-    saved_hours = sum(r.gpu_seconds_saved for r in recs) / 3600
     ended = " (timeout)" if summary.timed_out else ""
     converged = " (the sampler converged: it proposed only measured configs)" if summary.converged else ""
     if summary.repeated:
         ended += f"; {summary.repeated} re-measurements of the top configs and the baseline"
+    cost = out.cost.text() if out.cost is not None else ""
     print(
         f"\n{summary.completed} configs measured, {summary.duplicates} duplicate suggestions answered from "
         f"earlier results{converged}, {summary.rejected} suggestions rejected "
         f"before launch ({summary.screened} predicted to fail to start); {summary.told} told this run in "
-        f"{summary.wall_s:.0f} s{ended}; "
-        f"{'simulated ' if sim else ''}GPU time {gpu_hours:.2f} h, {saved_hours:.2f} h more saved by early "
-        f"abort in {sum(r.gpu_seconds_saved > 0 for r in recs)} trials."
+        f"{summary.wall_s:.0f} s{ended}; {cost}"
         f"\nResults: {s.run_dir}/ (trials.csv, pareto.csv, best.json, best.sh, pareto.png, report.html)"
     )
     return 0
@@ -354,9 +387,47 @@ def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> No
     resumed = f", resuming at {len(study.trials)} trials" if args.resume and study.trials else ""
     print(
         f"autotune: study {s.study_name} ({args.backend}: {s.space.model} on {s.space.gpu}, workload "
-        f"{s.workload.name} at {s.workload.load} load, SLO {slos}; {where}; {args.n_trials} trials{resumed})",
+        f"{s.workload.name} at {_load_text(s)}, SLO {slos}; {where}; {args.n_trials} trials{resumed})",
         file=sys.stderr,
     )
+
+
+def _image(args: argparse.Namespace) -> dict[str, str]:
+    """The image a docker run tuned with, for `autotune export` to deploy the same one."""
+    return {"image": args.image} if args.backend == "docker" else {}
+
+
+def _load_text(s: _Setup) -> str:
+    """What a trial measures, in words: without an SLO, capacity is bounded by keeping up alone."""
+    if s.workload.load == "capacity" and not s.slos:
+        return (
+            "capacity load (no SLO: each config's highest rate it keeps up with, served >= 95 % of offered, "
+            "latency unbounded)"
+        )
+    return f"{s.workload.load} load"
+
+
+def _print_estimate(args: argparse.Namespace, s: _Setup, baseline: dict[str, Any], gpus: int) -> None:
+    """Before a real-GPU run: time and GPU-hours, from the baseline trial replayed on the simulator."""
+    from autotune.backends.sim import SimBackend
+    from autotune.cost import estimate_run
+    from autotune.executor import evaluate_trial
+
+    config = s.space.config(baseline)
+    tp = max(1, config.tensor_parallel_size)
+    try:
+        result = evaluate_trial(SimBackend(s.space.gpu), config, s.workload, s.slos, args.seed, (), None)
+    except Exception:  # noqa: BLE001  (an estimate must never stop the run)
+        result = None
+    source = "the baseline config replayed on the simulated engine"
+    estimate = estimate_run(result, args.n_trials, tp, gpus // tp, source) if result else None
+    if estimate is None:
+        print(
+            "autotune: no time estimate (the model or GPU is not in the simulator's catalogs)",
+            file=sys.stderr,
+        )
+    else:
+        print(f"autotune: {estimate.text()}", file=sys.stderr)
 
 
 def _start_dashboard(storage: str) -> Any:

@@ -37,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--gpu", default=None, help="simulated GPU (default: $AUTOTUNE_SIM_GPU or H100)")
+    parser.add_argument(
+        "--max-request-bytes", type=int, default=None, metavar="N", help="larger request bodies get 413"
+    )
+    parser.add_argument(
+        "--request-read-timeout", type=float, default=None, metavar="S",
+        help="a request not read whole within S seconds of its first byte gets 408",
+    )  # fmt: skip
     faults = parser.add_argument_group("fault injection (tests)")
     faults.add_argument(
         "--startup-delay", type=float, default=0.0, metavar="S", help="seconds before serving"
@@ -70,8 +77,19 @@ def run(args: argparse.Namespace) -> int:
         die_after=args.die_after,
         hang_after=args.hang_after,
         debug_timings=args.debug_timings,
+        **_limits(args),
     )
     return serve(config, options)
+
+
+def _limits(args: argparse.Namespace) -> dict[str, int | float]:
+    """The request limits given on the command line (the others keep httpd's defaults)."""
+    limits: dict[str, int | float] = {}
+    if args.max_request_bytes is not None:
+        limits["max_body_bytes"] = args.max_request_bytes
+    if args.request_read_timeout is not None:
+        limits["read_timeout_s"] = args.request_read_timeout
+    return limits
 
 
 def main(argv: list[str] | None = None) -> int:

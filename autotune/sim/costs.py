@@ -19,10 +19,11 @@ from autotune.sim.memory import MAX_CUDA_GRAPH_SIZE
 from autotune.sim.models import ModelSpec
 
 GEMM_EFF = 0.65  # achieved / peak bf16 for large GEMMs (prefill)
+GEMM_HALF_M = 32  # tokens at which a GEMM reaches half of GEMM_EFF (tile and wave quantization)
 ATTN_EFF = 0.45  # FlashAttention prefill achieved / peak
 BW_EFF = 0.80  # achieved / peak HBM bandwidth for weight and KV streaming
-STEP_BASE_S = 1.5e-3  # scheduler + input prep + sampling + output processing per step
-PER_SEQ_S = 5e-6  # per scheduled request (block tables, sampling metadata, detokenize)
+STEP_BASE_S = 2.5e-3  # scheduler + input prep + sampling + output processing per step
+PER_SEQ_S = 30e-6  # per scheduled request: block tables, sampling metadata, output processing
 EAGER_PER_LAYER_S = 30e-6  # kernel-launch cost per layer when the batch exceeds the CUDA-graph sizes
 
 
@@ -69,7 +70,11 @@ class CostModel:
         prefill_pairs: sum over chunks of chunk x (context before + (chunk + 1) / 2) query-key pairs;
         prefill_context: tokens of KV the chunks read (cached prefix + earlier chunks + themselves).
         """
-        gemm = max(num_tokens * self._s_per_token + num_sampled * self._s_per_sampled, self._weights_s)
+        # Small-M GEMMs (decode batches, short chunks) fall short of the large-GEMM efficiency.
+        flops_s = (num_tokens * self._s_per_token + num_sampled * self._s_per_sampled) * (
+            1.0 + GEMM_HALF_M / max(num_tokens, 1)
+        )
+        gemm = max(flops_s, self._weights_s)
         kv_tokens = decode_context + prefill_context
         attn = max(
             prefill_pairs * self._s_per_attn_pair + decode_context * self._s_per_decode_pair,

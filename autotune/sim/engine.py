@@ -18,7 +18,7 @@ recovered at the end from the global step-time array and each request's [first, 
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -27,7 +27,9 @@ import numpy as np
 from autotune.config import EngineConfig
 from autotune.metrics import RequestRecord
 from autotune.sim.costs import CostModel
+from autotune.sim.frontend import FrontendModel
 from autotune.sim.hardware import GpuSpec, get_gpu
+from autotune.sim.kv_pool import BlockPool
 from autotune.sim.memory import MemoryPlan, plan_memory
 from autotune.sim.models import ModelSpec, get_model
 from autotune.sim.noise import StepNoise
@@ -78,7 +80,7 @@ class _Req:
     __slots__ = (
         "rid", "prompt_len", "output_len", "prefix_id", "prefix_blocks", "send_time", "outputs",
         "computed", "blocks", "cached_upto", "gen", "decode_start", "decode_outputs", "finish_step",
-        "segments", "prompt_counted", "seq",
+        "segments", "prompt_counted", "seq", "ready",
     )  # fmt: skip
 
     def __init__(self, request: Request, send_time: float, block_size: int) -> None:
@@ -101,6 +103,7 @@ class _Req:
         self.segments: list[tuple[int, int]] = []  # [first, last] steps of token emission runs
         self.prompt_counted = False
         self.seq = 0  # admission sequence number: running order
+        self.ready = send_time  # when the API server has handed it to the engine core
 
     def key(self, i: int) -> object:
         """Hash of full block i: shared prefix blocks by prefix, the rest unique to the request."""
@@ -111,77 +114,6 @@ class _Req:
     def computed_at(self, step: int) -> int:
         """KV tokens of a decoding request before `step` runs."""
         return self.prompt_len + self.decode_outputs - 1 + (step - self.decode_start)
-
-
-class _BlockPool:
-    """vLLM's KV block pool: free queue in LRU order, ref counts, hash -> block map for cached blocks."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self.num_blocks = num_blocks
-        self.fresh_next = 0  # blocks [fresh_next, num_blocks) were never used: the free queue's head
-        self.free: OrderedDict[int, None] = OrderedDict()  # freed blocks, least recently freed first
-        self.ref = [0] * num_blocks
-        self.hash: list[object | None] = [None] * num_blocks
-        self.cache: dict[object, int] = {}
-
-    @property
-    def num_free(self) -> int:
-        return self.num_blocks - self.fresh_next + len(self.free)
-
-    def allocate(self, n: int) -> list[int]:
-        """n blocks (caller checked num_free); evicts the least recently freed cached blocks."""
-        fresh = min(n, self.num_blocks - self.fresh_next)
-        out = list(range(self.fresh_next, self.fresh_next + fresh))
-        self.fresh_next += fresh
-        for _ in range(n - fresh):
-            bid = self.free.popitem(last=False)[0]
-            h = self.hash[bid]
-            if h is not None:
-                self.hash[bid] = None
-                if self.cache.get(h) == bid:
-                    del self.cache[h]
-            out.append(bid)
-        ref = self.ref
-        for bid in out:
-            ref[bid] = 1
-        return out
-
-    def touch(self, hits: list[int]) -> None:
-        """Take a reference on cached blocks (removing free ones from the free queue)."""
-        for bid in hits:
-            if self.ref[bid] == 0:
-                del self.free[bid]
-            self.ref[bid] += 1
-
-    def release(self, blocks: list[int]) -> None:
-        """Drop a request's references; its tail blocks are freed first so they are evicted first."""
-        ref, free = self.ref, self.free
-        for bid in reversed(blocks):
-            ref[bid] -= 1
-            if ref[bid] == 0:
-                free[bid] = None
-
-    def register(self, req: _Req, upto: int) -> None:
-        """Cache req's full blocks [cached_upto, upto)."""
-        cache, hashes, blocks = self.cache, self.hash, req.blocks
-        for i in range(req.cached_upto, upto):
-            key = req.key(i)
-            if key not in cache:
-                bid = blocks[i]
-                cache[key] = bid
-                hashes[bid] = key
-        req.cached_upto = max(req.cached_upto, upto)
-
-    def lookup(self, req: _Req, max_blocks: int) -> list[int]:
-        """The cached blocks of req's longest cached prefix (at most max_blocks)."""
-        hits = []
-        cache = self.cache
-        for i in range(max_blocks):
-            bid = cache.get(req.key(i))
-            if bid is None:
-                break
-            hits.append(bid)
-        return hits
 
 
 def _by_seq(r: _Req) -> int:
@@ -203,6 +135,7 @@ class SimEngine:
         )
         self.noise = noise  # None: every step takes exactly its modelled time
         self.now = 0.0
+        self.frontend = FrontendModel()
         self.stats = EngineStats()
         self.step_times: list[float] = []  # end time of every step, indexed by step number
         self._bs = self.config.block_size
@@ -213,7 +146,7 @@ class SimEngine:
         self._max_len = self.config.max_model_len
         self._chunked = self.config.enable_chunked_prefill
         self._caching = self.config.enable_prefix_caching
-        self._pool = _BlockPool(self.memory.num_gpu_blocks)
+        self._pool = BlockPool(self.memory.num_gpu_blocks)
         self._waiting: deque[_Req] = deque()
         self._running: dict[int, _Req] = {}  # admission order; the last one is the newest
         self._prefilling: _Req | None = None  # the running request mid-prefill (always the newest)
@@ -224,9 +157,13 @@ class SimEngine:
         self._admitted = 0
 
     # -- public API ------------------------------------------------------------------------------
-    def add_request(self, request: Request) -> None:
-        """Queue a request that arrives now. ValueError (vLLM's HTTP 400 text) if it is too long."""
-        self._enqueue(request, self.now)
+    def add_request(self, request: Request, chat: bool = False, send_time: float | None = None) -> None:
+        """Queue a request sent at `send_time` (default: now) through the API server (`chat`: chat API).
+
+        It joins the first step that starts once the frontend has handed it over (frontend.py).
+        ValueError (vLLM's HTTP 400 text) if it is too long.
+        """
+        self._enqueue(request, self.now if send_time is None else send_time, chat)
 
     def abort_request(self, request_id: int) -> bool:
         """Drop an unfinished request, as vLLM does when its HTTP client disconnects.
@@ -285,7 +222,7 @@ class SimEngine:
         )
 
     # -- internals -------------------------------------------------------------------------------
-    def _enqueue(self, request: Request, send_time: float) -> None:
+    def _enqueue(self, request: Request, send_time: float, chat: bool = False) -> None:
         total = request.prompt_len + request.output_len
         if total > self._max_len:
             raise ValueError(
@@ -293,11 +230,17 @@ class SimEngine:
                 f"{total} tokens ({request.prompt_len} in the messages, {request.output_len} in the "
                 "completion). Please reduce the length of the messages or completion."
             )
-        self._waiting.append(_Req(request, send_time, self._bs))
+        r = _Req(request, send_time, self._bs)
+        r.ready = self.frontend.ready_time(send_time, chat)
+        self._waiting.append(r)
 
     def _step(self, emit: bool) -> StepOutput:
         if not self.has_unfinished():
             return StepOutput(duration=0.0)
+        idle = 0.0
+        if not self._running and self._waiting[0].ready > self.now:
+            idle = self._waiting[0].ready - self.now  # until the API server hands the next request over
+            self.now = self._waiting[0].ready
         step = len(self.step_times)
         running = self._running
         preempted = self._grow_decodes(step)
@@ -338,6 +281,9 @@ class SimEngine:
         )
         if self.noise is not None:
             duration *= self.noise.factor()
+        # The API server streams this step's tokens while the core runs the next one: with many
+        # streams it, not the GPU, sets the pace (frontend.py).
+        duration = max(duration, (num_decode + len(completing)) * self.frontend.per_token_s)
         self.now += duration
         self.step_times.append(self.now)
         # -- effects ------------------------------------------------------------------------------
@@ -364,7 +310,8 @@ class SimEngine:
                 r.outputs = r.output_len
                 finished.append(self._finish(r, step))
         self._update_gauges()
-        return StepOutput(duration=duration, new_tokens=new_tokens if emit else [], finished=finished)
+        # A real-time driver sleeps the idle wait too.
+        return StepOutput(duration=idle + duration, new_tokens=new_tokens if emit else [], finished=finished)
 
     def _grow_decodes(self, step: int) -> bool:
         """Give a new block to every decoding request crossing a block boundary; preempt when short."""
@@ -407,8 +354,11 @@ class SimEngine:
         """Admit waiting requests FCFS; stop at the first that does not fit (head-of-line blocking)."""
         waiting, running, pool, bs = self._waiting, self._running, self._pool, self._bs
         stats = self.stats
+        now = self.now
         while waiting and budget > 0 and len(running) < self._max_seqs:
             r = waiting[0]
+            if r.ready > now:
+                break  # still in the API server
             num_tokens = r.prompt_len + r.outputs
             hits: list[int] = []
             if self._caching:
@@ -522,12 +472,16 @@ def simulate(
     requests: Sequence[Request],
     max_concurrency: int | None = None,
     noise: StepNoise | None = None,
+    api: str | None = None,
 ) -> SimRun:
     """Replay requests as `vllm bench serve` sends them (arrival times, optional concurrency cap).
 
     A request is sent once it has arrived and (with max_concurrency) a slot is free; its record's
-    start_time is that send time, so TTFT excludes the wait for a slot, as in vLLM's client.
+    start_time is that send time, so TTFT excludes the wait for a slot, as in vLLM's client. A finished
+    request's successor is sent when the step that finished it ends, so (as over HTTP) it cannot join
+    the step that starts at that instant. `api` "chat" prices the chat API's extra frontend work.
     """
+    chat = api == "chat"
     engine = SimEngine(config, gpu, noise)
     order = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
     slots = [0.0] * max_concurrency if max_concurrency else None  # times at which slots became free
@@ -545,7 +499,7 @@ def simulate(
                 heapq.heappop(slots)
             i += 1
             try:
-                engine._enqueue(req, send)
+                engine._enqueue(req, send, chat)
             except ValueError as exc:
                 records[req.request_id] = RequestRecord(
                     prompt_len=req.prompt_len, output_len=0, start_time=send, success=False, error=str(exc)

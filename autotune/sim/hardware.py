@@ -59,6 +59,15 @@ _CATALOG: tuple[GpuSpec, ...] = (
         aliases=("H200", "h200-141gb", "h200-sxm"),
     ),
     GpuSpec(
+        name="NVIDIA B200",
+        memory_gib=179.06,
+        bf16_flops=2.25e15,
+        hbm_bytes_per_s=8.0e12,
+        interconnect_bytes_per_s=900e9,
+        interconnect_latency_s=8e-6,
+        aliases=("B200", "b200-180gb"),
+    ),
+    GpuSpec(
         name="NVIDIA A100-SXM4-80GB",
         memory_gib=79.15,
         bf16_flops=312e12,
@@ -102,6 +111,15 @@ _CATALOG: tuple[GpuSpec, ...] = (
         interconnect_bytes_per_s=25e9,
         interconnect_latency_s=30e-6,
         aliases=("A10G", "a10g-24gb"),
+    ),
+    GpuSpec(
+        name="NVIDIA H100 NVL",
+        memory_gib=93.58,  # 95,830 MiB
+        bf16_flops=835e12,
+        hbm_bytes_per_s=3.9e12,
+        interconnect_bytes_per_s=300e9,  # NVLink bridge between pairs (600 GB/s both directions)
+        interconnect_latency_s=8e-6,
+        aliases=("H100-NVL", "h100-nvl-94gb"),
     ),
 )
 

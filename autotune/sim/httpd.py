@@ -11,7 +11,11 @@ What it does: keep-alive connections with requests answered one at a time in ord
 wait their turn), content-length responses, chunked streamed responses, `Connection: close`, HEAD for
 GET routes, `Expect: 100-continue`, flow control (a response whose client reads slowly stops being
 written until the transport drains), an idle keep-alive timeout, and a callback when the client goes
-away mid-response. What it does not do: TLS, HTTP/2, upgrades, streamed request bodies.
+away mid-response. Limits (HttpLimits): a request body larger than `max_body_bytes` is refused with
+413 as soon as its Content-Length (or the chunks read so far) says so, and a request not read whole
+within `read_timeout_s` of its first byte (a slow or half-sent one) gets 408; both answer JSON in
+vLLM's error shape and close the connection, whose state is then unknown. What it does not do: TLS,
+HTTP/2, upgrades, streamed request bodies.
 """
 
 from __future__ import annotations
@@ -32,6 +36,17 @@ import httptools
 KEEP_ALIVE_S = 5.0  # an idle keep-alive connection is closed after this long (uvicorn's default)
 BACKLOG = 2048  # pending connections the kernel queues: a burst of clients must not be refused
 DISPATCH_BATCH = 16  # requests handled per loop iteration before the loop reads sockets again
+MAX_BODY_BYTES = 16 * 1024**2  # a 128k-token prompt as JSON token ids is ~1 MiB
+READ_TIMEOUT_S = 30.0  # from a request's first byte to its last
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one request may cost the server before it is refused."""
+
+    max_body_bytes: int = MAX_BODY_BYTES
+    read_timeout_s: float = READ_TIMEOUT_S
+
 
 log = logging.getLogger("autotune.sim.httpd")
 
@@ -69,14 +84,23 @@ class _Incoming:
     url: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     body: list[bytes] = field(default_factory=list)
+    body_bytes: int = 0
 
 
 class HttpConnection(asyncio.Protocol):
     """One client connection. The handler answers each request with `respond`, or with `start_stream`
     then `send_chunk`, or later after `hold`."""
 
-    def __init__(self, handler: Handler, live: set[HttpConnection], dispatcher: _Dispatcher) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        live: set[HttpConnection],
+        dispatcher: _Dispatcher,
+        limits: HttpLimits = HttpLimits(),
+    ) -> None:
         self._handler = handler
+        self._limits = limits
+        self._read_timer: asyncio.TimerHandle | None = None
         self._live = live  # every open connection, for shutdown
         self._dispatcher = dispatcher
         self._parser = httptools.HttpRequestParser(self)
@@ -103,6 +127,7 @@ class HttpConnection(asyncio.Protocol):
         self.transport = None
         self._live.discard(self)
         self._cancel_idle_timer()
+        self._cancel_read_timer()
         self._queue.clear()
         exchange, self._exchange = self._exchange, None
         if exchange is not None:
@@ -110,6 +135,8 @@ class HttpConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         """Parse what arrived; complete requests are answered from inside the parser's callbacks."""
+        if self.transport is None or self.transport.is_closing():
+            return  # refused (413/408) and closing: what else arrives is not read
         self._read_at = time.perf_counter()
         self._cancel_idle_timer()
         try:
@@ -134,6 +161,10 @@ class HttpConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         """A request starts: stamp when its first bytes were read."""
         self._incoming = _Incoming(read_at=self._read_at)
+        self._cancel_read_timer()
+        self._read_timer = asyncio.get_running_loop().call_later(
+            self._limits.read_timeout_s, self._read_timed_out
+        )
 
     def on_url(self, url: bytes) -> None:
         """Part of the request target (it may come in pieces)."""
@@ -145,17 +176,34 @@ class HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         """Tell a client that waits for it to send the body."""
-        if self._incoming.headers.get("expect", "").lower() == "100-continue":  # type: ignore[union-attr]
+        headers = self._incoming.headers  # type: ignore[union-attr]
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > self._limits.max_body_bytes:
+            self._refuse(
+                413,
+                f"Request body of {int(length)} bytes exceeds the limit of {self._limits.max_body_bytes}.",
+            )
+            return
+        if headers.get("expect", "").lower() == "100-continue":
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
 
     def on_body(self, body: bytes) -> None:
-        """Part of the request body."""
-        self._incoming.body.append(body)  # type: ignore[union-attr]
+        """Part of the request body (a chunked one is refused once it passes the limit)."""
+        incoming = self._incoming
+        if incoming is None or self.transport is None or self.transport.is_closing():
+            return
+        incoming.body_bytes += len(body)
+        if incoming.body_bytes > self._limits.max_body_bytes:
+            self._refuse(413, f"Request body exceeds the limit of {self._limits.max_body_bytes} bytes.")
+            return
+        incoming.body.append(body)
 
     def on_message_complete(self) -> None:
         """Queue the request; the dispatcher answers it between the loop's socket reads (see _Dispatcher)."""
         incoming, self._incoming = self._incoming, None
-        assert incoming is not None
+        self._cancel_read_timer()
+        if incoming is None or self.transport is None or self.transport.is_closing():
+            return  # refused while it was read
         parsed = httptools.parse_url(incoming.url)
         self._queue.append(
             HttpRequest(
@@ -275,6 +323,36 @@ class HttpConnection(asyncio.Protocol):
             )
         self.transport.close()
 
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer a request that cannot be read (413, 408) with vLLM's JSON error, then close."""
+        self._cancel_read_timer()
+        if self.transport is None or self.transport.is_closing():
+            return
+        error = {
+            "error": {
+                "message": message,
+                "type": _reason(status).replace(" ", ""),
+                "param": None,
+                "code": status,
+            }
+        }
+        body = json.dumps(error, separators=(",", ":")).encode()
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n%s" % (status, _reason(status).encode(), len(body), body)
+        )
+        self.transport.close()
+
+    def _read_timed_out(self) -> None:
+        self._read_timer = None
+        if self._incoming is not None:
+            self._refuse(408, f"Request not received within {self._limits.read_timeout_s:g} s.")
+
+    def _cancel_read_timer(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
     def _arm_idle_timer(self) -> None:
         self._cancel_idle_timer()
         loop = asyncio.get_running_loop()
@@ -331,7 +409,7 @@ def _reason(status: int) -> str:
 
 
 async def start_http_server(
-    host: str, port: int, handler: Handler
+    host: str, port: int, handler: Handler, limits: HttpLimits = HttpLimits()
 ) -> tuple[asyncio.Server, set[HttpConnection]]:
     """Listen on (host, port); returns the server and the live set of its open connections.
 
@@ -340,6 +418,6 @@ async def start_http_server(
     loop = asyncio.get_running_loop()
     dispatcher = _Dispatcher(loop)
     server = await loop.create_server(
-        lambda: HttpConnection(handler, live, dispatcher), host, port, backlog=BACKLOG
+        lambda: HttpConnection(handler, live, dispatcher, limits), host, port, backlog=BACKLOG
     )
     return server, live

@@ -86,15 +86,27 @@ def _llama(name: str, layers: int, hidden: int, heads: int, inter: int, **kw: An
     )
 
 
+def _qwen3(name: str, layers: int, hidden: int, heads: int, inter: int, **kw: Any) -> ModelSpec:
+    return _llama(name, layers, hidden, heads, inter, vocab_size=151936, max_position_embeddings=40960, **kw)
+
+
 # Base architectures; "-Instruct" variants share them (Qwen2.5 Instruct configs say 32768 positions).
 _CATALOG: tuple[ModelSpec, ...] = (
     _llama("meta-llama/Llama-3.1-8B", 32, 4096, 32, 14336),
     _llama("meta-llama/Llama-3.1-70B", 80, 8192, 64, 28672),
+    _llama("meta-llama/Llama-3.3-70B", 80, 8192, 64, 28672),
     _llama(
         "Qwen/Qwen2.5-7B", 28, 3584, 28, 18944, num_key_value_heads=4, vocab_size=152064, attention_bias=True
     ),
     _llama("Qwen/Qwen2.5-72B", 80, 8192, 64, 29568, vocab_size=152064, attention_bias=True),
     _llama("mistralai/Mistral-7B-v0.3", 32, 4096, 32, 14336, vocab_size=32768, max_position_embeddings=32768),
+    # Qwen3 dense (config.json on the Hub): head_dim 128 whatever the width, 8 KV heads, 40960 positions.
+    _qwen3("Qwen/Qwen3-0.6B", 28, 1024, 16, 3072, tie_word_embeddings=True),
+    _qwen3("Qwen/Qwen3-1.7B", 28, 2048, 16, 6144, tie_word_embeddings=True),
+    _qwen3("Qwen/Qwen3-4B", 36, 2560, 32, 9728, tie_word_embeddings=True),
+    _qwen3("Qwen/Qwen3-8B", 36, 4096, 32, 12288),
+    _qwen3("Qwen/Qwen3-14B", 40, 5120, 40, 17408),
+    _qwen3("Qwen/Qwen3-32B", 64, 5120, 64, 25600),
 )
 _INSTRUCT_OVERRIDES = {
     "qwen2.5-7b": {"max_position_embeddings": 32768},
@@ -143,6 +155,32 @@ def get_model(name_or_path: str) -> ModelSpec:
     return dataclasses.replace(spec, name=name_or_path)
 
 
+# config.json keys of mixture-of-experts models (Mixtral, Qwen2/3-MoE, DeepSeek, gpt-oss, DBRX ...).
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+
+
+def _refuse_unmodelled(cfg: dict[str, Any], path: Path) -> None:
+    """AutotuneError for a model the dense bf16 cost and memory models would get silently wrong.
+
+    A MoE model reads only its routed experts per token and holds all of them in memory; quantized
+    weights change both the weight bytes and the GEMM speed. Neither is modelled, so refuse.
+    """
+    for key in _MOE_KEYS:
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            raise AutotuneError(
+                f"model config {path} is a mixture-of-experts model ({key}={value}); the simulator models "
+                "dense decoder-only models only"
+            )
+    quant = cfg.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
+        raise AutotuneError(
+            f"model config {path} has quantized weights (quantization_config: {method}); the simulator "
+            "models bf16/fp16 weights only"
+        )
+
+
 def load_config_json(path: Path, name: str | None = None) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face config.json (Llama-like dense models)."""
     try:
@@ -154,6 +192,7 @@ def load_config_json(path: Path, name: str | None = None) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise AutotuneError(f"model config {path} is not a JSON object")
     cfg = {**cfg.get("text_config", {}), **cfg}
+    _refuse_unmodelled(cfg, path)
     try:
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])

@@ -1,0 +1,164 @@
+"""Simulator fidelity: replay published vLLM measurements on the simulator and print the errors.
+
+Reads benchmarks/fidelity_points.yaml (sources, setups, measured values, train/validation split) and
+prints, per point and metric, the simulated value, the measured value and the signed error
+(simulated / measured - 1), then the median |error| per split and metric class (throughput, latency,
+memory). tests/test_fidelity.py bounds the validation medians.
+
+    python benchmarks/fidelity.py [--points benchmarks/fidelity_points.yaml] [--split validation]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from autotune.config import EngineConfig
+from autotune.errors import EngineStartupError
+from autotune.metrics import compute_metrics
+from autotune.sim.costs import CostModel
+from autotune.sim.engine import simulate
+from autotune.sim.hardware import GIB, get_gpu
+from autotune.sim.memory import plan_memory
+from autotune.sim.models import get_model
+from autotune.workload import Request
+
+POINTS = Path(__file__).with_name("fidelity_points.yaml")
+THROUGHPUT = ("request_throughput", "output_throughput", "total_token_throughput")
+CLASSES = ("throughput", "latency", "memory")
+
+
+@dataclass(frozen=True)
+class Error:
+    """One compared metric of one point."""
+
+    point: str
+    split: str
+    metric: str
+    simulated: float
+    measured: float
+
+    @property
+    def signed(self) -> float:
+        """simulated / measured - 1 (for `starts`: 0 when they agree, 1 when not)."""
+        if self.metric == "starts":
+            return float(self.simulated != self.measured)
+        return self.simulated / self.measured - 1.0
+
+    @property
+    def metric_class(self) -> str:
+        """throughput, latency (every *_ms) or memory (KV size, starts)."""
+        if self.metric in THROUGHPUT:
+            return "throughput"
+        return "latency" if self.metric.endswith("_ms") else "memory"
+
+
+def load_points(path: Path = POINTS) -> list[dict[str, Any]]:
+    """The points of the data file."""
+    return list(yaml.safe_load(path.read_text())["points"])
+
+
+def _config(point: dict[str, Any]) -> EngineConfig:
+    return EngineConfig(model=point["model"]).replace(**point.get("flags", {}))
+
+
+def _lengths(spec: Any, n: int, rng: np.random.Generator) -> np.ndarray:
+    if isinstance(spec, int):
+        return np.full(n, spec)
+    mu = np.log(spec["mean"]) - spec["sigma"] ** 2 / 2
+    return np.clip(rng.lognormal(mu, spec["sigma"], n).round(), 4, spec.get("max", 1 << 20)).astype(int)
+
+
+def _requests(point: dict[str, Any]) -> list[Request]:
+    n = int(point["requests"])
+    rng = np.random.default_rng(0)
+    prompts, outputs = _lengths(point["prompt"], n, rng), _lengths(point["output"], n, rng)
+    return [Request(i, int(p), int(o)) for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))]
+
+
+def _memory(point: dict[str, Any]) -> dict[str, float]:
+    gpu, model = get_gpu(point["gpu"]), get_model(point["model"])
+    config = _config(point).with_vllm_defaults(gpu.memory_gib, gpu.name, model.max_position_embeddings)
+    try:
+        plan = plan_memory(config, model, gpu)
+    except EngineStartupError:
+        return {"starts": 0.0, "kv_gib": 0.0}  # a false "cannot start": -100% KV
+    return {"starts": 1.0, "kv_gib": plan.kv_available_bytes / GIB}
+
+
+def _step(point: dict[str, Any]) -> dict[str, float]:
+    gpu, model = get_gpu(point["gpu"]), get_model(point["model"])
+    tp = int(point.get("flags", {}).get("tensor_parallel_size", 1))
+    costs = CostModel(model, gpu, tp, model.kv_bytes_per_token(tp))
+    b = point["batch"]
+    prefill, decode, ctx = int(b["prefill"]), int(b["decode"]), int(b["context"])
+    pairs = prefill * (prefill + 1) / 2
+    seconds = costs.step_time(
+        prefill + decode, decode + (prefill > 0), decode + (prefill > 0), decode * ctx, pairs, prefill
+    )
+    return {"step_ms": seconds * 1000}
+
+
+def _serve(point: dict[str, Any]) -> dict[str, float]:
+    requests = _requests(point)
+    run = simulate(_config(point), point["gpu"], requests, point.get("concurrency"), api=point.get("api"))
+    result = compute_metrics(run.records, run.duration)
+    values = {name: getattr(result, name) for name in THROUGHPUT}
+    for name, stats in result.latency_ms.items():
+        for stat in ("mean", "median"):
+            values[f"{stat}_{name}_ms"] = stats[stat]
+    return values
+
+
+def evaluate(points: Iterable[dict[str, Any]]) -> list[Error]:
+    """Simulate every point; one Error per measured metric."""
+    kinds = {"memory": _memory, "step": _step, "serve": _serve}
+    errors = []
+    for point in points:
+        simulated = kinds[point["kind"]](point)
+        for metric, measured in point["measured"].items():
+            value = simulated.get(metric, float("nan"))
+            errors.append(Error(point["id"], point["split"], metric, value, float(measured)))
+    return errors
+
+
+def medians(errors: Iterable[Error]) -> dict[tuple[str, str], float]:
+    """Median |error| per (split, metric class)."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for e in errors:
+        groups.setdefault((e.split, e.metric_class), []).append(abs(e.signed))
+    return {key: statistics.median(values) for key, values in groups.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the per-point table and the medians."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", type=Path, default=POINTS)
+    parser.add_argument("--split", choices=("train", "validation"), default=None)
+    args = parser.parse_args(argv)
+    points = [p for p in load_points(args.points) if args.split in (None, p["split"])]
+    errors = evaluate(points)
+    print(f"{'point':34} {'split':10} {'metric':20} {'simulated':>11} {'measured':>11} {'error':>8}")
+    for e in errors:
+        print(
+            f"{e.point:34} {e.split:10} {e.metric:20} {e.simulated:11.2f} {e.measured:11.2f} {e.signed:+8.1%}"
+        )
+    print("\nmedian |error| (points within bound)")
+    for (split, cls), value in sorted(medians(errors).items()):
+        group = [e for e in errors if e.split == split and e.metric_class == cls]
+        bound = 0.10 if cls == "throughput" else 0.20
+        within = sum(abs(e.signed) <= bound for e in group)
+        print(f"  {split:10} {cls:10} {value:6.1%}  ({within}/{len(group)} within {bound:.0%})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

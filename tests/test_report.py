@@ -1,0 +1,121 @@
+"""The report's content: the recommendation with its gain record, costs, sizing, flags to know."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+from test_study import OBJECTIVES, build_run, ok
+
+from autotune import report
+from autotune.cost import cost_view, sizing
+from autotune.study import records
+
+MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
+
+
+def three_trials(tmp_path: Path) -> optuna.Study:
+    return build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, ok(4000, 2500, 20)),  # infeasible: TTFT > 2 s
+            ({"max_num_seqs": 256}, ok(4800, 1700, 25)),
+            ({"max_num_seqs": 8}, None),  # fails to start
+        ],
+    )
+
+
+def test_outcome_shows_the_gain_and_says_what_to_know(tmp_path: Path) -> None:
+    recs = records(three_trials(tmp_path / "a"))
+    infeasible_base = report.outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    assert infeasible_base.best is not None and infeasible_base.best.number == 1
+    assert "vLLM's default config is infeasible here (violates the SLOs)" in infeasible_base.flags()
+
+    gain = build_run(
+        tmp_path / "b",
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, ok(4000, 1500, 20)),
+            ({"max_num_seqs": 256}, ok(4800, 1700, 25)),
+        ],
+    )
+    out = report.outcome(records(gain), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    assert out.gain_text() == "output_throughput +20.0 % (interval +20.0 % to +20.0 %, one run each)"
+    assert report.summary_text(out).count("+20.0 % (interval") == 1 and out.flags() == []  # said once
+
+    tie = build_run(
+        tmp_path / "c",
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, ok(4000, 1500, 20)),
+            ({"max_num_seqs": 256}, ok(4020, 1400, 19)),
+        ],
+    )
+    kept = report.outcome(records(tie), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    assert kept.best is not None and kept.best.number == 0  # a 0.5 % gain is a tie: keep the defaults
+    assert kept.flags() == [
+        "the best config found (#1) gains less than the measurement's margin (1.0%): vLLM's defaults are kept"
+    ]
+
+
+def test_cost_view_and_sizing(tmp_path: Path) -> None:
+    recs = records(three_trials(tmp_path))
+    recs[0].gpu_seconds, recs[0].gpu_seconds_saved = 3600.0, 1800.0
+    recs[1].gpu_seconds = 1800.0
+    recs[2].gpu_seconds = 120.0  # a launched config that failed to start
+    screened = report.TrialRecord(**{**recs[2].__dict__, "number": 3, "gpu_seconds": 0.0})
+    screened.user_attrs = {**recs[2].user_attrs, "screened": True, "launched": False}
+    view = cost_view([*recs, screened], simulated=False)
+    assert (view.spent_h, view.saved_abort_h) == (5520 / 3600, 0.5)
+    assert view.saved_screen_h == 120 / 3600  # the median launched startup failure, per screened config
+    assert view.text() == (
+        "GPU time spent 1.53 GPU-h; saved about 0.50 h by early abort (1 trials) and "
+        "0.03 h by screening (1 configs not launched)."
+    )
+    best = recs[1]  # 10 req/s served (fixed load), 480 output tokens per request, TP 1
+    size = sizing(best, target_rate=35.0, gpu_price=2.0)
+    assert size is not None and (size.replicas, size.gpus, size.capacity_known) == (4, 4, False)
+    # 4 GPUs x $2/h for 35 req/s x 480 tokens x 3600 s = 60.48 Mtok/h
+    assert abs(size.usd_per_mtok - 8.0 / 60.48) < 1e-9
+    assert "4 replicas at most (measured at a fixed load" in size.text()
+
+
+def test_numbers_are_written_for_people() -> None:
+    assert [report.fmt_number(v) for v in (12571.3, 95.81, 0.8234, None, 3)] == [
+        "12,571",
+        "95.8",
+        "0.823",
+        "",
+        "3",
+    ]
+
+
+def test_capacity_probes_are_plotted_when_trials_carry_them(tmp_path: Path) -> None:
+    from autotune.plots import plot_probes, top_probed
+
+    recs = records(three_trials(tmp_path))
+    out = report.outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    assert plot_probes(tmp_path / "probes.png", out) is None  # no probes recorded: no figure, no error
+    probes = [
+        {
+            "rate": r,
+            "served_rate": r,
+            "p99_ttft_ms": t,
+            "p99_itl_ms": 20.0,
+            "meets_slos": t <= 2000,
+            "kept_up": True,
+        }
+        for r, t in ((8.0, 300.0), (16.0, 900.0), (32.0, 4000.0), (22.6, 1800.0))
+    ]
+    out.best.user_attrs["info"] = {**out.best.user_attrs.get("info", {}), "capacity_probes": probes}
+    assert top_probed(out) == [out.best]
+    path = plot_probes(tmp_path / "probes.png", out)
+    assert path is not None and path.stat().st_size > 10_000
+    report.write_all(tmp_path, out)
+    assert "capacity probes" in (tmp_path / "report.html").read_text()
+
+
+def test_capacity_probes_survive_the_study_storage(tmp_path: Path) -> None:
+    probes = [{"rate": 8.0, "p99_ttft_ms": 300.0, "meets_slos": True, "failure": None}]
+    result = ok(4000, 1500, 20)
+    result.info = {"capacity_rate": 8.0, "capacity_bracket": [8.0, 8.4], "capacity_probes": probes}
+    (record,) = records(build_run(tmp_path, [({"max_num_seqs": 64, "baseline": True}, result)]))
+    assert record.user_attrs["info"]["capacity_probes"] == probes  # a list of dicts, not its str()
