@@ -15,10 +15,6 @@ from autotune.sim.noise import add_noise_argument, noise_model
 HELP = "Tune vLLM launch flags with Optuna + Ray: SLOs as constraints, Pareto front, ready-to-paste flags."
 DEFAULT_TRIALS = 50
 LOADS = ("workload", "fixed", "capacity")
-SIM_TRIAL_TIMEOUT_S = 600.0
-# A real trial's own limits are the backend's (startup 600 s, benchmark 1800 s); the executor's deadline
-# is the safety net above them.
-REAL_TRIAL_TIMEOUT_S = 2700.0
 DEFAULT_REPEATS = 2  # seeds beyond the first: 3 paired measurements give a gain an interval
 
 
@@ -218,6 +214,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     import optuna
 
     from autotune import report
+    from autotune.commands.run_executor import open_executor
     from autotune.dashboard import StudyNote
     from autotune.export import RunInfo
     from autotune.progress import Progress
@@ -238,7 +235,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
 
     sim = args.backend == "sim"
-    executor, owns_ray = _executor(args, s)
+    executor, owns_ray = open_executor(args, s)
     # The study is created only once the GPUs checked out: a corrected command must not meet a
     # half-made study that asks for --resume.
     s.run_dir.mkdir(parents=True, exist_ok=True)
@@ -331,55 +328,6 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         f"\nResults: {s.run_dir}/ (trials.csv, pareto.csv, best.json, best.sh, pareto.png, report.html)"
     )
     return 0
-
-
-def _executor(args: argparse.Namespace, s: _Setup) -> tuple[Any, bool]:
-    """(executor, whether this run started or joined Ray): in process for a small simulated run (no
-    Ray start, no Ray notices), else Ray tasks on a local cluster or the one at --ray-address."""
-    from autotune.errors import AutotuneError
-    from autotune.executor import Executor
-    from autotune.local_executor import LocalExecutor
-    from autotune.ray_cluster import start_ray
-
-    sim = args.backend == "sim"
-    if sim and args.parallel == 1 and not s.gpu_ids and not args.ray_address:
-        return LocalExecutor(s.backend, s.workload, s.slos), False
-    if args.ray_address and args.gpus and "," in args.gpus:
-        raise AutotuneError(
-            "--gpus with device ids picks devices of this machine; on a Ray cluster Ray assigns them: "
-            "give a count (--gpus 8), the most GPUs in use at once"
-        )
-    uses_gpus = not sim or bool(s.gpu_ids)
-    fake_gpus = None  # the simulator's GPUs are virtual: a local Ray cluster gets that many fake ones
-    if s.backend.simulated and uses_gpus:
-        fake_gpus = len(s.gpu_ids) or 1
-    # A local cluster sees only the --gpus devices (a count N: devices 0..N-1), so Ray assigns those.
-    devices = (s.gpu_ids or None) if uses_gpus else None
-    owns_ray = start_ray(args.ray_address, max(args.parallel, 1), fake_gpus, devices)
-    timeout = args.trial_timeout or (SIM_TRIAL_TIMEOUT_S if sim else REAL_TRIAL_TIMEOUT_S)
-    if s.workload.load == "capacity":
-        from autotune.capacity import MAX_PROBES
-
-        timeout *= MAX_PROBES + 1 if not args.trial_timeout else 1  # the saturation run and every probe
-    try:
-        executor = Executor(
-            s.backend,
-            s.workload,
-            s.slos,
-            uses_gpus=uses_gpus,
-            gpu_cap=len(s.gpu_ids) or None,
-            cpu_slots=args.parallel,
-            trial_timeout_s=timeout,
-        )
-        if uses_gpus and executor.capacity == 0:
-            raise AutotuneError(f"the {args.backend} backend needs GPUs and the Ray cluster has none")
-    except BaseException:
-        if owns_ray:
-            import ray
-
-            ray.shutdown()
-        raise
-    return executor, owns_ray
 
 
 def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> None:
