@@ -2,7 +2,8 @@
 
 Each command module defines HELP (one line), add_arguments(parser) and run(args) -> exit code,
 and keeps heavy imports (optuna, ray...) inside run() so `autotune --help` stays fast.
-User errors (AutotuneError) print one line and exit 2; Ctrl-C exits 130.
+User errors (AutotuneError) print one line and exit 2 (a run stopped by a fault: 1); Ctrl-C and
+SIGTERM exit 130.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from autotune import __version__
 from autotune.errors import AutotuneError
@@ -24,9 +26,16 @@ COMMANDS = {
 }
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (what is wrong, and where the help is), exit 2."""
+
+    def error(self, message: str) -> NoReturn:  # noqa: D102
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="autotune", description="Find the best vLLM launch flags for a model, GPU, workload and SLO."
     )
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
@@ -46,7 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except AutotuneError as exc:
         print(f"autotune {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return int(getattr(exc, "exit_code", 2))
+    except OSError as exc:
+        # The environment failed (a full disk, a folder that went away): one line, not a traceback.
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"autotune {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"autotune {args.command}: interrupted", file=sys.stderr)
         return 130

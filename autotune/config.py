@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,6 +133,46 @@ class EngineConfig:
 
 # The EngineConfig fields that are `vllm serve` flags (all but the model and the pass-through extras).
 ENGINE_FLAGS = tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name not in ("model", "extra"))
+# Flags vLLM takes as integers >= 1 (argparse type=int plus its own positivity checks).
+POSITIVE_INT_FLAGS = (
+    "tensor_parallel_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "max_model_len",
+)
+
+
+def flag_problem(name: str, value: Any) -> str | None:
+    """Why `value` cannot be vLLM's `name` flag (as `vllm serve` would refuse it), or None when it can.
+
+    Only the flags autotune models are checked in depth; any other flag just needs a finite value.
+    """
+    shown = f"{name}={value!r}"
+    if name in POSITIVE_INT_FLAGS:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            return f"{shown}: expected a whole number >= 1"
+    elif name == "gpu_memory_utilization":
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or not 0 < value <= 1:
+            return f"{shown}: expected a fraction in (0, 1]"
+    elif name in BOOL_FLAGS:
+        if not isinstance(value, bool):
+            return f"{shown}: expected true or false"
+    elif name == "kv_cache_dtype":
+        if not isinstance(value, str) or not value:
+            return f"{shown}: expected a dtype name such as auto or fp8"
+    elif isinstance(value, float) and not math.isfinite(value):
+        return f"{shown}: expected a finite number"
+    return None
+
+
+def check_flags(values: dict[str, Any], where: str) -> None:
+    """Raise AutotuneError (one line, prefixed by `where`) on the first value vLLM would refuse."""
+    for name, value in values.items():
+        problem = flag_problem(name, value)
+        if problem:
+            raise AutotuneError(f"{where}: {problem}")
 
 
 def _parse_value(text: str) -> Any:
@@ -143,3 +184,8 @@ def _parse_value(text: str) -> Any:
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
     return text
+
+
+def parse_value(text: str) -> Any:
+    """A flag value as typed on a command line: int, then float, then true/false, else the text."""
+    return _parse_value(text)

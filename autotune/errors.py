@@ -11,3 +11,12 @@ class EngineStartupError(Exception):
     def __init__(self, message: str, kind: str = "invalid_config") -> None:
         super().__init__(message)
         self.kind = kind  # a FailureKind value, see autotune.backends.base
+
+
+class RunFailure(AutotuneError):
+    """A run that stopped on a fault outside the user's input (a locked or full storage, a full disk).
+
+    One line too, ending with how to continue; the exit code is 1, not the usage error's 2.
+    """
+
+    exit_code = 1

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from autotune.atomic import atomic_write_text
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
 
@@ -42,7 +43,7 @@ class RunInfo:
         """Write run.json (the storage URL is a path or URL, never a secret-bearing value we add)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         data = {"study": self.study, "storage": self.storage, **(extra or {})}
-        (self.directory / RUN_FILE).write_text(json.dumps(data, indent=2) + "\n")
+        atomic_write_text(self.directory / RUN_FILE, json.dumps(data, indent=2) + "\n")
 
 
 def load_run(directory: str | Path) -> RunInfo:

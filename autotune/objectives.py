@@ -23,16 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autotune.backends.base import FailureKind, TrialResult
 from autotune.errors import AutotuneError
+from autotune.inputs import read_yaml
 from autotune.metrics import LATENCY_METRICS, PERCENTILES
 from autotune.slo import Slo, parse_slos
 from autotune.steady_state import MAX_BACKLOG_GROWTH
 
 OBJECTIVES_DIR = Path(__file__).resolve().parents[1] / "objectives"
 DIRECTIONS = ("maximize", "minimize")
+FILE_KEYS = ("objectives", "slos", "description")
 FAILED_KEY = "config_failed"
 KEPT_UP_KEY = "load_kept_up"
 # Constraint value of each SLO for a config that produced no benchmark: "100x over every limit", so it
@@ -133,10 +133,7 @@ def load_objectives(path_or_name: str | Path = "default") -> ObjectiveSet:
         path = OBJECTIVES_DIR / f"{path.name}.yaml"
     if not path.is_file():
         raise AutotuneError(f"objectives file not found: {path_or_name}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise AutotuneError(f"objectives {path}: malformed YAML") from exc
+    data = read_yaml(path, "objectives")
     return objectives_from_dict(data, source=str(path))
 
 
@@ -145,6 +142,11 @@ def objectives_from_dict(data: Any, source: str = "<dict>") -> ObjectiveSet:
     if not isinstance(data, dict) or not isinstance(data.get("objectives"), list) or not data["objectives"]:
         raise AutotuneError(
             f"objectives {source}: expected 'objectives:' with a list of {{metric, direction}}"
+        )
+    unknown = sorted(str(k) for k in data if k not in FILE_KEYS)
+    if unknown:
+        raise AutotuneError(
+            f"objectives {source}: unknown key(s) {', '.join(unknown)} (known: {', '.join(FILE_KEYS)})"
         )
     objectives = []
     for item in data["objectives"]:
@@ -159,7 +161,15 @@ def objectives_from_dict(data: Any, source: str = "<dict>") -> ObjectiveSet:
         objectives.append(Objective(metric=item["metric"], direction=item["direction"]))
     if len({o.metric for o in objectives}) != len(objectives):
         raise AutotuneError(f"objectives {source}: a metric is listed twice")
-    slos = parse_slos(data.get("slos") or [])
+    raw_slos = data.get("slos") or []
+    if isinstance(raw_slos, str):
+        raw_slos = [raw_slos]
+    if not isinstance(raw_slos, list) or not all(isinstance(s, str) for s in raw_slos):
+        raise AutotuneError(f"objectives {source}: slos must be a list of SLO strings, e.g. [ttft_p99=2s]")
+    try:
+        slos = parse_slos(raw_slos)
+    except AutotuneError as exc:
+        raise AutotuneError(f"objectives {source}: {exc}") from None
     return ObjectiveSet(objectives=tuple(objectives), slos=tuple(slos), source=source)
 
 

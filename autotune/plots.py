@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.atomic import atomic_path
 from autotune.objectives import metric_label
 from autotune.slo import Slo, parse_slos
 from autotune.study import TrialRecord
@@ -53,7 +54,8 @@ def plot_pairs(path: Path, out: Outcome) -> Path:
     )
     axes[0][0].legend(loc="best", fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
     return path
 
@@ -130,7 +132,8 @@ def plot_probes(path: Path, out: Outcome) -> Path | None:
     axes[0][0].legend(loc="best", fontsize=7)
     fig.suptitle("Capacity probes of the top configs (filled: met the SLOs at that rate)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
     return path
 

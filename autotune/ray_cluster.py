@@ -17,15 +17,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, RunFailure
 
 CONNECT_TIMEOUT_S = 3.0  # an unreachable --ray-address fails in this long, not after Ray's minutes of retries
 DEFAULT_GCS_PORT = 6379
 _NODE_DIED = re.compile(r"Node IP: (?P<ip>[^,\s]+), node ID: (?P<id>[0-9a-f]+)")
 
 
-class ClusterLost(AutotuneError):
-    """The Ray cluster is gone (its head unreachable) or has no GPU left: the run cannot go on."""
+class ClusterLost(RunFailure):
+    """The Ray cluster is gone (its head unreachable) or has no GPU left: the run cannot go on (exit 1)."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.atomic import atomic_write_text
 from autotune.cost import CostView, Sizing, cost_view, sizing
 from autotune.export import render, serve_flags
 from autotune.plots import plot_pairs, plot_probes
@@ -181,10 +182,10 @@ def write_all(run_dir: Path, out: Outcome) -> list[Path]:
     run_dir.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame([_row(r, out) for r in out.records])
     paths = [run_dir / "trials.csv", run_dir / "pareto.csv"]
-    frame.to_csv(paths[0], index=False)
+    atomic_write_text(paths[0], frame.to_csv(index=False))
     front_numbers = {r.number for r in out.front}
     front = frame[frame["trial"].isin(front_numbers)] if len(frame) else frame
-    front.to_csv(paths[1], index=False)
+    atomic_write_text(paths[1], front.to_csv(index=False))
     paths.append(_write_best(run_dir, out))
     if out.best is not None:
         paths.append(_write_best_sh(run_dir, out.best))
@@ -273,19 +274,20 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
         data["sizing"] = dataclasses.asdict(out.sizing)
     if out.cost is not None:
         data["cost"] = dataclasses.asdict(out.cost)
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
     return path
 
 
 def _write_best_sh(run_dir: Path, best: TrialRecord) -> Path:
     path = run_dir / "best.sh"
     command = render(best.engine_config(), "cmd").strip()
-    path.write_text(
+    atomic_write_text(
+        path,
         "#!/bin/sh\n"
         f"# autotune recommendation: trial #{best.number} of {run_dir.name}. Extra args are appended.\n"
-        f'exec {command} "$@"\n'
+        f'exec {command} "$@"\n',
+        mode=0o755,
     )
-    path.chmod(0o755)
     return path
 
 

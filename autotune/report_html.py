@@ -14,6 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from autotune.atomic import atomic_write_text
 from autotune.export import render
 from autotune.objectives import metric_label
 from autotune.progress import short_params
@@ -51,7 +52,7 @@ def write_html(path: Path, out: Outcome) -> Path:
         *sections,
         "</body></html>",
     ]
-    path.write_text("\n".join(s for s in page if s))
+    atomic_write_text(path, "\n".join(s for s in page if s))
     return path
 
 

@@ -46,7 +46,10 @@ class Slo:
 
 
 def parse_slos(texts: str | Iterable[str]) -> list[Slo]:
-    """Parse one or more SLO strings ("ttft_p99=2s,itl_p99=50ms"); raise AutotuneError on bad input."""
+    """Parse one or more SLO strings ("ttft_p99=2s,itl_p99=50ms"); raise AutotuneError on bad input.
+
+    An empty SLO and one SLO given twice are errors: which limit was meant cannot be guessed.
+    """
     if isinstance(texts, str):
         texts = [texts]
     slos: dict[str, Slo] = {}
@@ -54,9 +57,11 @@ def parse_slos(texts: str | Iterable[str]) -> list[Slo]:
         for part in text.split(","):
             part = part.strip().replace(" ", "")
             if not part:
-                continue
+                raise AutotuneError(f"empty SLO in {text!r}: expected e.g. ttft_p99=2s,itl_p99=50ms")
             slo = parse_slo(part)
-            slos[slo.name] = slo  # a later value for the same SLO wins
+            if slo.name in slos:
+                raise AutotuneError(f"SLO {slo.name} given twice ({slos[slo.name]} and {slo}): keep one")
+            slos[slo.name] = slo
     return list(slos.values())
 
 

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from autotune.config import ENGINE_FLAGS, EngineConfig
+from autotune.config import ENGINE_FLAGS, POSITIVE_INT_FLAGS, EngineConfig, flag_problem
 from autotune.errors import AutotuneError
+from autotune.inputs import read_yaml
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -178,6 +178,15 @@ class SearchSpace:
         defaults = resolved.params()
         return {p.name: p.nearest(defaults[p.name]) for p in self.params if p.name in defaults}
 
+    def largest(self, name: str) -> Any:
+        """The largest value flag `name` takes in this space (fixed or tuned), or None when unset."""
+        if name in self.fixed:
+            return self.fixed[name]
+        param = next((p for p in self.params if p.name == name), None)
+        if param is None:
+            return None
+        return max(param.choices) if param.choices else param.high
+
     def grid(self) -> dict[str, list[Any]]:
         """A discrete version of the space for Optuna's GridSampler."""
         return {p.name: p.grid_values() for p in self.params}
@@ -211,12 +220,7 @@ def violations(config: EngineConfig, max_position_embeddings: int | None = None)
 def load_space(path_or_name: str | Path) -> SearchSpace:
     """Read a search-space YAML file (or a bare name from search_spaces/); AutotuneError on bad input."""
     path = _resolve(path_or_name)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise AutotuneError(f"search space {path}: malformed YAML{where}") from exc
+    data = read_yaml(path, "search space")
     if not isinstance(data, dict):
         raise AutotuneError(f"search space {path}: expected a mapping with 'params' (and 'fixed')")
     return space_from_dict(data, source=str(path))
@@ -228,13 +232,17 @@ def space_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> SearchSp
     if unknown_keys:
         raise AutotuneError(f"search space {source}: unknown section(s) {', '.join(sorted(unknown_keys))}")
     raw_params = data.get("params") or {}
-    fixed = dict(data.get("fixed") or {})
+    fixed = data.get("fixed") or {}
+    if not isinstance(fixed, dict):
+        raise AutotuneError(f"search space {source}: 'fixed' must map vLLM flags to values")
+    fixed = dict(fixed)
     if not isinstance(raw_params, dict) or not raw_params:
         raise AutotuneError(f"search space {source}: 'params' must map at least one vLLM flag to its range")
     model = fixed.pop("model", DEFAULT_MODEL)
     gpu = fixed.pop("gpu", DEFAULT_GPU)
-    for name in fixed:
+    for name, value in fixed.items():
         _check_flag(name, source)
+        _check_value(name, value, f"search space {source}: fixed")
     params = tuple(_param(name, spec, source) for name, spec in raw_params.items())
     both = set(fixed) & {p.name for p in params}
     if both:
@@ -263,25 +271,44 @@ def _param(name: str, spec: Any, source: str) -> Param:
         choices = spec.get("choices")
         if not isinstance(choices, list) or not choices or len(set(map(repr, choices))) != len(choices):
             raise AutotuneError(f"{where}: choices must be a non-empty list of distinct values")
+        for choice in choices:
+            _check_value(name, choice, f"search space {source}")
         return Param(name=name, type="categorical", choices=tuple(choices))
-    return _range_param(name, kind, spec, where)
+    param = _range_param(name, kind, spec, where)
+    for value in (param.low, param.high):
+        _check_value(name, int(value) if kind == "int" else value, f"search space {source}")
+    return param
 
 
 def _range_param(name: str, kind: str, spec: Mapping[str, Any], where: str) -> Param:
     low, high, step, log = spec.get("low"), spec.get("high"), spec.get("step"), bool(spec.get("log", False))
     numbers = (int,) if kind == "int" else (int, float)
-    for label, value in (("low", low), ("high", high)):
-        if not isinstance(value, numbers) or isinstance(value, bool):
-            raise AutotuneError(f"{where}: {label} must be {'an integer' if kind == 'int' else 'a number'}")
+    if kind == "float" and name in POSITIVE_INT_FLAGS:
+        raise AutotuneError(f"{where}: vLLM takes a whole number for this flag: use type: int")
+    for label, value in (("low", low), ("high", high), ("step", step)):
+        if value is None and label == "step":
+            continue
+        if not isinstance(value, numbers) or isinstance(value, bool) or not math.isfinite(value):
+            raise AutotuneError(
+                f"{where}: {label} must be {'an integer' if kind == 'int' else 'a finite number'}"
+            )
     if low > high:
         raise AutotuneError(f"{where}: low ({low}) is greater than high ({high})")
-    if step is not None and (not isinstance(step, numbers) or step <= 0):
+    if step is not None and step <= 0:
         raise AutotuneError(f"{where}: step must be a positive {'integer' if kind == 'int' else 'number'}")
+    if step is not None and step > high - low and high > low:
+        raise AutotuneError(f"{where}: step ({step}) is larger than the range {low}..{high}")
     if log and low <= 0:
         raise AutotuneError(f"{where}: a log range needs low > 0")
     if log and step not in (None, 1):
         raise AutotuneError(f"{where}: log and step cannot be combined")
     return Param(name=name, type=kind, low=low, high=high, log=log, step=None if step == 1 and log else step)
+
+
+def _check_value(name: str, value: Any, where: str) -> None:
+    problem = flag_problem(name, value)
+    if problem:
+        raise AutotuneError(f"{where}: {problem}")
 
 
 def _check_flag(name: str, source: str) -> None:

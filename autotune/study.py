@@ -12,7 +12,6 @@ import importlib
 import json
 import re
 import sys
-import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,16 +24,17 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.backends.base import TrialResult
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
+from autotune.lease import fail_stale, refuse_live_driver
 from autotune.objectives import ObjectiveSet, constraints, failed_values, is_feasible
 from autotune.slo import Slo
 from autotune.space import plain_params
+from autotune.storage import check_sqlite_file, connect_storage
+from autotune.storage_url import masked, sqlite_path
 
 SAMPLERS = ("auto", "tpe", "gp", "nsga2", "random", "grid")
 GP_MODULES = ("torch", "scipy.optimize", "scipy.stats")  # what optuna's GPSampler imports when sampling
 LOG_TAIL_CHARS = 2000
 SETTINGS_ATTR = "autotune"
-STORAGE_ATTEMPTS = 3
-STORAGE_RETRY_S = 0.2
 # Two configs whose primary objective is within this fraction are a tie, broken by the next objectives:
 # real measurements vary by a few percent run to run, so a 0.5% "win" is not a reason to pick a config.
 TIE_TOLERANCE = 0.01
@@ -165,26 +165,14 @@ def make_sampler(
     raise AutotuneError(f"unknown sampler {name!r} (use {', '.join(SAMPLERS)})")
 
 
-def connect_storage(
-    storage: str | optuna.storages.BaseStorage, attempts: int = STORAGE_ATTEMPTS
-) -> optuna.storages.BaseStorage:
-    """The storage behind an Optuna storage URL (an object passes through).
-
-    A new SQLite file is given its schema by whoever opens it first; a second process opening it at
-    that moment (a dashboard, a monitoring script) can make that fail once ("UNIQUE constraint failed:
-    alembic_version"), so it is retried before any error counts as a bad --storage.
-    """
-    if not isinstance(storage, str):
-        return storage
-    error: Exception | None = None
-    for attempt in range(attempts):
-        if attempt:
-            time.sleep(STORAGE_RETRY_S)
-        try:
-            return optuna.storages.RDBStorage(storage)
-        except Exception as exc:  # noqa: BLE001  (any storage error is a bad --storage for the user)
-            error = exc
-    raise AutotuneError(f"cannot open storage {storage}: {error.__class__.__name__}: {error}") from error
+def check_not_driven(name: str, storage: str) -> None:
+    """Before anything starts: refuse (one line) to --resume a study another process is running."""
+    path = sqlite_path(storage)
+    if path is not None and not path.is_file():
+        return  # nothing to resume yet (and connecting would create the file)
+    connected = connect_storage(storage, attempts=1)
+    if name in optuna.study.get_all_study_names(connected):
+        refuse_live_driver(optuna.load_study(study_name=name, storage=connected))
 
 
 def open_study(
@@ -193,16 +181,31 @@ def open_study(
     settings: StudySettings,
     sampler: optuna.samplers.BaseSampler,
     resume: bool,
+    results_dir: Path | None = None,
 ) -> optuna.Study:
-    """Create a new study, or resume an existing one with the same settings (stale RUNNING trials failed)."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    where, storage = storage, connect_storage(storage)
+    """Create a new study, or resume an existing one with the same settings.
+
+    Resuming refuses while another process drives the study (autotune.lease) and fails only the
+    trials nobody runs any more. `results_dir` (the run folder): with --resume and no study in the
+    storage, results there mean the study was lost, and nothing is overwritten.
+    """
+    # Errors only: Optuna's warnings are about its internals (a locked SQLite read "falling back to a
+    # slower alternative", multi-line): what the user must know, autotune says in its own one line.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    if isinstance(storage, str):
+        check_sqlite_file(storage, resume)
+    where, storage = masked(str(storage)), connect_storage(storage)
     exists = name in optuna.study.get_all_study_names(storage)
     if exists and not resume:
         raise AutotuneError(
             f"study {name!r} already exists in {where}: add --resume to continue it or pick --study"
         )
     if not exists:
+        if resume and results_dir is not None and (results_dir / "trials.csv").exists():
+            raise AutotuneError(
+                f"no study {name!r} in {where}, but {results_dir} holds its results: the storage was lost "
+                "or moved; nothing was changed (pass its --storage, or remove the folder to start over)"
+            )
         if resume:
             print(f"autotune: no study {name!r} to resume; starting it", file=sys.stderr)
         study = optuna.create_study(
@@ -215,7 +218,8 @@ def open_study(
         return study
     study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     check_resume(study, settings)
-    fail_stale_trials(study)
+    refuse_live_driver(study)
+    fail_stale(study)
     return study
 
 
@@ -226,13 +230,17 @@ def start_study(
     sampler: optuna.samplers.BaseSampler,
     resume: bool,
     baseline: Mapping[str, Any],
+    results_dir: Path | None = None,
 ) -> optuna.Study:
     """`open_study`, then a new study gets `baseline` (vLLM's default config) as its first trial.
 
-    A resumed study already has its baseline (measured, or still queued): it is not enqueued again.
+    A resumed study already has its baseline (measured, or still queued): it is not enqueued again,
+    unless it was interrupted before it was measured.
     """
-    study = open_study(name, storage, settings, sampler, resume)
-    if not study.trials:
+    study = open_study(name, storage, settings, sampler, resume, results_dir)
+    # A baseline interrupted before it was measured (FAIL) is queued again: every result is compared to it.
+    alive = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
+    if not any(t.user_attrs.get("baseline") and t.state in alive for t in study.get_trials(deepcopy=False)):
         study.enqueue_trial(dict(baseline), user_attrs={"baseline": True})
     return study
 
@@ -255,7 +263,10 @@ def check_resume(study: optuna.Study, settings: StudySettings) -> None:
 
 
 def fail_stale_trials(study: optuna.Study) -> int:
-    """Mark trials left RUNNING by an interrupted run as FAIL (their results were never told)."""
+    """Mark this driver's RUNNING trials FAIL (an interrupted run: their results were never told).
+
+    Every RUNNING trial is this driver's: a study has one driver at a time (autotune.lease).
+    """
     stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for trial in stale:
         study._storage.set_trial_user_attr(trial._trial_id, "failure", "interrupted")
@@ -343,12 +354,21 @@ def tell_duplicate(study: optuna.Study, trial: optuna.Trial, original: FrozenTri
 
 
 def records(study: optuna.Study) -> list[TrialRecord]:
-    """Every finished (COMPLETE or FAIL) trial with a config, in trial order."""
+    """Every finished (COMPLETE or FAIL) trial, in trial order.
+
+    A trial that failed before it was told (interrupted, or its driver died) has no `config` attr:
+    its config is the study's model with the params it was given, and its failure "interrupted".
+    """
     out = []
+    model = study.user_attrs.get(SETTINGS_ATTR, {}).get("model", "")
     for t in study.get_trials(deepcopy=False):
-        if t.state not in (TrialState.COMPLETE, TrialState.FAIL) or "config" not in t.user_attrs:
+        if t.state not in (TrialState.COMPLETE, TrialState.FAIL):
             continue
         attrs = t.user_attrs
+        if "config" not in attrs:
+            if t.state != TrialState.FAIL:
+                continue
+            attrs = {"config": {"model": model, **plain_params(t.params)}, "failure": "interrupted", **attrs}
         out.append(
             TrialRecord(
                 number=t.number,
@@ -430,8 +450,10 @@ def _positive(r: TrialRecord, i: int) -> float:
 
 
 def baseline(recs: Sequence[TrialRecord]) -> TrialRecord | None:
-    """The trial of vLLM's default config (the first trial of the study)."""
-    return next((r for r in recs if r.baseline), None)
+    """The trial of vLLM's default config (the first trial of the study; its measured one if the first
+    was interrupted)."""
+    measured = next((r for r in recs if r.baseline and r.state == "COMPLETE"), None)
+    return measured or next((r for r in recs if r.baseline), None)
 
 
 def _jsonable(data: Mapping[str, Any]) -> dict[str, Any]:

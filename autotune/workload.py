@@ -20,10 +20,10 @@ from statistics import NormalDist
 from typing import Any
 
 import numpy as np
-import yaml
 
 import autotune
 from autotune.errors import AutotuneError
+from autotune.inputs import read_yaml
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TRACES = (
@@ -33,6 +33,7 @@ TRACES = (
 LOADS = ("fixed", "capacity")
 DISTS = ("fixed", "uniform", "normal", "lognormal")
 STRATA = 64  # lengths are stratified in blocks of this many requests (see stratified_uniforms)
+MAX_REQUESTS = 1_000_000  # requests per load: a few hundred MB of records, minutes of simulation
 CHARS_PER_TOKEN = 4  # text prompts without a tokenizer: ~4 characters per token (English BPE rule of thumb)
 
 # Independent random streams, so that changing the rate keeps the same lengths and vice versa.
@@ -181,6 +182,8 @@ class TraceSource:
                 rows = list(csv.reader(f))
         except OSError as exc:
             raise AutotuneError(f"cannot read trace {self.path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise AutotuneError(f"trace {self.path} is not a text CSV file") from None
         try:
             # csv.reader + column indexes: DictReader is 3x slower on the 19k-row conv trace
             columns = [rows[0].index(name) for name in ("TIMESTAMP", "ContextTokens", "GeneratedTokens")]
@@ -454,6 +457,8 @@ def read_jsonl(path: Path) -> list[tuple[int, int | None, str | None]]:
         lines = path.read_text().splitlines()
     except OSError as exc:
         raise AutotuneError(f"cannot read JSONL file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise AutotuneError(f"JSONL file {path} is not UTF-8 text") from None
     rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -509,15 +514,7 @@ def prompt_token_ids(request: Request, vocab_size: int = 32000, salt: int = 0) -
 def load_workload(path_or_name: str | Path) -> WorkloadSpec:
     """Load a workload YAML file, or a bundled one by bare name ("chat" -> workloads/chat.yaml)."""
     path = _resolve(path_or_name)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise AutotuneError(f"cannot read workload {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise AutotuneError(f"malformed YAML in {path}{where}: {problem}") from None
+    data = read_yaml(path, "workload")
     if not isinstance(data, dict):
         raise AutotuneError(f"workload {path} must be a YAML mapping of keys to values")
     try:
@@ -566,8 +563,8 @@ def spec_from_dict(
     return WorkloadSpec(
         name=str(data.get("name") or default_name),
         description=str(data.get("description") or ""),
-        num_requests=_positive_int(_required(data, "num_requests"), "num_requests"),
-        seed=_int(data.get("seed", 0), "seed"),
+        num_requests=_bounded(_positive_int(_required(data, "num_requests"), "num_requests"), "num_requests"),
+        seed=_non_negative(_int(data.get("seed", 0), "seed"), "seed"),
         load=str(data.get("load", "fixed")),
         request_rate=_number(data.get("request_rate", math.inf), "request_rate"),
         burstiness=_number(data.get("burstiness", 1.0), "burstiness"),
@@ -654,6 +651,19 @@ def _int(value: Any, what: str) -> int:
     if not math.isfinite(number) or number != int(number):
         raise AutotuneError(f"{what} must be a whole number, got {value!r}")
     return int(number)
+
+
+def _non_negative(number: int, what: str) -> int:
+    if number < 0:
+        raise AutotuneError(f"{what} must be >= 0, got {number}")
+    return number
+
+
+def _bounded(number: int, what: str) -> int:
+    """A count every trial replays in full: more than MAX_REQUESTS would not fit in memory."""
+    if number > MAX_REQUESTS:
+        raise AutotuneError(f"{what} must be <= {MAX_REQUESTS:,}, got {number:,}")
+    return number
 
 
 def _positive_int(value: Any, what: str) -> int:

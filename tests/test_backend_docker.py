@@ -27,12 +27,12 @@ from autotune.backends.docker import (
     LABEL_OWNER_PID,
     LABEL_TRIAL,
     DockerBackend,
-    _pid_alive,
     docker_client,
     reap_orphans,
 )
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
+from autotune.procs import pid_alive
 from autotune.workload import LengthDist, WorkloadSpec
 
 IMAGE = "autotune-sim-test:latest"
@@ -164,12 +164,12 @@ def test_an_owner_that_exited_is_dead_even_before_it_is_reaped() -> None:
     # A worker Ray killed stays a zombie until its parent reaps it: its container is an orphan already.
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 10
-    while _pid_alive(str(child.pid)) and time.monotonic() < deadline:
+    while pid_alive(str(child.pid)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _pid_alive(str(child.pid))
+    assert not pid_alive(str(child.pid))
     assert Path(f"/proc/{child.pid}").exists()  # not reaped yet: a zombie
     child.wait()
-    assert not _pid_alive(str(child.pid)) and _pid_alive(str(os.getpid()))
+    assert not pid_alive(str(child.pid)) and pid_alive(str(os.getpid()))
 
 
 def test_reap_orphans_removes_only_containers_of_dead_owners(docker, sim_image: str) -> None:

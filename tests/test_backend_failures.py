@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from autotune.backends.base import FailureKind
@@ -111,10 +113,10 @@ def test_port_in_use(line: str) -> None:
     assert message == " ".join(line.split())
 
 
-def test_unknown_startup_failure_is_an_error_with_the_last_error_line() -> None:
+def test_unknown_startup_exit_is_a_crash_with_the_exit_code_and_last_error_line() -> None:
     log = vllm_log("RuntimeError: NCCL error: unhandled system error") + "some trailing info line\n"
     kind, message = classify(1, log, STARTUP)
-    assert kind is FailureKind.ERROR
+    assert kind is FailureKind.CRASHED
     assert message == "server exited with code 1: RuntimeError: NCCL error: unhandled system error"
 
 
@@ -159,3 +161,21 @@ def test_secrets_never_reach_logs() -> None:
     assert scrub_args(["vllm", "serve", "m", "--api-key", "s3cret!", "--hf-token=xyz123", "--port", "1"]) == [
         "vllm", "serve", "m", "--api-key", "***", "--hf-token=***", "--port", "1",
     ]  # fmt: skip
+
+
+def test_docker_engine_lost_mid_trial_is_a_classified_crash(tmp_path: Path) -> None:
+    """The SDK against an engine that does not answer (a refused socket): the trial is `crashed` with
+    Docker's exit status 125 and why, and stopping it does not raise (the next start reaps it)."""
+    import docker
+
+    from autotune.backends.docker import ENGINE_LOST_EXIT_CODE, _Container
+
+    client = docker.DockerClient(base_url="tcp://127.0.0.1:9", version="1.41", timeout=2)
+    handle = _Container(
+        client.containers.prepare_model({"Id": "0" * 64}), "http://127.0.0.1:9", tmp_path / "s.log", 1
+    )
+    assert handle.exit_code() == ENGINE_LOST_EXIT_CODE
+    kind, message = classify(handle.exit_code(), handle.log_text(), BENCHMARK)
+    assert kind is FailureKind.CRASHED
+    assert message.startswith("server exited with code 125") and "Docker engine lost mid-trial" in message
+    handle.stop()

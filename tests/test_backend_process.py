@@ -292,7 +292,7 @@ def test_environment_gpu_pinning_and_no_secrets_in_results(tmp_path: Path) -> No
     result = ProcessBackend(
         "L40S", serve_cmd=(sys.executable, "-c", probe), env={"HF_TOKEN": secret}
     ).evaluate(CONFIG, WORKLOAD, gpu_ids=(2, 3), trial_dir=tmp_path)
-    assert result.failure is FailureKind.ERROR
+    assert result.failure is FailureKind.CRASHED
     assert result.message.startswith("server exited with code 3")
     assert "CVD=2,3 GPU=L40S ***" in result.log_tail
     assert f"args: {CONFIG.model} --tensor-parallel-size 1" in result.log_tail

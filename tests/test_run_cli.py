@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 
 from autotune.cli import main
 from autotune.export import load_run, parse_command
+from autotune.storage_url import run_storage
 
 SIM_SERVER = f"{sys.executable} -m autotune.cli sim-server"
 
@@ -102,7 +103,7 @@ def test_parallel_run_is_consistent_and_writes_results(
     for name in ("study.db", "trials.csv", "pareto.csv", "best.json", "best.sh", "pareto.png", "report.html"):
         assert (run_dir / name).stat().st_size > 0, name
     info = load_run(run_dir)
-    study = optuna.load_study(study_name=info.study, storage=info.storage)
+    study = optuna.load_study(study_name=info.study, storage=run_storage(info))
     trials = study.get_trials()
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     counted = [

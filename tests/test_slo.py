@@ -19,10 +19,13 @@ def test_parse_units_stats_and_repeats() -> None:
     ]
     assert [s.key for s in slos] == ["p99_ttft_ms", "p99_itl_ms", "mean_tpot_ms", "p90_e2el_ms"]
     assert str(slos[0]) == "ttft_p99=2s" and str(slos[1]) == "itl_p99=50ms"
-    # a later value for the same SLO wins; spaces and case are tolerated
-    again = parse_slos("TTFT_P99 = 2s, ttft_p99=1s")
-    assert len(again) == 1 and again[0].limit_ms == 1000.0
+    # spaces and case are tolerated; the same SLO twice is an error (which limit was meant?)
+    again = parse_slos("TTFT_P99 = 2s, itl_p99=1s")
+    assert len(again) == 2 and again[0].limit_ms == 2000.0
     assert parse_slos([]) == []
+    for bad in ("ttft_p99=2s,ttft_p99=1s", "ttft_p99=2s,", ""):
+        with pytest.raises(AutotuneError):
+            parse_slos(bad)
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ class FailureKind(StrEnum):
     STARTUP_TIMEOUT = "startup_timeout"  # /health never answered in time
     BENCHMARK_TIMEOUT = "benchmark_timeout"  # the load did not finish in time
     PORT_IN_USE = "port_in_use"
+    REQUESTS_FAILED = "requests_failed"  # the server answered some requests with an error (e.g. too long)
     EARLY_ABORT = "early_abort"  # stopped early: the SLOs could no longer be met (partial metrics kept)
     ERROR = "error"  # anything else
 
@@ -59,6 +60,12 @@ class TrialResult:
     def gpu_seconds(self) -> float:
         """Device time this trial cost, per GPU."""
         return self.startup_s + self.benchmark_s
+
+
+def requests_failed_message(failed: Sequence[Any], total: int) -> str:
+    """One line for a run where requests failed: how many, and the first error (the server's words)."""
+    first = " ".join(str(getattr(failed[0], "error", "") or "no answer").split())[:300]
+    return f"{len(failed)} of {total} requests failed: {first}"
 
 
 class Session(Protocol):

@@ -18,9 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import Backend
-from autotune.backends.server import LaunchError, ServerSession, TrialLimits, scrub_args, server_session
+from autotune.backends.server import (
+    LaunchError,
+    ServerSession,
+    TrialLimits,
+    scrub,
+    scrub_args,
+    secret_args,
+    server_session,
+)
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
+from autotune.procs import pid_alive
 
 CONTAINER_PORT = 8000
 CONTAINER_HF_CACHE = "/root/.cache/huggingface"
@@ -29,6 +38,8 @@ LABEL_OWNER_PID = "autotune.owner_pid"
 LABEL_OWNER_HOST = "autotune.owner_host"
 PASSED_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE")
 LOG_FETCH_LINES = 2000  # lines fetched from the engine while the container runs
+ENGINE_LOST_EXIT_CODE = 125  # Docker's own exit status for "the daemon failed" (docker run)
+REAPED_STATES = ("exited", "dead")
 
 
 def docker_client() -> Any:
@@ -90,13 +101,16 @@ class DockerBackend(Backend):
         """A container for `config`, for one or more measurements (see autotune.backends.server)."""
         client = self.preflight()
         try:
+            reap_orphans(client)  # containers of dead owners, or of an earlier trial the engine lost
 
             def launch(port: int, log_path: Path) -> _Container:
                 return self._launch(client, config, port, gpu_ids, log_path)
 
-            info = {"image": self.image, "command": scrub_args(self.command(config, CONTAINER_PORT))}
+            command = self.command(config, CONTAINER_PORT)
+            info = {"image": self.image, "command": scrub_args(command)}
             env = {**os.environ, **(self.env or {})}
-            with server_session(launch, config, self._limits, trial_dir, info, env) as session:
+            secrets = secret_args(command)
+            with server_session(launch, config, self._limits, trial_dir, info, env, secrets) as session:
                 yield session
         finally:
             client.close()
@@ -125,7 +139,8 @@ class DockerBackend(Backend):
             container = client.containers.create(self.image, self.command(config, inside_port), **options)
         except docker.errors.APIError as exc:
             raise LaunchError(_first_line(exc)) from exc
-        handle = _Container(container, f"http://127.0.0.1:{port}", log_path, self.stop_grace_s)
+        scrubbing = ({**os.environ, **(self.env or {})}, secret_args(self.command(config, port)))
+        handle = _Container(container, f"http://127.0.0.1:{port}", log_path, self.stop_grace_s, scrubbing)
         try:
             container.start()
         except docker.errors.APIError as exc:
@@ -174,12 +189,21 @@ class DockerBackend(Backend):
 class _Container:
     """A running container (the ServerHandle of the `docker` backend)."""
 
-    def __init__(self, container: Any, base_url: str, log_path: Path, grace_s: float) -> None:
+    def __init__(
+        self,
+        container: Any,
+        base_url: str,
+        log_path: Path,
+        grace_s: float,
+        scrubbing: tuple[Mapping[str, str], Sequence[str]] = ({}, ()),
+    ) -> None:
         self.container = container
+        self.scrubbing = scrubbing  # (environment, secret flag values): masked in the saved log
         self.base_url = base_url
         self.log_path = log_path
         self.grace_s = grace_s
         self._stopped = False
+        self.engine_lost = ""  # why the Docker engine stopped answering mid-trial, once it did
 
     def exit_code(self) -> int | None:
         import docker
@@ -188,21 +212,28 @@ class _Container:
             self.container.reload()
         except docker.errors.NotFound:
             return -9  # removed behind our back: as good as killed
+        except _engine_errors() as exc:
+            # The daemon went away (restart, crash): the trial is lost; its container is reaped at the
+            # next session's start (reap_orphans), if the daemon kept it.
+            self.engine_lost = _first_line(exc)
+            return ENGINE_LOST_EXIT_CODE
         if self.container.status in ("exited", "dead"):
             return int(self.container.attrs["State"]["ExitCode"])
         return None
 
     def log_text(self) -> str:
         if self._stopped:
-            return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return self._fetch_logs(tail=LOG_FETCH_LINES)
+            text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        else:
+            text = self._fetch_logs(tail=LOG_FETCH_LINES)
+        if self.engine_lost:
+            text += f"\nERROR autotune: Docker engine lost mid-trial: {self.engine_lost}\n"
+        return text
 
     def _fetch_logs(self, tail: int | str = "all") -> str:
-        import docker
-
         try:
             return self.container.logs(stdout=True, stderr=True, tail=tail).decode("utf-8", errors="replace")
-        except docker.errors.APIError:
+        except _engine_errors():
             return ""
 
     def stop(self) -> None:
@@ -212,12 +243,13 @@ class _Container:
         import docker
 
         try:
-            # Already gone or exited: remove(force=True) below settles it.
-            with contextlib.suppress(docker.errors.APIError):
+            # Already gone or exited: remove(force=True) below settles it; an engine that is gone
+            # cannot stop it (reap_orphans removes it at the next start).
+            with contextlib.suppress(docker.errors.APIError, *_engine_errors()):
                 self.container.stop(timeout=int(self.grace_s))
-            self.log_path.write_text(self._fetch_logs())
+            self.log_path.write_text(scrub(self._fetch_logs(), *self.scrubbing))
         finally:
-            with contextlib.suppress(docker.errors.APIError):
+            with contextlib.suppress(docker.errors.APIError, *_engine_errors()):
                 self.container.remove(force=True)
             self._stopped = True
 
@@ -225,8 +257,10 @@ class _Container:
 def reap_orphans(client: Any = None) -> int:
     """Remove autotune containers on this host whose owner process is dead; returns how many.
 
-    The executor calls this after force-cancelling a trial: the killed worker could not stop its
-    container. Containers of live owners (other running studies) are left alone.
+    The executor calls this after force-cancelling a trial (the killed worker could not stop its
+    container), and each session at its start: also this process's own exited containers, which a
+    trial whose Docker engine was lost mid-run could not remove. Containers of live owners (other
+    running studies) are left alone.
     """
     import docker
 
@@ -235,7 +269,13 @@ def reap_orphans(client: Any = None) -> int:
     host = socket.gethostname()
     for container in client.containers.list(all=True, filters={"label": LABEL_OWNER_PID}):
         labels = container.labels
-        if labels.get(LABEL_OWNER_HOST, host) != host or _pid_alive(labels.get(LABEL_OWNER_PID, "")):
+        if labels.get(LABEL_OWNER_HOST, host) != host:
+            continue
+        owner = labels.get(LABEL_OWNER_PID, "")
+        # This process's own containers are running trials unless they already exited: one whose
+        # stop failed (the engine was lost mid-trial) is left over.
+        mine_and_done = owner == str(os.getpid()) and container.status in REAPED_STATES
+        if pid_alive(owner) and not mine_and_done:
             continue
         try:
             container.remove(force=True)
@@ -245,28 +285,12 @@ def reap_orphans(client: Any = None) -> int:
     return removed
 
 
-def _pid_alive(text: str) -> bool:
-    """Whether the process `text` names runs. A zombie does not: a worker Ray killed stays one until
-    its parent reaps it, which on a busy machine can be after the executor looks."""
-    try:
-        pid = int(text)
-    except ValueError:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    if not Path("/proc/self/stat").exists():
-        return True  # no /proc (not Linux): os.kill said it exists
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False  # reaped since
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
+def _engine_errors() -> tuple[type[BaseException], ...]:
+    """What the SDK raises when the engine does not answer (refused socket, daemon restarting)."""
+    import docker
+    import requests
+
+    return (docker.errors.DockerException, requests.exceptions.RequestException)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -74,7 +74,9 @@ def classify(exit_code: int | None, log_text: str, phase: str) -> tuple[FailureK
     detail = _last_error_line(log_text)
     exit_text = describe_exit(exit_code)
     message = f"{exit_text}: {detail}" if detail else exit_text
-    kind = FailureKind.ERROR if phase == STARTUP else FailureKind.CRASHED
+    # A server that exited (at startup too, e.g. at once) crashed, with its exit code in the message;
+    # without an exit code (the launcher failed) it is an error.
+    kind = FailureKind.CRASHED if exit_code is not None or phase != STARTUP else FailureKind.ERROR
     return kind, _one_line(message)
 
 

@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -17,11 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import Backend
-from autotune.backends.server import ServerSession, TrialLimits, read_tail, scrub_args, server_session
+from autotune.backends.server import (
+    ServerSession,
+    TrialLimits,
+    read_tail,
+    scrub,
+    scrub_args,
+    secret_args,
+    server_session,
+)
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+COPIER_JOIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -68,8 +78,10 @@ class ProcessBackend(Backend):
         def launch(port: int, log_path: Path) -> _ServerProcess:
             return self._launch(config, port, gpu_ids, log_path)
 
-        info = {"command": scrub_args(self.command(config, port=0))}
-        return server_session(launch, config, self._limits, trial_dir, info, self._environment(gpu_ids))
+        command = self.command(config, port=0)
+        info = {"command": scrub_args(command)}
+        env = self._environment(gpu_ids)
+        return server_session(launch, config, self._limits, trial_dir, info, env, secret_args(command))
 
     def command(self, config: EngineConfig, port: int) -> list[str]:
         """The server's argument list (never a shell string)."""
@@ -88,31 +100,44 @@ class ProcessBackend(Backend):
     ) -> _ServerProcess:
         env = self._environment(gpu_ids)
         args = self.command(config, port)
-        with log_path.open("wb") as log:
-            # The devices the trial was pinned to (the ones Ray assigned), first thing in the log.
-            pinned = f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} " if gpu_ids else ""
-            log.write(f"# autotune: {pinned}{' '.join(scrub_args(args))}\n".encode())
-            log.flush()
-            popen = subprocess.Popen(
-                args,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # its own process group: one killpg reaches vLLM's workers too
-                preexec_fn=_die_with_parent(os.getpid()),
-            )
-        return _ServerProcess(popen, f"http://127.0.0.1:{port}", log_path, self.stop_grace_s)
+        # The devices the trial was pinned to (the ones Ray assigned), first thing in the log.
+        pinned = f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} " if gpu_ids else ""
+        log_path.write_text(f"# autotune: {pinned}{' '.join(scrub_args(args))}\n")
+        popen = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,  # copied to the log with secrets masked (a server may echo them)
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own process group: one killpg reaches vLLM's workers too
+            preexec_fn=_die_with_parent(os.getpid()),
+        )
+        copier = threading.Thread(
+            target=_copy_scrubbed,
+            args=(popen.stdout, log_path, env, secret_args(args)),
+            name=f"server-log-{popen.pid}",
+            daemon=True,
+        )
+        copier.start()
+        return _ServerProcess(popen, f"http://127.0.0.1:{port}", log_path, self.stop_grace_s, copier)
 
 
 class _ServerProcess:
     """A running server process group (the ServerHandle of the `vllm` backend)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], base_url: str, log_path: Path, grace_s: float) -> None:
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        base_url: str,
+        log_path: Path,
+        grace_s: float,
+        copier: threading.Thread | None = None,
+    ) -> None:
         self.popen = popen
         self.base_url = base_url
         self.log_path = log_path
         self.grace_s = grace_s
+        self.copier = copier
 
     def exit_code(self) -> int | None:
         return self.popen.poll()
@@ -131,6 +156,16 @@ class _ServerProcess:
             # Always: workers the leader left behind in its group die too, even on a second Ctrl-C.
             _signal_group(self.popen.pid, signal.SIGKILL)
             self.popen.wait()
+            if self.copier is not None:
+                self.copier.join(timeout=COPIER_JOIN_S)  # the log's last lines (the pipe is at EOF)
+
+
+def _copy_scrubbed(stream: Any, log_path: Path, env: Mapping[str, str], secrets: Sequence[str]) -> None:
+    """Append the server's output to its log line by line, with secrets masked, until it closes."""
+    with stream, log_path.open("ab") as log:
+        for line in iter(stream.readline, b""):
+            log.write(scrub(line.decode("utf-8", errors="replace"), env, secrets).encode())
+            log.flush()  # the log is read while the server runs (classification, tails)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

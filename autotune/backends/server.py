@@ -27,12 +27,13 @@ from typing import Any, Protocol
 
 import httpx
 
-from autotune.backends.base import FailureKind, TrialResult
+from autotune.backends.base import FailureKind, TrialResult, requests_failed_message
 from autotune.backends.failures import BENCHMARK, STARTUP, classify
 from autotune.config import EngineConfig
 from autotune.metrics import GOODPUT_METRICS, BenchmarkResult
 from autotune.slo import Slo
 from autotune.steady_state import LOAD_KEYS, load_kind, measure_window
+from autotune.storage_url import masked
 
 LOG_NAME = "server.log"
 LOG_TAIL_LINES = 40
@@ -45,7 +46,15 @@ WARMUP_PROMPT_LEN = 16
 WARMUP_OUTPUT_LEN = 4
 WARMUP_REQUEST_ID = 2**31 - 1  # with its own salt too, its prompt shares nothing with any load's
 _IN_SERVER_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
-_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+# Environment variables whose values are secrets (HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY...).
+_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+# Flags whose values are secrets: vLLM's --api-key, Hugging Face's --hf-token / --token, passwords.
+# Not every flag with TOKEN in its name: --max-num-batched-tokens is what autotune tunes.
+_SECRET_FLAG = re.compile(
+    r"^--?(?:[\w-]*[-_])?(?:api[-_]key|hf[-_]token|token|auth[-_]token|secret|secret[-_]key|password|passwd)$",
+    re.IGNORECASE,
+)
+MIN_SECRET_CHARS = 6  # shorter values ("1", "true") would mask innocent text everywhere
 
 
 class ServerHandle(Protocol):
@@ -100,18 +109,20 @@ def server_session(
     trial_dir: Path | None,
     info: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    secrets: Sequence[str] = (),
 ) -> Iterator[ServerSession]:
     """A server started by `launch` for `config`, for measurements (the Session of the real backends).
 
     Never raises for a bad config: a failed start is the first measurement's result. The server is
     stopped on exit whatever happened (failure, Ctrl-C: KeyboardInterrupt stops it and propagates).
-    `env` is the server's environment: values of its secret variables never reach a result.
+    `env` is the server's environment: values of its secret variables never reach a result, nor do
+    `secrets` (the values of secret flags in its command, see `secret_args`).
     """
     with _log_dir(trial_dir) as log_dir:
         info = dict(info or {})
         if trial_dir is not None:
             info["server_log"] = str(log_dir / LOG_NAME)
-        session = ServerSession(launch, config, limits, log_dir / LOG_NAME, info, env)
+        session = ServerSession(launch, config, limits, log_dir / LOG_NAME, info, env, secrets)
         try:
             session.start()
             yield session
@@ -134,6 +145,7 @@ class ServerSession:
         log_path: Path,
         info: Mapping[str, Any],
         env: Mapping[str, str] | None,
+        secrets: Sequence[str] = (),
     ) -> None:
         self.config = config
         self.limits = limits
@@ -141,6 +153,7 @@ class ServerSession:
         self._log_path = log_path
         self._info = dict(info)
         self._env = env
+        self._secrets = tuple(secrets)
         self._handle: ServerHandle | None = None
         self._failure: TrialResult | None = None  # once set, the server is unusable (see `alive`)
         self._startup_s = 0.0  # reported by the first measurement only
@@ -207,10 +220,10 @@ class ServerSession:
             result.info.update({k: benchmark.server.pop(k) for k in LOAD_KEYS if k in benchmark.server})
         if failure is not None:
             result.failure = failure.kind
-            result.message = scrub(failure.message, self._env)
+            result.message = scrub(failure.message, self._env, self._secrets)
             result.benchmark = failure.benchmark
             log = self._handle.log_text() if self._handle is not None else failure.message
-            result.log_tail = scrub("\n".join(log.splitlines()[-LOG_TAIL_LINES:]), self._env)
+            result.log_tail = scrub("\n".join(log.splitlines()[-LOG_TAIL_LINES:]), self._env, self._secrets)
         return result
 
     def stop(self) -> None:
@@ -365,10 +378,10 @@ def _judge(
             return _Failure(
                 kind, f"{message} ({len(failed)} of {len(load.records)} requests failed)", metrics
             )
-        if not metrics.completed:
-            return _Failure(
-                FailureKind.ERROR, f"all {len(failed)} requests failed: {failed[0].error}", metrics
-            )
+        # A run where the server refused requests is never feasible (the others' metrics look fine).
+        return _Failure(
+            FailureKind.REQUESTS_FAILED, requests_failed_message(failed, len(load.records)), metrics
+        )
     if load.aborted:
         from autotune.early_abort import abort_savings
 
@@ -547,28 +560,45 @@ def free_port() -> int:
 
 
 def secret_values(env: Mapping[str, str] | None = None) -> list[str]:
-    """Values of secret-looking variables (…TOKEN, …KEY, …SECRET) that must never reach logs or results."""
+    """Values of secret-named environment variables (HF_TOKEN, OPENAI_API_KEY, ...SECRET, ...PASSWORD)."""
     env = os.environ if env is None else env
-    return [v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= 6]
+    return [v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= MIN_SECRET_CHARS]
 
 
-def scrub(text: str, env: Mapping[str, str] | None = None) -> str:
-    """`text` with the values of secret environment variables replaced by ***."""
-    for value in secret_values(env):
+def secret_args(args: Sequence[str]) -> list[str]:
+    """Values of the known secret flags in a command line (`--api-key X`, `--hf-token=X`)."""
+    values = []
+    for i, arg in enumerate(args):
+        name, eq, inline = arg.partition("=")
+        if not _SECRET_FLAG.match(name):
+            continue
+        value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+        if len(value) >= MIN_SECRET_CHARS:
+            values.append(value)
+    return values
+
+
+def scrub(text: str, env: Mapping[str, str] | None = None, secrets: Sequence[str] = ()) -> str:
+    """`text` with secrets replaced by ***: values of secret environment variables (of `env`, default
+    this process's), the given `secrets` (e.g. `secret_args` of the server's command), and URL passwords."""
+    for value in sorted({*secret_values(env), *secrets}, key=len, reverse=True):
         text = text.replace(value, "***")
-    return text
+    return masked(text)
 
 
 def scrub_args(args: Sequence[str]) -> list[str]:
-    """A command line with the values of secret-looking flags (--api-key X, --hf-token=X) hidden."""
+    """A command line with the values of known secret flags (--api-key X, --hf-token=X) hidden.
+
+    Only flags that carry secrets are: `--max-num-batched-tokens 8192` is the flag autotune tunes.
+    """
     out: list[str] = []
     hide_next = False
     for arg in args:
+        name, eq, _ = arg.partition("=")
         if hide_next:
             out.append("***")
             hide_next = False
-        elif arg.startswith("--") and _SECRET_NAME.search(arg):
-            name, eq, _ = arg.partition("=")
+        elif _SECRET_FLAG.match(name):
             out.append(f"{name}=***" if eq else arg)
             hide_next = not eq
         else:

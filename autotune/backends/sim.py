@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import Backend, FailureKind, TrialResult
+from autotune.backends.base import Backend, FailureKind, TrialResult, requests_failed_message
 from autotune.backends.server import TrialLimits
 from autotune.config import EngineConfig
 from autotune.early_abort import replay_abort_time
@@ -149,9 +149,14 @@ class SimSession:
             load_kind(requests, workload.max_concurrency),
         )
         info = {**_info(self._resolved, run), **load_info}
+        failed = [r for r in run.records if not r.success]
         return TrialResult(
             config=self.config,
             benchmark=benchmark,
+            # vLLM answers a request it cannot serve (longer than max_model_len) with an error: such a
+            # run is never feasible, whatever the metrics of the requests that did run say.
+            failure=FailureKind.REQUESTS_FAILED if failed else None,
+            message=requests_failed_message(failed, len(run.records)) if failed else "",
             log_tail=self._log_tail,
             startup_s=startup_s,
             benchmark_s=spent_s,

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from typing import Any
 
 from autotune.backends.factory import BACKENDS
-from autotune.config import ENGINE_FLAGS, EngineConfig, _parse_value
+from autotune.config import ENGINE_FLAGS, EngineConfig, check_flags, parse_value
 from autotune.errors import AutotuneError
+from autotune.inputs import add_startup_timeout
 from autotune.sim.noise import add_noise_argument, noise_model
 
 HELP = "Benchmark one vLLM config on one workload (simulated by default) and print the metrics."
@@ -46,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--serve-cmd", default="vllm serve", help="vllm backend: the server command")
     parser.add_argument("--image", default="vllm/vllm-openai:latest", help="docker backend: the image")
+    add_startup_timeout(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_noise_argument(parser)
 
@@ -60,7 +61,8 @@ def parse_settings(settings: list[str]) -> dict[str, Any]:
             raise AutotuneError(f"bad --set {item!r}: expected NAME=VALUE, e.g. max_num_seqs=256")
         if name not in TUNABLE:
             raise AutotuneError(f"unknown vLLM parameter {name!r}; known: {', '.join(TUNABLE)}")
-        out[name] = _parse_value(value)
+        out[name] = parse_value(value)
+    check_flags(out, "bad --set")
     return out
 
 
@@ -75,12 +77,15 @@ def run(args: argparse.Namespace) -> int:
         return _bench_url(args, workload, slos)
     config, resolved, gpu = _config(args)
     from autotune.backends.factory import make_backend
+    from autotune.inputs import check_fits, known_max_model_len, serve_command
 
+    check_fits(workload, args.seed, known_max_model_len(config.model, config.max_model_len, args.backend))
     backend = make_backend(
         args.backend,
         gpu=gpu,
-        serve_cmd=shlex.split(args.serve_cmd),
+        serve_cmd=serve_command(args.serve_cmd),
         image=args.image,
+        startup_timeout_s=args.startup_timeout,
         noise=noise_model(args.noise),
     )
     result = backend.evaluate(config, workload, slos=slos, seed=args.seed)
@@ -126,11 +131,13 @@ def _config(args: argparse.Namespace) -> tuple[EngineConfig, dict[str, Any], str
 
 
 def _print(args: argparse.Namespace, result: Any, head: dict[str, Any], resolved: dict[str, Any]) -> int:
+    if result.failure is not None:
+        # Why, always on stderr: what follows (if anything) is the partial metrics of a failed run.
+        print(f"autotune bench: {result.failure}: {result.message}", file=sys.stderr)
     if result.benchmark is None:
         error = {**head, "config": resolved, "error": str(result.failure), "message": result.message}
         if args.json:
             print(json.dumps(error, indent=2, default=str))
-        print(f"autotune bench: {result.failure}: {result.message}", file=sys.stderr)
         return 1
     report = {**head, "config": resolved, **result.benchmark.to_dict()}
     if result.failure is not None:

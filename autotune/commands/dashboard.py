@@ -7,13 +7,15 @@ import sys
 import time
 from typing import Any
 
+from autotune.inputs import port_number
+
 HELP = "Serve optuna-dashboard for a run's study on 127.0.0.1 (the URL is printed); Ctrl-C stops it."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `autotune dashboard` options."""
     parser.add_argument("run_dir", metavar="RUN", help="a run folder, e.g. runs/<study>")
-    parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    parser.add_argument("--port", type=port_number, default=0, help="port (default: a free one)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,11 +23,12 @@ def run(args: argparse.Namespace) -> int:
     from autotune.dashboard import start_dashboard
     from autotune.errors import AutotuneError
     from autotune.export import load_run
+    from autotune.storage_url import run_storage
 
     info = load_run(args.run_dir)
     _write_note(info)
     try:
-        server = start_dashboard(info.storage, port=args.port)
+        server = start_dashboard(run_storage(info), port=args.port)
     except OSError as exc:
         raise AutotuneError(f"cannot listen on 127.0.0.1:{args.port}: {exc.strerror or exc}") from exc
     print(f"optuna-dashboard for study {info.study}: {server.url}", flush=True)

@@ -34,14 +34,19 @@ def run(args: argparse.Namespace) -> int:
     from autotune import export
     from autotune.errors import AutotuneError
     from autotune.recommendation import decide
+    from autotune.storage import storage_error
+    from autotune.storage_url import masked, run_storage
     from autotune.study import records
 
     info = export.load_run(args.run_dir)
+    storage = run_storage(info)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        study = optuna.load_study(study_name=info.study, storage=info.storage)
+        study = optuna.load_study(study_name=info.study, storage=storage)
     except Exception as exc:  # noqa: BLE001  (missing study or unreachable storage)
-        raise AutotuneError(f"cannot open study {info.study!r} in {info.storage}: {exc}") from exc
+        raise AutotuneError(
+            f"cannot open study {info.study!r} in {masked(storage)}: {storage_error(exc)}"
+        ) from None
     recs = records(study)
     if args.trial is not None:
         chosen = next((r for r in recs if r.number == args.trial), None)

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 from autotune.backends.factory import BACKENDS
+from autotune.inputs import add_startup_timeout, positive_seconds
 from autotune.sim.noise import add_noise_argument, noise_model
 
 HELP = "Tune vLLM launch flags with Optuna + Ray: SLOs as constraints, Pareto front, ready-to-paste flags."
 DEFAULT_TRIALS = 50
 LOADS = ("workload", "fixed", "capacity")
+MAX_PARALLEL = 256  # CPU slots for simulated trials: more than any host has cores
 DEFAULT_REPEATS = 2  # seeds beyond the first: 3 paired measurements give a gain an interval
 
 
@@ -48,8 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     study.add_argument(
         "--n-trials", type=int, default=DEFAULT_TRIALS, help=f"configs to measure (default {DEFAULT_TRIALS})"
     )
-    study.add_argument("--timeout", type=float, help="stop asking for new trials after this many seconds")
-    study.add_argument("--seed", type=int, default=0, help="sampler and workload seed")
+    study.add_argument(
+        "--timeout", type=positive_seconds, help="stop asking for new trials after this many seconds"
+    )
+    study.add_argument("--seed", type=int, default=0, help="sampler and workload seed (>= 0)")
     study.add_argument(
         "--no-screen",
         action="store_true",
@@ -70,7 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     where.add_argument("--parallel", type=int, default=1, help="sim: trials at once on CPU slots (default 1)")
     where.add_argument("--ray-address", help="join an existing Ray cluster instead of starting one")
-    where.add_argument("--trial-timeout", type=float, help="deadline per trial in seconds (forced cancel)")
+    where.add_argument(
+        "--trial-timeout", type=positive_seconds, help="deadline per trial in seconds (forced cancel)"
+    )
+    add_startup_timeout(where)
     where.add_argument(
         "--serve-cmd",
         default="vllm serve",
@@ -100,8 +106,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.n_trials < 1:
         raise AutotuneError("--n-trials must be at least 1")
-    if args.parallel < 1:
-        raise AutotuneError("--parallel must be at least 1")
+    if not 1 <= args.parallel <= MAX_PARALLEL:
+        raise AutotuneError(f"--parallel must be between 1 and {MAX_PARALLEL}")
+    if args.seed < 0:
+        raise AutotuneError("--seed must be >= 0")
     if args.repeats < 0:
         raise AutotuneError("--repeats must be at least 0")
     for name in ("target_rate", "gpu_price"):
@@ -132,14 +140,23 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.backends.factory import make_backend
     from autotune.errors import AutotuneError
     from autotune.executor import parse_gpus
+    from autotune.inputs import (
+        check_fits,
+        check_gpus_text,
+        check_runs_dir,
+        known_max_model_len,
+        serve_command,
+    )
     from autotune.objectives import load_objectives
     from autotune.sim.hardware import get_gpu
-    from autotune.sim.models import get_model
     from autotune.slo import parse_slos
     from autotune.space import load_space
-    from autotune.study import default_study_name, sqlite_url
+    from autotune.storage import check_sqlite_file, preflight_storage
+    from autotune.storage_url import absolute
+    from autotune.study import check_not_driven, default_study_name, sqlite_url
     from autotune.workload import load_workload
 
+    check_runs_dir(Path(args.runs_dir))
     space = load_space(args.space).with_overrides(model=args.model, gpu=args.gpu)
     objectives = load_objectives(args.objectives)
     slos = parse_slos(args.slo) if args.slo else list(objectives.slos)
@@ -148,28 +165,32 @@ def _prepare(args: argparse.Namespace) -> _Setup:
         workload = dataclasses.replace(workload, load=args.load)
     space, untuned = _untuned_for(space, workload)
     gpu = get_gpu(space.gpu)
-    try:
-        max_pos: int | None = get_model(space.model).max_position_embeddings
-    except AutotuneError:
-        if args.backend == "sim":
-            raise
-        max_pos = None  # a real model outside the catalog: vLLM checks what needs its context length
-    _check_fits(space)
+    # None: a real model outside the catalog, whose context length vLLM checks itself.
+    max_pos = known_max_model_len(space.model, None, args.backend)
+    check_fits(workload, args.seed, space.largest("max_model_len") or max_pos)
+    check_gpus_text(args.gpus)
+    _check_tp_fits(space)
     gpu_ids = parse_gpus(args.gpus)
     backend = make_backend(
         args.backend,
         space.gpu,
-        serve_cmd=shlex.split(args.serve_cmd),
+        serve_cmd=serve_command(args.serve_cmd),
         image=args.image,
+        startup_timeout_s=args.startup_timeout,
         noise=noise_model(args.noise),
     )
     if hasattr(backend, "preflight"):
         backend.preflight()
     name = args.study or default_study_name(space.model, space.gpu, workload.name)
-    if not all(c.isalnum() or c in "-_." for c in name):
+    if not all(c.isalnum() or c in "-_." for c in name) or name.strip(".") == "":
         raise AutotuneError(f"bad --study {name!r}: use letters, digits, '-', '_' and '.'")
     run_dir = Path(args.runs_dir) / name
-    storage = args.storage or sqlite_url(run_dir)
+    storage = absolute(args.storage) if args.storage else sqlite_url(run_dir)
+    if args.storage:
+        preflight_storage(storage, args.resume)
+    if args.resume:
+        check_sqlite_file(storage, resume=True)
+        check_not_driven(name, storage)
     return _Setup(
         space, objectives, slos, workload, backend, gpu, max_pos, gpu_ids, name, run_dir, storage, untuned
     )
@@ -195,7 +216,7 @@ def _untuned_for(space: Any, workload: Any) -> tuple[Any, str | None]:
     return space.fix(name, default), note
 
 
-def _check_fits(space: Any) -> None:
+def _check_tp_fits(space: Any) -> None:
     """A model whose weights do not fit the space's largest TP: one clear error, not N startup failures."""
     from autotune.errors import AutotuneError
     from autotune.screen import required_tp
@@ -211,17 +232,11 @@ def _check_fits(space: Any) -> None:
 
 
 def _execute(args: argparse.Namespace, s: _Setup) -> int:
-    import optuna
-
-    from autotune import report
     from autotune.commands.run_executor import open_executor
-    from autotune.dashboard import StudyNote
-    from autotune.export import RunInfo
-    from autotune.progress import Progress
-    from autotune.ray_cluster import ClusterLost
-    from autotune.screen import describe, make_screen
-    from autotune.study import StudySettings, make_sampler, records, start_study
-    from autotune.tuner import Tuner, TunerOptions
+    from autotune.errors import RunFailure
+    from autotune.interrupts import sigterm_as_ctrl_c
+    from autotune.storage import storage_error
+    from autotune.study import StudySettings, make_sampler
 
     settings = StudySettings(
         objectives=s.objectives.names,
@@ -234,86 +249,193 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     )
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
 
-    sim = args.backend == "sim"
-    executor, owns_ray = open_executor(args, s)
-    # The study is created only once the GPUs checked out: a corrected command must not meet a
-    # half-made study that asks for --resume.
-    s.run_dir.mkdir(parents=True, exist_ok=True)
-    baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
-    study = start_study(s.study_name, s.storage, settings, sampler, args.resume, baseline)
-    RunInfo(study=s.study_name, storage=s.storage, directory=s.run_dir).save(
-        {**settings.to_dict(), "space": s.space.source, "load": s.workload.load, **_image(args)}
-    )
-    progress = None if args.quiet else Progress()
-    _announce(args, s, executor.describe(), study)
-    if not sim:
-        _print_estimate(args, s, baseline, executor.capacity)
-    screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu)
-    print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
-    if s.untuned:
-        print(f"autotune: {s.untuned}", file=sys.stderr)
-    dashboard = _start_dashboard(s.storage) if args.dashboard else None
-    context = {**settings.to_dict(), "load": s.workload.load, "simulated": s.backend.simulated}
-    note = StudyNote(study, context)
-    tuner = Tuner(
-        study,
-        s.space,
-        s.objectives,
-        s.slos,
-        executor,
-        TunerOptions(
-            n_trials=args.n_trials,
-            timeout_s=args.timeout,
-            seed=args.seed,
-            run_dir=s.run_dir,
-            repeats=args.repeats if s.backend.noisy else 0,
-        ),
-        progress=progress,
-        max_position_embeddings=s.max_position_embeddings,
-        screen=screen,
-        on_told=note.update,
-    )
+    executor, owns_ray = open_executor(args, s)  # Ray's start (if any) first: it has its SIGTERM handler
     try:
-        summary = tuner.run()
-    except KeyboardInterrupt:
-        kept = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-        print(
-            f"autotune run: {kept} finished trials kept in {s.run_dir}/; the same command with --resume "
-            "continues",
-            file=sys.stderr,
-        )
-        raise
-    except ClusterLost as exc:
-        kept = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-        print(
-            f"autotune run: {exc}; {kept} finished trials kept in {s.run_dir}/; the same command with "
-            "--resume continues (against a new cluster: --ray-address)",
-            file=sys.stderr,
-        )
-        return 1
+        with sigterm_as_ctrl_c():
+            try:
+                return _tune(args, s, settings, sampler, executor)
+            except STORAGE_ERRORS() as exc:  # opening the study, taking its lease: before any trial
+                raise RunFailure(
+                    f"the storage failed: {storage_error(exc)}; once fixed, {RESUME_HINT}"
+                ) from None
     finally:
-        recs = records(study)
-        maximize = [o.maximize for o in s.objectives.objectives]
-        out = report.outcome(
-            recs,
-            s.objectives.names,
-            maximize,
-            settings.slos,
-            context,
-            args.target_rate,
-            args.gpu_price,
-            study.user_attrs.get("remeasured"),
-        )
-        if recs:
-            report.write_all(s.run_dir, out)
-            note.update(force=True)
-        if dashboard is not None:
-            dashboard.stop()
-            print(f"autotune: the dashboard stopped with the run; reopen it: autotune dashboard {s.run_dir}")
         if owns_ray:
             import ray
 
             ray.shutdown()
+
+
+def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, executor: Any) -> int:
+    """Open the study (one driver: autotune.lease), run the tuner, write the results whatever happens."""
+    from autotune.dashboard import StudyNote
+    from autotune.errors import RunFailure
+    from autotune.export import RunInfo
+    from autotune.lease import Lease
+    from autotune.progress import Progress
+    from autotune.ray_cluster import ClusterLost
+    from autotune.screen import describe, make_screen
+    from autotune.storage_url import for_run_file
+    from autotune.study import start_study
+    from autotune.tuner import Tuner, TunerOptions
+
+    # The study is created only once the GPUs checked out: a corrected command must not meet a
+    # half-made study that asks for --resume.
+    s.run_dir.mkdir(parents=True, exist_ok=True)
+    baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
+    study = start_study(s.study_name, s.storage, settings, sampler, args.resume, baseline, s.run_dir)
+    lease = Lease(study).start()
+    dashboard, note, context = None, None, {}
+    try:
+        RunInfo(study=s.study_name, storage=for_run_file(s.storage, s.run_dir), directory=s.run_dir).save(
+            {**settings.to_dict(), "space": s.space.source, "load": s.workload.load, **_image(args)}
+        )
+        progress = None if args.quiet else Progress()
+        _announce(args, s, executor.describe(), study)
+        if args.backend != "sim":
+            _print_estimate(args, s, baseline, executor.capacity)
+        screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu)
+        print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
+        if s.untuned:
+            print(f"autotune: {s.untuned}", file=sys.stderr)
+        dashboard = _start_dashboard(s.storage) if args.dashboard else None
+        context = {**settings.to_dict(), "load": s.workload.load, "simulated": s.backend.simulated}
+        note = StudyNote(study, context)
+        tuner = Tuner(
+            study,
+            s.space,
+            s.objectives,
+            s.slos,
+            executor,
+            TunerOptions(
+                n_trials=args.n_trials,
+                timeout_s=args.timeout,
+                seed=args.seed,
+                run_dir=s.run_dir,
+                repeats=args.repeats if s.backend.noisy else 0,
+            ),
+            progress=progress,
+            max_position_embeddings=s.max_position_embeddings,
+            screen=screen,
+            on_told=note.update,
+        )
+        summary = _run_tuner(tuner, study, s.run_dir)
+    except RunFailure as exc:
+        if isinstance(exc, ClusterLost):  # the storage is fine: the results are written as after Ctrl-C
+            _write_results(study, s, args, context, note, lease, dashboard)
+            raise
+        # The storage failed: reading it back for the results would wait on it again. --resume writes them.
+        _stop(lease, dashboard, s.run_dir, write_lease=False)
+        raise
+    except BaseException:
+        _, problem = _write_results(study, s, args, context, note, lease, dashboard)
+        if problem:
+            print(f"autotune run: {problem}", file=sys.stderr)  # then the interrupt's own line
+        raise
+    written, problem = _write_results(study, s, args, context, note, lease, dashboard)
+    if problem:
+        raise RunFailure(problem)
+    _print_summary(written, summary, s.run_dir)
+    return 0
+
+
+def _run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
+    """tuner.run(); an interrupt or a storage fault ends in one line that says how to continue."""
+    from autotune.errors import RunFailure
+    from autotune.ray_cluster import ClusterLost
+    from autotune.storage import storage_error
+
+    try:
+        return tuner.run()
+    except KeyboardInterrupt:
+        print(f"autotune run: {_kept(study)} kept in {run_dir}/; {RESUME_HINT}", file=sys.stderr)
+        raise
+    except ClusterLost as exc:  # the tuner already marked the interrupted trials FAIL
+        raise ClusterLost(
+            f"{exc}; {_kept(study)} kept in {run_dir}/; {RESUME_HINT} (against a new cluster: --ray-address)"
+        ) from None
+    except (*STORAGE_ERRORS(), OSError) as exc:
+        tuner.executor.cancel_all()
+        raise RunFailure(
+            f"the run stopped: {storage_error(exc)}; {_kept(study)} kept in {run_dir}/; once fixed, "
+            f"{RESUME_HINT}"
+        ) from None
+
+
+RESUME_HINT = "the same command with --resume continues"
+
+
+def STORAGE_ERRORS() -> tuple[type[BaseException], ...]:  # noqa: N802  (a constant, imported late)
+    """What a failing study storage raises (locked, full, corrupted, unreachable database)."""
+    import optuna
+    import sqlalchemy.exc
+
+    return (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
+
+
+def _kept(study: Any) -> str:
+    """'N finished trials' (COMPLETE) of the study, or 'every finished trial is' when it cannot say."""
+    import optuna
+
+    try:
+        n = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    except Exception:  # noqa: BLE001  (the storage is what failed)
+        return "every finished trial is"
+    return f"{n} finished trials"
+
+
+def _write_results(
+    study: Any, s: _Setup, args: argparse.Namespace, context: dict, note: Any, lease: Any, dashboard: Any
+) -> tuple[Any, str]:
+    """Write the results (Ctrl-C waits until they are complete): (the outcome and records, ''), or
+    (None, why) when they could not be written (a full disk: the study still has every trial)."""
+    from autotune import report
+    from autotune.interrupts import deferred_ctrl_c
+    from autotune.storage import storage_error
+    from autotune.study import records
+
+    out, problem = None, ""
+    with deferred_ctrl_c():
+        try:
+            recs = records(study)
+            maximize = [o.maximize for o in s.objectives.objectives]
+            slos = [str(slo) for slo in s.slos]
+            outcome = report.outcome(
+                recs,
+                s.objectives.names,
+                maximize,
+                slos,
+                context,
+                args.target_rate,
+                args.gpu_price,
+                study.user_attrs.get("remeasured"),
+            )
+            out = outcome, recs
+            if recs:
+                report.write_all(s.run_dir, outcome)
+                if note is not None:
+                    note.update(force=True)
+        except Exception as exc:  # noqa: BLE001  (a full disk, a broken storage: the trials are safe)
+            problem = (
+                f"cannot write the results to {s.run_dir}/ ({storage_error(exc)}); the study keeps every "
+                f"trial: once fixed, {RESUME_HINT} and writes them"
+            )
+            out = None
+        finally:
+            _stop(lease, dashboard, s.run_dir)
+    return out, problem
+
+
+def _stop(lease: Any, dashboard: Any, run_dir: Path, write_lease: bool = True) -> None:
+    lease.release(write=write_lease)
+    if dashboard is not None:
+        dashboard.stop()
+        print(f"autotune: the dashboard stopped with the run; reopen it: autotune dashboard {run_dir}")
+
+
+def _print_summary(written: Any, summary: Any, run_dir: Path) -> None:
+    from autotune import report
+
+    out, recs = written
     print(report.summary_text(out))
     ended = " (timeout)" if summary.timed_out else ""
     converged = " (the sampler converged: it proposed only measured configs)" if summary.converged else ""
@@ -325,9 +447,8 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         f"earlier results{converged}, {summary.rejected} suggestions rejected "
         f"before launch ({summary.screened} predicted to fail to start); {summary.told} told this run in "
         f"{summary.wall_s:.0f} s{ended}; {cost}"
-        f"\nResults: {s.run_dir}/ (trials.csv, pareto.csv, best.json, best.sh, pareto.png, report.html)"
+        f"\nResults: {run_dir}/ (trials.csv, pareto.csv, best.json, best.sh, pareto.png, report.html)"
     )
-    return 0
 
 
 def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from autotune.inputs import port_number
+
 HELP = "Serve the simulated vLLM engine as an OpenAI-compatible server (takes vllm serve's flags)."
 
 DEFAULT_GPU = "H100"
@@ -35,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag in ("--trust-remote-code", "--enforce-eager", "--disable-log-requests", "--disable-log-stats"):
         ignored.add_argument(flag, action="store_true")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=port_number, default=8000)
     parser.add_argument("--gpu", default=None, help="simulated GPU (default: $AUTOTUNE_SIM_GPU or H100)")
     parser.add_argument(
         "--max-request-bytes", type=int, default=None, metavar="N", help="larger request bodies get 413"
@@ -61,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     """Build the engine config from the flags and serve; exit 1 when the engine refuses the config."""
     from autotune.config import ENGINE_FLAGS, EngineConfig
     from autotune.errors import AutotuneError
+    from autotune.sim.hardware import get_gpu
     from autotune.sim.server import ServerOptions, serve
 
     model = args.model_flag or args.model_tag
@@ -68,10 +71,12 @@ def run(args: argparse.Namespace) -> int:
         raise AutotuneError("sim-server needs a model: autotune sim-server MODEL [flags]")
     values = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
     config = EngineConfig(model=model).replace(**values)
+    gpu = args.gpu or os.environ.get("AUTOTUNE_SIM_GPU") or DEFAULT_GPU
+    get_gpu(gpu)  # an unknown GPU is a usage error (one line), not a server that logs and then dies
     options = ServerOptions(
         host=args.host,
         port=args.port,
-        gpu=args.gpu or os.environ.get("AUTOTUNE_SIM_GPU") or DEFAULT_GPU,
+        gpu=gpu,
         served_model_name=args.served_model_name,
         startup_delay_s=args.startup_delay,
         die_after=args.die_after,

@@ -1,0 +1,39 @@
+"""SIGTERM is Ctrl-C; a Ctrl-C while results are written waits for them and is never swallowed;
+`autotune bench` against a server that fails says why."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+
+from autotune.cli import main
+from autotune.interrupts import deferred_ctrl_c, sigterm_as_ctrl_c
+
+
+def test_sigterm_raises_what_ctrl_c_raises() -> None:
+    with pytest.raises(KeyboardInterrupt), sigterm_as_ctrl_c():
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # the handler runs between bytecodes of the main thread
+            pass
+    assert signal.getsignal(signal.SIGTERM) is not signal.getsignal(signal.SIGINT)  # restored
+
+
+def test_ctrl_c_while_writing_finishes_the_block_then_raises() -> None:
+    written = []
+    with pytest.raises(KeyboardInterrupt), deferred_ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):
+            pass
+        written.append("report")  # still runs: the interrupt waits for the block
+    assert written == ["report"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_bench_against_a_failing_server_prints_why(capsys: pytest.CaptureFixture[str]) -> None:
+    serve = f"{sys.executable} -c 'import sys; print(\"boom: RuntimeError: no GPU\"); sys.exit(3)'"
+    assert main(["bench", "--backend", "vllm", "--serve-cmd", serve]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "autotune bench: crashed: server exited with code 3: boom: RuntimeError: no GPU", err

@@ -1,0 +1,115 @@
+"""One driver per study, on SQLite and on a real PostgreSQL server: a live driver's study is refused,
+a dead driver's RUNNING trials are failed on resume and nothing else is."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.errors import AutotuneError
+from autotune.lease import LEASE_KEY, Lease
+from autotune.study import StudySettings, connect_storage, fail_stale_trials, open_study, start_study
+
+SETTINGS = StudySettings(
+    objectives=["output_throughput"],
+    directions=["maximize"],
+    slos=[],
+    model="m",
+    gpu="H100",
+    workload="w",
+    backend="sim",
+)
+
+
+def _check_one_driver(url: str) -> None:
+    first = open_study("s", url, SETTINGS, optuna.samplers.RandomSampler(seed=0), resume=False)
+    lease = Lease(first, interval_s=0.2).start()
+    live = first.ask()
+    time.sleep(0.5)  # a renewal: the live trial has a heartbeat
+    with pytest.raises(AutotuneError, match="is being run by another autotune process"):
+        open_study("s", url, SETTINGS, optuna.samplers.RandomSampler(seed=0), resume=True)
+    assert first.trials[live.number].state == TrialState.RUNNING  # untouched by the refused driver
+    lease.release()
+    # The driver is gone (its lease released): its RUNNING trial is stale, failed on resume.
+    again = open_study("s", url, SETTINGS, optuna.samplers.RandomSampler(seed=0), resume=True)
+    (trial,) = again.trials
+    assert trial.state == TrialState.FAIL and trial.user_attrs["failure"] == "interrupted"
+
+
+def test_one_driver_on_sqlite(tmp_path: Path) -> None:
+    _check_one_driver(f"sqlite:///{tmp_path / 'study.db'}")
+
+
+def test_a_dead_drivers_lease_does_not_block(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = open_study("s", url, SETTINGS, optuna.samplers.RandomSampler(seed=0), resume=False)
+    storage = connect_storage(url)
+    # A lease renewed just now by a pid that does not run on this host (above the kernel's pid_max).
+    record = {"id": "x", "pid": 2**22 + 12345, "host": socket.gethostname(), "renewed": time.time()}
+    storage.set_study_system_attr(study._study_id, LEASE_KEY, record)
+    open_study("s", url, SETTINGS, optuna.samplers.RandomSampler(seed=0), resume=True)  # not refused
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[str]:
+    """A throwaway PostgreSQL server on 127.0.0.1 (skipped where none can start here)."""
+    pytest.importorskip("psycopg", reason="psycopg (PostgreSQL driver) is not installed")
+    if not shutil.which("initdb") or not shutil.which("pg_ctl"):
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl) on this host")
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    base = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
+    if as_user:
+        shutil.chown(base, "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = base / "data"
+    try:
+        subprocess.run(
+            [*as_user, "initdb", "-D", str(data), "-A", "trust", "-U", "postgres"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        options = f"-k {base} -p {port} -c listen_addresses=127.0.0.1"
+        subprocess.run(
+            [*as_user, "pg_ctl", "-D", str(data), "-o", options, "-l", str(base / "log"), "-w", "start"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+    except (subprocess.SubprocessError, OSError) as exc:
+        shutil.rmtree(base, ignore_errors=True)
+        pytest.skip(f"PostgreSQL did not start here: {exc}")
+    try:
+        yield f"postgresql+psycopg://postgres:not-a-secret-1@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            [*as_user, "pg_ctl", "-D", str(data), "-m", "immediate", "stop"], capture_output=True, timeout=60
+        )
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_one_driver_on_postgresql(postgres: str) -> None:
+    _check_one_driver(postgres)
+
+
+def test_an_interrupted_baseline_is_measured_again_on_resume(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    sampler = optuna.samplers.RandomSampler(seed=0)
+    study = start_study("s", url, SETTINGS, sampler, resume=False, baseline={"max_num_seqs": 256})
+    assert study.ask().user_attrs["baseline"] is True  # the run is stopped while it is measured
+    fail_stale_trials(study)
+    again = start_study("s", url, SETTINGS, sampler, resume=True, baseline={"max_num_seqs": 256})
+    states = [(t.state, t.user_attrs.get("baseline")) for t in again.trials]
+    assert states == [(TrialState.FAIL, True), (TrialState.WAITING, True)]
