@@ -220,6 +220,11 @@ def _row(r: TrialRecord, out: Outcome) -> dict[str, Any]:
             row[key] = value
     row["gpu_seconds"] = r.gpu_seconds
     row["gpu_seconds_saved"] = r.gpu_seconds_saved
+    # where it ran (Ray's placement): the node and the devices it was pinned to, as CUDA_VISIBLE_DEVICES
+    row["node_ip"] = r.user_attrs.get("node_ip")
+    row["node_id"] = r.user_attrs.get("node_id")
+    gpu_ids = r.user_attrs.get("gpu_ids")
+    row["gpu_ids"] = ",".join(map(str, gpu_ids)) if gpu_ids else None
     return row
 
 

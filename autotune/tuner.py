@@ -30,14 +30,16 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.backends.base import FailureKind, TrialResult
 from autotune.config import EngineConfig
-from autotune.executor import Executor
+from autotune.executor import TrialExecutor
 from autotune.objectives import ObjectiveSet, metric_unit
 from autotune.progress import Progress, ProgressState, read_probe, running_params
+from autotune.ray_cluster import ClusterLost
 from autotune.remeasure import TOP_CANDIDATES, remeasure
 from autotune.screen import MemoryScreen, Screening
 from autotune.slo import Slo
 from autotune.space import SearchSpace, violations
 from autotune.study import config_key, fail_stale_trials, sampler_exhausted, tell_duplicate, tell_result
+from autotune.trial_task import PLACEMENT_ATTRS
 
 POLL_S = 0.5
 # Suggestions rejected before launch (vLLM's validity rules, startup screening) cost no GPU time and do
@@ -105,7 +107,7 @@ class Tuner:
         space: SearchSpace,
         objectives: ObjectiveSet,
         slos: Sequence[Slo],
-        executor: Executor,
+        executor: TrialExecutor,
         options: TunerOptions,
         progress: Progress | None = None,
         max_position_embeddings: int | None = None,
@@ -139,7 +141,7 @@ class Tuner:
             with self._ctrl_c_between_steps():
                 timed_out = self._loop(start)
                 repeated = 0 if timed_out else self._remeasure()
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, ClusterLost):  # the cluster gone: stop like Ctrl-C, finished trials kept
             self._abandon()
             raise
         finally:
@@ -188,7 +190,9 @@ class Tuner:
             if not self._running and not self._queued:
                 if timed_out or self._budget_spent():
                     return timed_out
-                continue  # every asked trial was told at once (invalid or duplicate): ask more
+                if self.executor.can_start():
+                    continue  # every asked trial was told at once (invalid or duplicate): ask more
+                # nothing runs and nothing can start (lost GPUs): the executor's wait says why
             for number, result in self.executor.wait(POLL_S):
                 self._finish(number, result)
             self._show()
@@ -220,6 +224,7 @@ class Tuner:
 
     def _fill(self, timed_out: bool) -> None:
         """Start queued trials, then ask new ones while slots are free and the budget allows."""
+        self._drop_misfits()
         while self._queued and self.executor.can_start(self._queued[0].config):
             self._submit(self._queued.pop(0))
         while not timed_out and not self._queued and self.executor.can_start():
@@ -233,10 +238,7 @@ class Tuner:
         key = config_key(config)
         problems = violations(config, self.max_position_embeddings)
         if not problems and not self.executor.fits(config):
-            problems = [
-                f"tensor_parallel_size {config.tensor_parallel_size} needs {self.executor.needs(config)} "
-                f"GPUs; the pool has {self.executor.capacity}"
-            ]
+            problems = [self.executor.misfit(config) or "does not fit the GPUs"]
         if problems:
             trial.set_user_attr("launched", False)
             result = TrialResult(config=config, failure=FailureKind.INVALID_CONFIG, message=problems[0])
@@ -255,6 +257,17 @@ class Tuner:
                 self._submit(pending)
             else:
                 self._queued.append(pending)
+
+    def _drop_misfits(self) -> None:
+        """Queued trials that can no longer run (a lost node took the GPUs they need) are told why."""
+        for pending in [p for p in self._queued if not self.executor.fits(p.config)]:
+            self._queued.remove(pending)
+            pending.trial.set_user_attr("launched", False)
+            message = self.executor.misfit(pending.config) or "does not fit the GPUs"
+            result = TrialResult(config=pending.config, failure=FailureKind.INVALID_CONFIG, message=message)
+            frozen = self._tell(pending.trial, result, pending.key)
+            for duplicate in pending.duplicates:
+                self._record(tell_duplicate(self.study, duplicate, frozen))
 
     def _screen(self, config: EngineConfig) -> Screening | None:
         return self.screen.check(config) if self.screen is not None else None
@@ -280,9 +293,7 @@ class Tuner:
     def _submit(self, pending: _Pending) -> None:
         number = pending.trial.number
         trial_dir = self.options.run_dir / "trials" / str(number) if self.options.run_dir else None
-        gpu_ids = self.executor.submit(number, pending.config, self.options.seed, trial_dir)
-        if gpu_ids:
-            pending.trial.set_user_attr("gpu_ids", list(gpu_ids))
+        self.executor.submit(number, pending.config, self.options.seed, trial_dir)
         self._running[number] = pending
         self._submitted[number] = time.monotonic()
 
@@ -290,6 +301,9 @@ class Tuner:
 
     def _finish(self, number: int, result: TrialResult) -> None:
         pending = self._running.pop(number)
+        for name in PLACEMENT_ATTRS:  # where it ran: Ray placed it (node, devices)
+            if name in result.info:
+                pending.trial.set_user_attr(name, result.info[name])
         self._submitted.pop(number, None)
         frozen = self._tell(pending.trial, result, pending.key)
         for duplicate in pending.duplicates:

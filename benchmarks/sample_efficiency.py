@@ -55,13 +55,13 @@ from scenarios import Scenario, get_scenarios  # noqa: E402
 from autotune.backends.base import FailureKind, TrialResult  # noqa: E402
 from autotune.backends.sim import SimBackend  # noqa: E402
 from autotune.config import EngineConfig  # noqa: E402
-from autotune.executor import evaluate_trial  # noqa: E402
 from autotune.objectives import constraints, is_feasible, load_objectives  # noqa: E402
 from autotune.screen import make_screen  # noqa: E402
 from autotune.sim.hardware import get_gpu  # noqa: E402
 from autotune.sim.models import get_model  # noqa: E402
 from autotune.space import SearchSpace, violations  # noqa: E402
 from autotune.study import StudySettings, config_key, make_sampler, start_study  # noqa: E402
+from autotune.trial_task import evaluate_trial  # noqa: E402
 from autotune.tuner import Tuner, TunerOptions  # noqa: E402
 
 OUT_DIR = Path("runs/sample_efficiency")

@@ -261,7 +261,7 @@ def test_killed_ray_worker_leaves_no_server(tmp_path: Path, kill: str) -> None:
     # the worker's children along; a worker SIGKILLed (e.g. by the OOM killer) relies on PR_SET_PDEATHSIG.
     import ray
 
-    from autotune.executor import evaluate_trial
+    from autotune.trial_task import evaluate_trial
 
     task = ray.remote(evaluate_trial).options(num_cpus=1, max_retries=0)
     ref = task.remote(backend("--hang-after", "2"), CONFIG, WORKLOAD, [], 0, (), tmp_path)

@@ -1,8 +1,10 @@
-"""The Ray executor: concurrency, GPU placement by TP size, deadlines, crashes (real local Ray)."""
+"""The Ray executor: concurrency, GPU placement by Ray per TP size, deadlines, crashes (real local Ray);
+the in-process executor of small simulated runs; joining an unreachable cluster."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -14,9 +16,12 @@ import pytest
 import ray.cloudpickle
 
 from autotune.backends.base import FailureKind, TrialResult
+from autotune.backends.server import free_port
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
 from autotune.executor import Executor, parse_gpus
+from autotune.local_executor import LocalExecutor
+from autotune.ray_cluster import check_reachable
 
 # Ray workers cannot import this test module: ship its classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -45,7 +50,7 @@ class SleepBackend:
             raise RuntimeError("backend bug")
         start = time.time()
         time.sleep(self.seconds)
-        info = {"start": start, "end": time.time(), "gpu_ids": list(gpu_ids), "pid": os.getpid()}
+        info = {"start": start, "end": time.time(), "seen_gpu_ids": list(gpu_ids), "pid": os.getpid()}
         return TrialResult(config=config, info=info, benchmark_s=self.seconds)
 
 
@@ -77,18 +82,39 @@ def test_cpu_slots_run_trials_concurrently() -> None:
     assert executor.can_start()
 
 
-def test_gpu_ids_follow_tensor_parallel_size() -> None:
-    executor = Executor(SleepBackend(0.3), FixedLoad(), [], gpu_ids=[0, 1])
+def test_ray_places_trials_by_tensor_parallel_size_and_the_backend_gets_its_devices() -> None:
+    executor = Executor(SleepBackend(0.3), FixedLoad(), [], uses_gpus=True)
+    assert executor.capacity == 2  # counted from the cluster's resources
     tp2 = EngineConfig(model="m", tensor_parallel_size=2)
     assert executor.fits(tp2) and not executor.fits(tp2.replace(tensor_parallel_size=4))
-    assert executor.submit(0, tp2, 0, None) == (0, 1)
+    assert executor.misfit(tp2.replace(tensor_parallel_size=4)) == (
+        "tensor_parallel_size 4 needs 4 GPUs; the pool has 2"
+    )
+    executor.submit(0, tp2, 0, None)
     assert not executor.can_start(EngineConfig(model="m"))  # both GPUs taken
-    assert drain(executor, 1)[0].info["gpu_ids"] == [0, 1]
+    info = drain(executor, 1)[0].info
+    assert info["gpu_ids"] == info["seen_gpu_ids"] == [0, 1]  # recorded = what the backend pinned
+    assert info["node_id"] == ray.get_runtime_context().get_node_id() and info["node_ip"]
+
+    executor = Executor(SleepBackend(2.0), FixedLoad(), [], uses_gpus=True)
     one = EngineConfig(model="m")
-    assert executor.submit(1, one, 0, None) == (0,)
-    assert executor.submit(2, one, 0, None) == (1,)  # a distinct GPU for each single-GPU trial
+    executor.submit(1, one, 0, None)
+    executor.submit(2, one, 0, None)
     results = drain(executor, 2)
-    assert sorted(r.info["gpu_ids"][0] for r in results.values()) == [0, 1]
+    a, b = (results[n].info for n in (1, 2))
+    assert a["start"] < b["end"] and b["start"] < a["end"]  # they ran at once...
+    assert sorted([a["seen_gpu_ids"][0], b["seen_gpu_ids"][0]]) == [0, 1]  # ...on a device each
+
+
+def test_gpus_cap_the_trials_in_flight() -> None:
+    executor = Executor(SleepBackend(0.3), FixedLoad(), [], uses_gpus=True, gpu_cap=1)
+    assert executor.capacity == 1
+    assert executor.misfit(EngineConfig(model="m", tensor_parallel_size=2)) == (
+        "tensor_parallel_size 2 needs 2 GPUs; the pool has 1"
+    )
+    executor.submit(0, EngineConfig(model="m"), 0, None)
+    assert not executor.can_start()
+    assert len(drain(executor, 1)[0].info["gpu_ids"]) == 1
 
 
 def test_deadline_cancels_and_reports_a_timeout() -> None:
@@ -110,7 +136,7 @@ def test_backend_exception_is_a_failed_trial() -> None:
 
 def test_more_gpus_than_the_cluster_is_an_error() -> None:
     with pytest.raises(AutotuneError, match="asks for 4 GPU"):
-        Executor(SleepBackend(), FixedLoad(), [], gpu_ids=[0, 1, 2, 3])
+        Executor(SleepBackend(), FixedLoad(), [], uses_gpus=True, gpu_cap=4)
 
 
 def test_parse_gpus() -> None:
@@ -118,3 +144,38 @@ def test_parse_gpus() -> None:
     for bad in ("0", "x", "1,1", "-1,2"):
         with pytest.raises(AutotuneError, match="bad --gpus"):
             parse_gpus(bad)
+
+
+def test_local_executor_runs_a_trial_in_process() -> None:
+    executor = LocalExecutor(SleepBackend(0.0), FixedLoad(), [])
+    executor.submit(3, EngineConfig(model="m"), 0, None)
+    assert not executor.can_start() and executor.in_flight() == [(3, EngineConfig(model="m"))]
+    ((number, result),) = executor.wait(0.5)
+    assert number == 3 and result.info["pid"] == os.getpid()  # this process: no Ray worker
+    assert executor.can_start() and executor.wait(0.1) == []
+
+
+def test_an_unreachable_cluster_fails_in_seconds() -> None:
+    port = free_port()  # nothing listens there
+    start = time.monotonic()
+    with pytest.raises(AutotuneError, match=f"nothing answers at 127.0.0.1:{port}"):
+        check_reachable(f"127.0.0.1:{port}")
+    with pytest.raises(AutotuneError, match="nothing answers"):
+        check_reachable(f"ray://127.0.0.1:{port}")
+    assert time.monotonic() - start < 5
+
+
+def test_a_small_simulated_run_does_not_start_ray(tmp_path: Path) -> None:
+    """`--backend sim --parallel 1` runs its trials in process: no Ray start, none of Ray's notices."""
+    script = (
+        "import sys; from autotune.cli import main; "
+        f"code = main(['run', '--space', 'small', '--n-trials', '3', '--slo', 'ttft_p99=2s', '--quiet', "
+        f"'--runs-dir', {str(tmp_path)!r}, '--study', 'small']); "
+        "print('ray imported' if 'ray' in sys.modules else 'no ray'); sys.exit(code)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "no ray"
+    assert "1 trial at a time in process (no Ray)" in done.stderr
+    assert "Ray" not in done.stderr.replace("(no Ray)", ""), done.stderr  # no token-auth notice either
+    assert (tmp_path / "small" / "trials.csv").stat().st_size > 0

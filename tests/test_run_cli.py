@@ -73,11 +73,12 @@ def test_more_gpus_than_the_cluster_has(
 
 
 def test_sim_server_as_serve_command_needs_no_gpu(tmp_path: Path) -> None:
-    """Without a GPU, `--backend vllm --serve-cmd "autotune sim-server" --gpus 2` gets 2 virtual GPUs."""
+    """Without a GPU, `--backend vllm --serve-cmd "autotune sim-server" --gpus 1,3` gets 2 virtual GPUs,
+    and Ray assigns exactly those devices."""
     workload = tmp_path / "tiny.yaml"
     workload.write_text("name: tiny\nnum_requests: 16\nrequest_rate: inf\nprompt_len: 64\noutput_len: 16\n")
     cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--workload", str(workload)]
-    cmd += ["--backend", "vllm", "--serve-cmd", SIM_SERVER, "--gpus", "2", "--n-trials", "3"]
+    cmd += ["--backend", "vllm", "--serve-cmd", SIM_SERVER, "--gpus", "1,3", "--n-trials", "3"]
     cmd += ["--slo", "ttft_p99=10s", "--runs-dir", str(tmp_path), "--study", "virt", "--quiet"]
     env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
@@ -85,6 +86,9 @@ def test_sim_server_as_serve_command_needs_no_gpu(tmp_path: Path) -> None:
     assert _completed(tmp_path / "virt" / "study.db", "virt") == (3, 0)
     assert (tmp_path / "virt" / "trials" / "0" / "server.log").stat().st_size > 0  # a real server ran
     assert "autotune: estimate: about " in done.stderr and "GPU-hours for 3 trials" in done.stderr
+    study = optuna.load_study(study_name="virt", storage=f"sqlite:///{tmp_path / 'virt' / 'study.db'}")
+    used = {g for t in study.trials for g in t.user_attrs.get("gpu_ids", ())}
+    assert used and used <= {1, 3}  # the --gpus devices, as Ray assigned them
 
 
 @pytest.mark.usefixtures("ray_cluster")

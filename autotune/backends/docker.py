@@ -1,9 +1,9 @@
 """The `docker` backend: each session (a trial) runs a `vllm/vllm-openai` container through the Docker SDK.
 
-The container gets the assigned GPUs as device requests, the Hugging Face cache as a volume,
-host IPC (or a shm size), and its port 8000 published on 127.0.0.1 only. Every container carries
-the labels `autotune.trial` and `autotune.owner_pid` (+ host), so `reap_orphans()` can remove the
-ones whose owner died (a force-cancelled Ray worker cannot run its `finally`).
+The container gets the GPUs Ray assigned the trial (ids of the node it runs on) as device requests,
+the Hugging Face cache as a volume, host IPC (or a shm size), and its port 8000 published on 127.0.0.1
+only. Every container carries the labels `autotune.trial` and `autotune.owner_pid` (+ host), so
+`reap_orphans()` can remove the ones whose owner died (a force-cancelled Ray worker cannot run its `finally`).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class DockerBackend(Backend):
         return [*args, "--port", str(port), "--host", host]
 
     def _launch(
-        self, client: Any, config: EngineConfig, port: int, gpu_ids: Sequence[int], log_path: Path
+        self, client: Any, config: EngineConfig, port: int, gpu_ids: Sequence[int | str], log_path: Path
     ) -> _Container:
         import docker
 
@@ -148,7 +148,7 @@ class DockerBackend(Backend):
             raise LaunchError(_first_line(exc)) from exc
         return handle
 
-    def _run_options(self, gpu_ids: Sequence[int], port: int) -> dict[str, Any]:
+    def _run_options(self, gpu_ids: Sequence[int | str], port: int) -> dict[str, Any]:
         import docker
 
         env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}

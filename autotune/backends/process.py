@@ -87,19 +87,22 @@ class ProcessBackend(Backend):
         """The server's argument list (never a shell string)."""
         return [*self.serve_cmd, *config.to_args(), "--port", str(port), "--host", "127.0.0.1"]
 
-    def _environment(self, gpu_ids: Sequence[int]) -> dict[str, str]:
-        """The inherited environment plus `env`, the GPU type and the GPU pinning."""
+    def _environment(self, gpu_ids: Sequence[int | str]) -> dict[str, str]:
+        """The inherited environment plus `env`, the GPU type and the GPU pinning (the devices Ray
+        assigned the trial's task, as ids of this node)."""
         env = {**os.environ, **self.env, "AUTOTUNE_SIM_GPU": self.gpu}
         if gpu_ids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
         return env
 
     def _launch(
-        self, config: EngineConfig, port: int, gpu_ids: Sequence[int], log_path: Path
+        self, config: EngineConfig, port: int, gpu_ids: Sequence[int | str], log_path: Path
     ) -> _ServerProcess:
         env = self._environment(gpu_ids)
         args = self.command(config, port)
-        log_path.write_text(f"# autotune: {' '.join(scrub_args(args))}\n")
+        # The devices the trial was pinned to (the ones Ray assigned), first thing in the log.
+        pinned = f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} " if gpu_ids else ""
+        log_path.write_text(f"# autotune: {pinned}{' '.join(scrub_args(args))}\n")
         popen = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,

@@ -15,10 +15,6 @@ from autotune.sim.noise import add_noise_argument, noise_model
 HELP = "Tune vLLM launch flags with Optuna + Ray: SLOs as constraints, Pareto front, ready-to-paste flags."
 DEFAULT_TRIALS = 50
 LOADS = ("workload", "fixed", "capacity")
-SIM_TRIAL_TIMEOUT_S = 600.0
-# A real trial's own limits are the backend's (startup 600 s, benchmark 1800 s); the executor's deadline
-# is the safety net above them.
-REAL_TRIAL_TIMEOUT_S = 2700.0
 MAX_PARALLEL = 256  # CPU slots for simulated trials: more than any host has cores
 DEFAULT_REPEATS = 2  # seeds beyond the first: 3 paired measurements give a gain an interval
 
@@ -236,10 +232,8 @@ def _check_tp_fits(space: Any) -> None:
 
 
 def _execute(args: argparse.Namespace, s: _Setup) -> int:
-    import ray
-
+    from autotune.commands.run_executor import open_executor
     from autotune.errors import RunFailure
-    from autotune.executor import Executor, cluster_gpus, start_ray
     from autotune.interrupts import sigterm_as_ctrl_c
     from autotune.storage import storage_error
     from autotune.study import StudySettings, make_sampler
@@ -255,52 +249,30 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     )
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
 
-    sim = args.backend == "sim"
-    owns_ray = not ray.is_initialized()
-    fake_gpus = None  # the simulator's GPUs are virtual: a local Ray cluster gets that many fake ones
-    if s.backend.simulated and args.ray_address is None:
-        fake_gpus = len(s.gpu_ids) or (None if sim else 1)
-    start_ray(args.ray_address, num_cpus=max(args.parallel, 1), fake_gpus=fake_gpus)
+    executor, owns_ray = open_executor(args, s)  # Ray's start (if any) first: it has its SIGTERM handler
     try:
-        with sigterm_as_ctrl_c():  # after ray.init, which installs its own SIGTERM handler
-            gpu_ids = s.gpu_ids or ([] if sim else list(range(cluster_gpus())))
-            if not sim and not gpu_ids:
-                from autotune.errors import AutotuneError
-
-                raise AutotuneError(f"the {args.backend} backend needs GPUs and the Ray cluster has none")
-            timeout = args.trial_timeout or (SIM_TRIAL_TIMEOUT_S if sim else REAL_TRIAL_TIMEOUT_S)
-            if s.workload.load == "capacity":
-                from autotune.capacity import MAX_PROBES
-
-                timeout *= MAX_PROBES + 1 if not args.trial_timeout else 1  # saturation run + probes
-            executor = Executor(
-                s.backend,
-                s.workload,
-                s.slos,
-                gpu_ids=gpu_ids,
-                cpu_slots=args.parallel,
-                trial_timeout_s=timeout,
-            )
+        with sigterm_as_ctrl_c():
             try:
-                return _tune(args, s, settings, sampler, executor, gpu_ids)
+                return _tune(args, s, settings, sampler, executor)
             except STORAGE_ERRORS() as exc:  # opening the study, taking its lease: before any trial
                 raise RunFailure(
                     f"the storage failed: {storage_error(exc)}; once fixed, {RESUME_HINT}"
                 ) from None
     finally:
         if owns_ray:
+            import ray
+
             ray.shutdown()
 
 
-def _tune(
-    args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, executor: Any, gpu_ids: list[int]
-) -> int:
+def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, executor: Any) -> int:
     """Open the study (one driver: autotune.lease), run the tuner, write the results whatever happens."""
     from autotune.dashboard import StudyNote
     from autotune.errors import RunFailure
     from autotune.export import RunInfo
     from autotune.lease import Lease
     from autotune.progress import Progress
+    from autotune.ray_cluster import ClusterLost
     from autotune.screen import describe, make_screen
     from autotune.storage_url import for_run_file
     from autotune.study import start_study
@@ -318,9 +290,9 @@ def _tune(
             {**settings.to_dict(), "space": s.space.source, "load": s.workload.load, **_image(args)}
         )
         progress = None if args.quiet else Progress()
-        _announce(args, s, gpu_ids, study)
+        _announce(args, s, executor.describe(), study)
         if args.backend != "sim":
-            _print_estimate(args, s, baseline, gpu_ids)
+            _print_estimate(args, s, baseline, executor.capacity)
         screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu)
         print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
         if s.untuned:
@@ -347,7 +319,10 @@ def _tune(
             on_told=note.update,
         )
         summary = _run_tuner(tuner, study, s.run_dir)
-    except RunFailure:
+    except RunFailure as exc:
+        if isinstance(exc, ClusterLost):  # the storage is fine: the results are written as after Ctrl-C
+            _write_results(study, s, args, context, note, lease, dashboard)
+            raise
         # The storage failed: reading it back for the results would wait on it again. --resume writes them.
         _stop(lease, dashboard, s.run_dir, write_lease=False)
         raise
@@ -366,6 +341,7 @@ def _tune(
 def _run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
     """tuner.run(); an interrupt or a storage fault ends in one line that says how to continue."""
     from autotune.errors import RunFailure
+    from autotune.ray_cluster import ClusterLost
     from autotune.storage import storage_error
 
     try:
@@ -373,6 +349,10 @@ def _run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
     except KeyboardInterrupt:
         print(f"autotune run: {_kept(study)} kept in {run_dir}/; {RESUME_HINT}", file=sys.stderr)
         raise
+    except ClusterLost as exc:  # the tuner already marked the interrupted trials FAIL
+        raise ClusterLost(
+            f"{exc}; {_kept(study)} kept in {run_dir}/; {RESUME_HINT} (against a new cluster: --ray-address)"
+        ) from None
     except (*STORAGE_ERRORS(), OSError) as exc:
         tuner.executor.cancel_all()
         raise RunFailure(
@@ -471,9 +451,8 @@ def _print_summary(written: Any, summary: Any, run_dir: Path) -> None:
     )
 
 
-def _announce(args: argparse.Namespace, s: _Setup, gpu_ids: list[int], study: Any) -> None:
+def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> None:
     slos = ", ".join(str(slo) for slo in s.slos) or "none"
-    where = f"GPUs {gpu_ids}" if gpu_ids else f"{args.parallel} CPU slot(s)"
     resumed = f", resuming at {len(study.trials)} trials" if args.resume and study.trials else ""
     print(
         f"autotune: study {s.study_name} ({args.backend}: {s.space.model} on {s.space.gpu}, workload "
@@ -497,9 +476,7 @@ def _load_text(s: _Setup) -> str:
     return f"{s.workload.load} load"
 
 
-def _print_estimate(
-    args: argparse.Namespace, s: _Setup, baseline: dict[str, Any], gpu_ids: list[int]
-) -> None:
+def _print_estimate(args: argparse.Namespace, s: _Setup, baseline: dict[str, Any], gpus: int) -> None:
     """Before a real-GPU run: time and GPU-hours, from the baseline trial replayed on the simulator."""
     from autotune.backends.sim import SimBackend
     from autotune.cost import estimate_run
@@ -512,7 +489,7 @@ def _print_estimate(
     except Exception:  # noqa: BLE001  (an estimate must never stop the run)
         result = None
     source = "the baseline config replayed on the simulated engine"
-    estimate = estimate_run(result, args.n_trials, tp, len(gpu_ids) // tp, source) if result else None
+    estimate = estimate_run(result, args.n_trials, tp, gpus // tp, source) if result else None
     if estimate is None:
         print(
             "autotune: no time estimate (the model or GPU is not in the simulator's catalogs)",

@@ -1,0 +1,61 @@
+"""Where `autotune run` runs its trials: in process, on a local Ray, or on the cluster at --ray-address."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+SIM_TRIAL_TIMEOUT_S = 600.0
+# A real trial's own limits are the backend's (startup 600 s, benchmark 1800 s); the executor's deadline
+# is the safety net above them.
+REAL_TRIAL_TIMEOUT_S = 2700.0
+
+
+def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, bool]:
+    """(executor, whether this run started or joined Ray) for the checked inputs `s` (run._Setup): in
+    process for a small simulated run (no
+    Ray start, no Ray notices), else Ray tasks on a local cluster or the one at --ray-address."""
+    from autotune.errors import AutotuneError
+    from autotune.executor import Executor
+    from autotune.local_executor import LocalExecutor
+    from autotune.ray_cluster import start_ray
+
+    sim = args.backend == "sim"
+    if sim and args.parallel == 1 and not s.gpu_ids and not args.ray_address:
+        return LocalExecutor(s.backend, s.workload, s.slos), False
+    if args.ray_address and args.gpus and "," in args.gpus:
+        raise AutotuneError(
+            "--gpus with device ids picks devices of this machine; on a Ray cluster Ray assigns them: "
+            "give a count (--gpus 8), the most GPUs in use at once"
+        )
+    uses_gpus = not sim or bool(s.gpu_ids)
+    fake_gpus = None  # the simulator's GPUs are virtual: a local Ray cluster gets that many fake ones
+    if s.backend.simulated and uses_gpus:
+        fake_gpus = len(s.gpu_ids) or 1
+    # A local cluster sees only the --gpus devices (a count N: devices 0..N-1), so Ray assigns those.
+    devices = (s.gpu_ids or None) if uses_gpus else None
+    owns_ray = start_ray(args.ray_address, max(args.parallel, 1), fake_gpus, devices)
+    timeout = args.trial_timeout or (SIM_TRIAL_TIMEOUT_S if sim else REAL_TRIAL_TIMEOUT_S)
+    if s.workload.load == "capacity":
+        from autotune.capacity import MAX_PROBES
+
+        timeout *= MAX_PROBES + 1 if not args.trial_timeout else 1  # the saturation run and every probe
+    try:
+        executor = Executor(
+            s.backend,
+            s.workload,
+            s.slos,
+            uses_gpus=uses_gpus,
+            gpu_cap=len(s.gpu_ids) or None,
+            cpu_slots=args.parallel,
+            trial_timeout_s=timeout,
+        )
+        if uses_gpus and executor.capacity == 0:
+            raise AutotuneError(f"the {args.backend} backend needs GPUs and the Ray cluster has none")
+    except BaseException:
+        if owns_ray:
+            import ray
+
+            ray.shutdown()
+        raise
+    return executor, owns_ray

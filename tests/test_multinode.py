@@ -1,0 +1,258 @@
+"""Trials on a real multi-node Ray cluster on this machine (tests/ray_keeper.py: a head without GPUs
+and worker nodes with fake GPUs), served over HTTP by `autotune sim-server` through `--backend vllm`.
+
+The driver (`autotune run --ray-address`) and the cluster run as subprocesses: a multi-node cluster
+cannot share this process with the single local Ray of tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import FrozenTrial, TrialState
+
+KEEPER = Path(__file__).with_name("ray_keeper.py")
+MAX_MODEL_LEN = 3071  # an unusual value: marks this module's servers in the process table
+SPACE = f"""
+fixed: {{model: meta-llama/Llama-3.1-8B-Instruct, gpu: H100, max_model_len: {MAX_MODEL_LEN}}}
+params:
+  tensor_parallel_size: {{type: categorical, choices: [1, 2, 4]}}
+  max_num_seqs: {{type: categorical, choices: [8, 16, 24, 32, 48, 64]}}
+"""
+WORKLOAD = "name: tiny\nload: fixed\nnum_requests: 8\nrequest_rate: inf\nprompt_len: 32\noutput_len: 8\n"
+# Ray's memory monitor kills tasks when the *machine* is nearly full; on a shared test machine that
+# is other people's memory, not this test's.
+ENV = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1", "RAY_memory_monitor_refresh_ms": "0"}
+
+
+class Keeper:
+    """A running tests/ray_keeper.py cluster."""
+
+    def __init__(self, proc: subprocess.Popen[str], info: dict[str, Any]) -> None:
+        self.proc = proc
+        self.address: str = info["address"]
+        self.workers: list[dict[str, Any]] = info["workers"]
+
+    def kill(self, index: int) -> None:
+        """SIGKILL worker node `index` (its raylet and workers), like a machine lost."""
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(f"kill {index}\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "killed"
+
+    def stop(self) -> None:
+        """Shut the whole cluster down (idempotent)."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(BrokenPipeError):
+                assert self.proc.stdin
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.terminate()  # the keeper shuts its cluster down on SIGTERM too
+                self.proc.wait(30)
+
+
+@contextlib.contextmanager
+def keeper(*gpus: int) -> Iterator[Keeper]:
+    """A cluster with one worker node per entry of `gpus` (its fake GPU count), always shut down."""
+    cmd = [sys.executable, str(KEEPER), *map(str, gpus)]
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV
+    )
+    try:
+        assert proc.stdout
+        line = proc.stdout.readline()
+        assert line, "the cluster did not start"
+        cluster = Keeper(proc, json.loads(line))
+        yield cluster
+    finally:
+        Keeper(proc, {"address": "", "workers": []}).stop()
+
+
+def run_args(tmp_path: Path, address: str, n_trials: int, startup_delay: float) -> list[str]:
+    (tmp_path / "space.yaml").write_text(SPACE)
+    (tmp_path / "tiny.yaml").write_text(WORKLOAD)
+    serve = f"{sys.executable} -m autotune.cli sim-server --startup-delay {startup_delay}"
+    args = [sys.executable, "-m", "autotune.cli", "run", "--space", str(tmp_path / "space.yaml")]
+    args += ["--workload", str(tmp_path / "tiny.yaml"), "--backend", "vllm", "--serve-cmd", serve]
+    args += ["--ray-address", address, "--sampler", "grid", "--n-trials", str(n_trials), "--no-screen"]
+    return [*args, "--slo", "ttft_p99=10s", "--runs-dir", str(tmp_path), "--study", "mn", "--quiet"]
+
+
+def trials(tmp_path: Path) -> list[FrozenTrial]:
+    try:
+        study = optuna.load_study(study_name="mn", storage=f"sqlite:///{tmp_path / 'mn' / 'study.db'}")
+    except Exception:  # noqa: BLE001  (not created yet, or locked for a moment)
+        return []
+    return study.get_trials(deepcopy=False)
+
+
+def finished(tmp_path: Path) -> dict[int, FrozenTrial]:
+    """COMPLETE trials that ran a server (not rejected before launch)."""
+    return {
+        t.number: t
+        for t in trials(tmp_path)
+        if t.state == TrialState.COMPLETE and t.user_attrs.get("launched", True)
+    }
+
+
+def crashed_on(tmp_path: Path, node_id: str) -> bool:
+    """Whether a trial was told as crashed on that node."""
+    return any(
+        t.user_attrs.get("failure") == "crashed" and t.user_attrs.get("node_id") == node_id
+        for t in trials(tmp_path)
+    )
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def servers_under(raylet_pid: int) -> list[int]:
+    """This module's sim-server processes started by a worker of the node whose raylet is given."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if "sim-server" not in cmdline or f"--max-model-len {MAX_MODEL_LEN}" not in cmdline:
+                continue
+            pid = int(proc.name)
+            while pid > 1 and pid != raylet_pid:
+                pid = _parent(pid)
+            if pid == raylet_pid:
+                found.append(int(proc.name))
+    return found
+
+
+def wait_for(condition: Any, proc: subprocess.Popen[str], limit_s: float, what: str) -> None:
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert proc.poll() is None, f"the run ended before {what}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"no {what} within {limit_s:g} s"
+        time.sleep(0.2)
+
+
+def test_ray_places_trials_survives_a_lost_node_stops_with_the_cluster_and_resumes_on_a_new_one(
+    tmp_path: Path,
+) -> None:
+    with keeper(2, 3) as cluster:
+        node_gpus = {w["node_id"]: w["gpus"] for w in cluster.workers}
+        lost = cluster.workers[1]
+        cmd = run_args(tmp_path, cluster.address, n_trials=14, startup_delay=1)
+        run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        try:
+            wait_for(lambda: len(finished(tmp_path)) >= 2, run, 120, "2 finished trials")
+            wait_for(lambda: servers_under(lost["raylet_pid"]), run, 60, "a trial on the 3-GPU node")
+            before = finished(tmp_path)
+            cluster.kill(1)
+            wait_for(lambda: crashed_on(tmp_path, lost["node_id"]), run, 120, "the lost node's crash")
+            # the run goes on without the node: one more trial finishes
+            count = len(finished(tmp_path))
+            wait_for(lambda: len(finished(tmp_path)) > count, run, 120, "a trial after the loss")
+            cluster.stop()
+            gone = time.monotonic()
+            _, err = run.communicate(timeout=60)
+        finally:
+            if run.poll() is None:
+                run.kill()
+    # the whole cluster gone: a clean stop with one line, in seconds
+    assert run.returncode == 1, err
+    assert time.monotonic() - gone < 30
+    last = err.strip().splitlines()[-1]
+    assert "the Ray cluster is gone" in last and "--resume" in last, err
+    every = trials(tmp_path)
+    assert not [t for t in every if t.state == TrialState.RUNNING]
+    after = finished(tmp_path)
+    for number, trial in before.items():  # nothing finished was lost with the node or the cluster
+        assert after[number].values == trial.values
+
+    crashed = [t for t in every if t.user_attrs.get("failure") == "crashed"]
+    assert crashed and all("was lost mid-trial" in t.user_attrs["message"] for t in crashed), crashed
+    assert {t.user_attrs["node_id"] for t in crashed} == {lost["node_id"]}
+    assert f"(Ray node {lost['node_id'][:8]})" in crashed[0].user_attrs["message"]  # the node is named
+
+    too_big = [t for t in every if t.params.get("tensor_parallel_size") == 4]
+    assert too_big and all(t.user_attrs["launched"] is False for t in too_big)  # told before launch
+    message = too_big[0].user_attrs["message"]
+    assert "needs 4 GPUs on one node; the largest node of the Ray cluster has 3" in message
+
+    placed = [t for t in after.values() if "duplicate_of" not in t.user_attrs and t not in crashed]
+    assert any(t.user_attrs["config"]["tensor_parallel_size"] == 2 for t in placed)
+    windows = []
+    for t in placed:
+        node, gpus = t.user_attrs["node_id"], t.user_attrs["gpu_ids"]
+        assert node in node_gpus  # a worker node (the head has no GPU)
+        assert len(gpus) == t.user_attrs["config"]["tensor_parallel_size"]  # TP devices, on one node
+        assert set(gpus) <= set(range(node_gpus[node])), (gpus, node_gpus[node])  # devices it has
+        log = tmp_path / "mn" / "trials" / str(t.number) / "server.log"  # came back to the driver
+        pinned = ",".join(map(str, gpus))
+        assert log.read_text().startswith(f"# autotune: CUDA_VISIBLE_DEVICES={pinned} "), log
+        start, end = t.user_attrs["info"]["ran_at"]
+        windows.append((node, set(gpus), start, end))
+    overlaps = 0
+    for i, (node_a, gpus_a, start_a, end_a) in enumerate(windows):
+        for node_b, gpus_b, start_b, end_b in windows[i + 1 :]:
+            if node_a == node_b and start_a < end_b and start_b < end_a:
+                overlaps += 1
+                assert not gpus_a & gpus_b  # concurrent trials on one node never share a device
+    assert overlaps  # trials did run side by side on a node
+    with open(tmp_path / "mn" / "trials.csv") as f:
+        rows = {int(r["trial"]): r for r in csv.DictReader(f)}
+    assert rows[placed[0].number]["node_id"] == placed[0].user_attrs["node_id"]
+    assert rows[placed[0].number]["gpu_ids"] == ",".join(map(str, placed[0].user_attrs["gpu_ids"]))
+
+    target = len(after) + 1
+    with keeper(2) as cluster:  # a new cluster: --resume continues there
+        cmd = run_args(tmp_path, cluster.address, n_trials=target, startup_delay=0)
+        resumed = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, env=ENV, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(finished(tmp_path)) == target
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}"])
+def test_an_unreachable_ray_address_fails_in_seconds_with_one_line(tmp_path: Path, address: str) -> None:
+    from autotune.backends.server import free_port
+
+    address = address.format(port=free_port())
+    cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--ray-address", address]
+    start = time.monotonic()
+    done = subprocess.run(
+        [*cmd, "--runs-dir", str(tmp_path)], capture_output=True, text=True, env=ENV, timeout=60
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"autotune run: error: cannot join the Ray cluster at {address}: nothing answers at "
+        f"{address.removeprefix('ray://')} within 3 s"
+    ]
+    assert time.monotonic() - start < 15
+
+
+def test_device_ids_on_a_cluster_are_refused_in_one_line(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--backend", "vllm"]
+    cmd += ["--serve-cmd", f"{sys.executable} -m autotune.cli sim-server", "--ray-address", "auto"]
+    cmd += ["--gpus", "0,1"]
+    done = subprocess.run(
+        [*cmd, "--runs-dir", str(tmp_path)], capture_output=True, text=True, env=ENV, timeout=60
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert "--gpus with device ids picks devices of this machine" in line and "give a count" in line
+    assert not list(tmp_path.rglob("study.db"))
