@@ -72,6 +72,8 @@ def remeasure(
     while todo or running:
         if interrupted():
             raise KeyboardInterrupt
+        # A config that no longer fits (a node of the cluster was lost) is not re-measured.
+        todo = [r for r in todo if executor.fits(r.trial.engine_config())]
         while todo and executor.can_start(todo[0].trial.engine_config()):
             repeat = todo.pop(0)
             trial_dir = (

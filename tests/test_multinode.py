@@ -89,6 +89,8 @@ def run_args(tmp_path: Path, address: str, n_trials: int, startup_delay: float) 
     args = [sys.executable, "-m", "autotune.cli", "run", "--space", str(tmp_path / "space.yaml")]
     args += ["--workload", str(tmp_path / "tiny.yaml"), "--backend", "vllm", "--serve-cmd", serve]
     args += ["--ray-address", address, "--sampler", "grid", "--n-trials", str(n_trials), "--no-screen"]
+    # No re-measurements at the end (--repeats 0): a node lost under one would crash no trial.
+    args += ["--repeats", "0"]
     return [*args, "--slo", "ttft_p99=10s", "--runs-dir", str(tmp_path), "--study", "mn", "--quiet"]
 
 
