@@ -158,7 +158,9 @@ def test_ray_places_trials_survives_a_lost_node_stops_with_the_cluster_and_resum
     with keeper(2, 3) as cluster:
         node_gpus = {w["node_id"]: w["gpus"] for w in cluster.workers}
         lost = cluster.workers[1]
-        cmd = run_args(tmp_path, cluster.address, n_trials=14, startup_delay=1)
+        # 3 s of server startup per trial: the node is killed while a trial on it is still starting,
+        # not in the gap between two (an idle host runs the whole grid in under 20 s).
+        cmd = run_args(tmp_path, cluster.address, n_trials=14, startup_delay=3)
         run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
         try:
             wait_for(lambda: len(finished(tmp_path)) >= 2, run, 120, "2 finished trials")
