@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.factory import BACKENDS
+from autotune.commands import run_end
 from autotune.inputs import add_startup_timeout, positive_seconds
 from autotune.sim.noise import add_noise_argument, noise_model
 
@@ -254,9 +255,9 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         with sigterm_as_ctrl_c():
             try:
                 return _tune(args, s, settings, sampler, executor)
-            except STORAGE_ERRORS() as exc:  # opening the study, taking its lease: before any trial
+            except run_end.STORAGE_ERRORS() as exc:  # opening the study, taking its lease: before any trial
                 raise RunFailure(
-                    f"the storage failed: {storage_error(exc)}; once fixed, {RESUME_HINT}"
+                    f"the storage failed: {storage_error(exc)}; once fixed, {run_end.RESUME_HINT}"
                 ) from None
     finally:
         if owns_ray:
@@ -318,137 +319,24 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
             screen=screen,
             on_told=note.update,
         )
-        summary = _run_tuner(tuner, study, s.run_dir)
+        summary = run_end.run_tuner(tuner, study, s.run_dir)
     except RunFailure as exc:
         if isinstance(exc, ClusterLost):  # the storage is fine: the results are written as after Ctrl-C
-            _write_results(study, s, args, context, note, lease, dashboard)
+            run_end.write_results(study, s, args, context, note, lease, dashboard)
             raise
         # The storage failed: reading it back for the results would wait on it again. --resume writes them.
-        _stop(lease, dashboard, s.run_dir, write_lease=False)
+        run_end.stop(lease, dashboard, s.run_dir, write_lease=False)
         raise
     except BaseException:
-        _, problem = _write_results(study, s, args, context, note, lease, dashboard)
+        _, problem = run_end.write_results(study, s, args, context, note, lease, dashboard)
         if problem:
             print(f"autotune run: {problem}", file=sys.stderr)  # then the interrupt's own line
         raise
-    written, problem = _write_results(study, s, args, context, note, lease, dashboard)
+    written, problem = run_end.write_results(study, s, args, context, note, lease, dashboard)
     if problem:
         raise RunFailure(problem)
-    _print_summary(written, summary, s.run_dir)
+    run_end.print_summary(written, summary, s.run_dir)
     return 0
-
-
-def _run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
-    """tuner.run(); an interrupt or a storage fault ends in one line that says how to continue."""
-    from autotune.errors import RunFailure
-    from autotune.ray_cluster import ClusterLost
-    from autotune.storage import storage_error
-
-    try:
-        return tuner.run()
-    except KeyboardInterrupt:
-        print(f"autotune run: {_kept(study)} kept in {run_dir}/; {RESUME_HINT}", file=sys.stderr)
-        raise
-    except ClusterLost as exc:  # the tuner already marked the interrupted trials FAIL
-        raise ClusterLost(
-            f"{exc}; {_kept(study)} kept in {run_dir}/; {RESUME_HINT} (against a new cluster: --ray-address)"
-        ) from None
-    except (*STORAGE_ERRORS(), OSError) as exc:
-        tuner.executor.cancel_all()
-        raise RunFailure(
-            f"the run stopped: {storage_error(exc)}; {_kept(study)} kept in {run_dir}/; once fixed, "
-            f"{RESUME_HINT}"
-        ) from None
-
-
-RESUME_HINT = "the same command with --resume continues"
-
-
-def STORAGE_ERRORS() -> tuple[type[BaseException], ...]:  # noqa: N802  (a constant, imported late)
-    """What a failing study storage raises (locked, full, corrupted, unreachable database)."""
-    import optuna
-    import sqlalchemy.exc
-
-    return (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
-
-
-def _kept(study: Any) -> str:
-    """'N finished trials' (COMPLETE) of the study, or 'every finished trial is' when it cannot say."""
-    import optuna
-
-    try:
-        n = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-    except Exception:  # noqa: BLE001  (the storage is what failed)
-        return "every finished trial is"
-    return f"{n} finished trials"
-
-
-def _write_results(
-    study: Any, s: _Setup, args: argparse.Namespace, context: dict, note: Any, lease: Any, dashboard: Any
-) -> tuple[Any, str]:
-    """Write the results (Ctrl-C waits until they are complete): (the outcome and records, ''), or
-    (None, why) when they could not be written (a full disk: the study still has every trial)."""
-    from autotune import report
-    from autotune.interrupts import deferred_ctrl_c
-    from autotune.storage import storage_error
-    from autotune.study import records
-
-    out, problem = None, ""
-    with deferred_ctrl_c():
-        try:
-            recs = records(study)
-            maximize = [o.maximize for o in s.objectives.objectives]
-            slos = [str(slo) for slo in s.slos]
-            outcome = report.outcome(
-                recs,
-                s.objectives.names,
-                maximize,
-                slos,
-                context,
-                args.target_rate,
-                args.gpu_price,
-                study.user_attrs.get("remeasured"),
-            )
-            out = outcome, recs
-            if recs:
-                report.write_all(s.run_dir, outcome)
-                if note is not None:
-                    note.update(force=True)
-        except Exception as exc:  # noqa: BLE001  (a full disk, a broken storage: the trials are safe)
-            problem = (
-                f"cannot write the results to {s.run_dir}/ ({storage_error(exc)}); the study keeps every "
-                f"trial: once fixed, {RESUME_HINT} and writes them"
-            )
-            out = None
-        finally:
-            _stop(lease, dashboard, s.run_dir)
-    return out, problem
-
-
-def _stop(lease: Any, dashboard: Any, run_dir: Path, write_lease: bool = True) -> None:
-    lease.release(write=write_lease)
-    if dashboard is not None:
-        dashboard.stop()
-        print(f"autotune: the dashboard stopped with the run; reopen it: autotune dashboard {run_dir}")
-
-
-def _print_summary(written: Any, summary: Any, run_dir: Path) -> None:
-    from autotune import report
-
-    out, recs = written
-    print(report.summary_text(out))
-    ended = " (timeout)" if summary.timed_out else ""
-    converged = " (the sampler converged: it proposed only measured configs)" if summary.converged else ""
-    if summary.repeated:
-        ended += f"; {summary.repeated} re-measurements of the top configs and the baseline"
-    cost = out.cost.text() if out.cost is not None else ""
-    print(
-        f"\n{summary.completed} configs measured, {summary.duplicates} duplicate suggestions answered from "
-        f"earlier results{converged}, {summary.rejected} suggestions rejected "
-        f"before launch ({summary.screened} predicted to fail to start); {summary.told} told this run in "
-        f"{summary.wall_s:.0f} s{ended}; {cost}"
-        f"\nResults: {run_dir}/ (trials.csv, pareto.csv, best.json, best.sh, pareto.png, report.html)"
-    )
 
 
 def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> None:

@@ -1,0 +1,125 @@
+"""How `autotune run` ends: the one line after an interrupt or a storage fault, the results written
+(whatever happened), the summary printed. `s` is run.py's setup of the run (objectives, SLOs, run dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
+    """tuner.run(); an interrupt or a storage fault ends in one line that says how to continue."""
+    from autotune.errors import RunFailure
+    from autotune.ray_cluster import ClusterLost
+    from autotune.storage import storage_error
+
+    try:
+        return tuner.run()
+    except KeyboardInterrupt:
+        print(f"autotune run: {kept(study)} kept in {run_dir}/; {RESUME_HINT}", file=sys.stderr)
+        raise
+    except ClusterLost as exc:  # the tuner already marked the interrupted trials FAIL
+        raise ClusterLost(
+            f"{exc}; {kept(study)} kept in {run_dir}/; {RESUME_HINT} (against a new cluster: --ray-address)"
+        ) from None
+    except (*STORAGE_ERRORS(), OSError) as exc:
+        tuner.executor.cancel_all()
+        raise RunFailure(
+            f"the run stopped: {storage_error(exc)}; {kept(study)} kept in {run_dir}/; once fixed, "
+            f"{RESUME_HINT}"
+        ) from None
+
+
+RESUME_HINT = "the same command with --resume continues"
+
+
+def STORAGE_ERRORS() -> tuple[type[BaseException], ...]:  # noqa: N802  (a constant, imported late)
+    """What a failing study storage raises (locked, full, corrupted, unreachable database)."""
+    import optuna
+    import sqlalchemy.exc
+
+    return (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
+
+
+def kept(study: Any) -> str:
+    """'N finished trials' (COMPLETE) of the study, or 'every finished trial is' when it cannot say."""
+    import optuna
+
+    try:
+        n = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    except Exception:  # noqa: BLE001  (the storage is what failed)
+        return "every finished trial is"
+    return f"{n} finished trials"
+
+
+def write_results(
+    study: Any, s: Any, args: argparse.Namespace, context: dict, note: Any, lease: Any, dashboard: Any
+) -> tuple[Any, str]:
+    """Write the results (Ctrl-C waits until they are complete): (the outcome and records, ''), or
+    (None, why) when they could not be written (a full disk: the study still has every trial)."""
+    from autotune import report
+    from autotune.interrupts import deferred_ctrl_c
+    from autotune.storage import storage_error
+    from autotune.study import records
+
+    out, problem = None, ""
+    with deferred_ctrl_c():
+        try:
+            recs = records(study)
+            maximize = [o.maximize for o in s.objectives.objectives]
+            slos = [str(slo) for slo in s.slos]
+            outcome = report.outcome(
+                recs,
+                s.objectives.names,
+                maximize,
+                slos,
+                context,
+                args.target_rate,
+                args.gpu_price,
+                study.user_attrs.get("remeasured"),
+            )
+            out = outcome, recs
+            if recs:
+                report.write_all(s.run_dir, outcome)
+                if note is not None:
+                    note.update(force=True)
+        except Exception as exc:  # noqa: BLE001  (a full disk, a broken storage: the trials are safe)
+            problem = (
+                f"cannot write the results to {s.run_dir}/ ({storage_error(exc)}); the study keeps every "
+                f"trial: once fixed, {RESUME_HINT} and writes them"
+            )
+            out = None
+        finally:
+            stop(lease, dashboard, s.run_dir)
+    return out, problem
+
+
+def stop(lease: Any, dashboard: Any, run_dir: Path, write_lease: bool = True) -> None:
+    """Release the study's lease and stop the dashboard (saying how to reopen it)."""
+    lease.release(write=write_lease)
+    if dashboard is not None:
+        dashboard.stop()
+        print(f"autotune: the dashboard stopped with the run; reopen it: autotune dashboard {run_dir}")
+
+
+def print_summary(written: Any, summary: Any, run_dir: Path) -> None:
+    """The front, the recommendation and what the run did, on stdout."""
+    from autotune import report
+
+    out, recs = written
+    print(report.summary_text(out))
+    ended = " (timeout)" if summary.timed_out else ""
+    converged = " (the sampler converged: it proposed only measured configs)" if summary.converged else ""
+    if summary.repeated:
+        ended += f"; {summary.repeated} re-measurements of the top configs and the baseline"
+    cost = out.cost.text() if out.cost is not None else ""
+    print(
+        f"\n{summary.completed} configs measured, {summary.duplicates} duplicate suggestions answered from "
+        f"earlier results{converged}, {summary.rejected} suggestions rejected "
+        f"before launch ({summary.screened} predicted to fail to start); {summary.told} told this run in "
+        f"{summary.wall_s:.0f} s{ended}; {cost}"
+        f"\nResults: {run_dir}/ (trials.csv, pareto.csv, best.json, best.sh, pareto.png, report.html)"
+    )
