@@ -1,12 +1,13 @@
 """Re-measure the top candidates and the baseline with other seeds before recommending.
 
 On a real GPU two measurements of one config differ by a few percent, so the best of fifty trials is
-partly the luckiest. Before the recommendation, the best `TOP_CANDIDATES` configs on the Pareto front
-and the baseline (vLLM's defaults) are measured again, each with `repeats` other workload seeds (other
-requests, other arrival times; the simulator with `--noise` draws other noise too). The primary
-objective of every repeat is kept in the study's `remeasured` attr (trial number -> {repeat index ->
-value}), written after each one, so a resumed run continues where it stopped and the recommendation
-(autotune/recommendation.py) pairs the runs seed by seed to give the gain an interval.
+partly the luckiest. Before the recommendation, `TOP_CANDIDATES` configs (the one the recommendation
+would pick and the best others on the Pareto front) and the baseline (vLLM's defaults) are measured
+again, each with `repeats` other workload seeds (other requests, other arrival times; the simulator
+with `--noise` draws other noise too). The primary objective of every repeat is kept in the study's
+`remeasured` attr (trial number -> {repeat index -> value}), written after each one, so a resumed run
+continues where it stopped and the recommendation (autotune/recommendation.py) pairs the runs seed by
+seed to give the gain an interval.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import optuna
 
 from autotune.executor import Executor
 from autotune.objectives import ObjectiveSet
-from autotune.study import TrialRecord, baseline, pareto_front, records
+from autotune.recommendation import tie_tolerance
+from autotune.study import TrialRecord, baseline, pareto_front, recommend, records
 
 TOP_CANDIDATES = 3
 ATTR = "remeasured"
@@ -40,8 +42,18 @@ class Repeat:
 
 
 def targets(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> list[TrialRecord]:
-    """The best TOP_CANDIDATES trials on the Pareto front (best first) and the baseline."""
-    chosen = pareto_front(recs, maximize)[:TOP_CANDIDATES]
+    """The config the recommendation would pick, the best others on the Pareto front (TOP_CANDIDATES in
+    all, best first) and the baseline.
+
+    The pick is among the configs tied on throughput, by latency: it need not be one of the best few
+    by throughput, and its gain can only get an interval if it was measured again.
+    """
+    pick = recommend(recs, maximize, tie_tolerance(recs))
+    front = pareto_front(recs, maximize)
+    chosen = ([pick] if pick is not None else []) + [
+        r for r in front if pick is None or r.number != pick.number
+    ]
+    chosen = chosen[:TOP_CANDIDATES]
     base = baseline(recs)
     if base is not None and base.values and all(r.number != base.number for r in chosen):
         chosen.append(base)

@@ -85,3 +85,25 @@ def test_fixed_load_ties_are_judged_at_one_percent(tmp_path: Path) -> None:
         ],
     )
     assert d.keeps_defaults and d.gain.margin == 0.01
+
+
+def test_the_config_the_recommendation_picks_is_re_measured(tmp_path: Path) -> None:
+    """Ties on throughput go to the lowest latencies: that pick can be 4th by throughput, and it is the
+    one whose gain needs repeats."""
+    from autotune.remeasure import TOP_CANDIDATES, targets
+
+    study = build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, capacity(4000, 0.03)),
+            ({"max_num_seqs": 512}, capacity(5100, 0.03, ttft_ms=1900, itl_ms=90)),
+            ({"max_num_seqs": 256}, capacity(5090, 0.03, ttft_ms=1800, itl_ms=80)),
+            ({"max_num_seqs": 128}, capacity(5080, 0.03, ttft_ms=1700, itl_ms=70)),
+            ({"max_num_seqs": 64}, capacity(5070, 0.03, ttft_ms=500, itl_ms=10)),
+        ],
+    )
+    recs = records(study)
+    pick = decide(recs, MAXIMIZE, OBJECTIVES.names).candidate
+    assert pick is not None and pick.number == 4  # the lowest latencies among the tied
+    chosen = [r.number for r in targets(recs, MAXIMIZE)]
+    assert chosen[0] == 4 and len(chosen) == TOP_CANDIDATES + 1 and chosen[-1] == 0  # and the baseline
