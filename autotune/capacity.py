@@ -233,7 +233,7 @@ def _annotate(
         **measured,
         "capacity_rate": round(capacity, 4),
         "capacity_bracket": bracket,
-        # How finely capacity is known: the bracket's width relative to its bottom (inf: nothing passed).
+        # How finely capacity is known: the bracket's width relative to its bottom (None: nothing passed).
         "capacity_resolution": round(high / capacity - 1, 4) if high and capacity > 0 else None,
         "capacity_bound_measured": bool(high is not None and high < top),
         "saturation_throughput": sat_info.get("throughput"),

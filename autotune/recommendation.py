@@ -111,15 +111,13 @@ def measure_gain(
         _improvement(cand_runs[k], base_runs[k], maximize) for k in sorted(cand_runs) if k in base_runs
     ]
     if len(pairs) > 1:
-        margin = resolution
-        ratio = statistics.fmean(pairs)
         return Gain(
             metric,
-            ratio,
+            statistics.fmean(pairs),
             min(pairs),
             max(pairs),
-            margin,
-            min(pairs) > 1 + margin,
+            resolution,
+            min(pairs) > 1 + resolution,
             f"{len(pairs)} paired runs",
         )
     if resolution > 0:

@@ -76,7 +76,10 @@ AUTO_TUNE_SH = "auto_tune.sh"
 WORKLOAD_SEED = 0  # every trial replays the same requests (as `autotune run --seed 0` does)
 # What a cached result keeps of a trial's info: what the constraints read (keeping up) and the capacity.
 KEPT_INFO = ("backlog_growth", "backlog_allowed", "kept_up", "capacity_rate", "capacity_resolution")
-MEASURING = ("capacity.py", "steady_state.py", "metrics.py", "early_abort.py", "objectives.py")
+MEASURING = (
+    "capacity.py", "steady_state.py", "metrics.py", "early_abort.py", "objectives.py",
+    "workload.py", "lengths.py",
+)  # fmt: skip
 # auto_tune.sh's defaults (benchmarks/auto_tune/auto_tune.sh in vLLM)
 SH_SEQS = (128, 256)
 SH_BUDGETS = (512, 1024, 2048, 4096)
