@@ -23,7 +23,7 @@ import numpy as np
 import autotune
 from autotune.errors import AutotuneError
 from autotune.inputs import read_yaml
-from autotune.lengths import DISTS, LengthDist
+from autotune.lengths import DISTS, LengthDist, stratified_uniforms
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TRACES = (
@@ -63,8 +63,9 @@ class TraceSource:
     """Rows of an Azure-format CSV (TIMESTAMP, ContextTokens, GeneratedTokens).
 
     arrivals "trace": replay the timestamps from the first row at or after `start` seconds into the
-    trace, divided by `time_scale` (2 = twice as fast). arrivals "rate": lengths only, rows sampled at
-    random, arrivals from the workload's rate. Rows with prompt + output > max_len are skipped.
+    trace, divided by `time_scale` (2 = twice as fast). arrivals "rate": lengths only, rows from the
+    first at or after `start` (the next `rows` of them, or all) sampled stratified by length, arrivals
+    from the workload's rate. Rows with prompt + output > max_len are skipped.
     """
 
     name: str  # "conv" | "code" (shipped) or a path to a CSV with the same columns
@@ -72,6 +73,7 @@ class TraceSource:
     time_scale: float = 1.0
     start: float = 0.0
     max_len: int | None = None
+    rows: int | None = None  # arrivals "rate": sample only this many rows from `start` (None: all)
 
     def __post_init__(self) -> None:
         if self.arrivals not in ("trace", "rate"):
@@ -82,8 +84,8 @@ class TraceSource:
             raise AutotuneError(f"trace start must be >= 0 seconds, got {self.start:g}")
         if self.max_len is not None and self.max_len < 2:
             raise AutotuneError(f"trace max_len must be >= 2, got {self.max_len}")
-        if self.arrivals == "rate" and (self.time_scale != 1 or self.start):
-            raise AutotuneError("time_scale and start only apply to trace arrivals (arrivals: trace)")
+        if self.arrivals == "rate" and self.time_scale != 1:
+            raise AutotuneError("time_scale only applies to trace arrivals (arrivals: trace)")
 
     @property
     def path(self) -> Path:
@@ -242,10 +244,19 @@ class WorkloadSpec:
         assert self.trace is not None
         seconds, prompt, output = self.trace.read()
         n = self.num_requests
-        if self.trace.arrivals == "rate":
-            rows = rng.choice(len(prompt), size=n, replace=n > len(prompt))
-            return prompt[rows], output[rows], None
         first = int(np.searchsorted(seconds, self.trace.start))
+        if self.trace.arrivals == "rate":
+            stop = len(prompt) if self.trace.rows is None else min(len(prompt), first + self.trace.rows)
+            # Stratified by total length, like synthetic lengths (lengths.py): any window of a few
+            # blocks holds the long rows in their share, so probes of a capacity search see one mix.
+            by_length = first + np.argsort(prompt[first:stop] + output[first:stop], kind="stable")
+            if len(by_length) == 0:
+                raise AutotuneError(
+                    f"workload {self.name}: the trace has no rows after {self.trace.start:g}s"
+                )
+            picks = (stratified_uniforms(rng, n) * len(by_length)).astype(np.int64)
+            rows = by_length[np.minimum(picks, len(by_length) - 1)]
+            return prompt[rows], output[rows], None
         if len(seconds) - first < n:
             raise AutotuneError(
                 f"workload {self.name}: the trace has {len(seconds) - first} requests after "
@@ -285,14 +296,21 @@ class WorkloadSpec:
         prompts (their content may repeat). Token-id prompts are random and salted per run: they never do."""
         return self.num_prefixes > 0 or self.jsonl is not None
 
-    def burst(self, num_requests: int) -> WorkloadSpec:
-        """`num_requests` of this workload's requests, all at t=0 (a trace's own times dropped: its rows
-        are sampled at random)."""
+    def with_rate_arrivals(self) -> WorkloadSpec:
+        """This workload with arrivals drawn from its rate: a trace replay becomes the rows of the
+        stretch it replays, sampled stratified by length (a capacity search offers Poisson rates, and
+        its probes and saturation run all see that stretch's length mix); others are unchanged."""
         trace = self.trace
-        if trace is not None and trace.arrivals == "trace":
-            trace = dataclasses.replace(trace, arrivals="rate", time_scale=1.0, start=0.0)
+        if trace is None or trace.arrivals != "trace":
+            return self
+        rows = dataclasses.replace(trace, arrivals="rate", time_scale=1.0, rows=self.num_requests)
+        return dataclasses.replace(self, trace=rows)
+
+    def burst(self, num_requests: int) -> WorkloadSpec:
+        """`num_requests` of this workload's requests, all at t=0 (a trace's own times dropped, see
+        `with_rate_arrivals`)."""
         return dataclasses.replace(
-            self, trace=trace, request_rate=math.inf, num_requests=num_requests, measure_from=0.0
+            self.with_rate_arrivals(), request_rate=math.inf, num_requests=num_requests, measure_from=0.0
         )
 
     def with_load(

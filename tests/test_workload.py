@@ -181,6 +181,20 @@ def test_trace_lengths_only_uses_rate_arrivals():
     assert spec.requests(seed=1) != requests
 
 
+def test_a_capacity_search_samples_the_rows_a_trace_replay_covers():
+    """A trace replay at rate arrivals (capacity probes, saturation runs) draws lengths only from the
+    stretch the replay covers, stratified: every block of 64 requests holds one of its longest rows."""
+    replay = trace_spec(n=500, start=600)
+    stretch = [(r.prompt_len, r.output_len) for r in replay.requests()]
+    sampled = replay.with_rate_arrivals().with_load(request_rate=4.0, num_requests=5000).requests()
+    assert all((r.prompt_len, r.output_len) in set(stretch) for r in sampled)
+    assert sampled[-1].arrival_time == pytest.approx(5000 / 4.0, rel=0.1)  # Poisson at the rate
+    longest = sorted(p + o for p, o in stretch)[-len(stretch) // 64 :]
+    blocks = [sampled[i : i + 64] for i in range(0, 4992, 64)]
+    assert all(max(r.prompt_len + r.output_len for r in b) >= longest[0] for b in blocks)
+    assert replay.burst(100).trace.rows == 500  # the saturation run samples the same stretch
+
+
 def test_jsonl_token_counts_and_text(tmp_path: Path):
     path = tmp_path / "p.jsonl"
     rows = [
@@ -318,7 +332,7 @@ def one_line_error(call) -> str:
         ("num_requests: 10\nprompt_len: 5\noutput_len: 5\nshared_prefix: {num_prefixes: 4}\n", "both"),
         ("num_requests: 10\ntrace: {name: conv, arrivals: replay}\n", "arrivals"),
         ("num_requests: 10\ntrace: {name: conv, time_scale: 0}\n", "time_scale"),
-        ("num_requests: 10\ntrace: {name: conv, arrivals: rate, time_scale: 2}\n", "only apply"),
+        ("num_requests: 10\ntrace: {name: conv, arrivals: rate, time_scale: 2}\n", "only applies"),
         ("num_requests: 10\ntrace: missing.csv\n", "cannot read trace"),
         ("num_requests: 100000\ntrace: conv\n", "fewer than num_requests"),
         ("num_requests: 10\njsonl: missing.jsonl\n", "cannot read JSONL"),
