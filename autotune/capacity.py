@@ -6,11 +6,14 @@ With `load: capacity` a trial is a short search per config, on one started serve
    estimate) are never probed: it is the bracket's top. Its requests' decode time at full batch is the
    config's request lifetime, which sets how long each probe is (autotune/steady_state.py).
 2. Probes: Poisson load at a rate, with an unmeasured warm-up and a measured window of several request
-   lifetimes and at least 400 requests. A rate passes when the window meets every SLO and the server
-   kept up (the requests in it did not grow by more than 2 % of the window's arrivals, or than the
-   count's noise): that bounds capacity for every SLO set, ITL-only and none included. The first probe
-   is at 90 % of saturation; while probes fail the rate steps down by 0.7x (further when an ITL/TPOT
-   SLO was missed by a wide margin), then geometric bisection until the bracket is within `resolution`.
+   lifetimes and at least 400 requests. A rate passes when the server kept up (the requests in it did
+   not grow by more than 2 % of the window's arrivals, or than the count's noise, at most 4 %): that
+   bounds capacity for every SLO set, ITL-only and none included; and when every SLO holds with 95 %
+   confidence (autotune/evidence.py), so that the reported rate is one another run at it also meets:
+   a window too short to tell either way is doubled, up to 4x, and still unsure counts as a miss. The
+   first probe is at 90 % of saturation; while probes fail the rate steps down by 0.7x (further when an
+   ITL/TPOT SLO was missed by a wide margin), then geometric bisection until the bracket is within
+   `resolution`.
 A probe that is clearly lost is cut short by the early abort (its SLO cannot be met any more). A
 server that dies or hangs ends the search: the rates that passed before still count.
 
@@ -30,6 +33,7 @@ from typing import Any
 
 from autotune.backends.base import Backend, Session, TrialResult
 from autotune.config import EngineConfig
+from autotune.evidence import FAIL, PASS, UNSURE, Z, from_info, judge
 from autotune.progress import write_probe
 from autotune.slo import Slo
 from autotune.steady_state import MIN_WARMUP_S, MIN_WINDOW_S, Window, plan_window
@@ -46,6 +50,7 @@ SATURATION_BATCHES = 2  # the saturation run sends this many times max_num_seqs 
 MAX_SATURATION_REQUESTS = 4096
 MAX_PROBE_REQUESTS = 6000  # per probe (x window scale): a very fast config gets a shorter window
 MIN_WINDOW_REQUESTS = 400
+MAX_WINDOW_FACTOR = 4.0  # an unsure probe's window doubles up to this many times its planned length
 DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's largest per-GPU default, when the config leaves it unset
 SUSTAINED = ("request_throughput", "output_throughput", "total_token_throughput")
 
@@ -62,15 +67,24 @@ class CapacitySearch:
     # p99 over fewer requests is the 2nd-4th largest value: too noisy to compare rates by (a window of
     # 140 requests overestimated a config's capacity by 33 %, 400 came within 2 % of 1,000)
     min_window_requests: int = MIN_WINDOW_REQUESTS
+    max_window_factor: float = MAX_WINDOW_FACTOR
+    z: float = Z  # the confidence (standard errors) each SLO must hold by
 
 
 @dataclass
 class Probe:
-    """One measured rate."""
+    """One measured rate: its last run (the longest window), the verdict on it, and every run it took."""
 
     rate: float
     result: TrialResult
-    passed: bool
+    verdict: str  # PASS, FAIL, or UNSURE (still unsure at the longest window: a miss)
+    window_factor: float
+    runs: list[TrialResult]
+
+    @property
+    def passed(self) -> bool:
+        """Whether the rate is sustained with every SLO met (with confidence)."""
+        return self.verdict == PASS
 
     def to_info(self) -> dict[str, Any]:
         """What the trial's `capacity_probes` attr keeps of it (the report plots these)."""
@@ -84,6 +98,8 @@ class Probe:
             "p99_ttft_ms": round(bench.latency_ms["ttft"]["p99"], 2) if bench else None,
             "p99_itl_ms": round(bench.latency_ms["itl"]["p99"], 2) if bench else None,
             "meets_slos": self.passed,
+            "verdict": self.verdict,
+            "window_factor": self.window_factor,
             "failure": str(self.result.failure) if self.result.failure else None,
         }
 
@@ -93,6 +109,17 @@ def meets(result: TrialResult, slos: Sequence[Slo]) -> bool:
     if not result.ok or result.info.get("kept_up") is False:
         return False
     return all(slo.margin(result.benchmark) <= 0 for slo in slos)  # type: ignore[arg-type]
+
+
+def probe_verdict(result: TrialResult, slos: Sequence[Slo], z: float = Z) -> str:
+    """PASS, FAIL or UNSURE for a probe: the server must have kept up, and every SLO hold by `z`
+    standard errors (a backend that gave no evidence is judged on the point values)."""
+    if not result.ok or result.info.get("kept_up") is False:
+        return FAIL
+    evidence = result.info.get("slo_evidence")
+    if evidence is None:
+        return PASS if meets(result, slos) else FAIL
+    return judge(from_info(evidence), z)
 
 
 def find_capacity(
@@ -122,6 +149,7 @@ def _search(
     search: CapacitySearch,
     trial_dir: Path | None = None,
 ) -> TrialResult:
+    workload = workload.with_rate_arrivals()
     seqs = config.max_num_seqs or DEFAULT_MAX_NUM_SEQS
     n_sat = min(MAX_SATURATION_REQUESTS, max(workload.num_requests, SATURATION_BATCHES * seqs))
     sat_result = session.measure(workload.burst(n_sat), (), seed)
@@ -133,13 +161,19 @@ def _search(
     top = SATURATION_MARGIN * sat["throughput"]
 
     def probe(rate: float) -> Probe:
-        write_probe(trial_dir, len(probes) + 1, search.max_probes, rate)  # for the driver's progress line
-        plan = _probe_window(window, rate, search)
-        n = max(1, math.ceil(rate * plan.end))
-        result = session.measure(
-            workload.with_load(request_rate=rate, num_requests=n, measure_from=plan.start), slos, seed
-        )
-        return Probe(rate, result, meets(result, slos))
+        runs: list[TrialResult] = []
+        factor = 1.0
+        while True:
+            write_probe(trial_dir, len(probes) + 1, search.max_probes, rate)  # for the progress line
+            plan = _probe_window(window, rate, search, factor)
+            n = max(1, math.ceil(rate * plan.end))
+            load = workload.with_load(request_rate=rate, num_requests=n, measure_from=plan.start)
+            runs.append(session.measure(load, slos, seed))
+            verdict = probe_verdict(runs[-1], slos, search.z)
+            if verdict != UNSURE or 2 * factor > search.max_window_factor or not session.alive:
+                break
+            factor *= 2  # too short to tell: measure twice as long (a real server re-runs the warm-up)
+        return Probe(rate, runs[-1], verdict, factor, runs)
 
     probes: list[Probe] = []
     low: Probe | None = None
@@ -185,13 +219,13 @@ def _step_down(result: TrialResult, slos: Sequence[Slo]) -> float:
     return min(STEP_DOWN, max(MIN_STEP, 1.0 / (1.0 + miss))) if miss > 0 else STEP_DOWN
 
 
-def _probe_window(window: Window, rate: float, search: CapacitySearch) -> Window:
-    """`window` at `rate`: long enough for `min_window_requests` measured requests, and shortened
-    (warm-up too, in proportion) when the probe would send more than MAX_PROBE_REQUESTS x scale."""
-    needed = search.min_window_requests * search.window_scale / rate
-    if needed > window.length:
-        window = Window(window.start, window.start + needed)
-    cap = MAX_PROBE_REQUESTS * search.window_scale
+def _probe_window(window: Window, rate: float, search: CapacitySearch, factor: float = 1.0) -> Window:
+    """`window` at `rate`, `factor` times as long: long enough for `min_window_requests` measured
+    requests, and shortened (warm-up too, in proportion) when the probe would send more than
+    MAX_PROBE_REQUESTS x scale (x factor)."""
+    length = max(window.length, search.min_window_requests * search.window_scale / rate) * factor
+    window = Window(window.start, window.start + length)
+    cap = MAX_PROBE_REQUESTS * search.window_scale * factor
     if rate * window.end <= cap:
         return window
     factor = cap / (rate * window.end)
@@ -208,7 +242,7 @@ def _annotate(
 ) -> TrialResult:
     """Sum the GPU time of every run (one startup, saturation, probes) into the result, set sustained
     throughputs, record the search."""
-    runs = [sat, *(p.result for p in probes if p.result is not sat)]
+    runs = [sat, *(r for p in probes for r in p.runs if r is not sat)]
     best.startup_s = sum(r.startup_s for r in runs)
     best.benchmark_s = sum(r.benchmark_s for r in runs)
     best.saved_s = sum(r.saved_s for r in runs)

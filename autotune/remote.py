@@ -18,7 +18,7 @@ import httpx
 from autotune.backends.base import FailureKind, TrialResult
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
-from autotune.slo import Slo
+from autotune.slo import Slo, goodput_bounds
 
 REQUEST_TIMEOUT_S = 600.0
 
@@ -49,7 +49,6 @@ class RemoteServer:
             WARMUP_OUTPUT_LEN,
             WARMUP_PROMPT_LEN,
             WARMUP_REQUEST_ID,
-            goodput_slos,
             scrape_metrics,
             server_figures,
         )
@@ -78,7 +77,7 @@ class RemoteServer:
             )
         )
         server = server_figures(before, scrape_metrics(url), None)
-        metrics = compute_metrics(load.records, load.duration, goodput_slos(slos), server=server)
+        metrics = compute_metrics(load.records, load.duration, goodput_bounds(slos), server=server)
         failed = [r for r in load.records if not r.success]
         if failed and not metrics.completed:
             return TrialResult(

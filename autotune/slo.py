@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autotune.errors import AutotuneError
-from autotune.metrics import LATENCY_METRICS, BenchmarkResult
+from autotune.metrics import GOODPUT_METRICS, LATENCY_METRICS, BenchmarkResult
 
 STATS = ("mean", "median", "p50", "p90", "p95", "p99")
 _UNITS_MS = {"ms": 1.0, "s": 1000.0}
@@ -81,3 +81,13 @@ def parse_slo(text: str) -> Slo:
     if limit <= 0:
         raise AutotuneError(f"bad SLO {text!r}: the limit must be positive")
     return Slo(metric=metric, stat=stat, limit_ms=limit)
+
+
+def goodput_bounds(slos: Iterable[Slo]) -> dict[str, float] | None:
+    """Per-request bounds in ms for `vllm bench serve --goodput` from the SLOs on ttft/tpot/e2el (the
+    tightest per metric), or None when no SLO is one of them."""
+    bounds: dict[str, float] = {}
+    for slo in slos:
+        if slo.metric in GOODPUT_METRICS:
+            bounds[slo.metric] = min(slo.limit_ms, bounds.get(slo.metric, slo.limit_ms))
+    return bounds or None

@@ -27,18 +27,32 @@ from typing import Any
 
 import numpy as np
 
+from autotune.evidence import slo_criteria
 from autotune.metrics import BenchmarkResult, RequestRecord, compute_metrics
+from autotune.slo import Slo, goodput_bounds
 
 # The requests in the server may grow by 2 % of the window's arrivals (served >= 98 %): a queue that
 # grows by 5 % still meets a 2 s p99 TTFT over a 30 s window and breaks it 6x over 4,000 requests.
 MAX_BACKLOG_GROWTH = 0.02
-NOISE_SIGMAS = 3.0  # ... or by its own noise, when a short window makes that larger
+NOISE_SIGMAS = 3.0  # ... or by its own noise, when a short window makes that larger,
+# but never by more than 4 %: near saturation the count's memory is long and its noise estimate huge
+# (a probe serving 90 % of its load was allowed 12 % of growth), while a user checking the rate with
+# `vllm bench serve` wants >= 95 % of it served.
+MAX_ALLOWED_GROWTH = 0.04
 TREND_SAMPLES = 200
 WARMUP_RESIDENCES = 2.0  # warm-up: two request lifetimes, so the running batch has filled and turned over
 WINDOW_RESIDENCES = 4.0  # window: four more, so a queue growing by a few % shows in TTFT and the backlog
 MIN_WARMUP_S = 10.0
 MIN_WINDOW_S = 30.0  # at least 30 s of arrivals: p99 over several hundred requests at typical rates
-LOAD_KEYS = ("offered_rate", "served_rate", "backlog_growth", "backlog_allowed", "kept_up", "saturation")
+LOAD_KEYS = (
+    "offered_rate",
+    "served_rate",
+    "backlog_growth",
+    "backlog_allowed",
+    "kept_up",
+    "saturation",
+    "slo_evidence",
+)
 
 
 @dataclass(frozen=True)
@@ -82,7 +96,7 @@ class Steadiness:
     offered_rate: float  # requests sent in the window per second
     served_rate: float  # requests finished (successfully) in the window per second
     backlog_growth: float  # (in the server at the end - at the start) / requests sent in the window
-    allowed_growth: float  # MAX_BACKLOG_GROWTH, or the count's own noise when that is larger
+    allowed_growth: float  # MAX_BACKLOG_GROWTH, or the count's own noise (at most MAX_ALLOWED_GROWTH)
 
     @property
     def kept_up(self) -> bool:
@@ -107,9 +121,10 @@ def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
     through the count sampled at TREND_SAMPLES times, times the window's length), not the difference
     of its two ends: the ends carry the count's whole fluctuation, the line averages it out. What is
     allowed: MAX_BACKLOG_GROWTH, or NOISE_SIGMAS standard errors of that trend when the window is too
-    short to tell less. The standard error comes from the count's own scatter around the line and its
-    memory (autocorrelation), so a server whose batch is capped (little scatter) is judged as finely
-    as its data allows, and a queue near saturation (long memory) is not judged on noise.
+    short to tell less, up to MAX_ALLOWED_GROWTH. The standard error comes from the count's own scatter
+    around the line and its memory (autocorrelation), so a server whose batch is capped (little
+    scatter) is judged as finely as its data allows, and a queue near saturation (long memory) is not
+    judged on noise alone.
     """
     starts = np.array([r.start_time for r in records], dtype=float)
     # A failed request never finishes: it counts as still in the server.
@@ -124,7 +139,7 @@ def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
     residuals = counts - counts.mean() - slope * centered
     scatter = float(np.std(residuals))
     slope_error = scatter / (float(np.std(times)) * math.sqrt(_independent_samples(residuals)))
-    allowed = max(MAX_BACKLOG_GROWTH, NOISE_SIGMAS * slope_error * length / sent)
+    allowed = min(MAX_ALLOWED_GROWTH, max(MAX_BACKLOG_GROWTH, NOISE_SIGMAS * slope_error * length / sent))
     return Steadiness(sent / length, served / length, slope * length / sent, allowed)
 
 
@@ -173,21 +188,22 @@ def measure_window(
     records: Sequence[RequestRecord],
     duration: float,
     measure_from: float,
-    goodput_slos_ms: Mapping[str, float] | None = None,
+    slos: Sequence[Slo] = (),
     server: Mapping[str, Any] | None = None,
     kind: str = "open",
 ) -> tuple[BenchmarkResult, dict[str, Any]]:
     """The metrics of the requests sent from `measure_from` on, and what the run says about the load.
 
     With a warm-up (`measure_from` > 0) throughputs are over the window (its arrivals' span). The
-    dict has the steadiness keys for an open-loop run, the `saturation` figures for a burst, nothing
-    for a closed loop (no offered rate to keep up with); `kind` is `load_kind(...)` of the run.
+    dict has the steadiness keys and each SLO's evidence (autotune/evidence.py) for an open-loop run,
+    the `saturation` figures for a burst, nothing for a closed loop (no offered rate to keep up with);
+    `kind` is `load_kind(...)` of the run. The SLOs also give the goodput's per-request bounds.
     """
     measured = [r for r in records if r.start_time >= measure_from] if measure_from > 0 else list(records)
     last_send = max((r.start_time for r in records), default=0.0)
     window = Window(measure_from, last_send)
     span = window.length if measure_from > 0 else duration
-    metrics = compute_metrics(measured, span, goodput_slos_ms, server=server)
+    metrics = compute_metrics(measured, span, goodput_bounds(slos), server=server)
     if kind == "closed" or (kind == "open" and window.length <= 0):
         return metrics, {}
     if kind == "burst":
@@ -197,4 +213,5 @@ def measure_window(
         window = Window(WARMUP_RESIDENCES * lifetime(records), last_send)
         if window.length < 0.5 * last_send:
             return metrics, {}  # too short to tell
-    return metrics, steadiness(records, window).to_info()
+    evidence = {c.name: c.to_info() for c in slo_criteria(measured, slos)}
+    return metrics, {**steadiness(records, window).to_info(), "slo_evidence": evidence}

@@ -30,7 +30,7 @@ import httpx
 from autotune.backends.base import FailureKind, TrialResult, requests_failed_message
 from autotune.backends.failures import BENCHMARK, STARTUP, classify
 from autotune.config import EngineConfig
-from autotune.metrics import GOODPUT_METRICS, BenchmarkResult
+from autotune.metrics import BenchmarkResult
 from autotune.slo import Slo
 from autotune.steady_state import LOAD_KEYS, load_kind, measure_window
 from autotune.storage_url import masked
@@ -359,9 +359,7 @@ def _benchmark(
     server = server_figures(before, after, sampler.peak_kv)
     duration = load.duration or (time.monotonic() - started)
     kind = load_kind(requests, getattr(workload, "max_concurrency", None))
-    metrics, load_info = measure_window(
-        load.records, duration, measure_from, goodput_slos(slos), server, kind
-    )
+    metrics, load_info = measure_window(load.records, duration, measure_from, slos, server, kind)
     metrics.server.update(load_info)  # moved to the trial's info by _result
     return metrics, _judge(handle, load, metrics, [r.arrival_time for r in requests], limits)
 
@@ -545,11 +543,6 @@ def server_figures(
 
 
 # --- helpers for launchers -----------------------------------------------------------------------
-
-
-def goodput_slos(slos: Sequence[Slo]) -> dict[str, float]:
-    """The SLO bounds `vllm bench serve --goodput` understands (ttft, tpot, e2el), in ms."""
-    return {s.metric: s.limit_ms for s in slos if s.metric in GOODPUT_METRICS}
 
 
 def free_port() -> int:

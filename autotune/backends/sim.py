@@ -21,7 +21,6 @@ from autotune.backends.server import TrialLimits
 from autotune.config import EngineConfig
 from autotune.early_abort import replay_abort_time
 from autotune.errors import EngineStartupError
-from autotune.metrics import GOODPUT_METRICS
 from autotune.sim.engine import SimEngine, SimRun, simulate
 from autotune.sim.hardware import GIB, get_gpu
 from autotune.sim.memory import MemoryPlan
@@ -144,7 +143,7 @@ class SimSession:
             run.records,
             run.duration,
             measure_from,
-            _goodput_bounds(slos),
+            slos,
             server,
             load_kind(requests, workload.max_concurrency),
         )
@@ -164,15 +163,6 @@ class SimSession:
             saved_s=max(0.0, min(run.duration, _BENCHMARK_LIMIT_S) - spent_s),
             info=info,
         )
-
-
-def _goodput_bounds(slos: Sequence[Slo]) -> dict[str, float] | None:
-    """Per-request bounds for `vllm bench serve --goodput` from the SLOs on ttft/tpot/e2el."""
-    bounds: dict[str, float] = {}
-    for slo in slos:
-        if slo.metric in GOODPUT_METRICS:
-            bounds[slo.metric] = min(slo.limit_ms, bounds.get(slo.metric, slo.limit_ms))
-    return bounds or None
 
 
 def _info(resolved: EngineConfig, run: SimRun) -> dict[str, Any]:

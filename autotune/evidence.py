@@ -1,0 +1,118 @@
+"""Evidence: how sure a measured window is that its SLOs hold, so that a rate passes only when they do.
+
+A capacity probe judges a rate from one finite window; a user who then runs the reported rate (another
+sample of requests, e.g. 4,000 of them with `vllm bench serve`) sees other values. Judged on point
+estimates, the highest rate that passed is a coin flip at the threshold, and a bisection picks the
+luckiest one. So each SLO is judged with its standard error:
+
+- a percentile SLO (p99 TTFT <= 2 s) holds when the share of samples over the limit is at most
+  1 - p / 100 (1 % for p99): the criterion's margin is that share minus the allowed one. A share, unlike
+  the percentile itself, has a standard error that batch means give without assumptions: the window's
+  requests are cut into BATCHES consecutive groups (in arrival order, so a queue's memory stays within a
+  group) and the groups' shares scatter around the whole window's (a ratio estimate: ITL samples per
+  request vary). This also catches rare-event SLOs: a p99 ITL that jumps when more than 1 % of the steps
+  carry a long prefill is a share just under or over 1 %, and its error says which it is.
+- a mean SLO: (mean - limit) / limit, with the batch means' error.
+
+`judge` turns the criteria into "pass" (every one holds by Z errors), "fail" (one misses by Z errors) or
+"unsure"; the capacity search lengthens an unsure window (autotune/capacity.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autotune.metrics import RequestRecord
+from autotune.slo import Slo
+
+Z = 1.645  # one-sided 95 %: a rate passes when each SLO holds with this confidence
+BATCHES = 10
+PASS, FAIL, UNSURE = "pass", "fail", "unsure"
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """One SLO on one window: its margin (> 0 misses, in the criterion's own units) and standard error."""
+
+    name: str
+    margin: float
+    error: float
+
+    def verdict(self, z: float = Z) -> str:
+        """PASS when the margin is below zero by z errors, FAIL when above by z errors, else UNSURE."""
+        if self.margin + z * self.error <= 0:
+            return PASS
+        if self.margin - z * self.error > 0:
+            return FAIL
+        return UNSURE
+
+    def to_info(self) -> list[float]:
+        """[margin, error], as the probe's info keeps it."""
+        return [round(self.margin, 5), round(self.error, 5)]
+
+
+def judge(criteria: Sequence[Criterion], z: float = Z) -> str:
+    """FAIL if any criterion fails, PASS if every one passes, else UNSURE."""
+    verdicts = [c.verdict(z) for c in criteria]
+    if FAIL in verdicts:
+        return FAIL
+    return PASS if all(v == PASS for v in verdicts) else UNSURE
+
+
+def slo_criteria(records: Sequence[RequestRecord], slos: Sequence[Slo]) -> list[Criterion]:
+    """One criterion per SLO over the successful `records` (in any order: they are sorted by send time)."""
+    ok = sorted((r for r in records if r.success), key=lambda r: r.start_time)
+    groups = [list(g) for g in np.array_split(np.arange(len(ok)), max(1, min(BATCHES, len(ok))))]
+    out = []
+    for slo in slos:
+        per_group = [_samples(ok, g, slo.metric) for g in groups]
+        out.append(_criterion(slo, per_group))
+    return out
+
+
+def from_info(info: Mapping[str, Sequence[float]]) -> list[Criterion]:
+    """The criteria a probe's info kept (see `Criterion.to_info`)."""
+    return [Criterion(name, float(m), float(e)) for name, (m, e) in info.items()]
+
+
+def _samples(records: Sequence[RequestRecord], indexes: Sequence[int], metric: str) -> np.ndarray:
+    """The values of `metric` (seconds) that vLLM's benchmark pools for these requests."""
+    if metric == "itl":
+        parts = [np.asarray(records[i].itl, dtype=float) for i in indexes]
+        return np.concatenate(parts) if parts else np.zeros(0)
+    if metric == "tpot":
+        return np.array([records[i].tpot for i in indexes if records[i].output_len > 1], dtype=float)
+    if metric == "ttft":
+        return np.array([records[i].ttft for i in indexes], dtype=float)
+    return np.array([records[i].latency for i in indexes], dtype=float)
+
+
+def _criterion(slo: Slo, groups: Sequence[np.ndarray]) -> Criterion:
+    limit = slo.limit_ms / 1000.0
+    sizes = np.array([len(g) for g in groups], dtype=float)
+    if sizes.sum() == 0:
+        return Criterion(slo.name, 0.0, math.inf)  # nothing measured: no evidence either way
+    if slo.stat == "mean":
+        totals = np.array([g.sum() for g in groups])
+        value, error = _ratio(totals, sizes)
+        return Criterion(slo.name, (value - limit) / limit, error / limit)
+    allowed = 0.5 if slo.stat == "median" else 1.0 - float(slo.stat[1:]) / 100.0
+    over = np.array([np.count_nonzero(g > limit) for g in groups], dtype=float)
+    share, error = _ratio(over, sizes)
+    return Criterion(slo.name, share - allowed, error)
+
+
+def _ratio(totals: np.ndarray, sizes: np.ndarray) -> tuple[float, float]:
+    """Σ totals / Σ sizes and its batch-means standard error (ratio estimator; inf with one group)."""
+    keep = sizes > 0
+    totals, sizes = totals[keep], sizes[keep]
+    value = float(totals.sum() / sizes.sum())
+    n = len(sizes)
+    if n < 2:
+        return value, math.inf
+    spread = float(np.sum((totals - value * sizes) ** 2) / (n * (n - 1)))
+    return value, math.sqrt(spread) / float(sizes.mean())

@@ -1,0 +1,79 @@
+"""Evidence: an SLO judged with its standard error, so a rate passes only when another run would agree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autotune.evidence import FAIL, PASS, UNSURE, Criterion, judge, slo_criteria
+from autotune.metrics import RequestRecord, compute_metrics
+from autotune.slo import parse_slos
+
+TTFT_P99 = parse_slos("ttft_p99=2s")
+
+
+def records(slow: list[int], n: int = 1000, itl: float = 0.01) -> list[RequestRecord]:
+    """`n` requests one per 0.1 s with a 0.1 s TTFT, except those in `slow` (5 s)."""
+    out = []
+    for i in range(n):
+        ttft = 5.0 if i in slow else 0.1
+        out.append(
+            RequestRecord(
+                prompt_len=100,
+                output_len=3,
+                start_time=i * 0.1,
+                ttft=ttft,
+                itl=[itl, itl],
+                latency=ttft + 2 * itl,
+            )
+        )
+    return out
+
+
+def verdict(recs: list[RequestRecord], slos=TTFT_P99) -> str:
+    return judge(slo_criteria(recs, slos))
+
+
+def test_far_under_the_limit_passes_far_over_fails() -> None:
+    assert verdict(records([])) == PASS
+    assert verdict(records(list(range(0, 1000, 10)))) == FAIL  # 10 % over 2 s: p99 is 5 s
+
+
+def test_misses_in_one_stretch_are_less_certain_than_spread_ones() -> None:
+    """0.5 % over the limit meets p99 either way; spread evenly that is sure, bunched (a queue that built
+    up once) another window may see none or several such stretches, so it is unsure."""
+    spread = records(list(range(50, 1000, 200)))
+    bunched = records(list(range(300, 305)))
+    for recs in (spread, bunched):
+        assert compute_metrics(recs, 100.0).latency_ms["ttft"]["p99"] < 2000
+    assert verdict(spread) == PASS
+    assert verdict(bunched) == UNSURE
+
+
+def test_the_share_over_the_limit_agrees_with_the_percentile() -> None:
+    """The margin's sign is the point verdict: <= 0 exactly when p99 TTFT <= the limit."""
+    rng = np.random.default_rng(3)
+    for k in (0, 5, 9, 12, 30):
+        recs = records(list(rng.choice(1000, size=k, replace=False)))
+        (criterion,) = slo_criteria(recs, TTFT_P99)
+        p99 = compute_metrics(recs, 100.0).latency_ms["ttft"]["p99"]
+        assert (criterion.margin <= 0) == (p99 <= 2000), k
+
+
+@pytest.mark.parametrize(
+    ("slo", "itl", "expected"), [("itl_p99=50ms", 0.01, PASS), ("itl_p99=5ms", 0.01, FAIL)]
+)
+def test_itl_pools_every_gap(slo: str, itl: float, expected: str) -> None:
+    assert verdict(records([], itl=itl), parse_slos(slo)) == expected
+
+
+def test_a_mean_slo_is_judged_on_the_mean() -> None:
+    slow = list(range(0, 1000, 10))  # mean TTFT 0.1 + 10 % x 4.9 s = 0.59 s
+    assert verdict(records(slow), parse_slos("ttft_mean=1s")) == PASS
+    assert verdict(records(slow), parse_slos("ttft_mean=400ms")) == FAIL
+
+
+def test_no_data_is_no_evidence() -> None:
+    (criterion,) = slo_criteria([], TTFT_P99)
+    assert criterion.verdict() == UNSURE
+    assert judge([Criterion("a", -1, 0.1), Criterion("b", 1, 0.1)]) == FAIL
