@@ -50,6 +50,7 @@ SATURATION_BATCHES = 2  # the saturation run sends this many times max_num_seqs 
 MAX_SATURATION_REQUESTS = 4096
 MAX_PROBE_REQUESTS = 6000  # per probe (x window scale): a very fast config gets a shorter window
 MIN_WINDOW_REQUESTS = 400
+TAIL_SAMPLES = 10  # a window must hold this many requests over a percentile SLO's limit at its threshold
 MAX_WINDOW_FACTOR = 4.0  # an unsure probe's window doubles up to this many times its planned length
 DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's largest per-GPU default, when the config leaves it unset
 SUSTAINED = ("request_throughput", "output_throughput", "total_token_throughput")
@@ -68,6 +69,7 @@ class CapacitySearch:
     # 140 requests overestimated a config's capacity by 33 %, 400 came within 2 % of 1,000)
     min_window_requests: int = MIN_WINDOW_REQUESTS
     max_window_factor: float = MAX_WINDOW_FACTOR
+    tail_samples: int = TAIL_SAMPLES  # see window_requests (tests over HTTP lower it)
     z: float = Z  # the confidence (standard errors) each SLO must hold by
 
 
@@ -159,13 +161,14 @@ def _search(
         return _annotate(sat_result, [], sat_result, None, None, 0.0)
     window = plan_window(sat["lifetime_s"], search.window_scale, search.min_warmup_s, search.min_window_s)
     top = SATURATION_MARGIN * sat["throughput"]
+    min_requests = window_requests(slos, search.min_window_requests, search.tail_samples)
 
     def probe(rate: float) -> Probe:
         runs: list[TrialResult] = []
         factor = 1.0
         while True:
             write_probe(trial_dir, len(probes) + 1, search.max_probes, rate)  # for the progress line
-            plan = _probe_window(window, rate, search, factor)
+            plan = _probe_window(window, rate, search, min_requests, factor)
             n = max(1, math.ceil(rate * plan.end))
             load = workload.with_load(request_rate=rate, num_requests=n, measure_from=plan.start)
             runs.append(session.measure(load, slos, seed))
@@ -206,6 +209,17 @@ def _search(
     return annotated
 
 
+def window_requests(
+    slos: Sequence[Slo], floor: int = MIN_WINDOW_REQUESTS, tail_samples: int = TAIL_SAMPLES
+) -> int:
+    """How many requests a probe's window needs: `floor`, or enough that a per-request percentile SLO
+    at its threshold has `tail_samples` requests over the limit (1,000 for a p99 TTFT): its tail comes in
+    rare queueing episodes, and a 400-request window that held none passed rates that a 4,000-request
+    run missed by 2x. ITL pools every token gap, so its tail is seen in far fewer requests."""
+    shares = [1 - float(s.stat[1:]) / 100 for s in slos if s.stat.startswith("p") and s.metric != "itl"]
+    return max([floor, *(math.ceil(tail_samples / q) for q in shares if q > 0)])
+
+
 def _step_down(result: TrialResult, slos: Sequence[Slo]) -> float:
     """How far to lower the rate after a failed probe while none has passed yet.
 
@@ -219,11 +233,13 @@ def _step_down(result: TrialResult, slos: Sequence[Slo]) -> float:
     return min(STEP_DOWN, max(MIN_STEP, 1.0 / (1.0 + miss))) if miss > 0 else STEP_DOWN
 
 
-def _probe_window(window: Window, rate: float, search: CapacitySearch, factor: float = 1.0) -> Window:
+def _probe_window(
+    window: Window, rate: float, search: CapacitySearch, min_requests: int, factor: float = 1.0
+) -> Window:
     """`window` at `rate`, `factor` times as long: long enough for `min_window_requests` measured
     requests, and shortened (warm-up too, in proportion) when the probe would send more than
     MAX_PROBE_REQUESTS x scale (x factor)."""
-    length = max(window.length, search.min_window_requests * search.window_scale / rate) * factor
+    length = max(window.length, min_requests * search.window_scale / rate) * factor
     window = Window(window.start, window.start + length)
     cap = MAX_PROBE_REQUESTS * search.window_scale * factor
     if rate * window.end <= cap:

@@ -103,6 +103,10 @@ def _criterion(slo: Slo, groups: Sequence[np.ndarray]) -> Criterion:
     allowed = 0.5 if slo.stat == "median" else 1.0 - float(slo.stat[1:]) / 100.0
     over = np.array([np.count_nonzero(g > limit) for g in groups], dtype=float)
     share, error = _ratio(over, sizes)
+    # Never surer than independent samples at the threshold allow (the score test's error): a window
+    # with no sample over the limit has a batch-means error of 0, yet 400 requests cannot tell a 0.5 %
+    # share from a 1 % one.
+    error = max(error, math.sqrt(allowed * (1 - allowed) / sizes.sum()))
     return Criterion(slo.name, share - allowed, error)
 
 

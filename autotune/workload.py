@@ -4,32 +4,26 @@ A `WorkloadSpec` says where the lengths come from (synthetic distributions, the 
 traces, or a JSONL file), how requests arrive (all at once, Poisson/gamma at a rate exactly like
 `vllm bench serve`, trace timestamps), an optional client-side concurrency cap, and an optional shared
 prefix for prefix-caching workloads. `requests(seed)` turns it into the same list every time for the
-same seed. The YAML schema is documented at the top of workloads/chat.yaml.
+same seed. Traces: autotune/traces.py; reading a YAML file: autotune/workload_file.py (its schema is
+documented at the top of workloads/chat.yaml).
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-import autotune
 from autotune.errors import AutotuneError
-from autotune.inputs import read_yaml
-from autotune.lengths import DISTS, LengthDist, stratified_uniforms
+from autotune.lengths import LengthDist, stratified_uniforms
+from autotune.traces import TraceSource
+from autotune.values import positive_int
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
-TRACES = (
-    "conv",
-    "code",
-)  # the shipped Azure LLM inference traces (CC-BY 4.0, see data/AZURE_TRACE_README.md)
 LOADS = ("fixed", "capacity")
 MAX_REQUESTS = 1_000_000  # requests per load: a few hundred MB of records, minutes of simulation
 CHARS_PER_TOKEN = 4  # text prompts without a tokenizer: ~4 characters per token (English BPE rule of thumb)
@@ -56,78 +50,6 @@ class Request:
     prefix_id: int | None = None
     prefix_len: int = 0
     prompt: str | None = None
-
-
-@dataclass(frozen=True)
-class TraceSource:
-    """Rows of an Azure-format CSV (TIMESTAMP, ContextTokens, GeneratedTokens).
-
-    arrivals "trace": replay the timestamps from the first row at or after `start` seconds into the
-    trace, divided by `time_scale` (2 = twice as fast). arrivals "rate": lengths only, rows from the
-    first at or after `start` (the next `rows` of them, or all) sampled stratified by length, arrivals
-    from the workload's rate. Rows with prompt + output > max_len are skipped.
-    """
-
-    name: str  # "conv" | "code" (shipped) or a path to a CSV with the same columns
-    arrivals: str = "trace"
-    time_scale: float = 1.0
-    start: float = 0.0
-    max_len: int | None = None
-    rows: int | None = None  # arrivals "rate": sample only this many rows from `start` (None: all)
-
-    def __post_init__(self) -> None:
-        if self.arrivals not in ("trace", "rate"):
-            raise AutotuneError(f"trace arrivals must be 'trace' or 'rate', got {self.arrivals!r}")
-        if self.time_scale <= 0 or not math.isfinite(self.time_scale):
-            raise AutotuneError(f"time_scale must be a positive number, got {self.time_scale:g}")
-        if self.start < 0:
-            raise AutotuneError(f"trace start must be >= 0 seconds, got {self.start:g}")
-        if self.max_len is not None and self.max_len < 2:
-            raise AutotuneError(f"trace max_len must be >= 2, got {self.max_len}")
-        if self.arrivals == "rate" and self.time_scale != 1:
-            raise AutotuneError("time_scale only applies to trace arrivals (arrivals: trace)")
-
-    @property
-    def path(self) -> Path:
-        """The CSV file: a shipped trace by name, else the given path."""
-        return DATA_DIR / f"{self.name}.csv" if self.name in TRACES else Path(self.name)
-
-    def read(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(seconds since the first row, prompt lengths, output lengths), sorted by time, filtered."""
-        try:
-            with self.path.open(newline="") as f:
-                rows = list(csv.reader(f))
-        except OSError as exc:
-            raise AutotuneError(f"cannot read trace {self.path}: {exc.strerror or exc}") from None
-        except UnicodeDecodeError:
-            raise AutotuneError(f"trace {self.path} is not a text CSV file") from None
-        try:
-            # csv.reader + column indexes: DictReader is 3x slower on the 19k-row conv trace
-            columns = [rows[0].index(name) for name in ("TIMESTAMP", "ContextTokens", "GeneratedTokens")]
-            table = [[row[i] for i in columns] for row in rows[1:] if row]
-            stamps = np.array([t.strip().replace(" ", "T") for t, _, _ in table], dtype="datetime64[ns]")
-            prompt = np.array([int(p) for _, p, _ in table], dtype=np.int64)
-            output = np.array([int(o) for _, _, o in table], dtype=np.int64)
-        except (IndexError, ValueError, TypeError) as exc:
-            raise AutotuneError(
-                f"trace {self.path} is not TIMESTAMP,ContextTokens,GeneratedTokens CSV ({exc})"
-            ) from None
-        if not table:
-            raise AutotuneError(f"trace {self.path} has no rows")
-        order = np.argsort(stamps, kind="stable")
-        seconds = (stamps[order] - stamps[order][0]) / np.timedelta64(1, "s")
-        keep = (prompt[order] >= 1) & (output[order] >= 1)
-        if self.max_len is not None:
-            keep &= prompt[order] + output[order] <= self.max_len
-        return seconds[keep], prompt[order][keep], output[order][keep]
-
-    def describe(self) -> str:
-        """E.g. "Azure conv trace x2"."""
-        label = f"Azure {self.name} trace" if self.name in TRACES else f"trace {Path(self.name).name}"
-        if self.arrivals == "rate":
-            return f"{label} lengths"
-        start = f" from {self.start:g}s" if self.start else ""
-        return f"{label} x{self.time_scale:g}{start}"
 
 
 @dataclass(frozen=True)
@@ -407,12 +329,12 @@ def read_jsonl(path: Path) -> list[tuple[int, int | None, str | None]]:
         if text is not None and not isinstance(text, str):
             raise AutotuneError(f"{where}: prompt must be a string")
         if "prompt_len" in row:
-            prompt_len = _positive_int(row["prompt_len"], f"{where}: prompt_len")
+            prompt_len = positive_int(row["prompt_len"], f"{where}: prompt_len")
         elif text is not None:
             prompt_len = max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
         else:
             raise AutotuneError(f"{where}: a row needs prompt (text) or prompt_len (tokens)")
-        output_len = _positive_int(row["output_len"], f"{where}: output_len") if "output_len" in row else None
+        output_len = positive_int(row["output_len"], f"{where}: output_len") if "output_len" in row else None
         rows.append((prompt_len, output_len, text))
     if not rows:
         raise AutotuneError(f"JSONL file {path} has no rows")
@@ -442,165 +364,3 @@ def prompt_token_ids(request: Request, vocab_size: int = 32000, salt: int = 0) -
         rest[0] = low + request.request_id % span
         ids += rest.tolist()
     return ids
-
-
-def load_workload(path_or_name: str | Path) -> WorkloadSpec:
-    """Load a workload YAML file, or a bundled one by bare name ("chat" -> workloads/chat.yaml)."""
-    path = _resolve(path_or_name)
-    data = read_yaml(path, "workload")
-    if not isinstance(data, dict):
-        raise AutotuneError(f"workload {path} must be a YAML mapping of keys to values")
-    try:
-        spec = spec_from_dict(data, default_name=path.stem, base_dir=path.parent)
-        spec.requests()  # read the trace / JSONL now, so a bad file fails here and not mid-study
-    except AutotuneError as exc:
-        raise AutotuneError(f"{path}: {exc}") from None
-    return spec
-
-
-def _resolve(path_or_name: str | Path) -> Path:
-    path = Path(path_or_name)
-    if path.is_file():
-        return path
-    bundled_dir = Path(autotune.__file__).resolve().parents[1] / "workloads"
-    bundled = bundled_dir / f"{path_or_name}.yaml"
-    if path.parent == Path(".") and not path.suffix and bundled.is_file():
-        return bundled
-    names = ", ".join(sorted(p.stem for p in bundled_dir.glob("*.yaml")))
-    raise AutotuneError(
-        f"workload {str(path_or_name)!r} not found (a YAML file, or one of: {names or 'none'})"
-    )
-
-
-_TOP_KEYS = {
-    "name", "description", "num_requests", "seed", "load", "request_rate", "burstiness", "max_concurrency",
-    "prompt_len", "output_len", "trace", "jsonl", "shared_prefix",
-}  # fmt: skip
-_LENGTH_KEYS = {"dist", "mean", "median", "range_ratio", "std", "sigma", "min", "max"}
-_TRACE_KEYS = {"name", "arrivals", "time_scale", "start", "max_len"}
-_PREFIX_KEYS = {"num_prefixes", "prefix_len"}
-
-
-def spec_from_dict(
-    data: Mapping[str, Any], default_name: str = "workload", base_dir: Path | None = None
-) -> WorkloadSpec:
-    """Build a WorkloadSpec from the YAML schema; relative file paths resolve against `base_dir`."""
-    _check_keys(data, _TOP_KEYS, "workload")
-    base = base_dir or Path.cwd()
-    max_conc = data.get("max_concurrency")
-    prefix = data.get("shared_prefix") or {}
-    if not isinstance(prefix, dict):
-        raise AutotuneError("shared_prefix must be a mapping with num_prefixes and prefix_len")
-    _check_keys(prefix, _PREFIX_KEYS, "shared_prefix")
-    jsonl = data.get("jsonl")
-    return WorkloadSpec(
-        name=str(data.get("name") or default_name),
-        description=str(data.get("description") or ""),
-        num_requests=_bounded(_positive_int(_required(data, "num_requests"), "num_requests"), "num_requests"),
-        seed=_non_negative(_int(data.get("seed", 0), "seed"), "seed"),
-        load=str(data.get("load", "fixed")),
-        request_rate=_number(data.get("request_rate", math.inf), "request_rate"),
-        burstiness=_number(data.get("burstiness", 1.0), "burstiness"),
-        max_concurrency=None if max_conc is None else _positive_int(max_conc, "max_concurrency"),
-        prompt_len=_length(data["prompt_len"], "prompt_len") if "prompt_len" in data else None,
-        output_len=_length(data["output_len"], "output_len") if "output_len" in data else None,
-        trace=_trace(data["trace"], base) if "trace" in data else None,
-        jsonl=None if jsonl is None else base / str(jsonl),
-        num_prefixes=_int(prefix.get("num_prefixes", 0), "num_prefixes"),
-        prefix_len=_int(prefix.get("prefix_len", 0), "prefix_len"),
-    )
-
-
-def _length(value: Any, what: str) -> LengthDist:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return LengthDist("fixed", mean=_positive_int(value, what))
-    if not isinstance(value, dict):
-        raise AutotuneError(f"{what} must be a token count or a mapping with dist: {'|'.join(DISTS)}")
-    _check_keys(value, _LENGTH_KEYS, what)
-    if "dist" not in value:
-        raise AutotuneError(f"{what} needs dist: one of {', '.join(DISTS)}")
-    median = value.get("median")
-    try:
-        return LengthDist(
-            dist=str(value["dist"]),
-            mean=_number(value.get("mean", 0.0), f"{what}.mean"),
-            median=None if median is None else _number(median, f"{what}.median"),
-            range_ratio=_number(value.get("range_ratio", 0.0), f"{what}.range_ratio"),
-            std=_number(value.get("std", 0.0), f"{what}.std"),
-            sigma=_number(value.get("sigma", 0.0), f"{what}.sigma"),
-            min=_positive_int(value.get("min", 1), f"{what}.min"),
-            max=None if value.get("max") is None else _positive_int(value["max"], f"{what}.max"),
-        )
-    except AutotuneError as exc:
-        raise AutotuneError(f"{what}: {exc}") from None
-
-
-def _trace(value: Any, base: Path) -> TraceSource:
-    if isinstance(value, str):
-        value = {"name": value}
-    if not isinstance(value, dict) or "name" not in value:
-        raise AutotuneError(f"trace must be {' or '.join(TRACES)}, a CSV path, or a mapping with name:")
-    _check_keys(value, _TRACE_KEYS, "trace")
-    name = str(value["name"])
-    max_len = value.get("max_len")
-    return TraceSource(
-        name=name if name in TRACES else str(base / name),
-        arrivals=str(value.get("arrivals", "trace")),
-        time_scale=_number(value.get("time_scale", 1.0), "trace.time_scale"),
-        start=_number(value.get("start", 0.0), "trace.start"),
-        max_len=None if max_len is None else _positive_int(max_len, "trace.max_len"),
-    )
-
-
-def _required(data: Mapping[str, Any], key: str) -> Any:
-    if data.get(key) is None:
-        raise AutotuneError(f"missing required key {key}")
-    return data[key]
-
-
-def _check_keys(data: Mapping[str, Any], known: set[str], what: str) -> None:
-    unknown = sorted(str(k) for k in data if k not in known)
-    if unknown:
-        raise AutotuneError(
-            f"unknown key(s) in {what}: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
-        )
-
-
-def _number(value: Any, what: str) -> float:
-    """A float; "inf" and YAML's .inf are accepted for unbounded rates."""
-    if isinstance(value, bool) or value is None:
-        raise AutotuneError(f"{what} must be a number, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise AutotuneError(f"{what} must be a number, got {value!r}") from None
-    if math.isnan(number):
-        raise AutotuneError(f"{what} must be a number, got nan")
-    return number
-
-
-def _int(value: Any, what: str) -> int:
-    number = _number(value, what)
-    if not math.isfinite(number) or number != int(number):
-        raise AutotuneError(f"{what} must be a whole number, got {value!r}")
-    return int(number)
-
-
-def _non_negative(number: int, what: str) -> int:
-    if number < 0:
-        raise AutotuneError(f"{what} must be >= 0, got {number}")
-    return number
-
-
-def _bounded(number: int, what: str) -> int:
-    """A count every trial replays in full: more than MAX_REQUESTS would not fit in memory."""
-    if number > MAX_REQUESTS:
-        raise AutotuneError(f"{what} must be <= {MAX_REQUESTS:,}, got {number:,}")
-    return number
-
-
-def _positive_int(value: Any, what: str) -> int:
-    number = _int(value, what)
-    if number < 1:
-        raise AutotuneError(f"{what} must be >= 1, got {value!r}")
-    return number

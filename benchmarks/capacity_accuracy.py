@@ -31,9 +31,10 @@ from autotune.capacity import CapacitySearch, find_capacity  # noqa: E402
 from autotune.config import EngineConfig  # noqa: E402
 from autotune.sim.noise import NoiseModel  # noqa: E402
 from autotune.slo import parse_slos  # noqa: E402
-from autotune.workload import load_workload  # noqa: E402
+from autotune.workload_file import load_workload  # noqa: E402
 
-REFERENCE = CapacitySearch(max_probes=12, resolution=0.01, window_scale=10.0)
+# 10x windows already: no doubling of unsure ones (it would be 40x)
+REFERENCE = CapacitySearch(max_probes=12, resolution=0.01, window_scale=10.0, max_window_factor=1.0)
 CHECK_REQUESTS = 4000
 CHECK_SERVED = 0.95
 
@@ -152,7 +153,12 @@ def _measure(job: tuple[Case, dict, float]) -> dict:
     if rate > 0:
         with backend.session(config) as session:
             check = session.measure(
-                workload.with_load(request_rate=rate, num_requests=CHECK_REQUESTS, measure_from=0.0), slos, 1
+                # capacity is a Poisson rate (a trace replay's rows at Poisson arrivals): check that
+                workload.with_rate_arrivals().with_load(
+                    request_rate=rate, num_requests=CHECK_REQUESTS, measure_from=0.0
+                ),
+                slos,
+                1,
             )
         served = check.info.get("served_rate", 0.0) / max(check.info.get("offered_rate", 1e-9), 1e-9)
         out["check_served"] = served

@@ -78,7 +78,7 @@ WORKLOAD_SEED = 0  # every trial replays the same requests (as `autotune run --s
 KEPT_INFO = ("backlog_growth", "backlog_allowed", "kept_up", "capacity_rate", "capacity_resolution")
 MEASURING = (
     "capacity.py", "steady_state.py", "metrics.py", "early_abort.py", "objectives.py",
-    "workload.py", "lengths.py",
+    "workload.py", "traces.py", "lengths.py", "evidence.py", "slo.py",
 )  # fmt: skip
 # auto_tune.sh's defaults (benchmarks/auto_tune/auto_tune.sh in vLLM)
 SH_SEQS = (128, 256)

@@ -22,7 +22,8 @@ from typing import Any
 
 from autotune.slo import Slo, parse_slos
 from autotune.space import SearchSpace, space_from_dict
-from autotune.workload import WorkloadSpec, load_workload
+from autotune.workload import WorkloadSpec
+from autotune.workload_file import load_workload
 
 SEQS = [32, 64, 128, 256, 512, 1024]
 BUDGETS = [512, 1024, 2048, 4096, 8192, 16384]

@@ -15,7 +15,7 @@ import time
 
 from autotune.config import EngineConfig
 from autotune.sim.engine import simulate
-from autotune.workload import load_workload
+from autotune.workload_file import load_workload
 
 TARGET_S = 1.0
 CASES = (

@@ -21,7 +21,7 @@ from autotune.config import EngineConfig
 from autotune.dashboard import StudyNote, start_dashboard
 from autotune.export import load_run
 from autotune.study import records
-from autotune.workload import load_workload
+from autotune.workload_file import load_workload
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (.ci/install-chromium.sh)")

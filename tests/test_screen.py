@@ -26,7 +26,7 @@ from autotune.slo import parse_slos
 from autotune.space import space_from_dict
 from autotune.study import make_sampler
 from autotune.tuner import Tuner, TunerOptions
-from autotune.workload import load_workload
+from autotune.workload_file import load_workload
 
 # Ray workers cannot import this test module: ship its classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -38,7 +38,7 @@ from autotune.study import (
     tell_result,
 )
 from autotune.tuner import MAX_DUPLICATES_IN_A_ROW, Tuner, TunerOptions
-from autotune.workload import load_workload
+from autotune.workload_file import load_workload
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 OBJECTIVES = load_objectives("default")

@@ -11,17 +11,10 @@ import numpy as np
 import pytest
 
 from autotune.errors import AutotuneError
-from autotune.workload import (
-    DATA_DIR,
-    LengthDist,
-    Request,
-    TraceSource,
-    WorkloadSpec,
-    load_workload,
-    prompt_token_ids,
-    rate_arrivals,
-    spec_from_dict,
-)
+from autotune.lengths import LengthDist
+from autotune.traces import DATA_DIR, TraceSource
+from autotune.workload import Request, WorkloadSpec, prompt_token_ids, rate_arrivals
+from autotune.workload_file import load_workload, spec_from_dict
 
 N = 4000  # large enough that sample means are within a few percent
 

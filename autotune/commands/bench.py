@@ -69,7 +69,7 @@ def parse_settings(settings: list[str]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; exit 1 with vLLM's message (a JSON object with --json) when the config fails."""
     from autotune.slo import parse_slos
-    from autotune.workload import load_workload
+    from autotune.workload_file import load_workload
 
     slos = parse_slos(args.slo)
     workload = load_workload(args.workload)

@@ -155,7 +155,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.storage import check_sqlite_file, preflight_storage
     from autotune.storage_url import absolute
     from autotune.study import check_not_driven, default_study_name, sqlite_url
-    from autotune.workload import load_workload
+    from autotune.workload_file import load_workload
 
     check_runs_dir(Path(args.runs_dir))
     space = load_space(args.space).with_overrides(model=args.model, gpu=args.gpu)
