@@ -23,7 +23,7 @@ GEMM_HALF_M = 32  # tokens at which a GEMM reaches half of GEMM_EFF (tile and wa
 ATTN_EFF = 0.45  # FlashAttention prefill achieved / peak
 BW_EFF = 0.80  # achieved / peak HBM bandwidth for weight and KV streaming
 STEP_BASE_S = 2.5e-3  # scheduler + input prep + sampling + output processing per step
-PER_SEQ_S = 30e-6  # per scheduled request: block tables, sampling metadata, output processing
+PER_SEQ_S = 10e-6  # per scheduled request: block tables, sampling metadata, output processing
 EAGER_PER_LAYER_S = 30e-6  # kernel-launch cost per layer when the batch exceeds the CUDA-graph sizes
 
 

@@ -22,12 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 COMPLETIONS_FIXED_S = 0.008  # send -> schedulable for a lone completions request
-CHAT_EXTRA_S = 0.006  # the chat API's message parsing and template rendering, on top (both costs)
-# Effective serial cost per request of an API server under a burst (it streams the running requests'
-# tokens meanwhile, so this is more than a lone request's latency): 20 ms for chat, fitted on PR 18566;
-# completions take that less the chat-only work.
-INTAKE_PER_REQUEST_S = 0.014
-OUTPUT_PER_TOKEN_S = 60e-6  # detokenize + one SSE chunk per streamed token, in the same process
+CHAT_EXTRA_S = 0.006  # the chat API's message parsing and template rendering: extra latency
+# Serial work per request in the one API-server process (HTTP parsing, tokenization, the hand-off to
+# the engine core): 5 ms for completions, 2 ms more for chat (template rendering), fitted on PR 18566
+# together with the streaming cost below, which the same process spends on every token.
+INTAKE_PER_REQUEST_S = 0.005
+CHAT_INTAKE_EXTRA_S = 0.002
+OUTPUT_PER_TOKEN_S = 30e-6  # detokenize + one SSE chunk per streamed token, in the same process
 
 
 @dataclass
@@ -37,12 +38,21 @@ class FrontendModel:
     fixed_s: float = COMPLETIONS_FIXED_S
     chat_extra_s: float = CHAT_EXTRA_S
     per_request_s: float = INTAKE_PER_REQUEST_S
+    chat_intake_extra_s: float = CHAT_INTAKE_EXTRA_S
     per_token_s: float = OUTPUT_PER_TOKEN_S
     _free_at: float = 0.0  # when the serial intake is done with the requests it has
 
     def ready_time(self, send_time: float, chat: bool = False) -> float:
-        """When a request sent at `send_time` can join an engine step (call in send order)."""
-        extra = self.chat_extra_s if chat else 0.0
-        intake = self.per_request_s + extra
-        self._free_at = max(self._free_at, send_time) + intake
-        return self._free_at - intake + self.fixed_s + extra
+        """When a request sent at `send_time` can join an engine step (call in time order)."""
+        start = max(self._free_at, send_time)
+        self._free_at = start + self.per_request_s + (self.chat_intake_extra_s if chat else 0.0)
+        return start + self.fixed_s + (self.chat_extra_s if chat else 0.0)
+
+    def stream(self, step_end: float, tokens: int) -> float:
+        """When the server has streamed the `tokens` a step that ended at `step_end` produced.
+
+        The same process does the intake, so a step's tokens wait behind requests still being
+        admitted (and later intake waits behind them): under a burst first tokens are late.
+        """
+        self._free_at = max(self._free_at, step_end) + tokens * self.per_token_s
+        return self._free_at
