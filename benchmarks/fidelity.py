@@ -82,7 +82,13 @@ def _requests(point: dict[str, Any]) -> list[Request]:
     n = int(point["requests"])
     rng = np.random.default_rng(0)
     prompts, outputs = _lengths(point["prompt"], n, rng), _lengths(point["output"], n, rng)
-    return [Request(i, int(p), int(o)) for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))]
+    # `rate`: Poisson arrivals (vllm bench serve --request-rate, burstiness 1); none: all at t=0.
+    gaps = rng.exponential(1.0 / point["rate"], n) if "rate" in point else np.zeros(n)
+    arrivals = np.cumsum(gaps) - gaps[0]
+    return [
+        Request(i, int(p), int(o), arrival_time=float(t))
+        for i, (p, o, t) in enumerate(zip(prompts, outputs, arrivals, strict=True))
+    ]
 
 
 def _warmed(point: dict[str, Any], requests: list[Request]) -> tuple[list[Request], float]:
