@@ -6,15 +6,16 @@ streamed. Three effects matter for the numbers `vllm bench serve` reports:
 
 - a fixed latency on every request (light-load TTFT is never just the prefill): larger for the chat
   API (template rendering, message parsing) than for completions;
-- a serial intake: one asyncio process admits requests one after another, so a burst of N requests at
-  t=0 reaches the engine over N x the per-request cost (chat far more than token-id completions);
-- a streaming floor: the same process detokenizes and writes one SSE chunk per token, so a step that
-  streams many tokens cannot end sooner than that work (the engine applies `per_token_s`).
+- one process does the serial work of both directions: each request's intake (a few ms: parsing,
+  tokenization, the hand-off; more for chat) and each streamed token (detokenize, one SSE chunk);
+- so under a burst the two queue behind each other: N requests sent at t=0 reach the engine over
+  N x the intake cost, and the tokens of the steps run meanwhile wait behind that intake (first
+  tokens come late, then many requests decode together); with many streams the per-token work paces
+  the engine (it hands a step's output over only once the server has taken the previous one).
 
 `FrontendModel.ready_time` turns a send time into the time the engine core can first schedule the
-request. The constants are fitted on the train split of benchmarks/fidelity_points.yaml; no point there
-isolates the completions intake, which is the chat one less the chat-only work (docs/simulator.md,
-"Request intake").
+request; `FrontendModel.stream` returns when a step's tokens have been streamed. The constants are
+fitted on the train split of benchmarks/fidelity_points.yaml (docs/simulator.md, "Request intake").
 """
 
 from __future__ import annotations
@@ -24,23 +25,26 @@ from dataclasses import dataclass
 COMPLETIONS_FIXED_S = 0.008  # send -> schedulable for a lone completions request
 CHAT_EXTRA_S = 0.006  # the chat API's message parsing and template rendering: extra latency
 # Serial work per request in the one API-server process (HTTP parsing, tokenization, the hand-off to
-# the engine core): 5 ms for completions, 2 ms more for chat (template rendering), fitted on PR 18566
-# together with the streaming cost below, which the same process spends on every token.
+# the engine core): 7 ms for a chat request, fitted on PR 18566's 1,000-request burst (its mean TTFT);
+# the 2 ms of it assigned to chat-only work (template rendering) is an assumption: no completions
+# burst in the data is bound by the intake.
 INTAKE_PER_REQUEST_S = 0.005
 CHAT_INTAKE_EXTRA_S = 0.002
-OUTPUT_PER_TOKEN_S = 30e-6  # detokenize + one SSE chunk per streamed token, in the same process
+# Detokenize + one SSE chunk per streamed token, in the same process. PR 18566 bounds it (above ~50 us
+# its ~1,000 streams would slow its decode steps past the measured ITL) but does not pin it.
+OUTPUT_PER_TOKEN_S = 30e-6
 
 
 @dataclass
 class FrontendModel:
-    """One API server: a fixed latency, a serial per-request intake and a per-token streaming cost."""
+    """One API server: a fixed latency, and one serial queue for request intake and token streaming."""
 
     fixed_s: float = COMPLETIONS_FIXED_S
     chat_extra_s: float = CHAT_EXTRA_S
     per_request_s: float = INTAKE_PER_REQUEST_S
     chat_intake_extra_s: float = CHAT_INTAKE_EXTRA_S
     per_token_s: float = OUTPUT_PER_TOKEN_S
-    _free_at: float = 0.0  # when the serial intake is done with the requests it has
+    _free_at: float = 0.0  # when the server is done with the intake and streaming work it has
 
     def ready_time(self, send_time: float, chat: bool = False) -> float:
         """When a request sent at `send_time` can join an engine step (call in time order)."""

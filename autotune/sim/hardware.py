@@ -114,7 +114,10 @@ _CATALOG: tuple[GpuSpec, ...] = (
     ),
     GpuSpec(
         name="NVIDIA H100 NVL",
-        memory_gib=93.58,  # 95,830 MiB
+        # nvidia-smi's 95,830 MiB (93.58 GiB) less the 0.47 GiB torch does not report on an H100 SXM
+        # (81,559 MiB -> 79.18 GiB). Datasheet: 94 GB HBM3, 3.9 TB/s, 1,671 TFLOPS bf16 with sparsity
+        # (835 dense) at NVL clocks, 350-400 W (the SXM's 700 W is not modelled as a difference).
+        memory_gib=93.12,
         bf16_flops=835e12,
         hbm_bytes_per_s=3.9e12,
         interconnect_bytes_per_s=300e9,  # NVLink bridge between pairs (600 GB/s both directions)
