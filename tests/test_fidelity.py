@@ -13,9 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import fidelity  # noqa: E402
 
-# (split, metric class) -> median |error| bound. Measured at calibration: throughput 33.3% (the H100 NVL
-# Qwen3-32B run is 65-71% fast, the 70B A100 runs within 3%), latency 5.8%, memory 0.0% (KV 1.8% off).
-BOUNDS = {("validation", "throughput"): 0.36, ("validation", "latency"): 0.07, ("validation", "memory"): 0.02}
+# (split, metric class) -> median |error| bound. Measured at calibration on 31 validation metrics:
+# throughput 8.3% (7: the 70B A100 runs and the 14B A100 ladder within 12%, the H100 NVL Qwen3-32B
+# run 64-70% fast), latency 15.1% (21), memory 0.0% (3; KV 1.8% off).
+BOUNDS = {("validation", "throughput"): 0.09, ("validation", "latency"): 0.16, ("validation", "memory"): 0.02}
 
 
 def test_validation_medians_do_not_get_worse() -> None:
