@@ -31,7 +31,7 @@ class CostModel:
     """Step durations for one model on one GPU type at one TP size (coefficients precomputed)."""
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, kv_bytes_per_token: int) -> None:
-        peak = gpu.bf16_flops
+        peak = gpu.bf16_flops * gpu.compute_scale
         bw = gpu.hbm_bytes_per_s * BW_EFF
         layer_params = model.num_layers * model.layer_params
         # Per scheduled token: every layer's matmuls; per sampled row: the lm_head.

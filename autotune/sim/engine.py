@@ -136,7 +136,6 @@ class SimEngine:
         self.noise = noise  # None: every step takes exactly its modelled time
         self.now = 0.0
         self.frontend = FrontendModel()
-        self._streamed_at = 0.0  # when the API server has streamed the last step's tokens
         self.stats = EngineStats()
         self.step_times: list[float] = []  # end time of every step, indexed by step number
         self._bs = self.config.block_size
@@ -284,9 +283,9 @@ class SimEngine:
             duration *= self.noise.factor()
         # The API server streams the previous step's tokens while the core runs this one; the core
         # hands this step's output over only once the server has taken the last (frontend.py).
-        duration = max(duration, self._streamed_at - self.now)
+        duration = max(duration, self.frontend.streamed_at() - self.now)
         self.now += duration
-        self._streamed_at = self.frontend.stream(self.now, num_decode + len(completing))
+        self.frontend.stream(self.now, num_decode + len(completing))
         self.step_times.append(self.now)
         # -- effects ------------------------------------------------------------------------------
         self._decode_context += num_decode

@@ -22,16 +22,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-COMPLETIONS_FIXED_S = 0.008  # send -> schedulable for a lone completions request
-CHAT_EXTRA_S = 0.006  # the chat API's message parsing and template rendering: extra latency
+COMPLETIONS_FIXED_S = 0.008  # send -> schedulable for a lone completions request (tenstorrent A100 TTFT)
+# The chat API's message parsing and template rendering, extra latency of a lone request: GPUStack's
+# vLLM 0.11 Qwen3-8B chat run at concurrency 4 has a 64 ms mean TTFT for ~2 ms of prefill.
+CHAT_EXTRA_S = 0.045
 # Serial work per request in the one API-server process (HTTP parsing, tokenization, the hand-off to
-# the engine core): 7 ms for a chat request, fitted on PR 18566's 1,000-request burst (its mean TTFT);
-# the 2 ms of it assigned to chat-only work (template rendering) is an assumption: no completions
-# burst in the data is bound by the intake.
+# the engine core): 14 ms for a chat request, fitted with the H100 compute scale on the train split
+# (PR 18566's 1,000-request burst and GPUStack's Qwen3-14B bursts); the 5 ms assigned to completions
+# is an assumption: no completions burst in the data is bound by the intake.
 INTAKE_PER_REQUEST_S = 0.005
-CHAT_INTAKE_EXTRA_S = 0.002
-# Detokenize + one SSE chunk per streamed token, in the same process. PR 18566 bounds it (above ~50 us
-# its ~1,000 streams would slow its decode steps past the measured ITL) but does not pin it.
+CHAT_INTAKE_EXTRA_S = 0.009
+# Detokenize + one SSE chunk per streamed token, in the same process. Bounded by PR 18566 (above
+# ~50 us its ~1,000 streams would slow its decode steps past the measured ITL), not pinned.
 OUTPUT_PER_TOKEN_S = 30e-6
 
 
@@ -44,19 +46,35 @@ class FrontendModel:
     per_request_s: float = INTAKE_PER_REQUEST_S
     chat_intake_extra_s: float = CHAT_INTAKE_EXTRA_S
     per_token_s: float = OUTPUT_PER_TOKEN_S
-    _free_at: float = 0.0  # when the server is done with the intake and streaming work it has
+    _free_at: float = 0.0  # when the server is done with the work it has taken up
+    _stream_at: float = 0.0  # when the last step's tokens were handed over (not yet taken up)
+    _stream_work: float = 0.0  # seconds of streaming work they need
+    _streamed: float = 0.0  # when the last step's tokens were streamed, once taken up
 
     def ready_time(self, send_time: float, chat: bool = False) -> float:
-        """When a request sent at `send_time` can join an engine step (call in time order)."""
+        """When a request sent at `send_time` can join an engine step (call in send order).
+
+        Work is taken up in event order: a request sent before the last step ended is taken in
+        before that step's tokens are streamed, even when it is reported later (the sim-server hands
+        requests over mid-step, with the time at which they were sent).
+        """
+        self._take_up_stream(send_time)
         start = max(self._free_at, send_time)
         self._free_at = start + self.per_request_s + (self.chat_intake_extra_s if chat else 0.0)
         return start + self.fixed_s + (self.chat_extra_s if chat else 0.0)
 
-    def stream(self, step_end: float, tokens: int) -> float:
-        """When the server has streamed the `tokens` a step that ended at `step_end` produced.
+    def streamed_at(self) -> float:
+        """When the server has streamed (or will have, behind the work it has) the last step's tokens."""
+        if not self._stream_work:
+            return self._streamed
+        return max(self._free_at, self._stream_at) + self._stream_work
 
-        The same process does the intake, so a step's tokens wait behind requests still being
-        admitted (and later intake waits behind them): under a burst first tokens are late.
-        """
-        self._free_at = max(self._free_at, step_end) + tokens * self.per_token_s
-        return self._free_at
+    def stream(self, step_end: float, tokens: int) -> None:
+        """Hand over the `tokens` of a step that ended at `step_end`, to be streamed in turn."""
+        self._take_up_stream(step_end)
+        self._stream_at, self._stream_work = step_end, tokens * self.per_token_s
+
+    def _take_up_stream(self, now: float) -> None:
+        if self._stream_work and self._stream_at <= now:
+            self._streamed = self._free_at = self.streamed_at()
+            self._stream_work = 0.0
