@@ -13,9 +13,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import fidelity  # noqa: E402
 
-# (split, metric class) -> median |error| bound. Measured at calibration: throughput 33.3% (the H100 NVL
-# Qwen3-32B run is 65-71% fast, the 70B A100 runs within 3%), latency 5.8%, memory 0.0% (KV 1.8% off).
-BOUNDS = {("validation", "throughput"): 0.36, ("validation", "latency"): 0.07, ("validation", "memory"): 0.02}
+# (split, metric class) -> median |error| bound. Measured at calibration on 56 validation metrics:
+# throughput 10.6% (12: GPUStack's Qwen3-14B runs on A100 within 18%, the 70B A100 runs and the 14B A100
+# ladder within 12%, the H100 NVL Qwen3-32B run 50-56% fast), latency 13.3% (41), memory 0.0% (3).
+BOUNDS = {
+    ("validation", "throughput"): 0.115,
+    ("validation", "latency"): 0.14,
+    ("validation", "memory"): 0.02,
+}
 
 
 def test_validation_medians_do_not_get_worse() -> None:

@@ -180,7 +180,11 @@ def test_abort_frees_every_state_and_the_rest_finish_exactly() -> None:
     # No decode context leaked: a new request runs exactly as on a fresh engine.
     probe = Request(request_id=10_000, prompt_len=300, output_len=40)
     fresh = tight_engine(max_num_batched_tokens=512)
-    assert _decode_durations(engine, probe) == _decode_durations(fresh, probe)
+    used, new = _decode_durations(engine, probe), _decode_durations(fresh, probe)
+    assert used[1:] == new[1:]
+    # The first step (its idle wait included) may start later by the one token the API server was
+    # still streaming when the probe arrived: the same process takes requests in.
+    assert 0 <= used[0] - new[0] <= engine.frontend.per_token_s + 1e-12
 
 
 def test_abort_keeps_the_prefix_cache_and_drops_kv_usage() -> None:

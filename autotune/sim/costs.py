@@ -23,7 +23,7 @@ GEMM_HALF_M = 32  # tokens at which a GEMM reaches half of GEMM_EFF (tile and wa
 ATTN_EFF = 0.45  # FlashAttention prefill achieved / peak
 BW_EFF = 0.80  # achieved / peak HBM bandwidth for weight and KV streaming
 STEP_BASE_S = 2.5e-3  # scheduler + input prep + sampling + output processing per step
-PER_SEQ_S = 30e-6  # per scheduled request: block tables, sampling metadata, output processing
+PER_SEQ_S = 10e-6  # per scheduled request: block tables, sampling metadata, output processing
 EAGER_PER_LAYER_S = 30e-6  # kernel-launch cost per layer when the batch exceeds the CUDA-graph sizes
 
 
@@ -31,7 +31,7 @@ class CostModel:
     """Step durations for one model on one GPU type at one TP size (coefficients precomputed)."""
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, kv_bytes_per_token: int) -> None:
-        peak = gpu.bf16_flops
+        peak = gpu.bf16_flops * gpu.compute_scale
         bw = gpu.hbm_bytes_per_s * BW_EFF
         layer_params = model.num_layers * model.layer_params
         # Per scheduled token: every layer's matmuls; per sampled row: the lm_head.

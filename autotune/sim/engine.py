@@ -281,10 +281,11 @@ class SimEngine:
         )
         if self.noise is not None:
             duration *= self.noise.factor()
-        # The API server streams this step's tokens while the core runs the next one: with many
-        # streams it, not the GPU, sets the pace (frontend.py).
-        duration = max(duration, (num_decode + len(completing)) * self.frontend.per_token_s)
+        # The API server streams the previous step's tokens while the core runs this one; the core
+        # hands this step's output over only once the server has taken the last (frontend.py).
+        duration = max(duration, self.frontend.streamed_at() - self.now)
         self.now += duration
+        self.frontend.stream(self.now, num_decode + len(completing))
         self.step_times.append(self.now)
         # -- effects ------------------------------------------------------------------------------
         self._decode_context += num_decode

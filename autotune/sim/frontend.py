@@ -6,43 +6,75 @@ streamed. Three effects matter for the numbers `vllm bench serve` reports:
 
 - a fixed latency on every request (light-load TTFT is never just the prefill): larger for the chat
   API (template rendering, message parsing) than for completions;
-- a serial intake: one asyncio process admits requests one after another, so a burst of N requests at
-  t=0 reaches the engine over N x the per-request cost (chat far more than token-id completions);
-- a streaming floor: the same process detokenizes and writes one SSE chunk per token, so a step that
-  streams many tokens cannot end sooner than that work (the engine applies `per_token_s`).
+- one process does the serial work of both directions: each request's intake (a few ms: parsing,
+  tokenization, the hand-off; more for chat) and each streamed token (detokenize, one SSE chunk);
+- so under a burst the two queue behind each other: N requests sent at t=0 reach the engine over
+  N x the intake cost, and the tokens of the steps run meanwhile wait behind that intake (first
+  tokens come late, then many requests decode together); with many streams the per-token work paces
+  the engine (it hands a step's output over only once the server has taken the previous one).
 
 `FrontendModel.ready_time` turns a send time into the time the engine core can first schedule the
-request. The constants are fitted on the train split of benchmarks/fidelity_points.yaml; no point there
-isolates the completions intake, which is the chat one less the chat-only work (docs/simulator.md,
-"Request intake").
+request; `FrontendModel.stream` returns when a step's tokens have been streamed. The constants are
+fitted on the train split of benchmarks/fidelity_points.yaml (docs/simulator.md, "Request intake").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-COMPLETIONS_FIXED_S = 0.008  # send -> schedulable for a lone completions request
-CHAT_EXTRA_S = 0.006  # the chat API's message parsing and template rendering, on top (both costs)
-# Effective serial cost per request of an API server under a burst (it streams the running requests'
-# tokens meanwhile, so this is more than a lone request's latency): 20 ms for chat, fitted on PR 18566;
-# completions take that less the chat-only work.
-INTAKE_PER_REQUEST_S = 0.014
-OUTPUT_PER_TOKEN_S = 60e-6  # detokenize + one SSE chunk per streamed token, in the same process
+COMPLETIONS_FIXED_S = 0.008  # send -> schedulable for a lone completions request (tenstorrent A100 TTFT)
+# The chat API's message parsing and template rendering, extra latency of a lone request: GPUStack's
+# vLLM 0.11 Qwen3-8B chat run at concurrency 4 has a 64 ms mean TTFT for ~2 ms of prefill.
+CHAT_EXTRA_S = 0.045
+# Serial work per request in the one API-server process (HTTP parsing, tokenization, the hand-off to
+# the engine core): 14 ms for a chat request, fitted with the H100 compute scale on the train split
+# (PR 18566's 1,000-request burst and GPUStack's Qwen3-14B bursts); the 5 ms assigned to completions
+# is an assumption: no completions burst in the data is bound by the intake.
+INTAKE_PER_REQUEST_S = 0.005
+CHAT_INTAKE_EXTRA_S = 0.009
+# Detokenize + one SSE chunk per streamed token, in the same process. Bounded by PR 18566 (above
+# ~50 us its ~1,000 streams would slow its decode steps past the measured ITL), not pinned.
+OUTPUT_PER_TOKEN_S = 30e-6
 
 
 @dataclass
 class FrontendModel:
-    """One API server: a fixed latency, a serial per-request intake and a per-token streaming cost."""
+    """One API server: a fixed latency, and one serial queue for request intake and token streaming."""
 
     fixed_s: float = COMPLETIONS_FIXED_S
     chat_extra_s: float = CHAT_EXTRA_S
     per_request_s: float = INTAKE_PER_REQUEST_S
+    chat_intake_extra_s: float = CHAT_INTAKE_EXTRA_S
     per_token_s: float = OUTPUT_PER_TOKEN_S
-    _free_at: float = 0.0  # when the serial intake is done with the requests it has
+    _free_at: float = 0.0  # when the server is done with the work it has taken up
+    _stream_at: float = 0.0  # when the last step's tokens were handed over (not yet taken up)
+    _stream_work: float = 0.0  # seconds of streaming work they need
+    _streamed: float = 0.0  # when the last step's tokens were streamed, once taken up
 
     def ready_time(self, send_time: float, chat: bool = False) -> float:
-        """When a request sent at `send_time` can join an engine step (call in send order)."""
-        extra = self.chat_extra_s if chat else 0.0
-        intake = self.per_request_s + extra
-        self._free_at = max(self._free_at, send_time) + intake
-        return self._free_at - intake + self.fixed_s + extra
+        """When a request sent at `send_time` can join an engine step (call in send order).
+
+        Work is taken up in event order: a request sent before the last step ended is taken in
+        before that step's tokens are streamed, even when it is reported later (the sim-server hands
+        requests over mid-step, with the time at which they were sent).
+        """
+        self._take_up_stream(send_time)
+        start = max(self._free_at, send_time)
+        self._free_at = start + self.per_request_s + (self.chat_intake_extra_s if chat else 0.0)
+        return start + self.fixed_s + (self.chat_extra_s if chat else 0.0)
+
+    def streamed_at(self) -> float:
+        """When the server has streamed (or will have, behind the work it has) the last step's tokens."""
+        if not self._stream_work:
+            return self._streamed
+        return max(self._free_at, self._stream_at) + self._stream_work
+
+    def stream(self, step_end: float, tokens: int) -> None:
+        """Hand over the `tokens` of a step that ended at `step_end`, to be streamed in turn."""
+        self._take_up_stream(step_end)
+        self._stream_at, self._stream_work = step_end, tokens * self.per_token_s
+
+    def _take_up_stream(self, now: float) -> None:
+        if self._stream_work and self._stream_at <= now:
+            self._streamed = self._free_at = self.streamed_at()
+            self._stream_work = 0.0

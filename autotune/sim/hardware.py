@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from autotune.errors import AutotuneError
 
 GIB = 1024**3
+# vLLM's bf16 prefill on Hopper reaches 0.6x the efficiency the cost model gets on A100 / B200 against
+# the datasheet peak: GPUStack's vLLM 0.11 runs of one workload set took 1.8x less time on an H100 SXM
+# than on an A100 (Qwen3-14B, prefill-bound), where the peaks differ 3.2x (docs/simulator.md).
+HOPPER_COMPUTE_SCALE = 0.6
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,9 @@ class GpuSpec:
     interconnect_bytes_per_s: float  # per direction, for TP all-reduce
     interconnect_latency_s: float  # per all-reduce call (NVLink custom all-reduce vs NCCL over PCIe)
     cuda_context_gib: float = 0.61  # in use before vLLM allocates anything (seen on H100: 78.57/79.18 free)
+    # Achieved tensor throughput relative to the efficiencies fitted on A100 / B200 (costs.py): Hopper's
+    # datasheet peak is further from what vLLM's bf16 kernels reach (docs/simulator.md, "Fidelity").
+    compute_scale: float = 1.0
     aliases: tuple[str, ...] = ()
 
     @property
@@ -47,6 +54,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=3.35e12,
         interconnect_bytes_per_s=450e9,
         interconnect_latency_s=8e-6,
+        compute_scale=HOPPER_COMPUTE_SCALE,
         aliases=("H100", "h100-80gb", "h100-sxm", "h100-80gb-sxm", "h100-sxm5"),
     ),
     GpuSpec(
@@ -56,6 +64,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=4.8e12,
         interconnect_bytes_per_s=450e9,
         interconnect_latency_s=8e-6,
+        compute_scale=HOPPER_COMPUTE_SCALE,
         aliases=("H200", "h200-141gb", "h200-sxm"),
     ),
     GpuSpec(
@@ -114,11 +123,15 @@ _CATALOG: tuple[GpuSpec, ...] = (
     ),
     GpuSpec(
         name="NVIDIA H100 NVL",
-        memory_gib=93.58,  # 95,830 MiB
+        # nvidia-smi's 95,830 MiB (93.58 GiB) less the 0.47 GiB torch does not report on an H100 SXM
+        # (81,559 MiB -> 79.18 GiB). Datasheet: 94 GB HBM3, 3.9 TB/s, 1,671 TFLOPS bf16 with sparsity
+        # (835 dense) at NVL clocks, 350-400 W (the SXM's 700 W is not modelled as a difference).
+        memory_gib=93.12,
         bf16_flops=835e12,
         hbm_bytes_per_s=3.9e12,
         interconnect_bytes_per_s=300e9,  # NVLink bridge between pairs (600 GB/s both directions)
         interconnect_latency_s=8e-6,
+        compute_scale=HOPPER_COMPUTE_SCALE,
         aliases=("H100-NVL", "h100-nvl-94gb"),
     ),
 )
