@@ -6,20 +6,23 @@ With `load: capacity` a trial is a short search per config, on one started serve
    estimate) are never probed: it is the bracket's top. Its requests' decode time at full batch is the
    config's request lifetime, which sets how long each probe is (autotune/steady_state.py).
 2. Probes: Poisson load at a rate, with an unmeasured warm-up and a measured window of several request
-   lifetimes and at least 400 requests. A rate passes when the server kept up (the requests in it did
+   lifetimes and at least 400 requests (1,000 for a p99 TTFT/TPOT/E2EL SLO, see `window_requests`).
+   A rate passes when the server kept up (the requests in it did
    not grow by more than 2 % of the window's arrivals, or than the count's noise, at most 4 %): that
    bounds capacity for every SLO set, ITL-only and none included; and when every SLO holds with 95 %
    confidence (autotune/evidence.py), so that the reported rate is one another run at it also meets:
-   a window too short to tell either way is doubled, up to 4x, and still unsure counts as a miss. The
-   first probe is at 90 % of saturation; while probes fail the rate steps down by 0.7x (further when an
-   ITL/TPOT SLO was missed by a wide margin), then geometric bisection until the bracket is within
-   `resolution`.
+   a window too short to tell either way is measured again twice as long, and still unsure counts as a
+   miss (and ends the search once the bracket is within twice the resolution: the threshold is within
+   the noise there). The first probe is at 90 % of saturation; while probes fail the rate steps down
+   by 0.7x (further when an ITL/TPOT SLO was missed by a wide margin), then geometric bisection until
+   the bracket is within `resolution`.
 A probe that is clearly lost is cut short by the early abort (its SLO cannot be met any more). A
 server that dies or hangs ends the search: the rates that passed before still count.
 
 The trial's result is the window at the highest passing rate, with throughputs set to the sustained
 ones at that rate (rate x tokens per request); `info` carries the bracket, its resolution and every
-probe (rate, served rate, backlog growth, p99 TTFT/ITL), for the report and the recommendation's tie rule.
+probe (rate, served rate, backlog growth, p99 TTFT/ITL, verdict), for the report and the
+recommendation's tie rule.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ MAX_SATURATION_REQUESTS = 4096
 MAX_PROBE_REQUESTS = 6000  # per probe (x window scale): a very fast config gets a shorter window
 MIN_WINDOW_REQUESTS = 400
 TAIL_SAMPLES = 10  # a window must hold this many requests over a percentile SLO's limit at its threshold
-MAX_WINDOW_FACTOR = 4.0  # an unsure probe's window doubles up to this many times its planned length
+MAX_WINDOW_FACTOR = 2.0  # an unsure probe is measured again twice as long, once (x4 cost 2.5x the GPU time)
 DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's largest per-GPU default, when the config leaves it unset
 SUSTAINED = ("request_throughput", "output_throughput", "total_token_throughput")
 
@@ -196,6 +199,10 @@ def _search(
             if rate < MIN_RATE:
                 break
         elif high / low.rate <= 1 + search.resolution:
+            break
+        elif p.verdict == UNSURE and high / low.rate <= (1 + search.resolution) ** 2:
+            # The SLO's threshold lies within the measurement's noise here: a rate between would be
+            # unsure too, at the longest window's cost. The bracket says how finely it is known.
             break
         else:
             rate = math.sqrt(low.rate * high)
