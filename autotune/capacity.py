@@ -8,7 +8,8 @@ With `load: capacity` a trial is a short search per config, on one started serve
 2. Probes: Poisson load at a rate, with an unmeasured warm-up and a measured window of several request
    lifetimes and at least 400 requests (1,000 for a p99 TTFT/TPOT/E2EL SLO, see `window_requests`).
    A rate passes when the server kept up (the requests in it did
-   not grow by more than 2 % of the window's arrivals, or than the count's noise, at most 4 %): that
+   not grow by more than 2 % of the window's arrivals, or than the count's noise, and it served at
+   least 96 % of the offered rate): that
    bounds capacity for every SLO set, ITL-only and none included; and when every SLO holds with 95 %
    confidence (autotune/evidence.py), so that the reported rate is one another run at it also meets:
    a window too short to tell either way is measured again twice as long, and still unsure counts as a
@@ -54,6 +55,10 @@ MAX_SATURATION_REQUESTS = 4096
 MAX_PROBE_REQUESTS = 6000  # per probe (x window scale): a very fast config gets a shorter window
 MIN_WINDOW_REQUESTS = 400
 TAIL_SAMPLES = 10  # a window must hold this many requests over a percentile SLO's limit at its threshold
+# Whatever the backlog's noise allowance, a probe must have served this share of its offered rate: near
+# saturation the count's memory is long and its noise estimate huge (a probe serving 90 % of its load
+# was allowed 12 % of growth), while a user checking the rate with `vllm bench serve` wants >= 95 %.
+MIN_SERVED = 0.96
 MAX_WINDOW_FACTOR = 2.0  # an unsure probe is measured again twice as long, once (x4 cost 2.5x the GPU time)
 DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's largest per-GPU default, when the config leaves it unset
 SUSTAINED = ("request_throughput", "output_throughput", "total_token_throughput")
@@ -73,6 +78,7 @@ class CapacitySearch:
     min_window_requests: int = MIN_WINDOW_REQUESTS
     max_window_factor: float = MAX_WINDOW_FACTOR
     tail_samples: int = TAIL_SAMPLES  # see window_requests (tests over HTTP lower it)
+    min_served: float = MIN_SERVED  # (and this: their windows of a second or two are too short for it)
     z: float = Z  # the confidence (standard errors) each SLO must hold by
 
 
@@ -116,10 +122,16 @@ def meets(result: TrialResult, slos: Sequence[Slo]) -> bool:
     return all(slo.margin(result.benchmark) <= 0 for slo in slos)  # type: ignore[arg-type]
 
 
-def probe_verdict(result: TrialResult, slos: Sequence[Slo], z: float = Z) -> str:
-    """PASS, FAIL or UNSURE for a probe: the server must have kept up, and every SLO hold by `z`
-    standard errors (a backend that gave no evidence is judged on the point values)."""
+def probe_verdict(
+    result: TrialResult, slos: Sequence[Slo], z: float = Z, min_served: float = MIN_SERVED
+) -> str:
+    """PASS, FAIL or UNSURE for a probe: the server must have kept up and served `min_served` of the
+    offered rate, and every SLO hold by `z` standard errors (a backend that gave no evidence is judged
+    on the point values)."""
     if not result.ok or result.info.get("kept_up") is False:
+        return FAIL
+    offered, served = result.info.get("offered_rate"), result.info.get("served_rate")
+    if offered and served is not None and served < min_served * offered:
         return FAIL
     evidence = result.info.get("slo_evidence")
     if evidence is None:
@@ -175,7 +187,7 @@ def _search(
             n = max(1, math.ceil(rate * plan.end))
             load = workload.with_load(request_rate=rate, num_requests=n, measure_from=plan.start)
             runs.append(session.measure(load, slos, seed))
-            verdict = probe_verdict(runs[-1], slos, search.z)
+            verdict = probe_verdict(runs[-1], slos, search.z, search.min_served)
             if verdict != UNSURE or 2 * factor > search.max_window_factor or not session.alive:
                 break
             factor *= 2  # too short to tell: measure twice as long (a real server re-runs the warm-up)

@@ -34,11 +34,7 @@ from autotune.slo import Slo, goodput_bounds
 # The requests in the server may grow by 2 % of the window's arrivals (served >= 98 %): a queue that
 # grows by 5 % still meets a 2 s p99 TTFT over a 30 s window and breaks it 6x over 4,000 requests.
 MAX_BACKLOG_GROWTH = 0.02
-NOISE_SIGMAS = 3.0  # ... or by its own noise, when a short window makes that larger,
-# but never by more than 4 %: near saturation the count's memory is long and its noise estimate huge
-# (a probe serving 90 % of its load was allowed 12 % of growth), while a user checking the rate with
-# `vllm bench serve` wants >= 95 % of it served.
-MAX_ALLOWED_GROWTH = 0.04
+NOISE_SIGMAS = 3.0  # ... or by its own noise, when a short window makes that larger
 TREND_SAMPLES = 200
 WARMUP_RESIDENCES = 2.0  # warm-up: two request lifetimes, so the running batch has filled and turned over
 WINDOW_RESIDENCES = 4.0  # window: four more, so a queue growing by a few % shows in TTFT and the backlog
@@ -96,7 +92,7 @@ class Steadiness:
     offered_rate: float  # requests sent in the window per second
     served_rate: float  # requests finished (successfully) in the window per second
     backlog_growth: float  # (in the server at the end - at the start) / requests sent in the window
-    allowed_growth: float  # MAX_BACKLOG_GROWTH, or the count's own noise (at most MAX_ALLOWED_GROWTH)
+    allowed_growth: float  # MAX_BACKLOG_GROWTH, or the count's own noise when that is larger
 
     @property
     def kept_up(self) -> bool:
@@ -121,10 +117,10 @@ def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
     through the count sampled at TREND_SAMPLES times, times the window's length), not the difference
     of its two ends: the ends carry the count's whole fluctuation, the line averages it out. What is
     allowed: MAX_BACKLOG_GROWTH, or NOISE_SIGMAS standard errors of that trend when the window is too
-    short to tell less, up to MAX_ALLOWED_GROWTH. The standard error comes from the count's own scatter
-    around the line and its memory (autocorrelation), so a server whose batch is capped (little
-    scatter) is judged as finely as its data allows, and a queue near saturation (long memory) is not
-    judged on noise alone.
+    short to tell less (a capacity probe also asks for 96 % of the offered rate served, see
+    autotune/capacity.py). The standard error comes from the count's own scatter around the line and
+    its memory (autocorrelation), so a server whose batch is capped (little scatter) is judged as
+    finely as its data allows, and a queue near saturation (long memory) is not judged on noise alone.
     """
     starts = np.array([r.start_time for r in records], dtype=float)
     # A failed request never finishes: it counts as still in the server.
@@ -139,7 +135,7 @@ def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
     residuals = counts - counts.mean() - slope * centered
     scatter = float(np.std(residuals))
     slope_error = scatter / (float(np.std(times)) * math.sqrt(_independent_samples(residuals)))
-    allowed = min(MAX_ALLOWED_GROWTH, max(MAX_BACKLOG_GROWTH, NOISE_SIGMAS * slope_error * length / sent))
+    allowed = max(MAX_BACKLOG_GROWTH, NOISE_SIGMAS * slope_error * length / sent)
     return Steadiness(sent / length, served / length, slope * length / sent, allowed)
 
 
