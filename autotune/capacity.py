@@ -7,16 +7,15 @@ With `load: capacity` a trial is a short search per config, on one started serve
    config's request lifetime, which sets how long each probe is (autotune/steady_state.py).
 2. Probes: Poisson load at a rate, with an unmeasured warm-up and a measured window of several request
    lifetimes and at least 400 requests (1,000 for a p99 TTFT/TPOT/E2EL SLO, see `window_requests`).
-   A rate passes when the server kept up (the requests in it did
-   not grow by more than 2 % of the window's arrivals, or than the count's noise, and it served at
-   least 96 % of the offered rate): that
-   bounds capacity for every SLO set, ITL-only and none included; and when every SLO holds with 95 %
-   confidence (autotune/evidence.py), so that the reported rate is one another run at it also meets:
-   a window too short to tell either way is measured again twice as long, and still unsure counts as a
-   miss (and ends the search once the bracket is within twice the resolution: the threshold is within
-   the noise there). The first probe is at 90 % of saturation; while probes fail the rate steps down
-   by 0.7x (further when an ITL/TPOT SLO was missed by a wide margin), then geometric bisection until
-   the bracket is within `resolution`.
+   A rate passes when the server kept up (the requests in it did not grow by more than 2 % of the
+   window's arrivals, or than the count's noise, and it served at least 96 % of the offered rate),
+   which bounds capacity for every SLO set, ITL-only and none included; and when every SLO holds with
+   95 % confidence (autotune/evidence.py), so that another run at the reported rate meets them too. A
+   window too short to tell either way is measured again twice as long; still unsure, the rate counts
+   as a miss, and once the bracket is within twice the resolution the search ends (the threshold lies
+   within the noise there). The first probe is at 90 % of saturation; while probes fail the rate
+   steps down by 0.7x (further when an ITL/TPOT SLO was missed by a wide margin), then geometric
+   bisection until the bracket is within `resolution`.
 A probe that is clearly lost is cut short by the early abort (its SLO cannot be met any more). A
 server that dies or hangs ends the search: the rates that passed before still count.
 
@@ -59,7 +58,7 @@ TAIL_SAMPLES = 10  # a window must hold this many requests over a percentile SLO
 # saturation the count's memory is long and its noise estimate huge (a probe serving 90 % of its load
 # was allowed 12 % of growth), while a user checking the rate with `vllm bench serve` wants >= 95 %.
 MIN_SERVED = 0.96
-MAX_WINDOW_FACTOR = 2.0  # an unsure probe is measured again twice as long, once (x4 cost 2.5x the GPU time)
+MAX_WINDOW_FACTOR = 2.0  # an unsure probe is measured again twice as long, once (up to 4x: 2x the GPU time)
 DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's largest per-GPU default, when the config leaves it unset
 SUSTAINED = ("request_throughput", "output_throughput", "total_token_throughput")
 
@@ -255,8 +254,8 @@ def _step_down(result: TrialResult, slos: Sequence[Slo]) -> float:
 def _probe_window(
     window: Window, rate: float, search: CapacitySearch, min_requests: int, factor: float = 1.0
 ) -> Window:
-    """`window` at `rate`, `factor` times as long: long enough for `min_window_requests` measured
-    requests, and shortened (warm-up too, in proportion) when the probe would send more than
+    """`window` at `rate`, `factor` times as long: long enough for `min_requests` measured requests,
+    and shortened (warm-up too, in proportion) when the probe would send more than
     MAX_PROBE_REQUESTS x scale (x factor)."""
     length = max(window.length, min_requests * search.window_scale / rate) * factor
     window = Window(window.start, window.start + length)
