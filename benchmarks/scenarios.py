@@ -95,8 +95,10 @@ SCENARIOS: tuple[Scenario, ...] = (
         model=LLAMA_8B,
         gpu="H100",
         workload="prefill_heavy",
-        overrides={"num_requests": 200, "request_rate": 6.0},
-        slos=("ttft_p99=1.5s", "itl_p99=30ms"),
+        # 4 req/s and 60 ms since the simulator's Hopper recalibration (issue 10): at 6 req/s and 30 ms
+        # no config of the grid met the SLOs any more (the smallest p99 ITL of one that kept up: 52 ms)
+        overrides={"num_requests": 200, "request_rate": 4.0},
+        slos=("ttft_p99=1.5s", "itl_p99=60ms"),
     ),
     Scenario(
         name="8b-h100-decode",
