@@ -234,8 +234,8 @@ def window_requests(
     at its threshold has `tail_samples` requests over the limit (1,000 for a p99 TTFT): its tail comes in
     rare queueing episodes, and a 400-request window that held none passed rates that a 4,000-request
     run missed by 2x. ITL pools every token gap, so its tail is seen in far fewer requests."""
-    shares = [1 - float(s.stat[1:]) / 100 for s in slos if s.stat.startswith("p") and s.metric != "itl"]
-    return max([floor, *(math.ceil(tail_samples / q) for q in shares if q > 0)])
+    shares = [s.allowed_share for s in slos if s.metric != "itl"]
+    return max([floor, *(math.ceil(tail_samples / q) for q in shares if q)])
 
 
 def _step_down(result: TrialResult, slos: Sequence[Slo]) -> float:

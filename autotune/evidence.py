@@ -96,11 +96,11 @@ def _criterion(slo: Slo, groups: Sequence[np.ndarray]) -> Criterion:
     sizes = np.array([len(g) for g in groups], dtype=float)
     if sizes.sum() == 0:
         return Criterion(slo.name, 0.0, math.inf)  # nothing measured: no evidence either way
-    if slo.stat == "mean":
+    allowed = slo.allowed_share
+    if allowed is None:  # a mean
         totals = np.array([g.sum() for g in groups])
         value, error = _ratio(totals, sizes)
         return Criterion(slo.name, (value - limit) / limit, error / limit)
-    allowed = 0.5 if slo.stat == "median" else 1.0 - float(slo.stat[1:]) / 100.0
     over = np.array([np.count_nonzero(g > limit) for g in groups], dtype=float)
     share, error = _ratio(over, sizes)
     # Never surer than independent samples at the threshold allow (the score test's error): a window

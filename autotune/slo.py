@@ -32,6 +32,14 @@ class Slo:
         return f"{self.stat}_{self.metric}_ms"
 
     @property
+    def allowed_share(self) -> float | None:
+        """The share of samples a percentile SLO lets exceed its limit (0.01 for p99, 0.5 for a
+        median); None for a mean."""
+        if self.stat == "mean":
+            return None
+        return 0.5 if self.stat == "median" else 1.0 - float(self.stat[1:]) / 100.0
+
+    @property
     def name(self) -> str:
         """The SLO as the user writes it, e.g. "ttft_p99"."""
         return f"{self.metric}_{self.stat}"
