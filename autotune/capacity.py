@@ -1,7 +1,8 @@
 """Capacity: the highest Poisson request rate a config sustains while it meets the SLOs.
 
 With `load: capacity` a trial is a short search per config, on one started server (one startup):
-1. Saturation: every request at t=0 (enough of them to fill the running batch twice). Its mid-run
+1. Saturation: every request at t=0, enough of them to fill the running batch twice (a first burst
+   of 256 requests reports the KV cache, which may hold fewer than max_num_seqs). Its mid-run
    completion rate is what the config can serve at most, so rates above it (plus a margin for the
    estimate) are never probed: it is the bracket's top. Its requests' decode time at full batch is the
    config's request lifetime, which sets how long each probe is (autotune/steady_state.py).
@@ -49,8 +50,9 @@ MIN_STEP = 0.35  # the largest step down an ITL/TPOT miss can ask for
 SMOOTH_METRICS = ("itl", "tpot")
 SATURATION_MARGIN = 1.1  # bracket top = saturation throughput x this (the mid-run rate is an estimate)
 MIN_RATE = 0.05  # below this the config serves nothing useful: stop stepping down
-SATURATION_BATCHES = 2  # the saturation run sends this many times max_num_seqs (at least the workload's)
+SATURATION_BATCHES = 4  # the saturation run sends this many times the batch the config can hold
 MAX_SATURATION_REQUESTS = 4096
+SIZING_REQUESTS = 256  # the first burst: it saturates a batch that KV memory limits, and sizes the next
 MAX_PROBE_REQUESTS = 6000  # per probe (x window scale): a very fast config gets a shorter window
 MIN_WINDOW_REQUESTS = 400
 TAIL_SAMPLES = 10  # a window must hold this many requests over a percentile SLO's limit at its threshold
@@ -166,13 +168,12 @@ def _search(
     trial_dir: Path | None = None,
 ) -> TrialResult:
     workload = workload.with_rate_arrivals()
-    seqs = config.max_num_seqs or DEFAULT_MAX_NUM_SEQS
-    n_sat = min(MAX_SATURATION_REQUESTS, max(workload.num_requests, SATURATION_BATCHES * seqs))
-    sat_result = session.measure(workload.burst(n_sat), (), seed)
+    sat_runs = saturation_runs(session, config, workload, seed)
+    sat_result = sat_runs[-1]
     sat = sat_result.info.get("saturation")
     if not sat_result.ok or not sat or sat["throughput"] <= 0:
         # Did not start, or could not serve at all: no rate will help, and the reason is the trial's.
-        return _annotate(sat_result, [], sat_result, None, None, 0.0)
+        return _annotate(sat_result, [], sat_runs, None, None, 0.0)
     window = plan_window(sat["lifetime_s"], search.window_scale, search.min_warmup_s, search.min_window_s)
     top = SATURATION_MARGIN * sat["throughput"]
     min_requests = window_requests(slos, search.min_window_requests, search.tail_samples)
@@ -218,13 +219,48 @@ def _search(
         else:
             rate = math.sqrt(low.rate * high)
     best = low.result if low is not None else min(probes, key=lambda p: p.rate).result
-    annotated = _annotate(best, probes, sat_result, low, high, top)
+    annotated = _annotate(best, probes, sat_runs, low, high, top)
     if not session.alive and probes[-1].result is not best:
         # Say why the search stopped short (e.g. an OOM under load at a higher rate).
         last = probes[-1].result
         annotated.info["capacity_stopped_by"] = f"{last.failure}: {last.message}"
     annotated.info["capacity_window_s"] = [round(window.start, 2), round(window.length, 2)]
     return annotated
+
+
+def saturation_runs(session: Session, config: EngineConfig, workload: Any, seed: int) -> list[TrialResult]:
+    """The all-at-once runs that measure saturation throughput: the last one is the measurement.
+
+    The burst must fill the running batch twice over, and the batch is max_num_seqs only when KV
+    memory holds that many requests: a decode-heavy 8B config on an L4 holds ~25, and 2 x 1,024
+    requests at t=0 cost it 88 GPU-minutes. So a first burst of SIZING_REQUESTS reports the KV cache
+    size, and a second, larger one runs only when the batch it implies needs it.
+    """
+    seqs = config.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    full = min(MAX_SATURATION_REQUESTS, SATURATION_BATCHES * seqs)
+    first = session.measure(workload.burst(min(full, SIZING_REQUESTS)), (), seed)
+    if full <= SIZING_REQUESTS or not first.ok:
+        return [first]
+    needed = min(full, SATURATION_BATCHES * _batch_limit(first, seqs))
+    if needed <= SIZING_REQUESTS:
+        return [first]
+    return [first, session.measure(workload.burst(needed), (), seed)]
+
+
+def _batch_limit(result: TrialResult, seqs: int) -> int:
+    """How many of the burst's requests the server can run at once: its max_num_seqs (the resolved
+    one when the backend reports it), or fewer when its KV cache holds fewer (reported as tokens or
+    blocks; unknown: max_num_seqs)."""
+    resolved = result.info.get("resolved") or {}
+    seqs = int(resolved.get("max_num_seqs") or seqs)
+    kv_tokens = result.info.get("kv_cache_tokens")
+    if kv_tokens is None and result.info.get("num_gpu_blocks"):
+        kv_tokens = int(result.info["num_gpu_blocks"]) * int(resolved.get("block_size") or 16)
+    bench = result.benchmark
+    if not kv_tokens or bench is None or not bench.completed:
+        return seqs
+    per_request = (bench.total_input_tokens + bench.total_output_tokens) / bench.completed
+    return max(1, min(seqs, math.ceil(kv_tokens / max(per_request, 1.0))))
 
 
 def window_requests(
@@ -269,14 +305,15 @@ def _probe_window(
 def _annotate(
     best: TrialResult,
     probes: list[Probe],
-    sat: TrialResult,
+    sat_runs: list[TrialResult],
     low: Probe | None,
     high: float | None,
     top: float,
 ) -> TrialResult:
     """Sum the GPU time of every run (one startup, saturation, probes) into the result, set sustained
     throughputs, record the search."""
-    runs = [sat, *(r for p in probes for r in p.runs if r is not sat)]
+    sat = sat_runs[-1]
+    runs = [*sat_runs, *(r for p in probes for r in p.runs)]
     best.startup_s = sum(r.startup_s for r in runs)
     best.benchmark_s = sum(r.benchmark_s for r in runs)
     best.saved_s = sum(r.saved_s for r in runs)

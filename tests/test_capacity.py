@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -10,7 +11,13 @@ import pytest
 from autotune.backends.base import FailureKind
 from autotune.backends.process import ProcessBackend
 from autotune.backends.sim import SimBackend
-from autotune.capacity import CapacitySearch, find_capacity, meets, window_requests
+from autotune.capacity import (
+    CapacitySearch,
+    find_capacity,
+    meets,
+    saturation_runs,
+    window_requests,
+)
 from autotune.config import EngineConfig
 from autotune.slo import parse_slos
 from autotune.workload import LengthDist, WorkloadSpec
@@ -160,3 +167,16 @@ def test_a_window_holds_enough_requests_to_see_the_tail_it_judges(slo: str, requ
     """p99 of a per-request metric: 1,000 requests (10 over the limit at the threshold); ITL pools every
     token gap, so 400 requests already hold thousands of them."""
     assert window_requests(parse_slos(slo) if slo else []) == requests
+
+
+def test_the_saturation_burst_is_sized_by_the_batch_the_kv_cache_holds() -> None:
+    """4 x the batch: max_num_seqs when the KV cache holds that many requests, fewer when it does not."""
+    config = EngineConfig(model=LLAMA_8B, max_model_len=4096, max_num_seqs=128)
+    with SimBackend("H100").session(config) as session:
+        runs = saturation_runs(session, config, WORKLOAD, 0)
+    assert [r.benchmark.completed for r in runs] == [256, 512]  # 80-token requests: KV holds 128
+    # An L4 holds ~3.5 GB of KV: about a dozen requests of 2,064 tokens, so the first burst is enough.
+    long = dataclasses.replace(WORKLOAD, prompt_len=LengthDist("fixed", 2048))
+    with SimBackend("L4").session(config) as session:
+        runs = saturation_runs(session, config, long, 0)
+    assert [r.benchmark.completed for r in runs] == [256]
