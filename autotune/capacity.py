@@ -7,14 +7,15 @@ With `load: capacity` a trial is a short search per config, on one started serve
    estimate) are never probed: it is the bracket's top. Its requests' decode time at full batch is the
    config's request lifetime, which sets how long each probe is (autotune/steady_state.py).
 2. Probes: Poisson load at a rate, with an unmeasured warm-up and a measured window of several request
-   lifetimes and at least 400 requests (1,000 for a p99 TTFT/TPOT/E2EL SLO, see `window_requests`).
-   A rate passes when the server kept up (the requests in it did not grow by more than 2 % of the
+   lifetimes and at least 400 requests (1,000 for a p99 TTFT/TPOT/E2EL SLO, see `window_requests`). A
+   rate passes when the server kept up (the requests in it did not grow by more than 2 % of the
    window's arrivals, or than the count's noise, and it served at least 96 % of the offered rate),
    which bounds capacity for every SLO set, ITL-only and none included; and when every SLO holds with
    95 % confidence (autotune/evidence.py), so that another run at the reported rate meets them too. A
-   window too short to tell either way is measured again twice as long; still unsure, the rate counts
-   as a miss, and once the bracket is within twice the resolution the search ends (the threshold lies
-   within the noise there). The first probe is at 90 % of saturation; while probes fail the rate
+   window too short to tell either way is measured again (a second window of other requests, its
+   evidence pooled with the first: a window twice as long without its warm-up); still unsure, the rate
+   counts as a miss, and once the bracket is within twice the resolution the search ends (the threshold
+   lies within the noise there). The first probe is at 90 % of saturation; while probes fail the rate
    steps down by 0.7x (further when an ITL/TPOT SLO was missed by a wide margin), then geometric
    bisection until the bracket is within `resolution`.
 A probe that is clearly lost is cut short by the early abort (its SLO cannot be met any more). A
@@ -37,7 +38,7 @@ from typing import Any
 
 from autotune.backends.base import Backend, Session, TrialResult
 from autotune.config import EngineConfig
-from autotune.evidence import FAIL, PASS, UNSURE, Z, from_info, judge
+from autotune.evidence import FAIL, PASS, UNSURE, Z, from_info, judge, pool
 from autotune.progress import write_probe
 from autotune.slo import Slo
 from autotune.steady_state import MIN_WARMUP_S, MIN_WINDOW_S, Window, plan_window
@@ -60,7 +61,7 @@ TAIL_SAMPLES = 10  # a window must hold this many requests over a percentile SLO
 # saturation the count's memory is long and its noise estimate huge (a probe serving 90 % of its load
 # was allowed 12 % of growth), while a user checking the rate with `vllm bench serve` wants >= 95 %.
 MIN_SERVED = 0.96
-MAX_WINDOW_FACTOR = 2.0  # an unsure probe is measured again twice as long, once (up to 4x: 2x the GPU time)
+MAX_WINDOWS = 2  # an unsure probe is measured again (another window, pooled with the first), once
 DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's largest per-GPU default, when the config leaves it unset
 SUSTAINED = ("request_throughput", "output_throughput", "total_token_throughput")
 
@@ -77,7 +78,7 @@ class CapacitySearch:
     # p99 over fewer requests is the 2nd-4th largest value: too noisy to compare rates by (a window of
     # 140 requests overestimated a config's capacity by 33 %, 400 came within 2 % of 1,000)
     min_window_requests: int = MIN_WINDOW_REQUESTS
-    max_window_factor: float = MAX_WINDOW_FACTOR
+    max_windows: int = MAX_WINDOWS
     tail_samples: int = TAIL_SAMPLES  # see window_requests (tests over HTTP lower it)
     min_served: float = MIN_SERVED  # (and this: their windows of a second or two are too short for it)
     z: float = Z  # the confidence (standard errors) each SLO must hold by
@@ -85,12 +86,12 @@ class CapacitySearch:
 
 @dataclass
 class Probe:
-    """One measured rate: its last run (the longest window), the verdict on it, and every run it took."""
+    """One measured rate: its last run, the verdict on its runs' pooled windows, and every run it took."""
 
     rate: float
     result: TrialResult
-    verdict: str  # PASS, FAIL, or UNSURE (still unsure at the longest window: a miss)
-    window_factor: float
+    verdict: str  # PASS, FAIL, or UNSURE (still unsure over every window: a miss)
+    windows: int  # windows measured and pooled
     runs: list[TrialResult]
 
     @property
@@ -111,7 +112,7 @@ class Probe:
             "p99_itl_ms": round(bench.latency_ms["itl"]["p99"], 2) if bench else None,
             "meets_slos": self.passed,
             "verdict": self.verdict,
-            "window_factor": self.window_factor,
+            "windows": self.windows,
             "failure": str(self.result.failure) if self.result.failure else None,
         }
 
@@ -124,20 +125,21 @@ def meets(result: TrialResult, slos: Sequence[Slo]) -> bool:
 
 
 def probe_verdict(
-    result: TrialResult, slos: Sequence[Slo], z: float = Z, min_served: float = MIN_SERVED
+    runs: Sequence[TrialResult], slos: Sequence[Slo], z: float = Z, min_served: float = MIN_SERVED
 ) -> str:
-    """PASS, FAIL or UNSURE for a probe: the server must have kept up and served `min_served` of the
-    offered rate, and every SLO hold by `z` standard errors (a backend that gave no evidence is judged
-    on the point values)."""
-    if not result.ok or result.info.get("kept_up") is False:
-        return FAIL
-    offered, served = result.info.get("offered_rate"), result.info.get("served_rate")
-    if offered and served is not None and served < min_served * offered:
-        return FAIL
-    evidence = result.info.get("slo_evidence")
-    if evidence is None:
-        return PASS if meets(result, slos) else FAIL
-    return judge(from_info(evidence), z)
+    """PASS, FAIL or UNSURE for a probe's runs at one rate: in each the server must have kept up and
+    served `min_served` of the offered rate, and every SLO hold by `z` standard errors over their pooled
+    windows (a backend that gave no evidence is judged on the last run's point values)."""
+    for result in runs:
+        if not result.ok or result.info.get("kept_up") is False:
+            return FAIL
+        offered, served = result.info.get("offered_rate"), result.info.get("served_rate")
+        if offered and served is not None and served < min_served * offered:
+            return FAIL
+    evidence = [r.info.get("slo_evidence") for r in runs]
+    if any(e is None for e in evidence):
+        return PASS if meets(runs[-1], slos) else FAIL
+    return judge(pool([from_info(e) for e in evidence]), z)
 
 
 def find_capacity(
@@ -179,19 +181,19 @@ def _search(
     min_requests = window_requests(slos, search.min_window_requests, search.tail_samples)
 
     def probe(rate: float) -> Probe:
+        plan = _probe_window(window, rate, search, min_requests)
+        n = max(1, math.ceil(rate * plan.end))
+        load = workload.with_load(request_rate=rate, num_requests=n, measure_from=plan.start)
         runs: list[TrialResult] = []
-        factor = 1.0
         while True:
             write_probe(trial_dir, len(probes) + 1, search.max_probes, rate)  # for the progress line
-            plan = _probe_window(window, rate, search, min_requests, factor)
-            n = max(1, math.ceil(rate * plan.end))
-            load = workload.with_load(request_rate=rate, num_requests=n, measure_from=plan.start)
-            runs.append(session.measure(load, slos, seed))
-            verdict = probe_verdict(runs[-1], slos, search.z, search.min_served)
-            if verdict != UNSURE or 2 * factor > search.max_window_factor or not session.alive:
+            # Another window of other requests (seed): pooled with the earlier ones, it tells what a
+            # window twice as long would, without measuring the first part again.
+            runs.append(session.measure(load, slos, seed + len(runs)))
+            verdict = probe_verdict(runs, slos, search.z, search.min_served)
+            if verdict != UNSURE or len(runs) >= search.max_windows or not session.alive:
                 break
-            factor *= 2  # too short to tell: measure twice as long (a real server re-runs the warm-up)
-        return Probe(rate, runs[-1], verdict, factor, runs)
+        return Probe(rate, runs[-1], verdict, len(runs), runs)
 
     probes: list[Probe] = []
     low: Probe | None = None
@@ -287,15 +289,12 @@ def _step_down(result: TrialResult, slos: Sequence[Slo]) -> float:
     return min(STEP_DOWN, max(MIN_STEP, 1.0 / (1.0 + miss))) if miss > 0 else STEP_DOWN
 
 
-def _probe_window(
-    window: Window, rate: float, search: CapacitySearch, min_requests: int, factor: float = 1.0
-) -> Window:
-    """`window` at `rate`, `factor` times as long: long enough for `min_requests` measured requests,
-    and shortened (warm-up too, in proportion) when the probe would send more than
-    MAX_PROBE_REQUESTS x scale (x factor)."""
-    length = max(window.length, min_requests * search.window_scale / rate) * factor
+def _probe_window(window: Window, rate: float, search: CapacitySearch, min_requests: int) -> Window:
+    """`window` at `rate`: long enough for `min_requests` measured requests, and shortened (warm-up
+    too, in proportion) when the probe would send more than MAX_PROBE_REQUESTS x scale."""
+    length = max(window.length, min_requests * search.window_scale / rate)
     window = Window(window.start, window.start + length)
-    cap = MAX_PROBE_REQUESTS * search.window_scale * factor
+    cap = MAX_PROBE_REQUESTS * search.window_scale
     if rate * window.end <= cap:
         return window
     factor = cap / (rate * window.end)

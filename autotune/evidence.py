@@ -15,7 +15,7 @@ luckiest one. So each SLO is judged with its standard error:
 - a mean SLO: (mean - limit) / limit, with the batch means' error.
 
 `judge` turns the criteria into "pass" (every one holds by Z errors), "fail" (one misses by Z errors) or
-"unsure"; the capacity search lengthens an unsure window (autotune/capacity.py).
+"unsure"; the capacity search measures an unsure rate again and `pool`s the windows (autotune/capacity.py).
 """
 
 from __future__ import annotations
@@ -36,11 +36,13 @@ PASS, FAIL, UNSURE = "pass", "fail", "unsure"
 
 @dataclass(frozen=True)
 class Criterion:
-    """One SLO on one window: its margin (> 0 misses, in the criterion's own units) and standard error."""
+    """One SLO on one window: its margin (> 0 misses, in the criterion's own units), standard error,
+    and the number of samples behind them (requests; token gaps for ITL)."""
 
     name: str
     margin: float
     error: float
+    samples: int = 0
 
     def verdict(self, z: float = Z) -> str:
         """PASS when the margin is below zero by z errors, FAIL when above by z errors, else UNSURE."""
@@ -51,8 +53,8 @@ class Criterion:
         return UNSURE
 
     def to_info(self) -> list[float]:
-        """[margin, error], as the probe's info keeps it."""
-        return [round(self.margin, 5), round(self.error, 5)]
+        """[margin, error, samples], as the probe's info keeps it."""
+        return [round(self.margin, 5), round(self.error, 5), self.samples]
 
 
 def judge(criteria: Sequence[Criterion], z: float = Z) -> str:
@@ -76,7 +78,27 @@ def slo_criteria(records: Sequence[RequestRecord], slos: Sequence[Slo]) -> list[
 
 def from_info(info: Mapping[str, Sequence[float]]) -> list[Criterion]:
     """The criteria a probe's info kept (see `Criterion.to_info`)."""
-    return [Criterion(name, float(m), float(e)) for name, (m, e) in info.items()]
+    return [Criterion(name, float(m), float(e), int(n)) for name, (m, e, n) in info.items()]
+
+
+def pool(windows: Sequence[Sequence[Criterion]]) -> list[Criterion]:
+    """The criteria of independent windows at one load as those of one window with all their samples:
+    margins weighted by sample count, errors combined as independent ones (each window's floor
+    combines into the floor of the pooled count)."""
+    by_name: dict[str, list[Criterion]] = {}
+    for criteria in windows:
+        for c in criteria:
+            by_name.setdefault(c.name, []).append(c)
+    pooled = []
+    for name, parts in by_name.items():
+        n = sum(c.samples for c in parts)
+        if n == 0:
+            pooled.append(Criterion(name, 0.0, math.inf, 0))
+            continue
+        margin = sum(c.samples * c.margin for c in parts) / n
+        error = math.sqrt(sum((c.samples * c.error) ** 2 for c in parts)) / n
+        pooled.append(Criterion(name, margin, error, n))
+    return pooled
 
 
 def _samples(records: Sequence[RequestRecord], indexes: Sequence[int], metric: str) -> np.ndarray:
@@ -95,19 +117,19 @@ def _criterion(slo: Slo, groups: Sequence[np.ndarray]) -> Criterion:
     limit = slo.limit_ms / 1000.0
     sizes = np.array([len(g) for g in groups], dtype=float)
     if sizes.sum() == 0:
-        return Criterion(slo.name, 0.0, math.inf)  # nothing measured: no evidence either way
+        return Criterion(slo.name, 0.0, math.inf, 0)  # nothing measured: no evidence either way
     allowed = slo.allowed_share
     if allowed is None:  # a mean
         totals = np.array([g.sum() for g in groups])
         value, error = _ratio(totals, sizes)
-        return Criterion(slo.name, (value - limit) / limit, error / limit)
+        return Criterion(slo.name, (value - limit) / limit, error / limit, int(sizes.sum()))
     over = np.array([np.count_nonzero(g > limit) for g in groups], dtype=float)
     share, error = _ratio(over, sizes)
     # Never surer than independent samples at the threshold allow (the score test's error): a window
     # with no sample over the limit has a batch-means error of 0, yet 400 requests cannot tell a 0.5 %
     # share from a 1 % one.
     error = max(error, math.sqrt(allowed * (1 - allowed) / sizes.sum()))
-    return Criterion(slo.name, share - allowed, error)
+    return Criterion(slo.name, share - allowed, error, int(sizes.sum()))
 
 
 def _ratio(totals: np.ndarray, sizes: np.ndarray) -> tuple[float, float]:

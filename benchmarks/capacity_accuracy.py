@@ -33,8 +33,8 @@ from autotune.sim.noise import NoiseModel  # noqa: E402
 from autotune.slo import parse_slos  # noqa: E402
 from autotune.workload_file import load_workload  # noqa: E402
 
-# 10x windows already: no doubling of unsure ones (it would be 40x)
-REFERENCE = CapacitySearch(max_probes=12, resolution=0.01, window_scale=10.0, max_window_factor=1.0)
+# 10x windows already: no second window for unsure ones
+REFERENCE = CapacitySearch(max_probes=12, resolution=0.01, window_scale=10.0, max_windows=1)
 CHECK_REQUESTS = 4000
 CHECK_SERVED = 0.95
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autotune.evidence import FAIL, PASS, UNSURE, Criterion, judge, slo_criteria
+from autotune.evidence import FAIL, PASS, UNSURE, Criterion, judge, pool, slo_criteria
 from autotune.metrics import RequestRecord, compute_metrics
 from autotune.slo import parse_slos
 
@@ -84,3 +84,13 @@ def test_no_data_is_no_evidence() -> None:
     (criterion,) = slo_criteria([], TTFT_P99)
     assert criterion.verdict() == UNSURE
     assert judge([Criterion("a", -1, 0.1), Criterion("b", 1, 0.1)]) == FAIL
+
+
+def test_two_windows_pooled_tell_what_one_twice_as_long_does() -> None:
+    """A second window at the same load, pooled, settles what one window could not."""
+    slow = list(range(5, 1000, 100))  # 1 % over the limit in each window: right at the threshold
+    first, second = slo_criteria(records(slow), TTFT_P99), slo_criteria(records([]), TTFT_P99)
+    both = pool([first, second])[0]
+    assert both.samples == 2000 and both.margin == pytest.approx((first[0].margin + second[0].margin) / 2)
+    assert both.error < min(first[0].error, second[0].error)
+    assert judge(first) == UNSURE and judge(pool([first, second])) == PASS  # 10 of 2,000: 0.5 %
