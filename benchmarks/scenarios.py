@@ -107,7 +107,11 @@ SCENARIOS: tuple[Scenario, ...] = (
         gpu="H100",
         workload="decode_heavy",
         overrides={"num_requests": 300, "max_concurrency": 128},
-        slos=("ttft_p99=20s", "itl_p99=15ms"),
+        # p99 ITL 21 ms since the simulator's Hopper recalibration (issue 10): no config met 15 ms and
+        # 20 s of TTFT any more. ITL is set by the running batch alone (32 seqs: 14.6 ms, 64: 18.7 ms,
+        # >= 128, all the client sends: 24.3 ms), and 32 seqs queue the other 96 (p99 TTFT 32 s).
+        # 21 ms lies between 64 and 128 seqs: the 64-seq configs (17 % of the grid) are feasible.
+        slos=("ttft_p99=20s", "itl_p99=21ms"),
     ),
     Scenario(
         name="70b-a100-tp2-chat",
