@@ -44,7 +44,7 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scenarios.py and the parts next to this file
 
-from sample_efficiency_grid import build_oracle, oracle_summary  # noqa: E402
+from sample_efficiency_grid import Oracle, build_oracle, oracle_summary  # noqa: E402
 from sample_efficiency_runs import NO_SCREEN, run_auto_tune_sh, run_optuna  # noqa: E402
 from sample_efficiency_scores import (  # noqa: E402
     RunScore,
@@ -56,7 +56,7 @@ from sample_efficiency_scores import (  # noqa: E402
     worst_failed_share,
     write_outputs,
 )
-from scenarios import get_scenarios  # noqa: E402
+from scenarios import Scenario, get_scenarios  # noqa: E402
 
 OUT_DIR = Path("runs/sample_efficiency")
 OPTUNA_STRATEGIES = ("auto", "tpe", "gp", "nsga2", "random")
@@ -112,7 +112,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 scenarios, 3 seeds, 40 trials")
     parser.add_argument("--scenarios", nargs="*", help="scenario names (default: all)")
-    parser.add_argument("--strategies", nargs="*", default=[*DEFAULT_STRATEGIES, AUTO_TUNE_SH])
+    parser.add_argument(
+        "--strategies",
+        nargs="*",
+        default=[*DEFAULT_STRATEGIES, AUTO_TUNE_SH],
+        help="strategies to score (none: only build the grids and print the ground truth)",
+    )
     parser.add_argument("--seeds", type=int, default=10, help="seeds per strategy and scenario")
     parser.add_argument("--trials", type=int, default=60, help="trial budget per run")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
@@ -128,6 +133,14 @@ def _seeds(strategy: str, seeds: int) -> int:
     return min(seeds, GP_SEEDS) if strategy == "gp" else seeds
 
 
+def _timed_oracle(scenario: Scenario, cache_dir: Path, pool: ProcessPoolExecutor) -> Oracle:
+    """build_oracle, saying on stderr how long the grid took (a capacity grid takes minutes)."""
+    began = time.monotonic()
+    oracle = build_oracle(scenario, cache_dir, pool)
+    print(f"sample_efficiency: grid {scenario.name}: {time.monotonic() - began:.0f} s", file=sys.stderr)
+    return oracle
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     # One thread per worker process: GPSampler's torch would otherwise oversubscribe the cores.
@@ -137,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cache_dir = args.out / "cache"
     strategies = available_strategies(args.strategies)
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        oracles = [build_oracle(scenario, cache_dir, pool) for scenario in scenarios]
+        oracles = [_timed_oracle(scenario, cache_dir, pool) for scenario in scenarios]
         grid_s = time.monotonic() - start
         truth = [oracle_summary(o) for o in oracles]
         print_table(truth, f"Ground truth (exhaustive grid, {grid_s:.0f} s incl. cache)")
