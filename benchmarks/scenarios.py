@@ -71,6 +71,7 @@ class Scenario:
     def digest(self) -> str:
         """A short hash of what the simulation depends on (the grid cache key; SLOs are applied later)."""
         sim = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("name", "description", "slos")}
+        sim["workload_spec"] = repr(self.workload_spec())  # the shipped file's content, not only its name
         text = json.dumps(sim, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
