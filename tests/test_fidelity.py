@@ -14,11 +14,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import fidelity  # noqa: E402
 
 # (split, metric class) -> median |error| bound. Measured at calibration on 56 validation metrics:
-# throughput 10.6% (12: GPUStack's Qwen3-14B runs on A100 within 18%, the 70B A100 runs and the 14B A100
-# ladder within 12%, the H100 NVL Qwen3-32B run 50-56% fast), latency 13.3% (41), memory 0.0% (3).
+# throughput 7.3% (12: GPUStack's Qwen3-14B runs on A100 within 10% except the intake-bound 128/4 burst,
+# -19%; the 70B A100 runs within 7%, the 14B A100 ladder within 12%, the H100 NVL Qwen3-32B run 47-53%
+# fast), latency 7.3% (41), memory 0.0% (3).
 BOUNDS = {
-    ("validation", "throughput"): 0.115,
-    ("validation", "latency"): 0.14,
+    ("validation", "throughput"): 0.08,
+    ("validation", "latency"): 0.08,
     ("validation", "memory"): 0.02,
 }
 
