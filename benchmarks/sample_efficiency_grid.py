@@ -177,7 +177,8 @@ def check_deterministic(
 def _derive_truth(oracle: Oracle, grid: list[TrialResult], space: SearchSpace, max_pos: int) -> None:
     feasible = [r for r in grid if oracle.feasible(r)]
     if not feasible:
-        raise RuntimeError(f"scenario {oracle.scenario.name}: no feasible config in the grid")
+        why = infeasibility(grid, oracle.scenario)
+        raise RuntimeError(f"scenario {oracle.scenario.name}: no feasible config in the grid ({why})")
     raw = np.array([_raw_costs(r) for r in feasible])
     oracle.lo, oracle.hi = raw.min(axis=0), raw.max(axis=0)
     oracle.best = max(r.benchmark.get("output_throughput") for r in feasible)  # type: ignore[union-attr]
@@ -186,6 +187,22 @@ def _derive_truth(oracle: Oracle, grid: list[TrialResult], space: SearchSpace, m
     gpu = get_gpu(oracle.scenario.gpu)
     base = oracle.lookup(space.config(space.baseline_params(gpu.memory_gib, max_pos)))
     oracle.baseline = base.benchmark.get("output_throughput") if oracle.feasible(base) else None  # type: ignore[union-attr]
+
+
+def infeasibility(grid: Sequence[TrialResult], scenario: Scenario) -> str:
+    """Per constraint (autotune's, in its order): how many configs break it, and the closest value of
+    those that meet all the others (an SLO's is its relative margin: +0.04 is 4 % over its limit).
+
+    When a simulator change leaves a scenario with no feasible config, this says which limit to move.
+    """
+    values = [constraints(r, scenario.slo_list()) for r in grid]
+    parts = []
+    for key in values[0] if values else {}:
+        over = sum(v[key] > 0 for v in values)
+        rest_hold = [v[key] for v in values if all(x <= 0 for k, x in v.items() if k != key)]
+        closest = f", closest meeting the rest {min(rest_hold):+.2f}" if rest_hold else ""
+        parts.append(f"{key}: {over} of {len(values)} over{closest}")
+    return "; ".join(parts)
 
 
 def oracle_summary(oracle: Oracle) -> dict[str, Any]:
