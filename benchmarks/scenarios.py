@@ -71,6 +71,7 @@ class Scenario:
     def digest(self) -> str:
         """A short hash of what the simulation depends on (the grid cache key; SLOs are applied later)."""
         sim = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("name", "description", "slos")}
+        sim["workload_spec"] = repr(self.workload_spec())  # the shipped file's content, not only its name
         text = json.dumps(sim, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -95,10 +96,12 @@ SCENARIOS: tuple[Scenario, ...] = (
         model=LLAMA_8B,
         gpu="H100",
         workload="prefill_heavy",
-        # 4 req/s and 60 ms since the simulator's Hopper recalibration (issue 10): at 6 req/s and 30 ms
-        # no config of the grid met the SLOs any more (the smallest p99 ITL of one that kept up: 52 ms)
+        # 4 req/s since the simulator's Hopper recalibration (issue 10): at 6 req/s no config met the
+        # SLOs. The token budget trades TTFT for ITL (chunked, after the mixed-step refit: 512 tokens give
+        # p99 TTFT 2.6 s / ITL 30 ms, 1024 1.6 s / 57 ms, 2048 1.3 s / 103 ms), so no config met 1.5 s and
+        # 60 ms; 2 s and 80 ms, ~25 % from both neighbours, leave the 1024-token configs feasible.
         overrides={"num_requests": 200, "request_rate": 4.0},
-        slos=("ttft_p99=1.5s", "itl_p99=60ms"),
+        slos=("ttft_p99=2s", "itl_p99=80ms"),
     ),
     Scenario(
         name="8b-h100-decode",
@@ -107,7 +110,11 @@ SCENARIOS: tuple[Scenario, ...] = (
         gpu="H100",
         workload="decode_heavy",
         overrides={"num_requests": 300, "max_concurrency": 128},
-        slos=("ttft_p99=20s", "itl_p99=15ms"),
+        # p99 ITL 23 ms since the simulator's Hopper recalibration (issue 10): no config met 15 ms and
+        # 20 s of TTFT any more. ITL is set by the running batch alone (after the mixed-step refit,
+        # 32 seqs: 15.6 ms, 64: 19.8 ms, >= 128, all the client sends: 26.0 ms), and 32 seqs queue the
+        # other 96 (p99 TTFT 32 s). 23 ms lies between 64 and 128 seqs: the 64-seq configs are feasible.
+        slos=("ttft_p99=20s", "itl_p99=23ms"),
     ),
     Scenario(
         name="70b-a100-tp2-chat",

@@ -1,6 +1,6 @@
 """The default sampler (`--sampler auto`) must not get worse: a small exhaustive grid as ground truth.
 
-Uses benchmarks/sample_efficiency.py on one small scenario (benchmarks/scenarios.py REGRESSION: 50 grid
+Uses benchmarks/sample_efficiency*.py on one small scenario (benchmarks/scenarios.py REGRESSION: 50 grid
 points, 10 of them rejected by vLLM's rules). The real tuner loop runs against the grid; only the
 executor is a lookup. Bounds come from the benchmark's measurements with margin (see the README's
 sample-efficiency section): the default reaches 98 % of the oracle's best feasible throughput in a
@@ -17,7 +17,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from sample_efficiency import best_so_far, build_oracle, run_optuna, score_run  # noqa: E402
+from sample_efficiency_grid import build_oracle  # noqa: E402
+from sample_efficiency_runs import run_optuna  # noqa: E402
+from sample_efficiency_scores import best_so_far, score_run  # noqa: E402
 from scenarios import REGRESSION  # noqa: E402
 
 SEEDS = range(5)
