@@ -7,8 +7,9 @@ three others), on the simulated engine:
   long-run answer the default must match (target: within 5 %);
 - `check`: a plain 4,000-request Poisson run at the default's reported rate, as a user would verify
   it with `vllm bench serve`: did the server keep up (served >= 95 % of offered) and meet every SLO?
-Also printed: the GPU time one capacity search costs (simulated: startup + every run, as a real GPU
-would spend it) and the CPU time the simulation took.
+Also printed: the saturation throughput (an all-at-once run's mid-run completion rate), the GPU time
+one capacity search costs (simulated: startup + every run, as a real GPU would spend it) and the CPU
+time the simulation took.
 
     python benchmarks/capacity_accuracy.py [--jobs 2] [--scenarios NAME ...] [--noise 0.02]
 """
@@ -147,6 +148,7 @@ def _measure(job: tuple[Case, dict, float]) -> dict:
     out["bracket"] = default.info["capacity_bracket"]
     out["probes"] = len(default.info["capacity_probes"])
     out["gpu_s"] = default.gpu_seconds
+    out["saturation"] = default.info["saturation_throughput"]
     reference = find_capacity(backend, config, workload, slos, search=REFERENCE)
     out["reference"] = reference.info["capacity_rate"]
     rate = out["default"]
@@ -193,7 +195,7 @@ def main() -> int:
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(_measure, jobs))
     print(
-        f"{'scenario':28} {'config':44} {'default':>8} {'ref':>8} {'err':>7} {'probes':>6} "
+        f"{'scenario':28} {'config':44} {'sat':>7} {'default':>8} {'ref':>8} {'err':>7} {'probes':>6} "
         f"{'GPU min':>7} {'CPU s':>6}  4,000-request check at the default's rate"
     )
     errors, passed, checked, gpu_min = [], 0, 0, []
@@ -211,8 +213,9 @@ def main() -> int:
             passed += ok
             check = f"served {r['check_served']:.1%}, SLOs {'met' if ok else 'MISSED'}"
         print(
-            f"{r['case']:28} {r['config']:44} {r['default']:8.2f} {r['reference']:8.2f} {err:+7.1%} "
-            f"{r['probes']:6d} {r['gpu_s'] / 60:7.1f} {r['cpu_s']:6.2f}  {check}"
+            f"{r['case']:28} {r['config']:44} {r['saturation']:7.2f} {r['default']:8.2f} "
+            f"{r['reference']:8.2f} {err:+7.1%} {r['probes']:6d} {r['gpu_s'] / 60:7.1f} "
+            f"{r['cpu_s']:6.2f}  {check}"
         )
     within = sum(e <= 0.05 for e in errors)
     print(
