@@ -1,8 +1,8 @@
 """Capacity: the highest Poisson request rate a config sustains while it meets the SLOs.
 
 With `load: capacity` a trial is a short search per config, on one started server (one startup):
-1. Saturation: every request at t=0, enough of them to fill the running batch twice (a first burst
-   of 256 requests reports the KV cache, which may hold fewer than max_num_seqs). Its mid-run
+1. Saturation: every request at t=0, four times the running batch (a first burst of 256 requests
+   reports the KV cache, which may hold fewer than max_num_seqs). Its mid-run
    completion rate is what the config can serve at most, so rates above it (plus a margin for the
    estimate) are never probed: it is the bracket's top. Its requests' decode time at full batch is the
    config's request lifetime, which sets how long each probe is (autotune/steady_state.py).
@@ -233,8 +233,9 @@ def _search(
 def saturation_runs(session: Session, config: EngineConfig, workload: Any, seed: int) -> list[TrialResult]:
     """The all-at-once runs that measure saturation throughput: the last one is the measurement.
 
-    The burst must fill the running batch twice over, and the batch is max_num_seqs only when KV
-    memory holds that many requests: a decode-heavy 8B config on an L4 holds ~25, and 2 x 1,024
+    The burst is four running batches, so that requests still wait until its 75th-percentile
+    completion (the throughput is read between the 25th and 75th). The batch is max_num_seqs only
+    when KV memory holds that many requests: a decode-heavy 8B config on an L4 holds ~25, and 2,048
     requests at t=0 cost it 88 GPU-minutes. So a first burst of SIZING_REQUESTS reports the KV cache
     size, and a second, larger one runs only when the batch it implies needs it.
     """
