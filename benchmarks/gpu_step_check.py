@@ -1,0 +1,869 @@
+"""A real-hardware check of the simulator's GPU-kernel step terms (autotune/sim/costs.py).
+
+Two modes:
+
+    python3 benchmarks/gpu_step_check.py --measure OUT.json   # on a GPU host; needs torch only
+    python benchmarks/gpu_step_check.py --compare benchmarks/h100_step_kernels.json  # here
+
+--measure times plain-torch kernels on random bf16 weights with the per-rank layer shapes of models in
+the simulator's catalog (copied into MODELS below, so that this mode runs without autotune; --compare
+checks them against autotune/sim/models.py): one decoder layer's linear GEMMs (qkv, o, gate_up, down,
+each torch.nn.functional.linear, i.e. cuBLAS), the lm_head GEMM at the sampled rows, SDPA attention
+(prefill: causal over M tokens; decode: B single-token queries against C cached tokens each), and a whole
+decoder layer forward (RMSNorm, simple rotary, SDPA, SiLU-gated MLP). Each point is the median of
+repeats timed with CUDA events, after warm-ups, with L2 flushed (a 256 MiB write) and the stream held
+by a spin kernel before each repeat, so that the timings are the kernels' own, with cold weights as in a
+real forward pass, and no CPU launch gaps (as under vLLM's CUDA graphs).
+
+--compare prints, for the same shapes, what CostModel gives for the GEMM and attention terms on the
+simulator's H100 entry next to the measured times (ratios sim / measured). The terms are re-derived from
+costs.py's formulas and constants, and the re-derivation is checked against CostModel.step_time on
+sample steps first. Only the GPU-kernel part of a step is compared: the simulator's step also holds the
+CPU side (STEP_BASE_S, PER_SEQ_S, the eager launch penalty), which plain kernels do not measure, and
+vLLM's fused kernels (FlashAttention 3, fused RMSNorm / SiLU / rotary) differ from plain torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+# Shapes from autotune/sim/models.py (Hugging Face config.json); tp is the tensor-parallel size whose
+# per-rank shapes are measured (heads, KV heads, MLP width and vocabulary are split by tp).
+MODELS: dict[str, dict[str, int]] = {
+    "meta-llama/Llama-3.1-8B": dict(
+        layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, inter=14336, vocab=128256, tp=1
+    ),
+    "Qwen/Qwen3-14B": dict(
+        layers=40, hidden=5120, heads=40, kv_heads=8, head_dim=128, inter=17408, vocab=151936, tp=1
+    ),
+    "Qwen/Qwen3-32B": dict(
+        layers=64, hidden=5120, heads=64, kv_heads=8, head_dim=128, inter=25600, vocab=151936, tp=1
+    ),
+    "meta-llama/Llama-3.1-70B": dict(
+        layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, inter=28672, vocab=128256, tp=2
+    ),
+}
+QUICK_MODELS: dict[str, dict[str, int]] = {
+    "tiny": dict(layers=2, hidden=256, heads=8, kv_heads=2, head_dim=32, inter=512, vocab=1000, tp=1),
+    "tiny-tp2": dict(layers=2, hidden=256, heads=8, kv_heads=2, head_dim=32, inter=512, vocab=1000, tp=2),
+}
+
+GEMM_M = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+LM_HEAD_ROWS = [1, 8, 32, 128, 256, 512, 1024, 2048, 4096]
+PREFILL_M = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+DECODE_BC = [(b, c) for c in (512, 2048) for b in (1, 8, 32, 128, 256)] + [(b, 8192) for b in (1, 8, 32)]
+QUICK = dict(gemm_m=[1, 4, 64], lm_rows=[1, 16], prefill_m=[64, 128], decode_bc=[(2, 64), (4, 128)])
+
+FLUSH_MIB = 256  # > 5x the H100's 50 MB L2
+SPIN_CYCLES = 3_000_000  # ~1.5 ms at 1.98 GHz: the CPU queues a repeat's kernels while the GPU spins
+BUDGET_PER_POINT_S = 0.15
+MEMORY_FRACTION = 0.70  # of the device: 55 GiB on an 80 GB H100
+
+
+# ----------------------------------------------------------------------------------------------------
+# --measure (torch only)
+# ----------------------------------------------------------------------------------------------------
+
+
+def per_rank(shape: dict[str, int]) -> dict[str, int]:
+    """The shapes one tensor-parallel rank multiplies through."""
+    tp = shape["tp"]
+    heads, kv_heads = shape["heads"] // tp, max(1, shape["kv_heads"] // tp)
+    d = shape["head_dim"]
+    return dict(
+        hidden=shape["hidden"],
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=d,
+        q_dim=heads * d,
+        kv_dim=kv_heads * d,
+        inter=shape["inter"] // tp,
+        vocab=shape["vocab"] // tp,
+    )
+
+
+class Clock:
+    """Times a body of work: CUDA events on a GPU (L2 flushed and the stream held before each repeat),
+    perf_counter on the CPU (for --quick tests of the logic)."""
+
+    def __init__(self, torch: Any, device: str) -> None:
+        self.torch = torch
+        self.cuda = device.startswith("cuda")
+        self.repeats = 0
+        if self.cuda:
+            self.flush = torch.empty(FLUSH_MIB << 20, dtype=torch.int8, device=device)
+            self.overhead_s = 2e-3
+        else:
+            self.overhead_s = 0.0
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def _hold(self) -> None:
+        self.flush.zero_()
+        if hasattr(self.torch.cuda, "_sleep"):
+            self.torch.cuda._sleep(SPIN_CYCLES)
+        else:  # a ~1.5 ms filler where the spin kernel is missing
+            for _ in range(4):
+                self.flush[: 1 << 28].view(self.torch.bfloat16)[: 1 << 26].view(8192, 8192).sum()
+
+    def reps(self, body: Any, n: int) -> list[list[float]]:
+        """Seconds between consecutive mark() calls of body, for n repeats."""
+        torch = self.torch
+        marks: list[list[Any]] = []
+        for _ in range(n):
+            rep: list[Any] = []
+            if self.cuda:
+                self._hold()
+
+                def mark(rep: list[Any] = rep) -> None:
+                    event = torch.cuda.Event(enable_timing=True)
+                    event.record()
+                    rep.append(event)
+
+            else:
+
+                def mark(rep: list[Any] = rep) -> None:
+                    rep.append(time.perf_counter())
+
+            body(mark)
+            marks.append(rep)
+        self.sync()
+        self.repeats += n
+        if self.cuda:
+            return [[a.elapsed_time(b) / 1e3 for a, b in zip(rep, rep[1:], strict=False)] for rep in marks]
+        return [[b - a for a, b in zip(rep, rep[1:], strict=False)] for rep in marks]
+
+    def measure(self, body: Any, warm: int = 2) -> dict[str, Any]:
+        """Median (and min) seconds of each segment and of their total, over adaptive repeats."""
+        for _ in range(warm):
+            body(lambda: None)
+        self.sync()
+        first = sum(self.reps(body, 1)[0])
+        n = max(7, min(25, int(BUDGET_PER_POINT_S / (first + self.overhead_s))))
+        rows = self.reps(body, n)
+        segments = [statistics.median(col) for col in zip(*rows, strict=True)]
+        totals = [sum(r) for r in rows]
+        return {"segments": segments, "median": statistics.median(totals), "min": min(totals), "n": n}
+
+
+def us(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e6, 2)
+
+
+def rate(amount: float, seconds: float, unit: float) -> float:
+    return round(amount / seconds / unit, 1)
+
+
+class Measurer:
+    def __init__(self, torch: Any, device: str, quick: bool) -> None:
+        import torch.nn.functional as F  # noqa: N812
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        self.torch, self.F, self.device = torch, F, device
+        self.sdpa_kernel = sdpa_kernel
+        self.backends = {
+            "flash": SDPBackend.FLASH_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        }
+        self.dtype = torch.bfloat16
+        self.clock = Clock(torch, device)
+        grid = QUICK if quick else {}
+        self.gemm_m = grid.get("gemm_m", GEMM_M)
+        self.lm_rows = grid.get("lm_rows", LM_HEAD_ROWS)
+        self.prefill_m = grid.get("prefill_m", PREFILL_M)
+        self.decode_bc = grid.get("decode_bc", DECODE_BC)
+
+    def randn(self, *shape: int, scale: float = 1.0) -> Any:
+        return self.torch.randn(*shape, device=self.device, dtype=self.dtype) * scale
+
+    # -- attention ------------------------------------------------------------------------------------
+
+    def _sdpa(self, backend: str, q: Any, k: Any, v: Any, causal: bool, gqa: str) -> Any:
+        """SDPA on one backend; gqa 'native' passes enable_gqa, 'expand' repeats K/V per query head."""
+        if gqa == "expand" and k.shape[1] != q.shape[1]:
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        with self.sdpa_kernel([self.backends[backend]]):
+            return self.F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, enable_gqa=(gqa == "native" and k.shape[1] != q.shape[1])
+            )
+
+    def _usable(self, backend: str, q: Any, k: Any, v: Any, causal: bool) -> str | None:
+        """The GQA mode this backend runs these shapes with ('native' first), or None."""
+        for gqa in ("native", "expand"):
+            try:
+                self._sdpa(backend, q, k, v, causal, gqa)
+                self.clock.sync()
+                return gqa
+            except RuntimeError:
+                continue
+        return None
+
+    def attention(self, q: Any, k: Any, v: Any, causal: bool) -> tuple[dict[str, Any], str | None, str]:
+        """Seconds per backend (None where it refuses), the fastest backend and its GQA mode.
+
+        With the 'expand' mode the repeated K/V are made outside the timed region (kernel time only)."""
+        times: dict[str, Any] = {}
+        modes: dict[str, str] = {}
+        for name in self.backends:
+            gqa = self._usable(name, q, k, v, causal)
+            if gqa is None:
+                times[name] = None
+                continue
+            kk, vv = k, v
+            if gqa == "expand" and k.shape[1] != q.shape[1]:
+                group = q.shape[1] // k.shape[1]
+                kk, vv = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+            def body(mark: Any, name: str = name, kk: Any = kk, vv: Any = vv, gqa: str = gqa) -> None:
+                mark()
+                self._sdpa(name, q, kk, vv, causal, gqa)
+                mark()
+
+            times[name] = self.clock.measure(body)["median"]
+            modes[name] = gqa
+            del kk, vv
+        usable = {n: t for n, t in times.items() if t is not None}
+        best = min(usable, key=usable.__getitem__) if usable else None
+        return times, best, modes.get(best or "", "none")
+
+    # -- a decoder layer --------------------------------------------------------------------------------
+
+    def layer_weights(self, r: dict[str, int]) -> dict[str, Any]:
+        h = r["hidden"]
+        return {
+            "qkv": self.randn(r["q_dim"] + 2 * r["kv_dim"], h, scale=0.02),
+            "o": self.randn(h, r["q_dim"], scale=0.02),
+            "gate_up": self.randn(2 * r["inter"], h, scale=0.02),
+            "down": self.randn(h, r["inter"], scale=0.02),
+            "ln1": self.torch.ones(h, device=self.device, dtype=self.dtype),
+            "ln2": self.torch.ones(h, device=self.device, dtype=self.dtype),
+        }
+
+    def rope_tables(self, positions: Any, d: int) -> tuple[Any, Any]:
+        torch = self.torch
+        inv = 1.0 / (500000.0 ** (torch.arange(0, d, 2, device=self.device, dtype=torch.float32) / d))
+        ang = positions.to(torch.float32)[:, None] * inv[None, :]
+        ang = torch.cat([ang, ang], dim=-1)
+        return ang.cos().to(self.dtype)[:, None, :], ang.sin().to(self.dtype)[:, None, :]
+
+    @staticmethod
+    def rope(x: Any, cos: Any, sin: Any) -> Any:
+        half = x.shape[-1] // 2
+        rotated = x.new_empty(x.shape)
+        rotated[..., :half] = -x[..., half:]
+        rotated[..., half:] = x[..., :half]
+        return x * cos + rotated * sin
+
+    def layer_forward(self, x: Any, w: dict[str, Any], r: dict[str, int], attend: Any, rope: Any) -> Any:
+        """One pre-norm decoder layer; attend(q, k, v) takes (tokens, heads, d) rotated q and k."""
+        F = self.F  # noqa: N806
+        hid, d = r["hidden"], r["head_dim"]
+        h = F.rms_norm(x, (hid,), w["ln1"], 1e-6)
+        q, k, v = F.linear(h, w["qkv"]).split([r["q_dim"], r["kv_dim"], r["kv_dim"]], dim=-1)
+        q = self.rope(q.view(-1, r["heads"], d), *rope)
+        k = self.rope(k.view(-1, r["kv_heads"], d), *rope)
+        a = attend(q, k, v.view(-1, r["kv_heads"], d))
+        x = x + F.linear(a, w["o"])
+        h = F.rms_norm(x, (hid,), w["ln2"], 1e-6)
+        gate, up = F.linear(h, w["gate_up"]).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, w["down"])
+
+    def layer_time(self, layer_body: Any, best: str, gqa: str) -> tuple[float | None, str | None]:
+        """Microseconds of the whole layer with the fastest attention backend (the others, and the other
+        GQA mode, where it refuses the layer's strided q/k/v), and the backend and mode used."""
+        combos = [(best, gqa)] + [
+            (b, g) for b in self.backends for g in ("native", "expand") if (b, g) != (best, gqa)
+        ]
+        for backend, mode in combos:
+            try:
+                layer_body(lambda: None, backend, mode)
+                self.clock.sync()
+            except RuntimeError:
+                continue
+            res = self.clock.measure(lambda mark, b=backend, g=mode: layer_body(mark, b, g))
+            return us(res["median"]), f"{backend}/{mode}"
+        return None, None
+
+    # -- one model --------------------------------------------------------------------------------------
+
+    def model(self, name: str, shape: dict[str, int], deadline: float) -> dict[str, Any]:
+        torch, F = self.torch, self.F  # noqa: N806
+        r = per_rank(shape)
+        out: dict[str, Any] = {"shape": shape, "per_rank": r}
+        w = self.layer_weights(r)
+        hid, qd, inter = r["hidden"], r["q_dim"], r["inter"]
+        nq, nkv, d = r["heads"], r["kv_heads"], r["head_dim"]
+
+        # (a) the layer's four linear GEMMs, back to back, each timed
+        gemm = []
+        for m in self.gemm_m:
+            if time.monotonic() > deadline:
+                out["truncated"] = True
+                break
+            xh, xq, xi = self.randn(m, hid), self.randn(m, qd), self.randn(m, inter)
+
+            def body(mark: Any, xh: Any = xh, xq: Any = xq, xi: Any = xi) -> None:
+                mark()
+                F.linear(xh, w["qkv"])
+                mark()
+                F.linear(xq, w["o"])
+                mark()
+                F.linear(xh, w["gate_up"])
+                mark()
+                F.linear(xi, w["down"])
+                mark()
+
+            res = self.clock.measure(body)
+            row: dict[str, Any] = {"m": m}
+            flops = bytes_ = 0
+            for (part, _x, wt), t in zip(
+                (
+                    ("qkv", xh, w["qkv"]),
+                    ("o", xq, w["o"]),
+                    ("gate_up", xh, w["gate_up"]),
+                    ("down", xi, w["down"]),
+                ),
+                res["segments"],
+                strict=True,
+            ):
+                n_out, k_in = wt.shape
+                row[f"{part}_us"] = us(t)
+                flops += 2 * m * n_out * k_in
+                bytes_ += 2 * (n_out * k_in + m * k_in + m * n_out)
+            total = sum(res["segments"])
+            row.update(total_us=us(total), tflops=rate(flops, total, 1e12), gbps=rate(bytes_, total, 1e9))
+            row["weight_gbps"] = rate(
+                2 * sum(w[p].numel() for p in ("qkv", "o", "gate_up", "down")), total, 1e9
+            )
+            gemm.append(row)
+            print(
+                f"  gemm M={m:6d}: {row['total_us']:10.1f} us  {row['tflops']:6.1f} TFLOP/s  "
+                f"{row['gbps']:7.1f} GB/s"
+            )
+            del xh, xq, xi
+        out["gemm"] = gemm
+
+        # (c) lm_head at the sampled rows
+        lm = self.randn(r["vocab"], hid, scale=0.02)
+        lm_rows = []
+        for rows in self.lm_rows:
+            if time.monotonic() > deadline:
+                out["truncated"] = True
+                break
+            x = self.randn(rows, hid)
+
+            def lm_body(mark: Any, x: Any = x) -> None:
+                mark()
+                F.linear(x, lm)
+                mark()
+
+            t = self.clock.measure(lm_body)["median"]
+            flops, bytes_ = (
+                2 * rows * r["vocab"] * hid,
+                2 * (r["vocab"] * hid + rows * hid + rows * r["vocab"]),
+            )
+            lm_rows.append(
+                {"rows": rows, "us": us(t), "tflops": rate(flops, t, 1e12), "gbps": rate(bytes_, t, 1e9)}
+            )
+            print(f"  lm_head rows={rows:5d}: {us(t):9.1f} us")
+            del x
+        out["lm_head"] = lm_rows
+
+        # (b) prefill: attention alone (per backend) and the whole layer with the fastest backend
+        prefill = []
+        for m in self.prefill_m:
+            if time.monotonic() > deadline:
+                out["truncated"] = True
+                break
+            q, k, v = self.randn(1, nq, m, d), self.randn(1, nkv, m, d), self.randn(1, nkv, m, d)
+            times, best, gqa = self.attention(q, k, v, causal=True)
+            del q, k, v
+            pairs = m * (m + 1) / 2
+            row = {"m": m, "attn_us": {n: us(t) for n, t in times.items()}, "best": best, "gqa": gqa}
+            if best is not None:
+                row["attn_tflops"] = rate(4 * nq * d * pairs, times[best], 1e12)
+                x = self.randn(m, hid)
+                rope = self.rope_tables(torch.arange(m, device=self.device), d)
+
+                def layer_body(mark: Any, backend: str, gqa: str, x: Any = x, rope: Any = rope) -> None:
+                    def attend(qt: Any, kt: Any, vt: Any, backend: str = backend, gqa: str = gqa) -> Any:
+                        qh, kh, vh = (t.transpose(0, 1)[None] for t in (qt, kt, vt))
+                        o = self._sdpa(backend, qh, kh, vh, True, gqa)
+                        return o[0].transpose(0, 1).reshape(qt.shape[0], -1)
+
+                    mark()
+                    self.layer_forward(x, w, r, attend, rope)
+                    mark()
+
+                row["layer_us"], row["layer_attn"] = self.layer_time(layer_body, best, gqa)
+                del x, rope
+            prefill.append(row)
+            print(
+                f"  prefill M={m:6d}: attn {row['attn_us']} best {best}/{gqa}  layer {row.get('layer_us')} us"
+            )
+        out["prefill"] = prefill
+
+        # (b) decode: B one-token queries against C cached tokens each; the query heads of one KV head
+        # are that head's queries (B, kv_heads, group, d), so the KV is read once, as a paged kernel does
+        decode = []
+        group = nq // nkv
+        for b, c in self.decode_bc:
+            if time.monotonic() > deadline:
+                out["truncated"] = True
+                break
+            kc, vc = self.randn(b, nkv, c, d), self.randn(b, nkv, c, d)
+            q = self.randn(b, nkv, group, d)
+            times, best, gqa = self.attention(q, kc, vc, causal=False)
+            del q
+            kv_bytes = 2 * b * nkv * c * d * 2
+            row = {"b": b, "c": c, "attn_us": {n: us(t) for n, t in times.items()}, "best": best}
+            if best is not None:
+                row["kv_gbps"] = rate(kv_bytes, times[best], 1e9)
+                x = self.randn(b, hid)
+                rope = self.rope_tables(torch.full((b,), c, device=self.device), d)
+
+                def layer_body(
+                    mark: Any,
+                    backend: str,
+                    _gqa: str,
+                    x: Any = x,
+                    rope: Any = rope,
+                    kc: Any = kc,
+                    vc: Any = vc,
+                    nb: int = b,
+                    nc: int = c,
+                ) -> None:
+                    def attend(qt: Any, kt: Any, vt: Any) -> Any:
+                        # write this step's K/V into the cache (vLLM's cache write), then attend
+                        kc[:, :, nc - 1].copy_(kt)
+                        vc[:, :, nc - 1].copy_(vt)
+                        o = self._sdpa(backend, qt.view(nb, nkv, group, d), kc, vc, False, "native")
+                        return o.reshape(nb, -1)
+
+                    mark()
+                    self.layer_forward(x, w, r, attend, rope)
+                    mark()
+
+                row["layer_us"], row["layer_attn"] = self.layer_time(layer_body, best, "native")
+                del x, rope
+            del kc, vc
+            decode.append(row)
+            print(
+                f"  decode B={b:4d} C={c:5d}: attn {row['attn_us']} best {best}  "
+                f"layer {row.get('layer_us')} us"
+            )
+        out["decode"] = decode
+        if self.clock.cuda:
+            out["max_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        return out
+
+
+def measure(args: argparse.Namespace) -> None:
+    import torch
+
+    warnings.filterwarnings("ignore")
+    start = time.monotonic()
+    deadline = start + args.budget_s
+    device = args.device
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_per_process_memory_fraction(MEMORY_FRACTION)
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True  # torch's default
+        props = torch.cuda.get_device_properties(device)
+        name, sms, mem = props.name, props.multi_processor_count, round(props.total_memory / 2**30, 2)
+    else:
+        name, sms, mem = "cpu", None, None
+    models = QUICK_MODELS if args.quick else MODELS
+    if args.models:
+        models = {k: v for k, v in models.items() if any(s.lower() in k.lower() for s in args.models)}
+    result: dict[str, Any] = {
+        "header": {
+            "device": name,
+            "multiprocessors": sms,
+            "memory_gib": mem,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if cuda else None,
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "script": "benchmarks/gpu_step_check.py --measure",
+            "dtype": "bfloat16, random weights (randn x 0.02) and activations (randn)",
+            "method": (
+                "CUDA events; per point 2 warm-ups, then 7-25 repeats (about 0.15 s), median; before each "
+                f"repeat a {FLUSH_MIB} MiB write flushes L2 and a spin kernel (torch.cuda._sleep "
+                f"{SPIN_CYCLES} cycles) holds the stream while the CPU queues the repeat, so no launch gaps "
+                "are timed. GEMMs: torch.nn.functional.linear (cuBLAS), qkv/o/gate_up/down back to back, "
+                "each timed. Attention: SDPA per backend (flash, cudnn, efficient), GQA via enable_gqa "
+                "where a backend takes it, else K/V repeated outside the timed region; decode: the query "
+                "heads of one KV head as that head's queries (B, kv_heads, group, d) against a (B, kv_heads,"
+                " C, d) cache. Layer: RMSNorm, qkv, rotary, SDPA (fastest backend), o, RMSNorm, gate_up, "
+                "SiLU*up, down, residuals; decode also writes the step's K/V into the cache. Qwen3's "
+                "q/k norms are left out. Shapes per tensor-parallel rank. Times in microseconds."
+            ),
+            "flops_convention": (
+                "GEMM 2*M*N*K; attention as costs.py counts it: 4*heads*head_dim*pairs, prefill pairs "
+                "M*(M+1)/2, decode pairs B*C; GB/s counts weights + inputs + outputs (GEMM), K+V (decode)"
+            ),
+        },
+        "models": {},
+    }
+    if cuda:  # clocks up, cuBLAS / cuDNN initialised
+        a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+        for _ in range(40):
+            a @ a
+        torch.cuda.synchronize()
+        del a
+    measurer = Measurer(torch, device, args.quick)
+    for name, shape in models.items():
+        print(f"{name} (tp={shape['tp']}): {per_rank(shape)}", flush=True)
+        result["models"][name] = measurer.model(name, shape, deadline)
+        result["header"]["elapsed_s"] = round(time.monotonic() - start, 1)
+        result["header"]["repeats"] = measurer.clock.repeats
+        Path(args.measure).write_text(json.dumps(result, indent=1) + "\n")  # each model as it completes
+    print(
+        f"wrote {args.measure} in {time.monotonic() - start:.0f} s ({measurer.clock.repeats} timed repeats)"
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# --compare (autotune)
+# ----------------------------------------------------------------------------------------------------
+
+
+class SimTerms:
+    """costs.py's terms re-derived per step and per layer for one model on one GPU at one TP size."""
+
+    def __init__(self, name: str, gpu_name: str, tp: int) -> None:
+        from autotune.sim import costs
+        from autotune.sim.hardware import get_gpu
+        from autotune.sim.models import get_model
+
+        self.costs = costs
+        self.model = model = get_model(name)
+        self.gpu = gpu = get_gpu(gpu_name)
+        self.tp = tp
+        self.kv_bytes_per_token = model.kv_bytes_per_token(tp)
+        self.cost_model = costs.CostModel(model, gpu, tp, self.kv_bytes_per_token)
+        self.peak = gpu.bf16_flops * gpu.compute_scale
+        self.bw = gpu.hbm_bytes_per_s * costs.BW_EFF
+        self.layers = model.num_layers
+        heads = model.num_attention_heads // tp
+        self.attn_flops_per_pair_layer = 4 * heads * model.head_dim
+
+    # per step (all layers), as CostModel.step_time adds them
+    def gemm_flops_s(self, tokens: int, sampled: int) -> float:
+        m, c = self.model, self.costs
+        per_token = 2 * m.num_layers * m.layer_params / self.tp / (self.peak * c.GEMM_EFF)
+        per_sampled = 2 * m.vocab_size * m.hidden_size / self.tp / (self.peak * c.GEMM_EFF)
+        return (tokens * per_token + sampled * per_sampled) * (1.0 + c.GEMM_HALF_M / max(tokens, 1))
+
+    def weights_s(self) -> float:
+        return self.model.weight_bytes(self.tp) / self.bw
+
+    def gemm_s(self, tokens: int, sampled: int) -> float:
+        return max(self.gemm_flops_s(tokens, sampled), self.weights_s())
+
+    def prefill_attn_s(self, pairs: float, context: int) -> float:
+        flops = self.layers * self.attn_flops_per_pair_layer * pairs / (self.peak * self.costs.ATTN_EFF)
+        return max(flops, context * self.kv_bytes_per_token / self.bw)
+
+    def decode_attn_s(self, decode_context: int) -> float:
+        per_pair = self.layers * self.attn_flops_per_pair_layer / (self.peak * self.costs.GEMM_EFF)
+        return decode_context * max(per_pair, self.kv_bytes_per_token / self.bw)
+
+    def comm_s(self, tokens: int) -> float:
+        if self.tp == 1:
+            return 0.0
+        ring = 2 * (self.tp - 1) / self.tp
+        per_token = 2 * self.layers * ring * self.model.hidden_size * 2 / self.gpu.interconnect_bytes_per_s
+        return tokens * per_token + 2 * self.layers * self.gpu.interconnect_latency_s
+
+    def cpu_s(self, tokens: int, seqs: int) -> float:
+        from autotune.sim.memory import MAX_CUDA_GRAPH_SIZE
+
+        c = self.costs
+        eager = self.layers * c.EAGER_PER_LAYER_S if tokens > MAX_CUDA_GRAPH_SIZE else 0.0
+        return c.STEP_BASE_S + seqs * c.PER_SEQ_S + eager
+
+    def check(self) -> int:
+        """Assert that the re-derived terms add up to CostModel.step_time on sample steps; their count."""
+        samples = [
+            (1, 1, 1, 2048, 0.0, 0),
+            (64, 64, 64, 64 * 1500, 0.0, 0),
+            (256, 256, 256, 256 * 2048, 0.0, 0),
+            (2048, 1, 1, 0, 2048 * 2049 / 2, 2048),
+            (8192, 3, 2, 2 * 4000, 8190 * (4096 + 8191 / 2), 12288),
+            (16384, 1, 0, 0, 16384 * 16385 / 2, 16384),
+        ]
+        for tokens, seqs, sampled, dctx, pairs, pctx in samples:
+            mine = (
+                self.gemm_s(tokens, sampled)
+                + self.prefill_attn_s(pairs, pctx)
+                + self.decode_attn_s(dctx)
+                + self.comm_s(tokens)
+                + self.cpu_s(tokens, seqs)
+            )
+            theirs = self.cost_model.step_time(tokens, seqs, sampled, dctx, pairs, pctx)
+            if not math.isclose(mine, theirs, rel_tol=1e-9):
+                raise SystemExit(
+                    f"re-derived step time {mine} != CostModel.step_time {theirs} for {self.model.name}"
+                )
+        return len(samples)
+
+    # per layer: the step's GEMM term split evenly over the layers after taking out the lm_head
+    def layer_gemm_s(self, m: int) -> tuple[float, float]:
+        """(FLOP-bound, weight-streaming) seconds of one layer's GEMMs at M tokens, costs.py's factors."""
+        md, c = self.model, self.costs
+        flops = 2 * md.layer_params / self.tp * m * (1.0 + c.GEMM_HALF_M / m) / (self.peak * c.GEMM_EFF)
+        return flops, md.layer_params * md.dtype_bytes / self.tp / self.bw
+
+
+def fmt(x: float, width: int = 8, digits: int = 1) -> str:
+    return f"{x:{width}.{digits}f}"
+
+
+def compare(args: argparse.Namespace) -> None:
+    from autotune.sim import costs
+    from autotune.sim.models import get_model
+
+    data = json.loads(Path(args.compare).read_text())
+    head = data["header"]
+    print(f"measured: {head['device']}, torch {head['torch']}, CUDA {head['cuda']}, {head['date']}")
+    print(
+        f"simulator: GPU entry {args.gpu!r}; GEMM_EFF {costs.GEMM_EFF}, GEMM_HALF_M {costs.GEMM_HALF_M}, "
+        f"ATTN_EFF {costs.ATTN_EFF}, BW_EFF {costs.BW_EFF}"
+    )
+    print(
+        "Only the GPU-kernel part of a step is compared. CostModel's step time also holds the CPU side\n"
+        f"(STEP_BASE_S {costs.STEP_BASE_S * 1e3:.1f} ms + PER_SEQ_S per request + the eager launch penalty) "
+        "and, at TP>1, the\nall-reduces, none of which is here. Measured: plain-torch kernels (cuBLAS GEMMs, "
+        "torch SDPA, unfused\nnorms / rotary / SiLU) on random bf16 weights, one TP rank; vLLM's kernels "
+        "(FlashAttention 3, fused\nelementwise ops) differ. Sim terms are re-derived from costs.py's "
+        "formulas "
+        "and constants, checked\nagainst CostModel.step_time on sample steps. sim/meas > 1: the simulator "
+        "charges more time.\n"
+    )
+    summary = []
+    for name, entry in data["models"].items():
+        shape, tp = entry["shape"], entry["shape"]["tp"]
+        sim = SimTerms(name, args.gpu, tp)
+        md = get_model(name)
+        catalog = dict(
+            layers=md.num_layers,
+            hidden=md.hidden_size,
+            heads=md.num_attention_heads,
+            kv_heads=md.num_key_value_heads,
+            head_dim=md.head_dim,
+            inter=md.intermediate_size,
+            vocab=md.vocab_size,
+            tp=tp,
+        )
+        if catalog != shape:
+            raise SystemExit(f"{name}: measured shapes {shape} differ from autotune/sim/models.py {catalog}")
+        n_checked = sim.check()
+        L = sim.layers  # noqa: N806
+        eff_tflops = sim.peak * costs.GEMM_EFF / 1e12
+        print(f"=== {name}, TP={tp} (one rank), {L} layers")
+        print(f"re-derived terms == CostModel.step_time on {n_checked} sample steps")
+        print(
+            f"sim: GEMMs at {sim.gpu.bf16_flops / 1e12:.0f} (peak) x {sim.gpu.compute_scale} "
+            "(compute_scale) x "
+            f"{costs.GEMM_EFF} (GEMM_EFF) = {eff_tflops:.0f} TFLOP/s, x M/(M+{costs.GEMM_HALF_M});\n"
+            f"     weights and KV at {sim.bw / 1e9:.0f} GB/s; prefill attention at "
+            f"{sim.peak * costs.ATTN_EFF / 1e12:.0f} TFLOP/s"
+        )
+
+        print(
+            "\n(a) one layer's GEMMs (qkv + o + gate_up + down), per layer; sim = max(FLOP term, weight term)"
+        )
+        print(
+            "    step = a prefill step of M tokens, one row sampled: L x layer + lm_head(1 row) vs sim's "
+            "GEMM term"
+        )
+        print(
+            f"{'M':>6} {'meas us':>9} {'TFLOP/s':>8} {'wGB/s':>6} {'sim flop':>9} {'sim wts':>8} "
+            f"{'sim us':>8} "
+            f"{'sim/meas':>8} | {'step meas':>10} {'sim':>10} {'sim/meas':>8}"
+        )
+        lm_by_rows = {row["rows"]: row["us"] for row in entry["lm_head"]}
+        gemm_ratio = {}
+        for row in entry["gemm"]:
+            m = row["m"]
+            flop_s, wts_s = sim.layer_gemm_s(m)
+            sim_us = max(flop_s, wts_s) * 1e6
+            gemm_ratio[m] = sim_us / row["total_us"]
+            step_meas = L * row["total_us"] + lm_by_rows.get(1, math.nan)
+            step_sim = sim.gemm_s(m, 1) * 1e6
+            print(
+                f"{m:6d} {fmt(row['total_us'], 9)} {fmt(row['tflops'])} {row['weight_gbps']:6.0f} "
+                f"{fmt(flop_s * 1e6, 9)} {fmt(wts_s * 1e6)} {fmt(sim_us)} {gemm_ratio[m]:8.2f} | "
+                f"{step_meas / 1e3:7.2f} ms {step_sim / 1e3:7.2f} ms {step_sim / step_meas:8.2f}"
+            )
+
+        print(
+            "\n(c) lm_head at R sampled rows (tokens = R), vs sim's FLOP term and the lm_head's "
+            "weight streaming"
+        )
+        print(
+            f"{'R':>6} {'meas us':>9} {'TFLOP/s':>8} {'GB/s':>6} {'sim flop':>9} {'sim wts':>8} "
+            f"{'sim/meas':>8}"
+        )
+        for row in entry["lm_head"]:
+            rr = row["rows"]
+            flop_s = sim.gemm_flops_s(rr, rr) - sim.gemm_flops_s(rr, 0)
+            wts_s = md.vocab_size * md.hidden_size * md.dtype_bytes / tp / sim.bw
+            print(
+                f"{rr:6d} {fmt(row['us'], 9)} {fmt(row['tflops'])} {row['gbps']:6.0f} {fmt(flop_s * 1e6, 9)} "
+                f"{fmt(wts_s * 1e6)} {max(flop_s, wts_s) * 1e6 / row['us']:8.2f}"
+            )
+
+        print(
+            "\n(b) prefill of M tokens (one chunk, no cached prefix), per layer: SDPA per backend, "
+            "whole layer"
+        )
+        print(
+            "    TFLOP/s of the fastest backend, counted as costs.py counts (4 x heads x head_dim x M(M+1)/2)"
+        )
+        print(
+            f"{'M':>6} {'flash us':>9} {'cudnn us':>9} {'effic us':>9} {'best':>6} {'TFLOP/s':>8} "
+            f"{'sim us':>8} "
+            f"{'/flash':>6} {'/best':>6} | {'layer us':>9} {'sim g+a':>9} {'sim/meas':>8}"
+        )
+        attn_ratio, layer_ratio = {}, {}
+        for row in entry["prefill"]:
+            m, best, times = row["m"], row["best"], row["attn_us"]
+            sim_attn = sim.prefill_attn_s(m * (m + 1) / 2, m) / L * 1e6
+            cells = " ".join(
+                fmt(times[b], 9) if times.get(b) is not None else f"{'-':>9}"
+                for b in ("flash", "cudnn", "efficient")
+            )
+            if best is None:
+                print(f"{m:6d} {cells}  no backend")
+                continue
+            attn_ratio[m] = sim_attn / times[best]
+            flash = sim_attn / times["flash"] if times.get("flash") else math.nan
+            sim_layer = max(sim.layer_gemm_s(m)) * 1e6 + sim_attn
+            layer_ratio[m] = sim_layer / row["layer_us"]
+            print(
+                f"{m:6d} {cells} {best:>6} {fmt(row['attn_tflops'])} {fmt(sim_attn)} {flash:6.2f} "
+                f"{attn_ratio[m]:6.2f} | {fmt(row['layer_us'], 9)} {fmt(sim_layer, 9)} {layer_ratio[m]:8.2f}"
+            )
+
+        print(
+            "\n(b) decode: B requests with C tokens of context each; SDPA (fastest backend) and whole layer,"
+        )
+        print(
+            "    per layer; then the step's kernels: L x layer + lm_head(B rows) vs sim's GEMM + "
+            "attention terms"
+        )
+        print(
+            f"{'B':>5} {'C':>5} {'attn us':>8} {'KV GB/s':>8} {'sim us':>8} {'sim/meas':>8} | "
+            f"{'layer us':>9} "
+            f"{'sim g+a':>8} {'sim/meas':>8} | {'step meas':>10} {'sim':>9} {'sim/meas':>8}"
+        )
+        decode_ratio = {}
+        for row in entry["decode"]:
+            b, c, best = row["b"], row["c"], row["best"]
+            if best is None:
+                print(f"{b:5d} {c:5d} no backend")
+                continue
+            t = row["attn_us"][best]
+            sim_attn = sim.decode_attn_s(b * c) / L * 1e6
+            sim_layer = max(sim.layer_gemm_s(b)) * 1e6 + sim_attn
+            step_meas = L * row["layer_us"] + lm_by_rows.get(b, math.nan)
+            step_sim = (sim.gemm_s(b, b) + sim.decode_attn_s(b * c)) * 1e6
+            decode_ratio[(b, c)] = (sim_attn / t, step_sim / step_meas)
+            print(
+                f"{b:5d} {c:5d} {fmt(t)} {row['kv_gbps']:8.0f} {fmt(sim_attn)} {sim_attn / t:8.2f} | "
+                f"{fmt(row['layer_us'], 9)} {fmt(sim_layer)} {sim_layer / row['layer_us']:8.2f} | "
+                f"{step_meas / 1e3:7.2f} ms {step_sim / 1e3:6.2f} ms {step_sim / step_meas:8.2f}"
+            )
+        large = max((r["tflops"] for r in entry["gemm"] if r["m"] >= 4096), default=math.nan)
+        small = [r["weight_gbps"] for r in entry["gemm"] if r["m"] <= 8]
+        small_gbps = statistics.median(small) if small else math.nan
+        summary.append(
+            (
+                name,
+                tp,
+                large,
+                eff_tflops,
+                small_gbps,
+                sim.bw / 1e9,
+                gemm_ratio,
+                attn_ratio,
+                layer_ratio,
+                decode_ratio,
+            )
+        )
+        print()
+
+    print(
+        "=== summary (GPU-kernel terms only; sim/meas > 1: the simulator charges more time than the kernels)"
+    )
+    print(
+        f"{'model':25} {'TP':>2} {'GEMM TFLOP/s':>12} {'sim':>4} {'wGB/s M<=8':>10} {'sim':>5} "
+        f"{'GEMM sim/meas M=1 64 512 8192':>29} {'attn M=1k 4k 16k':>16} {'layer M=4k':>10}"
+    )
+    for name, tp, tflops, sim_tflops, gbps, sim_gbps, g, a, lr, _ in summary:
+        gs = " ".join(f"{g.get(m, math.nan):.2f}" for m in (1, 64, 512, 8192))
+        at = " ".join(f"{a.get(m, math.nan):.2f}" for m in (1024, 4096, 16384))
+        print(
+            f"{name:25} {tp:2d} {tflops:12.0f} {sim_tflops:4.0f} {gbps:10.0f} {sim_gbps:5.0f} {gs:>29} "
+            f"{at:>16} {lr.get(4096, math.nan):10.2f}"
+        )
+    print(
+        "(GEMM TFLOP/s: the layer's four GEMMs together, best M >= 4096; wGB/s: their weight bytes / "
+        "time, median over M <= 8)"
+    )
+    print(f"\n{'model':25} decode sim/meas at (B, C): attention / the step's kernels (L layers + lm_head)")
+    for name, *_, d in summary:
+        shown = ((1, 2048), (32, 2048), (256, 2048), (8, 8192))
+        print(
+            f"{name:25} "
+            + "  ".join(f"({b},{c}) {d[b, c][0]:.2f}/{d[b, c][1]:.2f}" for b, c in shown if (b, c) in d)
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument(
+        "--measure", metavar="OUT.json", help="time the kernels here (needs torch) and write OUT.json"
+    )
+    mode.add_argument(
+        "--compare", metavar="IN.json", help="print the simulator's terms next to IN.json's timings"
+    )
+    parser.add_argument(
+        "--device", default="cuda", help="--measure: torch device (cpu with --quick tests the logic)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="--measure: tiny shapes and grids (a logic test)"
+    )
+    parser.add_argument("--models", nargs="*", help="--measure: only models whose name contains one of these")
+    parser.add_argument(
+        "--budget-s", type=float, default=300.0, help="--measure: stop adding points after this"
+    )
+    parser.add_argument("--gpu", default="H100", help="--compare: the simulator's GPU entry")
+    args = parser.parse_args()
+    if args.measure:
+        measure(args)
+    else:
+        compare(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
