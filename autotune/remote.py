@@ -49,9 +49,8 @@ class RemoteServer:
             WARMUP_OUTPUT_LEN,
             WARMUP_PROMPT_LEN,
             WARMUP_REQUEST_ID,
-            scrape_metrics,
-            server_figures,
         )
+        from autotune.backends.server_metrics import scrape_metrics, server_figures
         from autotune.loadgen import run_load
         from autotune.metrics import compute_metrics
         from autotune.workload import Request

@@ -8,7 +8,8 @@ import pytest
 
 from autotune.backends.base import FailureKind
 from autotune.backends.failures import BENCHMARK, STARTUP, classify
-from autotune.backends.server import parse_prometheus, scrub, scrub_args, server_figures
+from autotune.backends.server_metrics import parse_prometheus, server_figures
+from autotune.secrets import scrub, scrub_args
 
 CHUNKED = (
     "max_num_batched_tokens (2048) is smaller than max_model_len (8192). This effectively limits the "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from autotune.backends.server import scrape_metrics, server_figures
+from autotune.backends.server_metrics import scrape_metrics, server_figures
 from autotune.early_abort import SloGuard
 from autotune.loadgen import CHAT, run_load_sync
 from autotune.metrics import compute_metrics

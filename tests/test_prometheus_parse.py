@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.backends.server import parse_prometheus
+from autotune.backends.server_metrics import parse_prometheus
 
 
 def test_typed_counters_keep_their_total_and_escaped_labels_are_read() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from autotune.backends.base import FailureKind
 from autotune.backends.process import ProcessBackend
-from autotune.backends.server import scrub, scrub_args, secret_args
 from autotune.config import EngineConfig
+from autotune.secrets import scrub, scrub_args, secret_args
 from autotune.storage_url import for_run_file, masked
 from autotune.workload import LengthDist, WorkloadSpec
 

@@ -22,14 +22,12 @@ from autotune.backends.server import (
     LaunchError,
     ServerSession,
     TrialLimits,
-    scrub,
-    scrub_args,
-    secret_args,
     server_session,
 )
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
 from autotune.procs import pid_alive
+from autotune.secrets import scrub, scrub_args, secret_args
 
 CONTAINER_PORT = 8000
 CONTAINER_HF_CACHE = "/root/.cache/huggingface"

@@ -22,13 +22,11 @@ from autotune.backends.server import (
     ServerSession,
     TrialLimits,
     read_tail,
-    scrub,
-    scrub_args,
-    secret_args,
     server_session,
 )
 from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
+from autotune.secrets import scrub, scrub_args, secret_args
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 COPIER_JOIN_S = 5.0

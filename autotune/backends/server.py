@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import itertools
 import os
-import re
 import socket
 import tempfile
 import time
@@ -29,32 +28,23 @@ import httpx
 
 from autotune.backends.base import FailureKind, TrialResult, requests_failed_message
 from autotune.backends.failures import BENCHMARK, STARTUP, classify
+from autotune.backends.server_metrics import KvSampler, parse_prometheus, scrape_metrics, server_figures
 from autotune.config import EngineConfig
 from autotune.metrics import BenchmarkResult
+from autotune.secrets import scrub
 from autotune.slo import Slo
 from autotune.steady_state import LOAD_KEYS, load_kind, measure_window
-from autotune.storage_url import masked
 
 LOG_NAME = "server.log"
 LOG_TAIL_LINES = 40
 HEALTH_POLL_S = 0.25  # cheap: a refused connection answers at once
 IDLE_POLL_S = 0.1
-KV_SAMPLE_S = 0.25  # how often /metrics is sampled during the load (peak KV usage)
 EXIT_SETTLE_S = 1.0  # after failed requests, how long to wait for the server to finish dying
 PORT_ATTEMPTS = 2  # a free port can be taken between picking it and the server binding it
 WARMUP_PROMPT_LEN = 16
 WARMUP_OUTPUT_LEN = 4
 WARMUP_REQUEST_ID = 2**31 - 1  # with its own salt too, its prompt shares nothing with any load's
 _IN_SERVER_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
-# Environment variables whose values are secrets (HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY...).
-_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
-# Flags whose values are secrets: vLLM's --api-key, Hugging Face's --hf-token / --token, passwords.
-# Not every flag with TOKEN in its name: --max-num-batched-tokens is what autotune tunes.
-_SECRET_FLAG = re.compile(
-    r"^--?(?:[\w-]*[-_])?(?:api[-_]key|hf[-_]token|token|auth[-_]token|secret|secret[-_]key|password|passwd)$",
-    re.IGNORECASE,
-)
-MIN_SECRET_CHARS = 6  # shorter values ("1", "true") would mask innocent text everywhere
 
 
 class ServerHandle(Protocol):
@@ -333,7 +323,7 @@ def _benchmark(
     measured_lens = [r.output_len for r in requests if r.arrival_time >= measure_from]
     guard = SloGuard.for_requests(slos, measured_lens) if slos else None
     before = scrape_metrics(handle.base_url)
-    sampler = _KvSampler(handle.base_url)
+    sampler = KvSampler(handle.base_url)
     started = time.monotonic()
     load = _load(
         handle.base_url,
@@ -407,7 +397,7 @@ def _load(
     guard: Any,
     request_timeout_s: float,
     total_timeout_s: float | None = None,
-    sampler: _KvSampler | None = None,
+    sampler: KvSampler | None = None,
     salt: int = 0,
     measure_from: float = 0.0,
 ) -> Any:
@@ -447,101 +437,6 @@ def _warmup_request() -> Any:
     return Request(request_id=WARMUP_REQUEST_ID, prompt_len=WARMUP_PROMPT_LEN, output_len=WARMUP_OUTPUT_LEN)
 
 
-class _KvSampler:
-    """Samples /metrics during the load to catch the peak KV-cache usage (a gauge: the end misses it)."""
-
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url
-        self.peak_kv: float | None = None
-
-    async def run(self) -> None:
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    response = await client.get(self.base_url + "/metrics")
-                    usage = _kv_usage(parse_prometheus(response.text))
-                    if usage is not None:
-                        self.peak_kv = max(usage, self.peak_kv or 0.0)
-                await asyncio.sleep(KV_SAMPLE_S)
-
-
-# --- /metrics -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One Prometheus sample line."""
-
-    name: str
-    labels: dict[str, str]
-    value: float
-
-
-def parse_prometheus(text: str) -> list[Sample]:
-    """Parse Prometheus' text exposition format with prometheus_client's parser.
-
-    Sample names are as exposed (a counter keeps its `_total`). Text the parser rejects ends the parse:
-    the samples read before it are kept (a half-written scrape still gives what it has).
-    """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    samples: list[Sample] = []
-    try:
-        for family in text_string_to_metric_families(text):
-            samples.extend(Sample(s.name, dict(s.labels), float(s.value)) for s in family.samples)
-    except ValueError:
-        pass
-    return samples
-
-
-def scrape_metrics(base_url: str) -> list[Sample]:
-    """GET /metrics; an empty list when the server does not answer."""
-    try:
-        response = httpx.get(base_url + "/metrics", timeout=5.0)
-        response.raise_for_status()
-    except httpx.HTTPError:
-        return []
-    return parse_prometheus(response.text)
-
-
-def _total(samples: Sequence[Sample], name: str) -> float | None:
-    """The sum over label sets of a counter, under its name with or without Prometheus' _total."""
-    values = [s.value for s in samples if s.name in (name, name + "_total")]
-    return sum(values) if values else None
-
-
-def _kv_usage(samples: Sequence[Sample]) -> float | None:
-    values = [s.value for s in samples if s.name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")]
-    return max(values) if values else None
-
-
-def server_figures(
-    before: Sequence[Sample], after: Sequence[Sample], peak_kv: float | None
-) -> dict[str, Any]:
-    """Server-side figures of the run: preemptions, KV blocks, peak KV usage, prefix-cache hit rate."""
-    out: dict[str, Any] = {}
-
-    def delta(name: str) -> float | None:
-        end = _total(after, name)
-        return None if end is None else end - (_total(before, name) or 0.0)
-
-    preemptions = delta("vllm:num_preemptions")
-    if preemptions is not None:
-        out["num_preemptions"] = int(preemptions)
-    for sample in after:
-        if sample.name == "vllm:cache_config_info" and "num_gpu_blocks" in sample.labels:
-            with contextlib.suppress(ValueError):
-                out["num_gpu_blocks"] = int(float(sample.labels["num_gpu_blocks"]))
-    last_kv = _kv_usage(after)
-    peaks = [v for v in (peak_kv, last_kv) if v is not None]
-    if peaks:
-        out["peak_kv_cache_usage"] = max(peaks)
-    queries, hits = delta("vllm:prefix_cache_queries"), delta("vllm:prefix_cache_hits")
-    if queries and hits is not None:
-        out["prefix_cache_hit_rate"] = hits / queries
-    return out
-
-
 # --- helpers for launchers -----------------------------------------------------------------------
 
 
@@ -550,53 +445,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def secret_values(env: Mapping[str, str] | None = None) -> list[str]:
-    """Values of secret-named environment variables (HF_TOKEN, OPENAI_API_KEY, ...SECRET, ...PASSWORD)."""
-    env = os.environ if env is None else env
-    return [v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= MIN_SECRET_CHARS]
-
-
-def secret_args(args: Sequence[str]) -> list[str]:
-    """Values of the known secret flags in a command line (`--api-key X`, `--hf-token=X`)."""
-    values = []
-    for i, arg in enumerate(args):
-        name, eq, inline = arg.partition("=")
-        if not _SECRET_FLAG.match(name):
-            continue
-        value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
-        if len(value) >= MIN_SECRET_CHARS:
-            values.append(value)
-    return values
-
-
-def scrub(text: str, env: Mapping[str, str] | None = None, secrets: Sequence[str] = ()) -> str:
-    """`text` with secrets replaced by ***: values of secret environment variables (of `env`, default
-    this process's), the given `secrets` (e.g. `secret_args` of the server's command), and URL passwords."""
-    for value in sorted({*secret_values(env), *secrets}, key=len, reverse=True):
-        text = text.replace(value, "***")
-    return masked(text)
-
-
-def scrub_args(args: Sequence[str]) -> list[str]:
-    """A command line with the values of known secret flags (--api-key X, --hf-token=X) hidden.
-
-    Only flags that carry secrets are: `--max-num-batched-tokens 8192` is the flag autotune tunes.
-    """
-    out: list[str] = []
-    hide_next = False
-    for arg in args:
-        name, eq, _ = arg.partition("=")
-        if hide_next:
-            out.append("***")
-            hide_next = False
-        elif _SECRET_FLAG.match(name):
-            out.append(f"{name}=***" if eq else arg)
-            hide_next = not eq
-        else:
-            out.append(scrub(arg))
-    return out
 
 
 def read_tail(path: Path, max_bytes: int = 1 << 20) -> str:
