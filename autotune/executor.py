@@ -269,10 +269,12 @@ class Executor:
         node = lost_node(exc)
         if node is None:
             return TrialResult(config=job.config, failure=FailureKind.CRASHED, message=_one_line(exc))
-        self._inventory.drop(node.node_id)
         self._node_lost.add(job.number)
         message = f"{node.describe()} was lost mid-trial (its Ray node died); the run goes on without it"
-        info = {"node_ip": node.ip, "node_id": node.node_id}
+        info = {}
+        if node.node_id:  # else the inventory drops it once Ray marks it dead
+            self._inventory.drop(node.node_id)
+            info = {"node_ip": node.ip, "node_id": node.node_id}
         return TrialResult(config=job.config, failure=FailureKind.CRASHED, message=message, info=info)
 
     def _timeout_result(self, job: Job) -> TrialResult:

@@ -73,24 +73,30 @@ class Inventory:
 
 @dataclass(frozen=True)
 class LostNode:
-    """The node a task died with, as Ray's NodeDiedError names it."""
+    """The node a task died with, as Ray's NodeDiedError names it ("" when Ray did not name it)."""
 
-    ip: str
-    node_id: str
+    ip: str = ""
+    node_id: str = ""
 
     def describe(self) -> str:
-        """`node 10.0.0.5 (Ray node 92e3c9a8)`."""
-        return f"node {self.ip} (Ray node {self.node_id[:8]})"
+        """`node 10.0.0.5 (Ray node 92e3c9a8)`, or `its node` when Ray did not say which."""
+        return f"node {self.ip} (Ray node {self.node_id[:8]})" if self.node_id else "its node"
 
 
 def lost_node(exc: BaseException) -> LostNode | None:
-    """The node a task's failure says died, or None when the failure is something else."""
+    """The node a task's failure says died, or None when the failure is something else.
+
+    A node killed under a running task reaches the driver as a NodeDiedError (which names it) or, when
+    the task's own raylet went first, as a LocalRayletDiedError (which does not).
+    """
     import ray.exceptions
 
+    if isinstance(exc, ray.exceptions.LocalRayletDiedError):
+        return LostNode()
     if not isinstance(exc, ray.exceptions.NodeDiedError):
         return None
     match = _NODE_DIED.search(str(exc))
-    return LostNode(match["ip"], match["id"]) if match else LostNode("?", "?")
+    return LostNode(match["ip"], match["id"]) if match else LostNode()
 
 
 def start_ray(

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import ray.cloudpickle
+import ray.exceptions
 
 from autotune.backends.base import FailureKind, TrialResult
 from autotune.backends.server import free_port
@@ -21,7 +22,7 @@ from autotune.config import EngineConfig
 from autotune.errors import AutotuneError
 from autotune.executor import Executor, parse_gpus
 from autotune.local_executor import LocalExecutor
-from autotune.ray_cluster import check_reachable
+from autotune.ray_cluster import check_reachable, lost_node
 
 # Ray workers cannot import this test module: ship its classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -195,3 +196,15 @@ def test_a_small_simulated_run_does_not_start_ray(tmp_path: Path) -> None:
     assert "1 trial at a time in process (no Ray)" in done.stderr
     assert "Ray" not in done.stderr.replace("(no Ray)", ""), done.stderr  # no token-auth notice either
     assert (tmp_path / "small" / "trials.csv").stat().st_size > 0
+
+
+def test_a_dead_node_is_recognised_whichever_error_ray_reports() -> None:
+    """A node killed under a task reaches the driver as NodeDiedError (naming it) or, when the task's
+    raylet went first, as LocalRayletDiedError (naming none): both are a lost node, a crash is not."""
+    named = lost_node(
+        ray.exceptions.NodeDiedError("Node IP: 10.0.0.5, node ID: 92e3c9a8ff00 ... died unexpectedly")
+    )
+    assert named is not None and named.describe() == "node 10.0.0.5 (Ray node 92e3c9a8)"
+    unnamed = lost_node(ray.exceptions.LocalRayletDiedError())
+    assert unnamed is not None and unnamed.describe() == "its node"
+    assert lost_node(ray.exceptions.WorkerCrashedError()) is None
