@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,10 @@ TAIL_SAMPLES = 10  # a window must hold this many requests over a percentile SLO
 # saturation the count's memory is long and its noise estimate huge (a probe serving 90 % of its load
 # was allowed 12 % of growth), while a user checking the rate with `vllm bench serve` wants >= 95 %.
 MIN_SERVED = 0.96
+# Below half the saturation rate a server rarely queues for long: a TTFT tail there is seen in 400
+# requests. The RAG-prompt and A100 chat configs the accuracy benchmark tries are ITL-bound at 10-20 % of
+# saturation, where 1,000-request windows only made their searches 2x longer (same accuracy).
+QUEUE_FREE_BELOW = 0.5
 MAX_WINDOWS = 2  # an unsure probe is measured again (another window, pooled with the first), once
 DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's largest per-GPU default, when the config leaves it unset
 SUSTAINED = ("request_throughput", "output_throughput", "total_token_throughput")
@@ -82,17 +86,30 @@ class CapacitySearch:
     tail_samples: int = TAIL_SAMPLES  # see window_requests (tests over HTTP lower it)
     min_served: float = MIN_SERVED  # (and this: their windows of a second or two are too short for it)
     z: float = Z  # the confidence (standard errors) each SLO must hold by
+    # Below this fraction of the saturation throughput a p99 TTFT needs no 1,000-request tail window
+    # (window_requests): 400 requests see its queueing episodes. 0: every rate gets the tail window.
+    queue_free_below: float = QUEUE_FREE_BELOW
 
 
 @dataclass
 class Probe:
-    """One measured rate: its last run, the verdict on its runs' pooled windows, and every run it took."""
+    """One measured rate: every window it took, the verdict on them, and how that verdict was reached."""
 
     rate: float
-    result: TrialResult
-    verdict: str  # PASS, FAIL, or UNSURE (still unsure over every window: a miss)
-    windows: int  # windows measured and pooled
-    runs: list[TrialResult]
+    runs: list[TrialResult] = field(default_factory=list)
+    own: str = UNSURE  # the verdict on its own windows, pooled: PASS, FAIL or UNSURE (a miss)
+    verdict: str = UNSURE  # `own`, or PASS on the evidence of the probes just above it (pool_upward)
+    pooled: list[float] = field(default_factory=list)  # the rates whose windows made it pass
+
+    @property
+    def result(self) -> TrialResult:
+        """Its last window."""
+        return self.runs[-1]
+
+    @property
+    def windows(self) -> int:
+        """Windows measured and pooled."""
+        return len(self.runs)
 
     @property
     def passed(self) -> bool:
@@ -113,6 +130,8 @@ class Probe:
             "meets_slos": self.passed,
             "verdict": self.verdict,
             "windows": self.windows,
+            "requests": bench.completed if bench else None,  # measured in its last window
+            "pooled_with": self.pooled or None,
             "failure": str(self.result.failure) if self.result.failure else None,
         }
 
@@ -178,48 +197,32 @@ def _search(
         return _annotate(sat_result, [], sat_runs, None, None, 0.0)
     window = plan_window(sat["lifetime_s"], search.window_scale, search.min_warmup_s, search.min_window_s)
     top = SATURATION_MARGIN * sat["throughput"]
-    min_requests = window_requests(slos, search.min_window_requests, search.tail_samples)
 
-    def probe(rate: float) -> Probe:
-        plan = _probe_window(window, rate, search, min_requests)
-        n = max(1, math.ceil(rate * plan.end))
-        load = workload.with_load(request_rate=rate, num_requests=n, measure_from=plan.start)
-        runs: list[TrialResult] = []
-        while True:
-            write_probe(trial_dir, len(probes) + 1, search.max_probes, rate)  # for the progress line
-            # Another window of other requests (seed): pooled with the earlier ones, it tells what a
-            # window twice as long would, without measuring the first part again.
-            runs.append(session.measure(load, slos, seed + len(runs)))
-            verdict = probe_verdict(runs, slos, search.z, search.min_served)
-            if verdict != UNSURE or len(runs) >= search.max_windows or not session.alive:
-                break
-        return Probe(rate, runs[-1], verdict, len(runs), runs)
+    def measure(p: Probe) -> None:
+        """Another window at the probe's rate (of other requests: seed), judged with its earlier ones."""
+        write_probe(trial_dir, len(probes), search.max_probes, p.rate)  # for the progress line
+        queued = p.rate >= search.queue_free_below * sat["throughput"]
+        requests = window_requests(slos, search.min_window_requests, search.tail_samples, queued)
+        plan = _probe_window(window, p.rate, search, requests)
+        load = workload.with_load(
+            request_rate=p.rate, num_requests=max(1, math.ceil(p.rate * plan.end)), measure_from=plan.start
+        )
+        p.runs.append(session.measure(load, slos, seed + len(p.runs)))
+        p.own = p.verdict = probe_verdict(p.runs, slos, search.z, search.min_served)
 
     probes: list[Probe] = []
-    low: Probe | None = None
-    high = top  # the lowest rate known to fail (the saturation bound until a probe fails)
-    rate = START_FRACTION * sat["throughput"]
-    while len(probes) < search.max_probes:
-        p = probe(rate)
-        probes.append(p)
-        if p.passed:
-            low = p
-        else:
-            high = min(high, rate)
+    rate: float | None = START_FRACTION * sat["throughput"]
+    while rate is not None and len(probes) < search.max_probes:
+        probes.append(Probe(rate))
+        measure(probes[-1])
+        # A window too close to call is measured again, and the windows pooled.
+        while probes[-1].own == UNSURE and probes[-1].windows < search.max_windows and session.alive:
+            measure(probes[-1])
+        pool_upward(probes, slos, search)
         if not session.alive:
             break  # the server died or hung: no other rate can be measured on it
-        if low is None:
-            rate *= _step_down(p.result, slos)
-            if rate < MIN_RATE:
-                break
-        elif high / low.rate <= 1 + search.resolution:
-            break
-        elif p.verdict == UNSURE and high / low.rate <= (1 + search.resolution) ** 2:
-            # The SLO's threshold lies within the measurement's noise here: a rate between would be
-            # unsure too, at the longest window's cost. The bracket says how finely it is known.
-            break
-        else:
-            rate = math.sqrt(low.rate * high)
+        rate = _next_rate(probes, *_bracket(probes, top), search, slos)
+    low, high = _bracket(probes, top)
     best = low.result if low is not None else min(probes, key=lambda p: p.rate).result
     annotated = _annotate(best, probes, sat_runs, low, high, top)
     if not session.alive and probes[-1].result is not best:
@@ -228,6 +231,55 @@ def _search(
         annotated.info["capacity_stopped_by"] = f"{last.failure}: {last.message}"
     annotated.info["capacity_window_s"] = [round(window.start, 2), round(window.length, 2)]
     return annotated
+
+
+def pool_upward(probes: Sequence[Probe], slos: Sequence[Slo], search: CapacitySearch) -> None:
+    """Let an unsure rate pass on the evidence of the probes just above it, when that is enough.
+
+    An SLO's margin grows with the rate, so the windows of rates in [r, r x (1 + resolution)^2] pooled
+    overstate the margin at r: if even they pass with confidence, r does. Near a threshold that moves
+    slowly with the rate (an ITL tail from prefills interleaved with decodes), two unsure neighbours
+    pooled tell what neither could, without another window. Only the rate's own runs decide whether the
+    server kept up.
+    """
+    for p in probes:
+        if p.own != UNSURE:
+            continue
+        near = [q for q in probes if p.rate <= q.rate <= p.rate * (1 + search.resolution) ** 2]
+        runs = [r for q in near for r in q.runs]
+        evidence = [r.info.get("slo_evidence") for r in runs]
+        if len(near) < 2 or any(e is None for e in evidence):
+            continue
+        if judge(pool([from_info(e) for e in evidence]), search.z) == PASS:
+            p.verdict = PASS
+            p.pooled = [round(q.rate, 4) for q in near if q is not p]
+
+
+def _bracket(probes: Sequence[Probe], top: float) -> tuple[Probe | None, float]:
+    """The highest passing probe, and the lowest rate above it that did not pass (else `top`)."""
+    low = max((p for p in probes if p.passed), key=lambda p: p.rate, default=None)
+    floor = low.rate if low is not None else 0.0
+    return low, min((p.rate for p in probes if not p.passed and p.rate > floor), default=top)
+
+
+def _next_rate(
+    probes: Sequence[Probe], low: Probe | None, high: float, search: CapacitySearch, slos: Sequence[Slo]
+) -> float | None:
+    """The next rate to probe, or None once the bracket is as fine as it will get.
+
+    While nothing passed, the rate steps down from the lowest probe (see `_step_down`); then geometric
+    bisection until the bracket is within `resolution`, or within twice that when the last probe was
+    unsure (the threshold lies within the measurement's noise there: a rate between would be unsure too).
+    """
+    if low is None:
+        lowest = min(probes, key=lambda p: p.rate)
+        rate = lowest.rate * _step_down(lowest.result, slos)
+        return rate if rate >= MIN_RATE else None
+    if high / low.rate <= 1 + search.resolution:
+        return None
+    if probes[-1].verdict == UNSURE and high / low.rate <= (1 + search.resolution) ** 2:
+        return None
+    return math.sqrt(low.rate * high)
 
 
 def saturation_runs(session: Session, config: EngineConfig, workload: Any, seed: int) -> list[TrialResult]:
@@ -267,13 +319,20 @@ def _batch_limit(result: TrialResult, seqs: int) -> int:
 
 
 def window_requests(
-    slos: Sequence[Slo], floor: int = MIN_WINDOW_REQUESTS, tail_samples: int = TAIL_SAMPLES
+    slos: Sequence[Slo],
+    floor: int = MIN_WINDOW_REQUESTS,
+    tail_samples: int = TAIL_SAMPLES,
+    queued: bool = True,
 ) -> int:
     """How many requests a probe's window needs: `floor`, or enough that a per-request percentile SLO
     at its threshold has `tail_samples` requests over the limit (1,000 for a p99 TTFT): its tail comes in
     rare queueing episodes, and a 400-request window that held none passed rates that a 4,000-request
-    run missed by 2x. ITL pools every token gap, so its tail is seen in far fewer requests."""
-    shares = [s.allowed_share for s in slos if s.metric != "itl"]
+    run missed by 2x. ITL pools every token gap, so its tail is seen in far fewer requests. Without
+    `queued` (a rate far below saturation, see CapacitySearch.queue_free_below) TTFT is exempt too:
+    queueing episodes there are short and frequent, not rare; TPOT and E2EL tails come from the
+    requests' own lengths at any load and keep the rule."""
+    exempt = ("itl",) if queued else ("itl", "ttft")
+    shares = [s.allowed_share for s in slos if s.metric not in exempt]
     return max([floor, *(math.ceil(tail_samples / q) for q in shares if q)])
 
 
