@@ -7,13 +7,15 @@ With `load: capacity` a trial is a short search per config, on one started serve
    estimate) are never probed: it is the bracket's top. Its requests' decode time at full batch is the
    config's request lifetime, which sets how long each probe is (autotune/steady_state.py).
 2. Probes: Poisson load at a rate, with an unmeasured warm-up and a measured window of several request
-   lifetimes and at least 400 requests (1,000 for a p99 TTFT/TPOT/E2EL SLO, see `window_requests`). A
+   lifetimes and at least 400 requests (1,000 for a p99 TPOT/E2EL SLO, and for p99 TTFT above half the
+   saturation rate, see `window_requests`). A
    rate passes when the server kept up (the requests in it did not grow by more than 2 % of the
    window's arrivals, or than the count's noise, and it served at least 96 % of the offered rate),
    which bounds capacity for every SLO set, ITL-only and none included; and when every SLO holds with
    95 % confidence (autotune/evidence.py), so that another run at the reported rate meets them too. A
    window too short to tell either way is measured again (a second window of other requests, its
-   evidence pooled with the first: a window twice as long without its warm-up); still unsure, the rate
+   evidence pooled with the first: a window twice as long without its warm-up); still unsure, it passes
+   if its windows pooled with those of the probes just above it do (`pool_upward`), else the rate
    counts as a miss, and once the bracket is within twice the resolution the search ends (the threshold
    lies within the noise there). The first probe is at 90 % of saturation; while probes fail the rate
    steps down by 0.7x (further when an ITL/TPOT SLO was missed by a wide margin), then geometric
