@@ -16,11 +16,11 @@ by a spin kernel before each repeat, so that the timings are the kernels' own, w
 real forward pass, and no CPU launch gaps (as under vLLM's CUDA graphs).
 
 --compare prints, for the same shapes, what CostModel gives for the GEMM and attention terms on the
-simulator's H100 entry next to the measured times (ratios sim / measured). The terms are re-derived from
-costs.py's formulas and constants, and the re-derivation is checked against CostModel.step_time on
-sample steps first. Only the GPU-kernel part of a step is compared: the simulator's step also holds the
-CPU side (STEP_BASE_S, PER_SEQ_S, the eager launch penalty), which plain kernels do not measure, and
-vLLM's fused kernels (FlashAttention 3, fused RMSNorm / SiLU / rotary) differ from plain torch.
+simulator's H100 entry next to the measured times (ratios sim / measured): CostModel's own terms (the
+ones step_time adds), split per layer where a layer is measured. Only the GPU-kernel part of a step is
+compared: the simulator's step also holds the CPU side (STEP_BASE_S, PER_SEQ_S, the eager launch
+penalty), which plain kernels do not measure, and vLLM's fused kernels (FlashAttention 3, fused RMSNorm /
+SiLU / rotary) differ from plain torch.
 """
 
 from __future__ import annotations
@@ -545,14 +545,15 @@ def measure(args: argparse.Namespace) -> None:
 
 
 class SimTerms:
-    """costs.py's terms re-derived per step and per layer for one model on one GPU at one TP size."""
+    """CostModel (its step terms: gemm_s, prefill_attention_s, decode_attention_s) for one model on one
+    GPU at one TP size, plus the per-layer and lm_head views the comparison needs, which CostModel does
+    not have: its GEMM FLOP term split by layer and by sampled row."""
 
     def __init__(self, name: str, gpu_name: str, tp: int) -> None:
         from autotune.sim import costs
         from autotune.sim.hardware import get_gpu
         from autotune.sim.models import get_model
 
-        self.costs = costs
         self.model = model = get_model(name)
         self.gpu = gpu = get_gpu(gpu_name)
         self.tp = tp
@@ -561,74 +562,12 @@ class SimTerms:
         self.peak = gpu.bf16_flops * gpu.compute_scale
         self.bw = gpu.hbm_bytes_per_s * costs.BW_EFF
         self.layers = model.num_layers
-        heads = model.num_attention_heads // tp
-        self.attn_flops_per_pair_layer = 4 * heads * model.head_dim
 
-    # per step (all layers), as CostModel.step_time adds them
-    def gemm_flops_s(self, tokens: int, sampled: int) -> float:
-        m, c = self.model, self.costs
-        per_token = 2 * m.num_layers * m.layer_params / self.tp / (self.peak * c.GEMM_EFF)
-        per_sampled = 2 * m.vocab_size * m.hidden_size / self.tp / (self.peak * c.GEMM_EFF)
-        return (tokens * per_token + sampled * per_sampled) * (1.0 + c.GEMM_HALF_M / max(tokens, 1))
-
-    def weights_s(self) -> float:
-        return self.model.weight_bytes(self.tp) / self.bw
-
-    def gemm_s(self, tokens: int, sampled: int) -> float:
-        return max(self.gemm_flops_s(tokens, sampled), self.weights_s())
-
-    def prefill_attn_s(self, pairs: float, context: int) -> float:
-        flops = self.layers * self.attn_flops_per_pair_layer * pairs / (self.peak * self.costs.ATTN_EFF)
-        return max(flops, context * self.kv_bytes_per_token / self.bw)
-
-    def decode_attn_s(self, decode_context: int) -> float:
-        per_pair = self.layers * self.attn_flops_per_pair_layer / (self.peak * self.costs.GEMM_EFF)
-        return decode_context * max(per_pair, self.kv_bytes_per_token / self.bw)
-
-    def comm_s(self, tokens: int) -> float:
-        if self.tp == 1:
-            return 0.0
-        ring = 2 * (self.tp - 1) / self.tp
-        per_token = 2 * self.layers * ring * self.model.hidden_size * 2 / self.gpu.interconnect_bytes_per_s
-        return tokens * per_token + 2 * self.layers * self.gpu.interconnect_latency_s
-
-    def cpu_s(self, tokens: int, seqs: int) -> float:
-        from autotune.sim.memory import MAX_CUDA_GRAPH_SIZE
-
-        c = self.costs
-        eager = self.layers * c.EAGER_PER_LAYER_S if tokens > MAX_CUDA_GRAPH_SIZE else 0.0
-        return c.STEP_BASE_S + seqs * c.PER_SEQ_S + eager
-
-    def check(self) -> int:
-        """Assert that the re-derived terms add up to CostModel.step_time on sample steps; their count."""
-        samples = [
-            (1, 1, 1, 2048, 0.0, 0),
-            (64, 64, 64, 64 * 1500, 0.0, 0),
-            (256, 256, 256, 256 * 2048, 0.0, 0),
-            (2048, 1, 1, 0, 2048 * 2049 / 2, 2048),
-            (8192, 3, 2, 2 * 4000, 8190 * (4096 + 8191 / 2), 12288),
-            (16384, 1, 0, 0, 16384 * 16385 / 2, 16384),
-        ]
-        for tokens, seqs, sampled, dctx, pairs, pctx in samples:
-            mine = (
-                self.gemm_s(tokens, sampled)
-                + self.prefill_attn_s(pairs, pctx)
-                + self.decode_attn_s(dctx)
-                + self.comm_s(tokens)
-                + self.cpu_s(tokens, seqs)
-            )
-            theirs = self.cost_model.step_time(tokens, seqs, sampled, dctx, pairs, pctx)
-            if not math.isclose(mine, theirs, rel_tol=1e-9):
-                raise SystemExit(
-                    f"re-derived step time {mine} != CostModel.step_time {theirs} for {self.model.name}"
-                )
-        return len(samples)
-
-    # per layer: the step's GEMM term split evenly over the layers after taking out the lm_head
     def layer_gemm_s(self, m: int) -> tuple[float, float]:
-        """(FLOP-bound, weight-streaming) seconds of one layer's GEMMs at M tokens, costs.py's factors."""
-        md, c = self.model, self.costs
-        flops = 2 * md.layer_params / self.tp * m * (1.0 + c.GEMM_HALF_M / m) / (self.peak * c.GEMM_EFF)
+        """(FLOP-bound, weight-streaming) seconds of one layer's GEMMs at M tokens: the step's FLOP term
+        without the lm_head, split evenly over the layers, and one layer's weights at the model's rate."""
+        md = self.model
+        flops = self.cost_model.gemm_flops_s(m, 0) / self.layers
         return flops, md.layer_params * md.dtype_bytes / self.tp / self.bw
 
 
@@ -652,10 +591,8 @@ def compare(args: argparse.Namespace) -> None:
         f"(STEP_BASE_S {costs.STEP_BASE_S * 1e3:.1f} ms + PER_SEQ_S per request + the eager launch penalty) "
         "and, at TP>1, the\nall-reduces, none of which is here. Measured: plain-torch kernels (cuBLAS GEMMs, "
         "torch SDPA, unfused\nnorms / rotary / SiLU) on random bf16 weights, one TP rank; vLLM's kernels "
-        "(FlashAttention 3, fused\nelementwise ops) differ. Sim terms are re-derived from costs.py's "
-        "formulas "
-        "and constants, checked\nagainst CostModel.step_time on sample steps. sim/meas > 1: the simulator "
-        "charges more time.\n"
+        "(FlashAttention 3, fused\nelementwise ops) differ. Sim terms are CostModel's own (the ones its "
+        "step_time adds).\nsim/meas > 1: the simulator charges more time.\n"
     )
     summary = []
     for name, entry in data["models"].items():
@@ -674,11 +611,9 @@ def compare(args: argparse.Namespace) -> None:
         )
         if catalog != shape:
             raise SystemExit(f"{name}: measured shapes {shape} differ from autotune/sim/models.py {catalog}")
-        n_checked = sim.check()
         L = sim.layers  # noqa: N806
         eff_tflops = sim.peak * costs.GEMM_EFF / 1e12
         print(f"=== {name}, TP={tp} (one rank), {L} layers")
-        print(f"re-derived terms == CostModel.step_time on {n_checked} sample steps")
         print(
             f"sim: GEMMs at {sim.gpu.bf16_flops / 1e12:.0f} (peak) x {sim.gpu.compute_scale} "
             "(compute_scale) x "
@@ -707,7 +642,7 @@ def compare(args: argparse.Namespace) -> None:
             sim_us = max(flop_s, wts_s) * 1e6
             gemm_ratio[m] = sim_us / row["total_us"]
             step_meas = L * row["total_us"] + lm_by_rows.get(1, math.nan)
-            step_sim = sim.gemm_s(m, 1) * 1e6
+            step_sim = sim.cost_model.gemm_s(m, 1) * 1e6
             print(
                 f"{m:6d} {fmt(row['total_us'], 9)} {fmt(row['tflops'])} {row['weight_gbps']:6.0f} "
                 f"{fmt(flop_s * 1e6, 9)} {fmt(wts_s * 1e6)} {fmt(sim_us)} {gemm_ratio[m]:8.2f} | "
@@ -724,7 +659,7 @@ def compare(args: argparse.Namespace) -> None:
         )
         for row in entry["lm_head"]:
             rr = row["rows"]
-            flop_s = sim.gemm_flops_s(rr, rr) - sim.gemm_flops_s(rr, 0)
+            flop_s = sim.cost_model.gemm_flops_s(rr, rr) - sim.cost_model.gemm_flops_s(rr, 0)
             wts_s = md.vocab_size * md.hidden_size * md.dtype_bytes / tp / sim.bw
             print(
                 f"{rr:6d} {fmt(row['us'], 9)} {fmt(row['tflops'])} {row['gbps']:6.0f} {fmt(flop_s * 1e6, 9)} "
@@ -746,7 +681,7 @@ def compare(args: argparse.Namespace) -> None:
         attn_ratio, layer_ratio = {}, {}
         for row in entry["prefill"]:
             m, best, times = row["m"], row["best"], row["attn_us"]
-            sim_attn = sim.prefill_attn_s(m * (m + 1) / 2, m) / L * 1e6
+            sim_attn = sim.cost_model.prefill_attention_s(m * (m + 1) / 2, m) / L * 1e6
             cells = " ".join(
                 fmt(times[b], 9) if times.get(b) is not None else f"{'-':>9}"
                 for b in ("flash", "cudnn", "efficient")
@@ -782,10 +717,10 @@ def compare(args: argparse.Namespace) -> None:
                 print(f"{b:5d} {c:5d} no backend")
                 continue
             t = row["attn_us"][best]
-            sim_attn = sim.decode_attn_s(b * c) / L * 1e6
+            sim_attn = sim.cost_model.decode_attention_s(b * c) / L * 1e6
             sim_layer = max(sim.layer_gemm_s(b)) * 1e6 + sim_attn
             step_meas = L * row["layer_us"] + lm_by_rows.get(b, math.nan)
-            step_sim = (sim.gemm_s(b, b) + sim.decode_attn_s(b * c)) * 1e6
+            step_sim = (sim.cost_model.gemm_s(b, b) + sim.cost_model.decode_attention_s(b * c)) * 1e6
             decode_ratio[(b, c)] = (sim_attn / t, step_sim / step_meas)
             print(
                 f"{b:5d} {c:5d} {fmt(t)} {row['kv_gbps']:8.0f} {fmt(sim_attn)} {sim_attn / t:8.2f} | "

@@ -74,16 +74,43 @@ class CostModel:
         prefill_pairs: sum over chunks of chunk x (context before + (chunk + 1) / 2) query-key pairs;
         prefill_context: tokens of KV the chunks read (cached prefix + earlier chunks + themselves).
         """
+        return (
+            self.gemm_s(num_tokens, num_sampled)
+            + (
+                self.prefill_attention_s(prefill_pairs, prefill_context)
+                + self.decode_attention_s(decode_context)
+            )
+            + self.comm_s(num_tokens)
+            + self.cpu_s(num_tokens, num_seqs)
+        )
+
+    # The terms step_time adds (public so that benchmarks/gpu_step_check.py compares them one by one).
+    def gemm_s(self, num_tokens: int, num_sampled: int) -> float:
+        """The matmuls: FLOP-bound or weight-streaming, whichever takes longer."""
+        return max(self.gemm_flops_s(num_tokens, num_sampled), self._weights_s)
+
+    def gemm_flops_s(self, num_tokens: int, num_sampled: int) -> float:
+        """The matmuls' FLOP-bound time: every layer per token, the lm_head per sampled row."""
         # Small-M GEMMs (decode batches, short chunks) fall short of the large-GEMM efficiency.
-        flops_s = (num_tokens * self._s_per_token + num_sampled * self._s_per_sampled) * (
+        return (num_tokens * self._s_per_token + num_sampled * self._s_per_sampled) * (
             1.0 + GEMM_HALF_M / max(num_tokens, 1)
         )
-        gemm = max(flops_s, self._weights_s)
-        prefill_attn = max(prefill_pairs * self._s_per_attn_pair, prefill_context * self._s_per_kv_token)
-        decode_attn = decode_context * max(self._s_per_decode_pair, self._s_per_kv_token)
-        attn = prefill_attn + decode_attn
-        comm = num_tokens * self._allreduce_per_token + self._allreduce_fixed
+
+    def prefill_attention_s(self, prefill_pairs: float, prefill_context: int) -> float:
+        """The prefill chunks' attention: FLOP-bound or KV-read-bound."""
+        return max(prefill_pairs * self._s_per_attn_pair, prefill_context * self._s_per_kv_token)
+
+    def decode_attention_s(self, decode_context: int) -> float:
+        """The decodes' attention: one query per context token (memory-bound: the KV read)."""
+        return decode_context * max(self._s_per_decode_pair, self._s_per_kv_token)
+
+    def comm_s(self, num_tokens: int) -> float:
+        """The TP all-reduces (0 at TP=1)."""
+        return num_tokens * self._allreduce_per_token + self._allreduce_fixed
+
+    def cpu_s(self, num_tokens: int, num_seqs: int) -> float:
+        """The CPU side: a fixed base, a part per scheduled request, the launch penalty past CUDA graphs."""
         cpu = STEP_BASE_S + num_seqs * PER_SEQ_S
         if num_tokens > MAX_CUDA_GRAPH_SIZE:
             cpu += self._eager_s
-        return gemm + attn + comm + cpu
+        return cpu
