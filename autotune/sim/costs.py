@@ -84,7 +84,7 @@ class CostModel:
             + self.cpu_s(num_tokens, num_seqs)
         )
 
-    # The terms step_time adds (public so that benchmarks/gpu_step_check.py compares them one by one).
+    # The terms step_time adds (public so that benchmarks/gpu_step_compare.py compares them one by one).
     def gemm_s(self, num_tokens: int, num_sampled: int) -> float:
         """The matmuls: FLOP-bound or weight-streaming, whichever takes longer."""
         return max(self.gemm_flops_s(num_tokens, num_sampled), self._weights_s)
