@@ -8,18 +8,23 @@ With `load: capacity` a trial is a short search per config, on one started serve
    config's request lifetime, which sets how long each probe is (autotune/steady_state.py).
 2. Probes: Poisson load at a rate, with an unmeasured warm-up and a measured window of several request
    lifetimes and at least 400 requests (1,000 for a p99 TPOT/E2EL SLO, and for p99 TTFT above half the
-   saturation rate, see `window_requests`). A
-   rate passes when the server kept up (the requests in it did not grow by more than 2 % of the
-   window's arrivals, or than the count's noise, and it served at least 96 % of the offered rate),
-   which bounds capacity for every SLO set, ITL-only and none included; and when every SLO holds with
-   95 % confidence (autotune/evidence.py), so that another run at the reported rate meets them too. A
-   window too short to tell either way is measured again (a second window of other requests, its
-   evidence pooled with the first: a window twice as long without its warm-up); still unsure, it passes
-   if its windows pooled with those of the probes just above it do (`pool_upward`), else the rate
-   counts as a miss, and once the bracket is within twice the resolution the search ends (the threshold
-   lies within the noise there). The first probe is at 90 % of saturation; while probes fail the rate
-   steps down by 0.7x (further when an ITL/TPOT SLO was missed by a wide margin), then geometric
-   bisection until the bracket is within `resolution`.
+   saturation rate, see `window_requests`). With a TTFT or E2EL SLO the warm-up also lasts one
+   relaxation time of the queue at that rate and the window `relaxations` of them (`relaxation_s`:
+   near saturation a waiting queue takes minutes to show its tail), and rates whose relaxation would
+   not fit a probe are not tried (`queue_ceiling`). Each window is of other requests (its own seed).
+   A rate passes when the server kept up, which bounds capacity for every SLO set, ITL-only and none
+   included: at or below the saturation throughput only a gross shortfall fails it (the saturation
+   run is the evidence; a window's count wanders too slowly to tell 2 %), above it the requests in
+   the server must not have grown by more than 2 % of the window's arrivals (or the count's noise)
+   and it must have served 96 % of the rate; and when every SLO holds with 95 % confidence
+   (autotune/evidence.py), so that another run at the reported rate meets them too. A window too
+   short to tell either way is measured again (a second window of other requests, its evidence pooled
+   with the first: a window twice as long without its warm-up); still unsure, it passes if its
+   windows pooled with those of the probes just above it, scaled to its rate, do (`pool_upward`), else
+   the rate counts as a miss, and once the bracket is within twice the resolution the search ends (the
+   threshold lies within the noise there). The first probe is at 90 % of saturation; while probes fail
+   the rate steps down by 0.7x (further when an ITL/TPOT SLO was missed by a wide margin), then
+   geometric bisection until the bracket is within `resolution`.
 A probe that is clearly lost is cut short by the early abort (its SLO cannot be met any more). A
 server that dies or hangs ends the search: the rates that passed before still count.
 
@@ -34,13 +39,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import Backend, Session, TrialResult
 from autotune.config import EngineConfig
-from autotune.evidence import FAIL, PASS, UNSURE, Z, from_info, judge, pool
+from autotune.evidence import UNSURE, Z
+from autotune.probe import MIN_SERVED, Probe, pool_upward, probe_verdict
 from autotune.progress import write_probe
 from autotune.slo import Slo
 from autotune.steady_state import MIN_WARMUP_S, MIN_WINDOW_S, Window, plan_window
@@ -59,16 +65,14 @@ SIZING_REQUESTS = 256  # the first burst: it saturates a batch that KV memory li
 MAX_PROBE_REQUESTS = 6000  # per probe (x window scale): a very fast config gets a shorter window
 MIN_WINDOW_REQUESTS = 400
 TAIL_SAMPLES = 10  # a window must hold this many requests over a percentile SLO's limit at its threshold
-# Whatever the backlog's noise allowance, a probe must have served this share of its offered rate: near
-# saturation the count's memory is long and its noise estimate huge (a probe serving 90 % of its load
-# was allowed 12 % of growth), while a user checking the rate with `vllm bench serve` wants >= 95 %.
-MIN_SERVED = 0.96
 # Below half the saturation rate a server rarely queues for long: a TTFT tail there is seen in 400
 # requests. The RAG-prompt and A100 chat configs the accuracy benchmark tries are ITL-bound at 10-20 % of
 # saturation: 400-request windows halved their searches' GPU time, every 4,000-request check still passed,
 # and the RAG-prompt ones moved from 5-6 % to 9-12 % under the reference (their ITL tail stays unsure longer).
 QUEUE_FREE_BELOW = 0.5
 MAX_WINDOWS = 2  # an unsure probe is measured again (another window, pooled with the first), once
+QUEUE_METRICS = ("ttft", "e2el")  # the SLOs a waiting queue's slow build-up moves
+RELAXATIONS = 3.0  # a queued SLO's window: this many relaxation times (its warm-up: one)
 DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's largest per-GPU default, when the config leaves it unset
 SUSTAINED = ("request_throughput", "output_throughput", "total_token_throughput")
 
@@ -92,76 +96,8 @@ class CapacitySearch:
     # Below this fraction of the saturation throughput a p99 TTFT needs no 1,000-request tail window
     # (window_requests): 400 requests see its queueing episodes. 0: every rate gets the tail window.
     queue_free_below: float = QUEUE_FREE_BELOW
-
-
-@dataclass
-class Probe:
-    """One measured rate: every window it took, the verdict on them, and how that verdict was reached."""
-
-    rate: float
-    runs: list[TrialResult] = field(default_factory=list)
-    own: str = UNSURE  # the verdict on its own windows, pooled: PASS, FAIL or UNSURE (a miss)
-    verdict: str = UNSURE  # `own`, or PASS on the evidence of the probes just above it (pool_upward)
-    pooled: list[float] = field(default_factory=list)  # the rates whose windows made it pass
-
-    @property
-    def result(self) -> TrialResult:
-        """Its last window."""
-        return self.runs[-1]
-
-    @property
-    def windows(self) -> int:
-        """Windows measured and pooled."""
-        return len(self.runs)
-
-    @property
-    def passed(self) -> bool:
-        """Whether the rate is sustained with every SLO met (with confidence)."""
-        return self.verdict == PASS
-
-    def to_info(self) -> dict[str, Any]:
-        """What the trial's `capacity_probes` attr keeps of it (the report plots these)."""
-        bench = self.result.benchmark
-        info = self.result.info
-        return {
-            "rate": round(self.rate, 4),
-            "served_rate": info.get("served_rate"),
-            "backlog_growth": info.get("backlog_growth"),
-            "kept_up": info.get("kept_up"),
-            "p99_ttft_ms": round(bench.latency_ms["ttft"]["p99"], 2) if bench else None,
-            "p99_itl_ms": round(bench.latency_ms["itl"]["p99"], 2) if bench else None,
-            "meets_slos": self.passed,
-            "verdict": self.verdict,
-            "windows": self.windows,
-            "requests": bench.completed if bench else None,  # measured in its last window
-            "pooled_with": self.pooled or None,
-            "failure": str(self.result.failure) if self.result.failure else None,
-        }
-
-
-def meets(result: TrialResult, slos: Sequence[Slo]) -> bool:
-    """A complete benchmark that kept up with its load (when it had one) and met every SLO."""
-    if not result.ok or result.info.get("kept_up") is False:
-        return False
-    return all(slo.margin(result.benchmark) <= 0 for slo in slos)  # type: ignore[arg-type]
-
-
-def probe_verdict(
-    runs: Sequence[TrialResult], slos: Sequence[Slo], z: float = Z, min_served: float = MIN_SERVED
-) -> str:
-    """PASS, FAIL or UNSURE for a probe's runs at one rate: in each the server must have kept up and
-    served `min_served` of the offered rate, and every SLO hold by `z` standard errors over their pooled
-    windows (a backend that gave no evidence is judged on the last run's point values)."""
-    for result in runs:
-        if not result.ok or result.info.get("kept_up") is False:
-            return FAIL
-        offered, served = result.info.get("offered_rate"), result.info.get("served_rate")
-        if offered and served is not None and served < min_served * offered:
-            return FAIL
-    evidence = [r.info.get("slo_evidence") for r in runs]
-    if any(e is None for e in evidence):
-        return PASS if meets(runs[-1], slos) else FAIL
-    return judge(pool([from_info(e) for e in evidence]), z)
+    max_probe_requests: int = MAX_PROBE_REQUESTS  # per probe window and warm-up (x window_scale)
+    relaxations: float = RELAXATIONS
 
 
 def find_capacity(
@@ -200,28 +136,38 @@ def _search(
         return _annotate(sat_result, [], sat_runs, None, None, 0.0)
     window = plan_window(sat["lifetime_s"], search.window_scale, search.min_warmup_s, search.min_window_s)
     top = SATURATION_MARGIN * sat["throughput"]
+    queued_slos = any(s.metric in QUEUE_METRICS for s in slos)
+    if queued_slos:
+        top = min(top, queue_ceiling(sat["throughput"], window, search))
 
     def measure(p: Probe) -> None:
         """Another window at the probe's rate (of other requests: seed), judged with its earlier ones."""
         write_probe(trial_dir, len(probes), search.max_probes, p.rate)  # for the progress line
         queued = p.rate >= search.queue_free_below * sat["throughput"]
         requests = window_requests(slos, search.min_window_requests, search.tail_samples, queued)
-        plan = _probe_window(window, p.rate, search, requests)
+        settle = relaxation_s(p.rate, sat["throughput"]) if queued_slos else 0.0
+        plan = _probe_window(window, p.rate, search, requests, settle)
         load = workload.with_load(
             request_rate=p.rate, num_requests=max(1, math.ceil(p.rate * plan.end)), measure_from=plan.start
         )
-        p.runs.append(session.measure(load, slos, seed + len(p.runs)))
-        p.own = p.verdict = probe_verdict(p.runs, slos, search.z, search.min_served)
+        # Every window gets other requests: the same ones at each rate would make every probe as
+        # lucky as the first (a 70B config passed 1.21 req/s on the one sequence whose 1,000 requests
+        # held few long prompts; seven of eight others missed its SLO at 1.13), and the windows that
+        # pool_upward pools would not be independent.
+        p.runs.append(session.measure(load, slos, seed + sum(q.windows for q in probes)))
+        p.own = p.verdict = probe_verdict(
+            p.runs, slos, search.z, search.min_served, p.rate, sat["throughput"]
+        )
 
     probes: list[Probe] = []
-    rate: float | None = START_FRACTION * sat["throughput"]
+    rate: float | None = min(START_FRACTION * sat["throughput"], top)
     while rate is not None and len(probes) < search.max_probes:
         probes.append(Probe(rate))
         measure(probes[-1])
         # A window too close to call is measured again, and the windows pooled.
         while probes[-1].own == UNSURE and probes[-1].windows < search.max_windows and session.alive:
             measure(probes[-1])
-        pool_upward(probes, slos, search)
+        pool_upward(probes, slos, search.resolution, search.z)
         if not session.alive:
             break  # the server died or hung: no other rate can be measured on it
         rate = _next_rate(probes, *_bracket(probes, top), search, slos)
@@ -234,28 +180,6 @@ def _search(
         annotated.info["capacity_stopped_by"] = f"{last.failure}: {last.message}"
     annotated.info["capacity_window_s"] = [round(window.start, 2), round(window.length, 2)]
     return annotated
-
-
-def pool_upward(probes: Sequence[Probe], slos: Sequence[Slo], search: CapacitySearch) -> None:
-    """Let an unsure rate pass on the evidence of the probes just above it, when that is enough.
-
-    An SLO's margin grows with the rate, so the windows of rates in [r, r x (1 + resolution)^2] pooled
-    overstate the margin at r: if even they pass with confidence, r does. Near a threshold that moves
-    slowly with the rate (an ITL tail from prefills interleaved with decodes), two unsure neighbours
-    pooled tell what neither could, without another window. Only the rate's own runs decide whether the
-    server kept up.
-    """
-    for p in probes:
-        if p.own != UNSURE:
-            continue
-        near = [q for q in probes if p.rate <= q.rate <= p.rate * (1 + search.resolution) ** 2]
-        runs = [r for q in near for r in q.runs]
-        evidence = [r.info.get("slo_evidence") for r in runs]
-        if len(near) < 2 or any(e is None for e in evidence):
-            continue
-        if judge(pool([from_info(e) for e in evidence]), search.z) == PASS:
-            p.verdict = PASS
-            p.pooled = [round(q.rate, 4) for q in near if q is not p]
 
 
 def _bracket(probes: Sequence[Probe], top: float) -> tuple[Probe | None, float]:
@@ -352,12 +276,41 @@ def _step_down(result: TrialResult, slos: Sequence[Slo]) -> float:
     return min(STEP_DOWN, max(MIN_STEP, 1.0 / (1.0 + miss))) if miss > 0 else STEP_DOWN
 
 
-def _probe_window(window: Window, rate: float, search: CapacitySearch, min_requests: int) -> Window:
-    """`window` at `rate`: long enough for `min_requests` measured requests, and shortened (warm-up
-    too, in proportion) when the probe would send more than MAX_PROBE_REQUESTS x scale."""
-    length = max(window.length, min_requests * search.window_scale / rate)
-    window = Window(window.start, window.start + length)
-    cap = MAX_PROBE_REQUESTS * search.window_scale
+def relaxation_s(rate: float, saturation: float) -> float:
+    """How long a queue offered `rate` by a server that completes `saturation` per second takes to
+    forget its state: 1 / (mu (1 - sqrt(rho))^2), the relaxation time of an M/M/1 queue (Morse 1955).
+    It grows as 4 / (mu (1 - rho)^2) when rho -> 1: a window shorter than it sees a TTFT tail that is
+    still growing (a config passed 99.5 % of its saturation rate with p99 TTFT 1.1 s over 1,000
+    requests; 10,000 gave 4.9 s). Infinite at or above saturation."""
+    rho = rate / saturation if saturation > 0 else math.inf
+    return 1.0 / (saturation * (1.0 - math.sqrt(rho)) ** 2) if rho < 1 else math.inf
+
+
+def queue_ceiling(saturation: float, window: Window, search: CapacitySearch) -> float:
+    """The highest rate whose queue relaxes within the longest probe there may be (a warm-up and a
+    window of one relaxation time each, search.max_probe_requests in all): above it a TTFT or E2EL SLO
+    cannot be confirmed, so it is not probed."""
+    low, high = 0.0, saturation
+    for _ in range(40):  # bisection: the relaxation time grows with the rate, the window shrinks
+        mid = (low + high) / 2
+        settle = relaxation_s(mid, saturation) * search.window_scale  # its warm-up and its window
+        length = max(window.start, settle) + search.relaxations * settle
+        fits = mid * length <= search.max_probe_requests * search.window_scale
+        low, high = (mid, high) if fits else (low, mid)
+    return low
+
+
+def _probe_window(
+    window: Window, rate: float, search: CapacitySearch, min_requests: int, settle_s: float = 0.0
+) -> Window:
+    """`window` at `rate`: long enough for `min_requests` measured requests and for the queue to settle
+    (`settle_s`, see relaxation_s), and shortened (warm-up too, in proportion) when the probe would send
+    more than search.max_probe_requests x scale."""
+    scale = search.window_scale
+    start = max(window.start, settle_s * scale)
+    length = max(window.length, min_requests * scale / rate, search.relaxations * settle_s * scale)
+    window = Window(start, start + length)
+    cap = search.max_probe_requests * scale
     if rate * window.end <= cap:
         return window
     factor = cap / (rate * window.end)

@@ -12,7 +12,8 @@ running batch, which grows and slows every step while its waiting queue stays em
 A server that keeps up holds about rate x request lifetime requests at both ends of the window; one
 that does not adds (offered - served) x window of them. That needs the batch to have filled before the
 window starts, which is what the warm-up is for: `plan_window` derives it and the window from the
-config's own request lifetime. A fixed-load run has no warm-up, so its window starts two lifetimes in
+config's own request lifetime; what the longest requests still add after it is expected, and
+subtracted (`steadiness`). A fixed-load run has no warm-up, so its window starts two lifetimes in
 (measured from its own records) and a run shorter than that cannot tell (no verdict).
 `measure_window` computes a window's metrics and this verdict from the records of either backend
 (`start_time` is the send time on the run's clock, from 0).
@@ -45,6 +46,7 @@ LOAD_KEYS = (
     "served_rate",
     "backlog_growth",
     "backlog_allowed",
+    "backlog_filling",
     "kept_up",
     "saturation",
     "slo_evidence",
@@ -91,8 +93,9 @@ class Steadiness:
 
     offered_rate: float  # requests sent in the window per second
     served_rate: float  # requests finished (successfully) in the window per second
-    backlog_growth: float  # (in the server at the end - at the start) / requests sent in the window
+    backlog_growth: float  # (in the server at the end - at the start, beyond filling) / requests sent
     allowed_growth: float  # MAX_BACKLOG_GROWTH, or the count's own noise when that is larger
+    filling: float = 0.0  # what a server that keeps up still adds over the window as it fills, same unit
 
     @property
     def kept_up(self) -> bool:
@@ -106,6 +109,7 @@ class Steadiness:
             "served_rate": round(self.served_rate, 4),
             "backlog_growth": round(self.backlog_growth, 4),
             "backlog_allowed": round(self.allowed_growth, 4),
+            "backlog_filling": round(self.filling, 4),
             "kept_up": self.kept_up,
         }
 
@@ -113,11 +117,18 @@ class Steadiness:
 def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
     """The steadiness of `records` over `window` (times on the run's clock).
 
-    The growth is the trend of the requests in the server over the window (a least-squares line
-    through the count sampled at TREND_SAMPLES times, times the window's length), not the difference
-    of its two ends: the ends carry the count's whole fluctuation, the line averages it out. What is
-    allowed: MAX_BACKLOG_GROWTH, or NOISE_SIGMAS standard errors of that trend when the window is too
-    short to tell less (a capacity probe also asks for 96 % of the offered rate served, see
+    The growth is the trend of the requests in the server over the window beyond what filling adds (a
+    least-squares line through the difference, sampled at TREND_SAMPLES times, times the window's
+    length), not the difference of its two ends: the ends carry the count's whole fluctuation, the line
+    averages it out. Filling: a server that keeps up holds, at time t, each request sent before t with
+    the probability that a request of this run lives longer than t minus its send time (an infinite-
+    server queue that started empty). After a warm-up of two mean lifetimes the run's long requests are
+    still joining: a chat mix filled by another 4 % of the window's arrivals over its window, which read
+    as a server falling behind at 85 % of its saturation rate. Subtracting that expectation, request by
+    request, also takes out the noise of the Poisson arrivals.
+
+    What is allowed: MAX_BACKLOG_GROWTH, or NOISE_SIGMAS standard errors of that trend when the window
+    is too short to tell less (a capacity probe also asks for 96 % of the offered rate served, see
     autotune/capacity.py). The standard error comes from the count's own scatter around the line and
     its memory (autocorrelation), so a server whose batch is capped (little scatter) is judged as
     finely as its data allows, and a queue near saturation (long memory) is not judged on noise alone.
@@ -130,13 +141,29 @@ def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
     served = int(np.count_nonzero((ends >= window.start) & (ends <= window.end)))
     times = np.linspace(window.start, window.end, TREND_SAMPLES)
     counts = np.array([np.count_nonzero((starts <= t) & (ends > t)) for t in times], dtype=float)
+    lifetimes = np.sort([r.latency for r in records if r.success])
+    filled = _filled_counts(starts, lifetimes, times)
+    excess = counts - filled
     centered = times - times.mean()
-    slope = float(np.dot(centered, counts - counts.mean()) / max(np.dot(centered, centered), 1e-12))
-    residuals = counts - counts.mean() - slope * centered
+    slope = float(np.dot(centered, excess - excess.mean()) / max(np.dot(centered, centered), 1e-12))
+    residuals = excess - excess.mean() - slope * centered
     scatter = float(np.std(residuals))
     slope_error = scatter / (float(np.std(times)) * math.sqrt(_independent_samples(residuals)))
     allowed = max(MAX_BACKLOG_GROWTH, NOISE_SIGMAS * slope_error * length / sent)
-    return Steadiness(sent / length, served / length, slope * length / sent, allowed)
+    filling = float(filled[-1] - filled[0]) / sent
+    return Steadiness(sent / length, served / length, slope * length / sent, allowed, filling)
+
+
+def _filled_counts(starts: np.ndarray, lifetimes: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """The expected requests in a server that keeps up at each of `times`: the sum, over requests
+    sent before t, of the share of `lifetimes` (sorted) longer than t minus the send time."""
+    if len(lifetimes) == 0:
+        return np.zeros(len(times))
+    out = np.empty(len(times))
+    for k, t in enumerate(times):
+        ages = t - starts[starts <= t]
+        out[k] = len(ages) - np.searchsorted(lifetimes, ages, side="right").sum() / len(lifetimes)
+    return out
 
 
 def _independent_samples(residuals: np.ndarray) -> float:

@@ -3,27 +3,31 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
 import pytest
+from pytest import approx
 
 from autotune.backends.base import FailureKind, TrialResult
 from autotune.backends.process import ProcessBackend
 from autotune.backends.sim import SimBackend
 from autotune.capacity import (
+    RELAXATIONS,
     CapacitySearch,
-    Probe,
     find_capacity,
-    meets,
-    pool_upward,
+    relaxation_s,
     saturation_runs,
     window_requests,
 )
 from autotune.config import EngineConfig
-from autotune.evidence import FAIL, PASS, UNSURE
+from autotune.evidence import FAIL, PASS, UNSURE, Criterion, judge, pool
+from autotune.metrics import RequestRecord, compute_metrics
+from autotune.probe import Probe, meets, pool_upward, probe_verdict
 from autotune.slo import parse_slos
 from autotune.workload import LengthDist, WorkloadSpec
+from autotune.workload_file import load_workload
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 # Short requests and two sequences at a time: the capacity is a few dozen req/s, found in seconds.
@@ -222,12 +226,62 @@ def test_an_unsure_rate_passes_on_the_evidence_of_the_rates_just_above_it() -> N
     unsure = Probe(10.0, [_window(10.0, -0.002, 0.0015)], UNSURE, UNSURE)  # -0.002 + 1.645 x 0.0015 > 0
     # a longer window 4 % above, sure on its own (-0.0015 + 1.645 x 0.0008 < 0)
     above = Probe(10.4, [_window(10.4, -0.0015, 0.0008, samples=3000)], PASS, PASS)
-    far = Probe(11.0, [_window(11.0, -0.0015, 0.0008, samples=3000)], PASS, PASS)
-    pool_upward([unsure, far], SLOS, search)
-    assert unsure.verdict == UNSURE  # 11.0 is more than twice the resolution above
-    pool_upward([unsure, above, far], SLOS, search)
+    far = Probe(11.5, [_window(11.5, -0.0015, 0.0008, samples=3000)], PASS, PASS)
+    pool_upward([unsure, far], SLOS, search.resolution)
+    assert unsure.verdict == UNSURE  # 11.5 is more than four resolutions above
+    pool_upward([unsure, above, far], SLOS, search.resolution)
     assert unsure.verdict == PASS and unsure.pooled == [10.4]
     failing = Probe(10.4, [_window(10.4, 0.004, 0.0015)], FAIL, FAIL)
     lone = Probe(10.0, [_window(10.0, -0.002, 0.0015)], UNSURE, UNSURE)
-    pool_upward([lone, failing], SLOS, search)
+    pool_upward([lone, failing], SLOS, search.resolution)
     assert lone.verdict == UNSURE  # a failing neighbour's evidence does not make it pass
+
+
+def test_an_unsure_rate_pools_the_shares_above_it_scaled_to_its_own_rate() -> None:
+    """A share over the limit grows at least in proportion to the rate: one measured 10 % higher,
+    scaled by 1 / 1.1, still bounds it. Unscaled, the same two windows could not tell."""
+    unsure = Probe(10.0, [_window(10.0, -0.001, 0.001)], UNSURE, UNSURE)  # share 0.9 % +- 0.1 %
+    above = Probe(11.0, [_window(11.0, 0.0, 0.0005)], UNSURE, UNSURE)  # share 1.0 % +- 0.05 %
+    pool_upward([unsure, above], SLOS, CapacitySearch().resolution)
+    assert unsure.verdict == PASS and unsure.pooled == [11.0]
+    assert above.verdict == UNSURE  # nothing above it
+    # the unscaled pool: margin -0.05 % +- 0.056 % is unsure at 1.645 errors
+    windows = [[Criterion("ttft_p99", -0.001, 0.001, 1000)], [Criterion("ttft_p99", 0.0, 0.0005, 1000)]]
+    assert judge(pool(windows)) == UNSURE
+
+
+def test_below_saturation_only_a_gross_shortfall_fails_a_rate() -> None:
+    """The saturation run shows a rate below it is sustainable; a window's backlog count, which wanders
+    for minutes near saturation, fails it only when it served less than 90 %. Above saturation the
+    window must have kept up with the rate asked for, not with the arrivals it happened to draw."""
+    wandering = _window(10.0, -0.005, 0.001)
+    record = RequestRecord(prompt_len=100, output_len=10, start_time=0.0, ttft=0.1, latency=0.5)
+    wandering.benchmark = compute_metrics([record], 1.0)  # a window that ran to its end
+    wandering.info.update(served_rate=9.4, kept_up=False, backlog_growth=0.05)
+    assert probe_verdict([wandering], SLOS, rate=10.0, saturation=11.0) == PASS
+    assert probe_verdict([wandering], SLOS, rate=10.0, saturation=9.0) == FAIL
+    wandering.info.update(served_rate=8.8)
+    assert probe_verdict([wandering], SLOS, rate=10.0, saturation=11.0) == FAIL
+    # 5 % over saturation, 5 % fewer arrivals than asked for, all of them served: not kept up
+    lucky = _window(9.5, -0.005, 0.001)
+    lucky.benchmark = wandering.benchmark
+    assert probe_verdict([lucky], SLOS, rate=10.0, saturation=10.0) == PASS  # at saturation
+    assert probe_verdict([lucky], SLOS, rate=10.0, saturation=9.2) == FAIL
+
+
+def test_a_queued_slo_is_judged_over_the_queues_relaxation_time() -> None:
+    """Near saturation a TTFT tail keeps growing for about 1 / (mu (1 - sqrt(rho))^2): every probe's
+    window lasts `relaxations` of that, and rates whose relaxation would not fit a probe are not tried.
+    (Llama 8B with 64 sequences on an H100, chat: 1,000 requests passed 99.5 % of its saturation rate
+    with p99 TTFT 1.1 s; 10,000 gave 4.9 s.)"""
+    assert relaxation_s(8.1, 10.0) == approx(1 / (10 * 0.1**2))
+    assert relaxation_s(10.0, 10.0) == relaxation_s(11.0, 10.0) == math.inf
+    config = EngineConfig(model=LLAMA_8B, max_model_len=8192, max_num_seqs=64, max_num_batched_tokens=2048)
+    result = find_capacity(SimBackend("H100"), config, load_workload("chat"), parse_slos("ttft_p99=2s"))
+    sat = result.info["saturation_throughput"]
+    probes = result.info["capacity_probes"]
+    assert max(p["rate"] for p in probes) < 0.96 * sat  # a queued SLO cannot be confirmed at saturation
+    settle = {p["rate"]: RELAXATIONS * p["rate"] * relaxation_s(p["rate"], sat) for p in probes}
+    near = [p for p in probes if settle[p["rate"]] > 1000]
+    assert near  # the search went where the relaxation time, not 1,000 requests, sets the window
+    assert all(p["requests"] >= 0.9 * settle[p["rate"]] for p in near)
