@@ -70,7 +70,7 @@ TAIL_SAMPLES = 10  # a window must hold this many requests over a percentile SLO
 # saturation: 400-request windows halved their searches' GPU time, every 4,000-request check still passed,
 # and the RAG-prompt ones moved from 5-6 % to 9-12 % under the reference (their ITL tail stays unsure longer).
 QUEUE_FREE_BELOW = 0.5
-MAX_WINDOWS = 2  # an unsure probe is measured again (another window, pooled with the first), once
+MAX_WINDOWS = 3  # an unsure probe is measured again (other windows, pooled with the first), twice
 QUEUE_METRICS = ("ttft", "e2el")  # the SLOs a waiting queue's slow build-up moves
 RELAXATIONS = 3.0  # a queued SLO's window: this many relaxation times (its warm-up: one)
 DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's largest per-GPU default, when the config leaves it unset

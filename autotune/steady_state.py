@@ -121,7 +121,7 @@ def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
     least-squares line through the difference, sampled at TREND_SAMPLES times, times the window's
     length), not the difference of its two ends: the ends carry the count's whole fluctuation, the line
     averages it out. Filling: a server that keeps up holds, at time t, each request sent before t with
-    the probability that a request of this run lives longer than t minus its send time (an infinite-
+    the probability that a request of the warm-up lived longer than t minus its send time (an infinite-
     server queue that started empty). After a warm-up of two mean lifetimes the run's long requests are
     still joining: a chat mix filled by another 4 % of the window's arrivals over its window, which read
     as a server falling behind at 85 % of its saturation rate. Subtracting that expectation, request by
@@ -141,7 +141,9 @@ def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
     served = int(np.count_nonzero((ends >= window.start) & (ends <= window.end)))
     times = np.linspace(window.start, window.end, TREND_SAMPLES)
     counts = np.array([np.count_nonzero((starts <= t) & (ends > t)) for t in times], dtype=float)
-    lifetimes = np.sort([r.latency for r in records if r.success])
+    # Lifetimes of the warm-up's requests: those of the window would make an overload's growth look
+    # like filling (its latencies grow with the backlog, and so would the expected count).
+    lifetimes = np.sort([r.latency for r in records if r.success and r.start_time < window.start])
     filled = _filled_counts(starts, lifetimes, times)
     excess = counts - filled
     centered = times - times.mean()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,19 @@ def test_two_windows_pooled_tell_what_one_twice_as_long_does() -> None:
     assert both.samples == 2000 and both.margin == pytest.approx((first[0].margin + second[0].margin) / 2)
     assert both.error < min(first[0].error, second[0].error)
     assert judge(first) == UNSURE and judge(pool([first, second])) == PASS  # 10 of 2,000: 0.5 %
+
+
+def test_a_ttft_tail_that_comes_in_episodes_is_worth_fewer_samples() -> None:
+    """No request over 2 s in 1,000, and 30 between 1 and 2 s. Spread out, they say the tail is thin
+    (pass); all in one stretch, they are one queueing episode, and a window that happened to hold
+    no episode over the limit cannot tell a long run's share from 1 %."""
+
+    def with_near_misses(near: list[int]) -> list[RequestRecord]:
+        recs = records([])
+        for i in near:
+            recs[i] = dataclasses.replace(recs[i], ttft=1.5, latency=1.5 + 0.02)
+        return recs
+
+    spread = list(range(0, 1000, 33))[:30]
+    assert verdict(with_near_misses(spread)) == PASS
+    assert verdict(with_near_misses(list(range(400, 430)))) == UNSURE

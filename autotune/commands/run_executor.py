@@ -37,9 +37,10 @@ def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, bool]:
     owns_ray = start_ray(args.ray_address, max(args.parallel, 1), fake_gpus, devices)
     timeout = args.trial_timeout or (SIM_TRIAL_TIMEOUT_S if sim else REAL_TRIAL_TIMEOUT_S)
     if s.workload.load == "capacity":
-        from autotune.capacity import MAX_PROBES
+        from autotune.capacity import MAX_PROBES, MAX_WINDOWS
 
-        timeout *= MAX_PROBES + 1 if not args.trial_timeout else 1  # the saturation run and every probe
+        # the saturation run and every window of every probe
+        timeout *= MAX_PROBES * MAX_WINDOWS + 1 if not args.trial_timeout else 1
     try:
         executor = Executor(
             s.backend,
