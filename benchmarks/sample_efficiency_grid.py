@@ -37,7 +37,7 @@ WORKLOAD_SEED = 0  # every trial replays the same requests (as `autotune run --s
 KEPT_INFO = ("backlog_growth", "backlog_allowed", "kept_up", "capacity_rate", "capacity_resolution")
 MEASURING = (
     "capacity.py", "steady_state.py", "metrics.py", "early_abort.py", "objectives.py",
-    "workload.py", "traces.py", "lengths.py", "evidence.py", "slo.py", "config.py",
+    "workload.py", "traces.py", "lengths.py", "evidence.py", "slo.py", "config.py", "probe.py",
 )  # fmt: skip
 HV_REF = 1.1  # reference point of the normalized costs (each in [0, 1] over the feasible grid)
 
