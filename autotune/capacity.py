@@ -18,13 +18,13 @@ With `load: capacity` a trial is a short search per config, on one started serve
    the server must not have grown by more than 2 % of the window's arrivals (or the count's noise)
    and it must have served 96 % of the rate; and when every SLO holds with 95 % confidence
    (autotune/evidence.py), so that another run at the reported rate meets them too. A window too
-   short to tell either way is measured again (a second window of other requests, its evidence pooled
-   with the first: a window twice as long without its warm-up); still unsure, it passes if its
-   windows pooled with those of the probes just above it, scaled to its rate, do (`pool_upward`), else
-   the rate counts as a miss, and once the bracket is within twice the resolution the search ends (the
-   threshold lies within the noise there). The first probe is at 90 % of saturation; while probes fail
-   the rate steps down by 0.7x (further when an ITL/TPOT SLO was missed by a wide margin), then
-   geometric bisection until the bracket is within `resolution`.
+   short to tell either way is measured again, up to `max_windows` in all (windows of other requests,
+   their evidence pooled: one window that much longer, without more warm-ups); still unsure, it
+   passes if its windows pooled with those of the probes just above it, scaled to its rate, do
+   (`pool_upward`), else the rate counts as a miss, and once the bracket is within twice the
+   resolution the search ends (the threshold lies within the noise there). The first probe is at
+   90 % of saturation; while probes fail the rate steps down by 0.7x (further when an ITL/TPOT SLO
+   was missed by a wide margin), then geometric bisection until the bracket is within `resolution`.
 A probe that is clearly lost is cut short by the early abort (its SLO cannot be met any more). A
 server that dies or hangs ends the search: the rates that passed before still count.
 
