@@ -352,6 +352,9 @@ def _annotate(
         **best.info,
         **measured,
         "capacity_rate": round(capacity, 4),
+        # The search's verdict at the reported rate, not its window's backlog trend alone: below the
+        # saturation rate the saturation run is the evidence (probe_verdict). No rate: the lowest's.
+        "kept_up": True if capacity > 0 else best.info.get("kept_up"),
         "capacity_bracket": bracket,
         # How finely capacity is known: the bracket's width relative to its bottom (None: nothing passed).
         "capacity_resolution": round(high / capacity - 1, 4) if high and capacity > 0 else None,

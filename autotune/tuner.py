@@ -343,7 +343,9 @@ class Tuner:
         status = "feasible" if attrs.get("feasible") else attrs.get("failure") or "violates SLO"
         info = attrs.get("info", {})
         if info.get("kept_up") is False:
-            status = f"did not keep up (served {info['served_rate']:.1f} of {info['offered_rate']:.1f} req/s)"
+            status = "did not keep up"
+            if "served_rate" in info and "offered_rate" in info:
+                status += f" (served {info['served_rate']:.1f} of {info['offered_rate']:.1f} req/s)"
         if attrs.get("screened"):
             status = f"screened ({status})"
         shown = f" {value:,.0f}" if value is not None and attrs.get("feasible") else ""

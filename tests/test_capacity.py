@@ -24,6 +24,7 @@ from autotune.capacity import (
 from autotune.config import EngineConfig
 from autotune.evidence import FAIL, PASS, UNSURE, Criterion, judge, pool
 from autotune.metrics import RequestRecord, compute_metrics
+from autotune.objectives import KEPT_UP_KEY, constraints, is_feasible
 from autotune.probe import Probe, meets, pool_upward, probe_verdict
 from autotune.slo import parse_slos
 from autotune.workload import LengthDist, WorkloadSpec
@@ -285,3 +286,18 @@ def test_a_queued_slo_is_judged_over_the_queues_relaxation_time() -> None:
     near = [p for p in probes if settle[p["rate"]] > 1000]
     assert near  # the search went where the relaxation time, not 1,000 requests, sets the window
     assert all(p["requests"] >= 0.9 * settle[p["rate"]] for p in near)
+
+
+def test_a_rate_that_passed_below_saturation_is_a_feasible_trial() -> None:
+    """The trial carries its reported window, whose backlog count may have wandered past the window's
+    own allowance: below saturation the search judged keeping up by the saturation run, and the
+    trial's constraint says what the search decided, not what the window's trend alone would."""
+    config = EngineConfig(model=LLAMA_8B, max_model_len=8192, max_num_seqs=256, max_num_batched_tokens=8192)
+    slos = parse_slos("ttft_p99=2s")
+    result = find_capacity(SimBackend("H100"), config, load_workload("chat"), slos)
+    assert result.info["kept_up"] is True and is_feasible(constraints(result, slos))
+    wandered = {"backlog_growth": 0.05, "backlog_allowed": 0.02}  # what such a window may show
+    result.info.update(wandered)
+    assert constraints(result, slos)[KEPT_UP_KEY] <= 0 and is_feasible(constraints(result, slos))
+    fixed_load = dataclasses.replace(result, info={**wandered, "kept_up": False})
+    assert constraints(fixed_load, slos)[KEPT_UP_KEY] > 0  # a fixed-load run is judged on its trend
