@@ -193,11 +193,12 @@ def constraints(result: TrialResult, slos: Sequence[Slo]) -> dict[str, float]:
         return values
     for slo in slos:
         values[slo.name] = float(slo.margin(result.benchmark))
-    growth = result.info.get("backlog_growth")
-    allowed = result.info.get("backlog_allowed", MAX_BACKLOG_GROWTH)
-    values[KEPT_UP_KEY] = float(growth) - float(allowed) if growth is not None else 0.0
     if "capacity_rate" in result.info:  # a capacity search judged keeping up at its rate (capacity.py)
         values[KEPT_UP_KEY] = 1.0 if result.info.get("kept_up") is False else 0.0
+    else:
+        growth = result.info.get("backlog_growth")
+        allowed = result.info.get("backlog_allowed", MAX_BACKLOG_GROWTH)
+        values[KEPT_UP_KEY] = float(growth) - float(allowed) if growth is not None else 0.0
     aborted = result.failure == FailureKind.EARLY_ABORT and all(v <= 0 for v in values.values())
     values[FAILED_KEY] = 1.0 if result.failure not in (None, FailureKind.EARLY_ABORT) or aborted else 0.0
     return values

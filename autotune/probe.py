@@ -15,9 +15,10 @@ from autotune.backends.base import TrialResult
 from autotune.evidence import FAIL, PASS, UNSURE, Criterion, Z, from_info, judge, pool
 from autotune.slo import Slo
 
-# Whatever the backlog's noise allowance, a probe must have served this share of its offered rate: near
-# saturation the count's memory is long and its noise estimate huge (a probe serving 90 % of its load
-# was allowed 12 % of growth), while a user checking the rate with `vllm bench serve` wants >= 95 %.
+# Above the saturation rate, whatever the backlog's noise allowance, a probe must have served this share
+# of the rate asked for: near saturation the count's memory is long and its noise estimate huge (a probe
+# serving 90 % of its load was allowed 12 % of growth), while a user checking the rate with
+# `vllm bench serve` wants >= 95 %.
 MIN_SERVED = 0.96
 # Below saturation the saturation run is the evidence that the server keeps up: a window's own backlog
 # count wanders too slowly to tell a 2 % shortfall in 1,000 requests (a config with 256 sequences

@@ -123,13 +123,12 @@ def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
     averages it out. Filling: a server that keeps up holds, at time t, each request sent before t with
     the probability that a request of the warm-up lived longer than t minus its send time (an infinite-
     server queue that started empty). After a warm-up of two mean lifetimes the run's long requests are
-    still joining: a chat mix filled by another 4 % of the window's arrivals over its window, which read
-    as a server falling behind at 85 % of its saturation rate. Subtracting that expectation, request by
-    request, also takes out the noise of the Poisson arrivals.
+    still joining (on the chat mix at 90-95 % of saturation, by 0.3-1.2 % of the window's arrivals).
+    Subtracting that expectation, request by request, also takes out the noise of the Poisson arrivals.
 
     What is allowed: MAX_BACKLOG_GROWTH, or NOISE_SIGMAS standard errors of that trend when the window
-    is too short to tell less (a capacity probe also asks for 96 % of the offered rate served, see
-    autotune/capacity.py). The standard error comes from the count's own scatter around the line and
+    is too short to tell less (a capacity probe judges keeping up with its own rules as well, see
+    autotune/probe.py). The standard error comes from the count's own scatter around the line and
     its memory (autocorrelation), so a server whose batch is capped (little scatter) is judged as
     finely as its data allows, and a queue near saturation (long memory) is not judged on noise alone.
     """
