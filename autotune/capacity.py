@@ -293,11 +293,17 @@ def queue_ceiling(saturation: float, window: Window, search: CapacitySearch) -> 
     low, high = 0.0, saturation
     for _ in range(40):  # bisection: the relaxation time grows with the rate, the window shrinks
         mid = (low + high) / 2
-        settle = relaxation_s(mid, saturation) * search.window_scale  # its warm-up and its window
-        length = max(window.start, settle) + search.relaxations * settle
-        fits = mid * length <= search.max_probe_requests * search.window_scale
+        start, length = _settled(window.start, relaxation_s(mid, saturation), search)
+        fits = mid * (start + length) <= search.max_probe_requests * search.window_scale
         low, high = (mid, high) if fits else (low, mid)
     return low
+
+
+def _settled(start: float, settle_s: float, search: CapacitySearch) -> tuple[float, float]:
+    """The warm-up's end and the shortest window a queue that relaxes in `settle_s` needs: a warm-up of
+    at least one relaxation time and a window of `relaxations` (both x window_scale)."""
+    settle = settle_s * search.window_scale
+    return max(start, settle), search.relaxations * settle
 
 
 def _probe_window(
@@ -307,8 +313,8 @@ def _probe_window(
     (`settle_s`, see relaxation_s), and shortened (warm-up too, in proportion) when the probe would send
     more than search.max_probe_requests x scale."""
     scale = search.window_scale
-    start = max(window.start, settle_s * scale)
-    length = max(window.length, min_requests * scale / rate, search.relaxations * settle_s * scale)
+    start, settled_length = _settled(window.start, settle_s, search)
+    length = max(window.length, min_requests * scale / rate, settled_length)
     window = Window(start, start + length)
     cap = search.max_probe_requests * scale
     if rate * window.end <= cap:

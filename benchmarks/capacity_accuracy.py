@@ -26,6 +26,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -33,7 +34,7 @@ from autotune.backends.sim import SimBackend  # noqa: E402
 from autotune.capacity import CapacitySearch, find_capacity  # noqa: E402
 from autotune.config import EngineConfig  # noqa: E402
 from autotune.sim.noise import NoiseModel  # noqa: E402
-from autotune.slo import parse_slos  # noqa: E402
+from autotune.slo import Slo, parse_slos  # noqa: E402
 from autotune.workload_file import load_workload  # noqa: E402
 
 # 10x windows already: no second window for unsure ones;
@@ -166,7 +167,9 @@ def _measure(job: tuple[Case, dict, float]) -> dict:
     return out
 
 
-def _check(backend: SimBackend, config: EngineConfig, workload, slos, rate: float, seed: int) -> tuple:
+def _check(
+    backend: SimBackend, config: EngineConfig, workload: Any, slos: list[Slo], rate: float, seed: int
+) -> tuple[float, bool]:
     """A 4,000-request Poisson run at `rate`, as a user would verify it: (served share, SLOs met)."""
     with backend.session(config) as session:
         check = session.measure(
