@@ -19,9 +19,10 @@ With `load: capacity` a trial is a short search per config, on one started serve
    and it must have served 96 % of the rate; and when every SLO holds with 95 % confidence
    (autotune/evidence.py), so that another run at the reported rate meets them too. A window too
    short to tell either way is measured again, up to `max_windows` in all (windows of other requests,
-   their evidence pooled: one window that much longer, without more warm-ups); still unsure, it
-   passes if its windows pooled with those of the probes just above it, scaled to its rate, do
-   (`pool_upward`), else the rate counts as a miss, and once the bracket is within twice the
+   their evidence pooled: one window that much longer, without more warm-ups; each look must clear
+   Pocock's bar, `sequential_z`, so that looking three times is not three chances to pass by luck);
+   still unsure, it passes if the windows of the probes around it, a line through their margins read
+   at its rate, do (`pool_nearby`), else the rate counts as a miss, and once the bracket is within twice the
    resolution the search ends (the threshold lies within the noise there). The first probe is at
    90 % of saturation; while probes fail the rate steps down by 0.7x (further when an ITL/TPOT SLO
    was missed by a wide margin), then geometric bisection until the bracket is within `resolution`.
@@ -45,8 +46,8 @@ from typing import Any
 
 from autotune.backends.base import Backend, Session, TrialResult
 from autotune.config import EngineConfig
-from autotune.evidence import UNSURE, Z
-from autotune.probe import MIN_SERVED, Probe, pool_upward, probe_verdict
+from autotune.evidence import UNSURE, Z, sequential_z
+from autotune.probe import MIN_SERVED, Probe, judge_probes
 from autotune.progress import write_probe
 from autotune.slo import Slo
 from autotune.steady_state import MIN_WARMUP_S, MIN_WINDOW_S, Window, plan_window
@@ -55,6 +56,7 @@ MAX_PROBES = 8  # rate probes after the saturation run
 RESOLUTION = 0.03  # stop when high / low <= 1.03: below run-to-run noise on real GPUs (1-3 %) is wasted
 START_FRACTION = 0.9  # the first probe, as a fraction of saturation throughput
 STEP_DOWN = 0.7  # while no rate passed
+UNSURE_STEP = 0.9  # ... from a rate too close to call: the threshold is near it
 MIN_STEP = 0.35  # the largest step down an ITL/TPOT miss can ask for
 SMOOTH_METRICS = ("itl", "tpot")
 SATURATION_MARGIN = 1.1  # bracket top = saturation throughput x this (the mid-run rate is an estimate)
@@ -140,6 +142,10 @@ def _search(
     if queued_slos:
         top = min(top, queue_ceiling(sat["throughput"], window, search))
 
+    # Up to max_windows looks at a rate: each must clear a higher bar for the rate to pass with the
+    # confidence `z` asks for (a miss is told at `z` itself: a false miss costs capacity, not a promise).
+    pass_z = sequential_z(search.max_windows, search.z)
+
     def measure(p: Probe) -> None:
         """Another window at the probe's rate (of other requests: seed), judged with its earlier ones."""
         write_probe(trial_dir, len(probes), search.max_probes, p.rate)  # for the progress line
@@ -155,9 +161,7 @@ def _search(
         # held few long prompts; seven of eight others missed its SLO at 1.13), and the windows that
         # pool_upward pools would not be independent.
         p.runs.append(session.measure(load, slos, seed + sum(q.windows for q in probes)))
-        p.own = p.verdict = probe_verdict(
-            p.runs, slos, search.z, search.min_served, p.rate, sat["throughput"]
-        )
+        judge_probes(probes, slos, sat["throughput"], pass_z, search.z, search.min_served)
 
     probes: list[Probe] = []
     rate: float | None = min(START_FRACTION * sat["throughput"], top)
@@ -167,7 +171,6 @@ def _search(
         # A window too close to call is measured again, and the windows pooled.
         while probes[-1].own == UNSURE and probes[-1].windows < search.max_windows and session.alive:
             measure(probes[-1])
-        pool_upward(probes, slos, search.resolution, search.z)
         if not session.alive:
             break  # the server died or hung: no other rate can be measured on it
         rate = _next_rate(probes, *_bracket(probes, top), search, slos)
@@ -194,13 +197,15 @@ def _next_rate(
 ) -> float | None:
     """The next rate to probe, or None once the bracket is as fine as it will get.
 
-    While nothing passed, the rate steps down from the lowest probe (see `_step_down`); then geometric
+    While nothing passed, the rate steps down from the lowest probe (see `_step_down`; by UNSURE_STEP
+    from one too close to call, which the threshold is near); then geometric
     bisection until the bracket is within `resolution`, or within twice that when the last probe was
     unsure (the threshold lies within the measurement's noise there: a rate between would be unsure too).
     """
     if low is None:
         lowest = min(probes, key=lambda p: p.rate)
-        rate = lowest.rate * _step_down(lowest.result, slos)
+        step = UNSURE_STEP if lowest.verdict == UNSURE else _step_down(lowest.result, slos)
+        rate = lowest.rate * step
         return rate if rate >= MIN_RATE else None
     if high / low.rate <= 1 + search.resolution:
         return None

@@ -2,17 +2,32 @@
 
 A rate passes when the server kept up with it and every SLO holds with confidence over the windows
 measured at it (`probe_verdict`), or, when those cannot tell, over its windows pooled with those of
-the probes just above it, scaled to its rate (`pool_upward`). autotune/capacity.py runs the search.
+the probes around it (`pool_nearby`). autotune/capacity.py runs the search.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from autotune.backends.base import TrialResult
-from autotune.evidence import FAIL, PASS, UNSURE, Criterion, Z, from_info, judge, pool
+from autotune.evidence import (
+    CLUSTERED,
+    FAIL,
+    PASS,
+    UNSURE,
+    Criterion,
+    Z,
+    episode_size,
+    floored,
+    from_info,
+    judge,
+    pool,
+)
 from autotune.slo import Slo
 
 # Above the saturation rate, whatever the backlog's noise allowance, a probe must have served this share
@@ -25,7 +40,10 @@ MIN_SERVED = 0.96
 # "served" 95.6 % at 95 % of its saturation rate, and 100.0 % over 10,000 requests). Only a window that
 # served less than this share says the estimate was wrong.
 GROSS_SHORTFALL = 0.9
-UPWARD_STEPS = 4  # an unsure rate may pool the windows of probes up to (1 + resolution)^this above it
+# An unsure rate may pool the windows of probes within this ratio of it: the bisection's first step
+# after a 0.7x step down lands 1.2x from either end.
+NEAR_SPAN = 1.2
+EPISODE_WINDOWS = 3.0  # windows with a share over this x the allowed one show a standing queue, not episodes
 
 
 @dataclass
@@ -88,10 +106,14 @@ def probe_verdict(
     min_served: float = MIN_SERVED,
     rate: float | None = None,
     saturation: float | None = None,
+    fail_z: float | None = None,
+    episodes: Mapping[str, float] | None = None,
 ) -> str:
     """PASS, FAIL or UNSURE for a probe's runs at one `rate`: in each the server must have kept up and
     served `min_served` of the rate, and every SLO hold by `z` standard errors over their pooled
-    windows (a backend that gave no evidence is judged on the last run's point values).
+    windows (a backend that gave no evidence is judged on the last run's point values); a miss needs
+    `fail_z` errors (default z), and a clustered SLO's windows are never surer than its `episodes`
+    (samples per tail event, see `judge_probes`) allow.
 
     A rate at or below the `saturation` throughput is known to be sustainable: its windows fail only on
     a gross shortfall (GROSS_SHORTFALL, counting what a filling server still adds as served). Above it
@@ -112,7 +134,66 @@ def probe_verdict(
     evidence = [r.info.get("slo_evidence") for r in runs]
     if any(e is None for e in evidence):
         return PASS if meets(runs[-1], slos) else FAIL
-    return judge(pool([from_info(e) for e in evidence]), z)
+    allowed = {s.name: s.allowed_share for s in slos}
+    return judge(pool([_criteria(e, allowed, episodes) for e in evidence]), z, fail_z)  # type: ignore[arg-type]
+
+
+def _criteria(
+    evidence: Mapping[str, Sequence[float]],
+    allowed: Mapping[str, float | None],
+    episodes: Mapping[str, float] | None,
+) -> list[Criterion]:
+    """A window's criteria, each clustered one floored by the episodes seen around it."""
+    out = []
+    for c in from_info(evidence):
+        share, size = allowed.get(c.name), (episodes or {}).get(c.name)
+        out.append(floored(c, share, size) if share is not None and size and size > 1 else c)
+    return out
+
+
+def judge_probes(
+    probes: Sequence[Probe],
+    slos: Sequence[Slo],
+    saturation: float,
+    z: float = Z,
+    fail_z: float | None = None,
+    min_served: float = MIN_SERVED,
+) -> None:
+    """(Re)judge every probe on its own windows, then let unsure ones pool with their neighbours.
+
+    A TTFT tail comes in episodes (one queue build-up delays tens of requests), and near a threshold
+    most 1,000-request windows hold none: a window without one looks surer than it is (a 70B config
+    passed 0.58 req/s on a 1,000-request window without one request over a 5 s limit, where
+    10,000-request runs put 0.6 % of requests over it at 0.55 req/s and 1.2 % at 0.60). The
+    episodes' size is seen in the windows that did hold one, at the rate or just above it (more load,
+    larger episodes): so each window at a rate is judged as if its samples came in episodes as large
+    as the largest seen within NEAR_SPAN above it, among windows near the threshold (a share of at
+    most EPISODE_WINDOWS x the allowed one; further over, the tail is a standing queue). As probes
+    arrive, an earlier verdict may change."""
+    for p in probes:
+        episodes = _episodes(p, probes, slos)
+        p.own = p.verdict = probe_verdict(p.runs, slos, z, min_served, p.rate, saturation, fail_z, episodes)
+        p.pooled = []
+    pool_nearby(probes, slos, z)
+
+
+def _episodes(p: Probe, probes: Sequence[Probe], slos: Sequence[Slo]) -> dict[str, float]:
+    """The largest episode size of each clustered SLO in windows at p's rate up to NEAR_SPAN above."""
+    sizes: dict[str, float] = {}
+    for slo in slos:
+        allowed = slo.allowed_share
+        if slo.metric not in CLUSTERED or allowed is None:
+            continue
+        windows = [
+            c
+            for q in probes
+            if p.rate <= q.rate <= p.rate * NEAR_SPAN
+            for r in q.runs
+            for c in from_info(r.info.get("slo_evidence") or {})
+            if c.name == slo.name and c.margin + allowed <= EPISODE_WINDOWS * allowed
+        ]
+        sizes[slo.name] = max((episode_size(c, allowed) for c in windows), default=1.0)
+    return sizes
 
 
 def _served_share(info: dict[str, Any]) -> float:
@@ -124,29 +205,72 @@ def _served_share(info: dict[str, Any]) -> float:
     return served / offered + (info.get("backlog_filling") or 0.0)
 
 
-def pool_upward(probes: Sequence[Probe], slos: Sequence[Slo], resolution: float, z: float = Z) -> None:
-    """Let an unsure rate pass on the evidence of the probes just above it, when that is enough.
+def pool_nearby(probes: Sequence[Probe], slos: Sequence[Slo], z: float = Z) -> None:
+    """Let an unsure rate pass on the evidence of the probes around it, when that is enough.
 
-    A percentile SLO's share of samples over its limit grows at least in proportion to the rate (it is
-    0 at no load and convex: more requests, each in a busier server), so the share at a rate q above r,
-    scaled by r / q, bounds the share at r from above; a mean SLO's margin just grows with the rate.
-    The windows of rates in [r, r x (1 + resolution)^UPWARD_STEPS], scaled so, pooled, overstate the
-    margin at r: if even they pass with confidence, r does. Near a threshold that moves slowly with the
-    rate (an ITL tail from prefills interleaved with decodes), unsure neighbours pooled tell what none
-    could, without another window. Only the rate's own runs decide whether the server kept up.
+    Near a threshold that moves slowly with the rate (an ITL tail from prefills interleaved with
+    decodes, an E2EL tail from long outputs) each window is too short to tell, and measuring one rate
+    again and again until it passes picks luck. The windows of every rate within NEAR_SPAN of r tell
+    together: a line through their margins against the rate (weighted by samples), read at r, with
+    its error (widened when the windows scatter more than their errors say). A share over the limit
+    grows with the rate and is convex in it (0 at no load; more requests, each in a busier server),
+    so a line through rates on both sides of r overstates the share at r. Without
+    a rate below r, or when the line falls with the rate (noise), the rates above r bound it instead:
+    a share grows at least in proportion to the rate, so the share at q > r scaled by r / q is at least
+    the one at r (a mean SLO's margin just grows with the rate). Only the rate's own runs decide
+    whether the server kept up.
     """
     allowed = {s.name: s.allowed_share for s in slos}
     for p in probes:
         if p.own != UNSURE:
             continue
-        near = [q for q in probes if p.rate <= q.rate <= p.rate * (1 + resolution) ** UPWARD_STEPS]
+        near = [q for q in probes if p.rate / NEAR_SPAN <= q.rate <= p.rate * NEAR_SPAN]
         windows = [(q.rate, r.info.get("slo_evidence")) for q in near for r in q.runs]
-        if len(near) < 2 or any(e is None for _, e in windows):
+        if not any(q.rate > p.rate for q in near) or any(e is None for _, e in windows):
             continue
-        scaled = [[_scaled(c, allowed.get(c.name), p.rate / q) for c in from_info(e)] for q, e in windows]
-        if judge(pool(scaled), z) == PASS:
+        episodes = _episodes(p, probes, slos)
+        points: dict[str, list[tuple[float, Criterion]]] = {}
+        for q, evidence in windows:
+            for c in _criteria(evidence, allowed, episodes):  # type: ignore[arg-type]
+                points.setdefault(c.name, []).append((q, c))
+        criteria = [_at(p.rate, pts, allowed.get(name)) for name, pts in points.items()]
+        if judge(criteria, z) == PASS:
             p.verdict = PASS
             p.pooled = [round(q.rate, 4) for q in near if q is not p]
+
+
+def _at(rate: float, points: Sequence[tuple[float, Criterion]], allowed: float | None) -> Criterion:
+    """One criterion at `rate` from windows at nearby rates: the line through them (`_line`), else the
+    windows at or above `rate`, scaled to it, pooled."""
+    line = _line(rate, points)
+    if line is not None:
+        return line
+    return pool([[_scaled(c, allowed, rate / q)] for q, c in points if q >= rate])[0]
+
+
+def _line(rate: float, points: Sequence[tuple[float, Criterion]]) -> Criterion | None:
+    """The least-squares line through (rate, margin) points weighted by their samples, read at `rate`,
+    its error from each window's own (weights by 1 / error^2 would favour the windows that happened to
+    hold no tail event: their errors are the smallest); None without points on both sides of `rate`,
+    or when it falls with the rate."""
+    x = np.array([q / rate - 1.0 for q, _ in points])
+    if not (x < 0).any() or not (x > 0).any():
+        return None
+    y = np.array([c.margin for _, c in points])
+    errors = np.array([c.error for _, c in points])
+    if not np.isfinite(errors).all():
+        return None
+    w = np.array([float(c.samples) for _, c in points])
+    design = np.column_stack([np.ones_like(x), x])
+    estimator = np.linalg.pinv(design.T @ (design * w[:, None])) @ (design * w[:, None]).T
+    intercept, slope = estimator @ y
+    if slope < 0:
+        return None
+    dof = len(x) - 2
+    residuals = (y - design @ [intercept, slope]) / np.maximum(errors, 1e-12)
+    scatter = float(np.sum(residuals**2)) / dof if dof > 0 else 1.0
+    error = math.sqrt(float(np.sum((estimator[0] * errors) ** 2)) * max(1.0, scatter))
+    return Criterion(points[0][1].name, float(intercept), error, sum(c.samples for _, c in points))
 
 
 def _scaled(c: Criterion, allowed: float | None, factor: float) -> Criterion:

@@ -25,7 +25,7 @@ from autotune.config import EngineConfig
 from autotune.evidence import FAIL, PASS, UNSURE, Criterion, judge, pool
 from autotune.metrics import RequestRecord, compute_metrics
 from autotune.objectives import KEPT_UP_KEY, constraints, is_feasible
-from autotune.probe import Probe, meets, pool_upward, probe_verdict
+from autotune.probe import Probe, judge_probes, meets, pool_nearby, probe_verdict
 from autotune.slo import parse_slos
 from autotune.workload import LengthDist, WorkloadSpec
 from autotune.workload_file import load_workload
@@ -223,18 +223,17 @@ def _window(rate: float, share_margin: float, error: float, samples: int = 1000)
 def test_an_unsure_rate_passes_on_the_evidence_of_the_rates_just_above_it() -> None:
     """Margins grow with the rate, so windows just above an unsure rate, pooled with its own, overstate
     its margin: when even they pass with confidence, it passes. Rates further up are not pooled."""
-    search = CapacitySearch()
     unsure = Probe(10.0, [_window(10.0, -0.002, 0.0015)], UNSURE, UNSURE)  # -0.002 + 1.645 x 0.0015 > 0
     # a longer window 4 % above, sure on its own (-0.0015 + 1.645 x 0.0008 < 0)
     above = Probe(10.4, [_window(10.4, -0.0015, 0.0008, samples=3000)], PASS, PASS)
-    far = Probe(11.5, [_window(11.5, -0.0015, 0.0008, samples=3000)], PASS, PASS)
-    pool_upward([unsure, far], SLOS, search.resolution)
-    assert unsure.verdict == UNSURE  # 11.5 is more than four resolutions above
-    pool_upward([unsure, above, far], SLOS, search.resolution)
+    far = Probe(12.5, [_window(12.5, -0.0015, 0.0008, samples=3000)], PASS, PASS)
+    pool_nearby([unsure, far], SLOS)
+    assert unsure.verdict == UNSURE  # 12.5 is more than NEAR_SPAN (1.2x) above
+    pool_nearby([unsure, above, far], SLOS)
     assert unsure.verdict == PASS and unsure.pooled == [10.4]
     failing = Probe(10.4, [_window(10.4, 0.004, 0.0015)], FAIL, FAIL)
     lone = Probe(10.0, [_window(10.0, -0.002, 0.0015)], UNSURE, UNSURE)
-    pool_upward([lone, failing], SLOS, search.resolution)
+    pool_nearby([lone, failing], SLOS)
     assert lone.verdict == UNSURE  # a failing neighbour's evidence does not make it pass
 
 
@@ -243,12 +242,52 @@ def test_an_unsure_rate_pools_the_shares_above_it_scaled_to_its_own_rate() -> No
     scaled by 1 / 1.1, still bounds it. Unscaled, the same two windows could not tell."""
     unsure = Probe(10.0, [_window(10.0, -0.001, 0.001)], UNSURE, UNSURE)  # share 0.9 % +- 0.1 %
     above = Probe(11.0, [_window(11.0, 0.0, 0.0005)], UNSURE, UNSURE)  # share 1.0 % +- 0.05 %
-    pool_upward([unsure, above], SLOS, CapacitySearch().resolution)
+    pool_nearby([unsure, above], SLOS)
     assert unsure.verdict == PASS and unsure.pooled == [11.0]
     assert above.verdict == UNSURE  # nothing above it
     # the unscaled pool: margin -0.05 % +- 0.056 % is unsure at 1.645 errors
     windows = [[Criterion("ttft_p99", -0.001, 0.001, 1000)], [Criterion("ttft_p99", 0.0, 0.0005, 1000)]]
     assert judge(pool(windows)) == UNSURE
+
+
+def test_an_unsure_rate_between_probes_is_read_off_the_line_through_their_windows() -> None:
+    """With rates on both sides, the windows tell by a line through their margins: a share that grows
+    from 0.8 % at 9.5 to 1.0 % at 10.5 is 0.9 % at 10, surely under 1 %, where the windows above alone
+    cannot tell. A line that falls with the rate is noise: then only the rates above count."""
+    below = Probe(9.5, [_window(9.5, -0.002, 0.0006)], PASS, PASS)
+    unsure = Probe(10.0, [_window(10.0, -0.001, 0.001)], UNSURE, UNSURE)
+    above = Probe(10.5, [_window(10.5, 0.0, 0.0006)], UNSURE, UNSURE)
+    pool_nearby([unsure, above], SLOS)
+    assert unsure.verdict == UNSURE  # the scaled windows above: -0.07 % +- 0.06 %
+    pool_nearby([below, unsure, above], SLOS)
+    assert unsure.verdict == PASS and unsure.pooled == [9.5, 10.5]
+    # a lucky window below cannot lift a rate whose neighbour above is over the limit
+    falling = Probe(9.5, [_window(9.5, 0.002, 0.0006)], FAIL, FAIL)
+    lone = Probe(10.0, [_window(10.0, -0.001, 0.001)], UNSURE, UNSURE)
+    pool_nearby([falling, lone, above], SLOS)
+    assert lone.verdict == UNSURE
+
+
+def test_a_clean_ttft_window_counts_the_episodes_seen_just_above_it() -> None:
+    """Near a threshold most TTFT windows hold no queueing episode: one that held none passes alone,
+    but once a window just above shows episodes (15 requests over the limit that scatter like 10 per
+    event), the clean one is judged as if its samples came in such episodes too, and is unsure. A
+    standing queue further over the limit says nothing of episodes."""
+    record = RequestRecord(prompt_len=100, output_len=10, start_time=0.0, ttft=0.1, latency=0.5)
+
+    def ran(window: TrialResult) -> TrialResult:
+        window.benchmark = compute_metrics([record], 1.0)  # a window that ran to its end
+        return window
+
+    clean = Probe(10.0, [ran(_window(10.0, -0.01, 0.00315))])
+    judge_probes([clean], SLOS, saturation=20.0)
+    assert clean.verdict == PASS
+    queue = Probe(11.0, [ran(_window(11.0, 0.09, 0.03))])
+    judge_probes([clean, queue], SLOS, saturation=20.0)
+    assert clean.verdict == PASS and queue.verdict == FAIL
+    episodic = Probe(11.0, [ran(_window(11.0, 0.005, 0.012))])
+    judge_probes([clean, episodic], SLOS, saturation=20.0)
+    assert clean.verdict == UNSURE
 
 
 def test_below_saturation_only_a_gross_shortfall_fails_a_rate() -> None:

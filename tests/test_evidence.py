@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from autotune.evidence import FAIL, PASS, UNSURE, Criterion, judge, pool, slo_criteria
+from autotune.evidence import FAIL, PASS, UNSURE, Criterion, Z, judge, pool, sequential_z, slo_criteria
 from autotune.metrics import RequestRecord, compute_metrics
 from autotune.slo import parse_slos
 
@@ -112,3 +112,23 @@ def test_a_ttft_tail_that_comes_in_episodes_is_worth_fewer_samples() -> None:
     spread = list(range(0, 1000, 33))[:30]
     assert verdict(with_near_misses(spread)) == PASS
     assert verdict(with_near_misses(list(range(400, 430)))) == UNSURE
+
+
+def test_repeated_looks_clear_pococks_bar() -> None:
+    """One look keeps z; k equal looks need Pocock's boundary (his published constants for a two-sided
+    10 % test, one-sided 5 %: 1.875, 1.992, 2.067), and a random walk of pooled windows crosses it at
+    any look as rarely as one window crosses z."""
+    assert sequential_z(1) == pytest.approx(Z, abs=1e-3)
+    for looks, published in ((2, 1.875), (3, 1.992), (4, 2.067)):
+        assert sequential_z(looks) == pytest.approx(published, abs=0.005)
+    walks = np.cumsum(np.random.default_rng(0).standard_normal((200_000, 3)), axis=1) / np.sqrt([1, 2, 3])
+    crossed = (walks.max(axis=1) > sequential_z(3)).mean()
+    assert crossed == pytest.approx(0.05, abs=0.003)
+    assert (walks.max(axis=1) > Z).mean() > 0.09  # z at every look: twice the false passes
+
+
+def test_a_miss_can_ask_for_less_than_a_pass() -> None:
+    """A pass needs z errors; a miss only fail_z (a false miss costs capacity, a false pass a promise)."""
+    c = Criterion("ttft_p99", 0.0018, 0.001, 1000)
+    assert c.verdict(2.0) == UNSURE and c.verdict(2.0, fail_z=1.645) == FAIL
+    assert judge([c], 2.0, fail_z=1.645) == FAIL
