@@ -86,11 +86,19 @@ def decide(
     if gain.significant:
         text = f"Recommended: trial #{candidate.number}: {name} {gain.percent()} vs vLLM's defaults."
         return Recommendation(candidate, candidate, base, gain, False, text)
-    text = (
-        f"Keep vLLM's defaults (trial #{base.number}): the best config found (trial #{candidate.number}) "
-        f"differs by {gain.percent()}, within the measurement's margin of {gain.margin:.1%}: "
-        "a tie, not a gain."
-    )
+    if gain.high < 1:
+        # Chosen within the front's tie tolerance for its latency, but its whole interval is below.
+        text = (
+            f"Keep vLLM's defaults (trial #{base.number}): no config found beats them. The lowest-latency "
+            f"near-tie (trial #{candidate.number}) gives up {name}: {gain.percent()}, a loss beyond "
+            f"the measurement's margin of {gain.margin:.1%}."
+        )
+    else:
+        text = (
+            f"Keep vLLM's defaults (trial #{base.number}): the best config found (trial "
+            f"#{candidate.number}) differs by {gain.percent()}, within the measurement's margin of "
+            f"{gain.margin:.1%}: a tie, not a gain."
+        )
     return Recommendation(base, candidate, base, gain, True, text)
 
 

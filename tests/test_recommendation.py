@@ -38,6 +38,22 @@ def test_a_gain_within_the_capacity_resolution_keeps_the_defaults(tmp_path: Path
     assert "Keep vLLM's defaults" in d.text and "a tie, not a gain" in d.text
 
 
+def test_a_loss_beyond_the_brackets_is_not_called_a_tie(tmp_path: Path) -> None:
+    """A config picked for its lower latency among near-ties (one trial's coarse bracket widens the
+    tie), whose whole interval is below the defaults, is a loss: the text says so, not "a tie"."""
+    d = decision(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, capacity(5000, 0.02, ttft_ms=1500)),
+            ({"max_num_seqs": 256}, capacity(4750, 0.02, ttft_ms=900)),
+            ({"max_num_seqs": 128}, capacity(4000, 0.06, ttft_ms=1600)),
+        ],
+    )
+    assert d.keeps_defaults and d.trial is d.baseline and d.candidate.number == 1
+    assert d.gain is not None and d.gain.high < 1
+    assert "no config found beats them" in d.text and "a loss beyond" in d.text and "a tie" not in d.text
+
+
 def test_a_gain_beyond_both_brackets_is_recommended(tmp_path: Path) -> None:
     d = decision(
         tmp_path,
