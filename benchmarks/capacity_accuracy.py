@@ -252,6 +252,7 @@ def main() -> int:
             f"{errs[0]:+7.1%} {first['probes']:6d} {first['gpu_s'] / 60:7.1f} {first['cpu_s']:5.1f}  "
             f"{sum(ok)}/{n}  [{spread}]  {sum(runs)}/{len(runs)} met"
         )
+    _per_scenario(rows)
     configs = len(headline)
     print(
         f"\n{configs} configs x {n} searches: |default - reference| / reference median "
@@ -262,6 +263,20 @@ def main() -> int:
         f"{statistics.median(gpu_min):.1f} min (max {max(gpu_min):.1f}); {time.time() - started:.0f} s wall"
     )
     return 0
+
+
+def _per_scenario(rows: list[dict]) -> None:
+    """Each scenario's capacities and GPU time per trial, over its configs and search seeds (the README's
+    cost table)."""
+    print("\nper scenario, over configs x search seeds: capacity (req/s), GPU-minutes per capacity search")
+    for case in dict.fromkeys(r["case"] for r in rows if "error" not in r):
+        searches = [s for r in rows if r["case"] == case and "error" not in r for s in r["searches"]]
+        rates = [s["rate"] for s in searches]
+        gpu = [s["gpu_s"] / 60 for s in searches]
+        print(
+            f"  {case:26} {min(rates):.2f}-{max(rates):.2f} req/s, GPU min {min(gpu):.0f}-{max(gpu):.0f} "
+            f"(median {statistics.median(gpu):.0f})"
+        )
 
 
 if __name__ == "__main__":
