@@ -22,8 +22,8 @@ With `load: capacity` a trial is a short search per config, on one started serve
    their evidence pooled: one window that much longer, without more warm-ups; each look must clear
    Pocock's bar, `sequential_z`, so that looking three times is not three chances to pass by luck);
    still unsure, it passes if the windows of the probes around it, a line through their margins read
-   at its rate, do (`pool_nearby`), else the rate counts as a miss, and once the bracket is within twice the
-   resolution the search ends (the threshold lies within the noise there). The first probe is at
+   at its rate, do (`pool_nearby`), else the rate counts as a miss, and once the bracket is within
+   twice the resolution the search ends (the threshold lies within the noise there). The first probe is at
    90 % of saturation; while probes fail the rate steps down by 0.7x (further when an ITL/TPOT SLO
    was missed by a wide margin), then geometric bisection until the bracket is within `resolution`.
 A probe that is clearly lost is cut short by the early abort (its SLO cannot be met any more). A
@@ -159,7 +159,7 @@ def _search(
         # Every window gets other requests: the same ones at each rate would make every probe as
         # lucky as the first (a 70B config passed 1.21 req/s on the one sequence whose 1,000 requests
         # held few long prompts; seven of eight others missed its SLO at 1.13), and the windows that
-        # pool_upward pools would not be independent.
+        # pool_nearby pools would not be independent.
         p.runs.append(session.measure(load, slos, seed + sum(q.windows for q in probes)))
         judge_probes(probes, slos, sat["throughput"], pass_z, search.z, search.min_served)
 

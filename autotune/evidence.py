@@ -193,8 +193,7 @@ def _criterion(slo: Slo, groups: Sequence[np.ndarray]) -> Criterion:
     # with no sample over the limit has a batch-means error of 0, yet 400 requests cannot tell a 0.5 %
     # share from a 1 % one.
     clusters = _clustering(groups, limit * NEAR_TAIL) if slo.metric in CLUSTERED else 1.0
-    error = max(error, math.sqrt(allowed * (1 - allowed) * clusters / sizes.sum()))
-    return Criterion(slo.name, share - allowed, error, int(sizes.sum()))
+    return floored(Criterion(slo.name, share - allowed, error, int(sizes.sum())), allowed, clusters)
 
 
 def _clustering(groups: Sequence[np.ndarray], level: float) -> float:

@@ -53,7 +53,7 @@ class Probe:
     rate: float
     runs: list[TrialResult] = field(default_factory=list)
     own: str = UNSURE  # the verdict on its own windows, pooled: PASS, FAIL or UNSURE (a miss)
-    verdict: str = UNSURE  # `own`, or PASS on the evidence of the probes just above it (pool_upward)
+    verdict: str = UNSURE  # `own`, or PASS on the evidence of the probes around it (pool_nearby)
     pooled: list[float] = field(default_factory=list)  # the rates whose windows made it pass
 
     @property
@@ -146,8 +146,8 @@ def _criteria(
     """A window's criteria, each clustered one floored by the episodes seen around it."""
     out = []
     for c in from_info(evidence):
-        share, size = allowed.get(c.name), (episodes or {}).get(c.name)
-        out.append(floored(c, share, size) if share is not None and size and size > 1 else c)
+        share, size = allowed.get(c.name), (episodes or {}).get(c.name, 1.0)
+        out.append(floored(c, share, size) if share is not None and size > 1 else c)
     return out
 
 
@@ -214,8 +214,8 @@ def pool_nearby(probes: Sequence[Probe], slos: Sequence[Slo], z: float = Z) -> N
     together: a line through their margins against the rate (weighted by samples), read at r, with
     its error (widened when the windows scatter more than their errors say). A share over the limit
     grows with the rate and is convex in it (0 at no load; more requests, each in a busier server),
-    so a line through rates on both sides of r overstates the share at r. Without
-    a rate below r, or when the line falls with the rate (noise), the rates above r bound it instead:
+    so a line through rates on both sides of r overstates the share at r. Without a rate below r, or
+    when the line falls with the rate (noise), the rates above r bound it instead:
     a share grows at least in proportion to the rate, so the share at q > r scaled by r / q is at least
     the one at r (a mean SLO's margin just grows with the rate). Only the rate's own runs decide
     whether the server kept up.
