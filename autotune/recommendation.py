@@ -61,7 +61,7 @@ def decide(
 ) -> Recommendation:
     """The recommendation of a study's records (`remeasured`: trial number -> {repeat: primary value})."""
     base = baseline(recs)
-    candidate = recommend(recs, maximize, tie_tolerance=tie_tolerance(recs))
+    candidate = recommend(recs, maximize, resolution_of)
     name = objective_names[0]
     if candidate is None:
         text = "No feasible config: every trial failed or violated the SLOs (see trials.csv for reasons)."
@@ -86,12 +86,12 @@ def decide(
     if gain.significant:
         text = f"Recommended: trial #{candidate.number}: {name} {gain.percent()} vs vLLM's defaults."
         return Recommendation(candidate, candidate, base, gain, False, text)
-    if gain.high < 1:
-        # Chosen within the front's tie tolerance for its latency, but its whole interval is below.
+    if gain.low < gain.high < 1:
+        # Tied on its first run (picked for its latency), but every repeat measured it below the defaults.
         text = (
             f"Keep vLLM's defaults (trial #{base.number}): no config found beats them. The lowest-latency "
-            f"near-tie (trial #{candidate.number}) gives up {name}: {gain.percent()}, a loss beyond "
-            f"the measurement's margin of {gain.margin:.1%}."
+            f"near-tie (trial #{candidate.number}) measured below them in every repeat: {name} "
+            f"{gain.percent()}."
         )
     else:
         text = (
@@ -134,13 +134,6 @@ def measure_gain(
         high = first * (1 + resolution_of(candidate))
         return Gain(metric, first, low, high, resolution, low > 1, "capacity brackets")
     return Gain(metric, first, first, first, TIE_TOLERANCE, first > 1 + TIE_TOLERANCE, "one run each")
-
-
-def tie_tolerance(recs: Sequence[TrialRecord]) -> float:
-    """How close to the best primary value counts as a tie: the coarsest capacity resolution on the
-    front's candidates, and never less than TIE_TOLERANCE."""
-    resolutions = [resolution_of(r) for r in recs if r.feasible and r.duplicate_of is None]
-    return max([TIE_TOLERANCE, *resolutions])
 
 
 def resolution_of(record: TrialRecord) -> float:

@@ -20,7 +20,7 @@ import optuna
 
 from autotune.executor import Executor
 from autotune.objectives import ObjectiveSet
-from autotune.recommendation import tie_tolerance
+from autotune.recommendation import resolution_of
 from autotune.study import TrialRecord, baseline, pareto_front, recommend, records
 
 TOP_CANDIDATES = 3
@@ -48,7 +48,7 @@ def targets(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> list[Trial
     The pick is among the configs tied on throughput, by latency: it need not be one of the best few
     by throughput, and its gain can only get an interval if it was measured again.
     """
-    pick = recommend(recs, maximize, tie_tolerance(recs))
+    pick = recommend(recs, maximize, resolution_of)
     front = pareto_front(recs, maximize)
     chosen = ([pick] if pick is not None else []) + [
         r for r in front if pick is None or r.number != pick.number

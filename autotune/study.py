@@ -13,7 +13,7 @@ import json
 import re
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -411,22 +411,33 @@ def pareto_front(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> list[
 
 
 def recommend(
-    recs: Sequence[TrialRecord], maximize: Sequence[bool], tie_tolerance: float = TIE_TOLERANCE
+    recs: Sequence[TrialRecord],
+    maximize: Sequence[bool],
+    resolution: Callable[[TrialRecord], float] = lambda r: 0.0,
 ) -> TrialRecord | None:
-    """The best config found: best feasible primary objective; within `tie_tolerance`, the next objectives.
+    """The best config found: best feasible primary objective; among its ties, the next objectives.
 
     Only Pareto-optimal trials can win, and among near-ties on throughput the lower-latency one does,
-    so the recommendation never trades a lot of latency for noise-level throughput. The tie is broken
-    by the next objectives together (the sum of each one's ratio to the best among the tied), not one
-    after the other: 3 % less TTFT does not win over 35 % less ITL.
+    so the recommendation never trades a lot of latency for noise-level throughput. A trial ties with
+    the best when its own measurement cannot tell them apart: its value is within TIE_TOLERANCE of the
+    best's, or its `resolution` (a capacity bracket's relative width: its true value lies up to that
+    much above it) reaches the best's value. Each trial is judged by its own bracket, so one coarse
+    trial does not make every trial a tie. The tie is broken by the next objectives together (the sum
+    of each one's ratio to the best among the tied), not one after the other: 3 % less TTFT does not
+    win over 35 % less ITL.
     """
     front = pareto_front(recs, maximize)
     if not front:
         return None
     sign = 1.0 if maximize[0] else -1.0
     best = max(sign * (r.values or [0])[0] for r in front)
-    scale = max(abs(best), 1e-12)
-    near = [r for r in front if (best - sign * (r.values or [0])[0]) <= tie_tolerance * scale]
+
+    def ties(r: TrialRecord) -> bool:
+        value = (r.values or [0])[0]
+        reach = max(TIE_TOLERANCE * abs(best), resolution(r) * abs(value))
+        return best - sign * value <= reach
+
+    near = [r for r in front if ties(r)]
     return min(near, key=lambda r: _tie_cost(r, near, maximize[1:]))
 
 
