@@ -50,7 +50,7 @@ from autotune.evidence import UNSURE, Z, sequential_z
 from autotune.probe import MIN_SERVED, Probe, judge_probes
 from autotune.progress import write_probe
 from autotune.slo import Slo
-from autotune.steady_state import MIN_WARMUP_S, MIN_WINDOW_S, Window, plan_window
+from autotune.steady_state import MIN_WARMUP_S, MIN_WINDOW_S, Window, plan_window, relaxation_s
 
 MAX_PROBES = 8  # rate probes after the saturation run
 RESOLUTION = 0.03  # stop when high / low <= 1.03: below run-to-run noise on real GPUs (1-3 %) is wasted
@@ -279,16 +279,6 @@ def _step_down(result: TrialResult, slos: Sequence[Slo]) -> float:
     smooth = [s.margin(result.benchmark) for s in slos if s.metric in SMOOTH_METRICS] if result.ok else []
     miss = max(smooth, default=0.0)
     return min(STEP_DOWN, max(MIN_STEP, 1.0 / (1.0 + miss))) if miss > 0 else STEP_DOWN
-
-
-def relaxation_s(rate: float, saturation: float) -> float:
-    """How long a queue offered `rate` by a server that completes `saturation` per second takes to
-    forget its state: 1 / (mu (1 - sqrt(rho))^2), the relaxation time of an M/M/1 queue (Morse 1955).
-    It grows as 4 / (mu (1 - rho)^2) when rho -> 1: a window shorter than it sees a TTFT tail that is
-    still growing (a config passed 99.5 % of its saturation rate with p99 TTFT 1.1 s over 1,000
-    requests; 10,000 gave 4.9 s). Infinite at or above saturation."""
-    rho = rate / saturation if saturation > 0 else math.inf
-    return 1.0 / (saturation * (1.0 - math.sqrt(rho)) ** 2) if rho < 1 else math.inf
 
 
 def queue_ceiling(saturation: float, window: Window, search: CapacitySearch) -> float:

@@ -29,6 +29,7 @@ from autotune.evidence import (
     pool,
 )
 from autotune.slo import Slo
+from autotune.steady_state import relaxation_s
 
 # Above the saturation rate, whatever the backlog's noise allowance, a probe must have served this share
 # of the rate asked for: near saturation the count's memory is long and its noise estimate huge (a probe
@@ -167,33 +168,43 @@ def judge_probes(
     10,000-request runs put 0.6 % of requests over it at 0.55 req/s and 1.2 % at 0.60). The
     episodes' size is seen in the windows that did hold one, at the rate or just above it (more load,
     larger episodes): so each window at a rate is judged as if its samples came in episodes as large
-    as the largest seen within NEAR_SPAN above it, among windows near the threshold (a share of at
-    most EPISODE_WINDOWS x the allowed one; further over, the tail is a standing queue). As probes
-    arrive, an earlier verdict may change."""
+    as the largest seen within NEAR_SPAN above it, scaled down to its rate (`_excursion`), among
+    windows near the threshold (a share of at most EPISODE_WINDOWS x the allowed one; further over,
+    the tail is a standing queue). As probes arrive, an earlier verdict may change."""
     for p in probes:
-        episodes = _episodes(p, probes, slos)
+        episodes = _episodes(p, probes, slos, saturation)
         p.own = p.verdict = probe_verdict(p.runs, slos, z, min_served, p.rate, saturation, fail_z, episodes)
         p.pooled = []
-    pool_nearby(probes, slos, z)
+    pool_nearby(probes, slos, saturation, z)
 
 
-def _episodes(p: Probe, probes: Sequence[Probe], slos: Sequence[Slo]) -> dict[str, float]:
-    """The largest episode size of each clustered SLO in windows at p's rate up to NEAR_SPAN above."""
+def _episodes(p: Probe, probes: Sequence[Probe], slos: Sequence[Slo], saturation: float) -> dict[str, float]:
+    """The largest episode size of each clustered SLO in windows at p's rate up to NEAR_SPAN above,
+    each scaled to p's rate: an episode lasts about the queue's relaxation time, so it holds about
+    rate x relaxation time requests, which falls steeply below saturation (`_excursion`)."""
     sizes: dict[str, float] = {}
     for slo in slos:
         allowed = slo.allowed_share
         if slo.metric not in CLUSTERED or allowed is None:
             continue
         windows = [
-            c
+            (q.rate, c)
             for q in probes
             if p.rate <= q.rate <= p.rate * NEAR_SPAN
             for r in q.runs
             for c in from_info(r.info.get("slo_evidence") or {})
             if c.name == slo.name and c.margin + allowed <= EPISODE_WINDOWS * allowed
         ]
-        sizes[slo.name] = max((episode_size(c, allowed) for c in windows), default=1.0)
+        scaled = [max(1.0, episode_size(c, allowed) * _excursion(p.rate, q, saturation)) for q, c in windows]
+        sizes[slo.name] = max(scaled, default=1.0)
     return sizes
+
+
+def _excursion(rate: float, above: float, saturation: float) -> float:
+    """How many requests a queue excursion holds at `rate` relative to one at `above` (rate x relaxation
+    time each, see relaxation_s); 1 when `above` is not below saturation (no relaxation time there)."""
+    slow = relaxation_s(above, saturation)
+    return rate * relaxation_s(rate, saturation) / (above * slow) if math.isfinite(slow) else 1.0
 
 
 def _served_share(info: dict[str, Any]) -> float:
@@ -205,7 +216,7 @@ def _served_share(info: dict[str, Any]) -> float:
     return served / offered + (info.get("backlog_filling") or 0.0)
 
 
-def pool_nearby(probes: Sequence[Probe], slos: Sequence[Slo], z: float = Z) -> None:
+def pool_nearby(probes: Sequence[Probe], slos: Sequence[Slo], saturation: float, z: float = Z) -> None:
     """Let an unsure rate pass on the evidence of the probes around it, when that is enough.
 
     Near a threshold that moves slowly with the rate (an ITL tail from prefills interleaved with
@@ -228,7 +239,7 @@ def pool_nearby(probes: Sequence[Probe], slos: Sequence[Slo], z: float = Z) -> N
         windows = [(q.rate, r.info.get("slo_evidence")) for q in near for r in q.runs]
         if not any(q.rate > p.rate for q in near) or any(e is None for _, e in windows):
             continue
-        episodes = _episodes(p, probes, slos)
+        episodes = _episodes(p, probes, slos, saturation)
         points: dict[str, list[tuple[float, Criterion]]] = {}
         for q, evidence in windows:
             for c in _criteria(evidence, allowed, episodes):  # type: ignore[arg-type]

@@ -17,7 +17,6 @@ from autotune.capacity import (
     RELAXATIONS,
     CapacitySearch,
     find_capacity,
-    relaxation_s,
     saturation_runs,
     window_requests,
 )
@@ -27,6 +26,7 @@ from autotune.metrics import RequestRecord, compute_metrics
 from autotune.objectives import KEPT_UP_KEY, constraints, is_feasible
 from autotune.probe import Probe, judge_probes, meets, pool_nearby, probe_verdict
 from autotune.slo import parse_slos
+from autotune.steady_state import relaxation_s
 from autotune.workload import LengthDist, WorkloadSpec
 from autotune.workload_file import load_workload
 
@@ -208,6 +208,9 @@ def test_the_saturation_burst_is_sized_by_the_batch_the_kv_cache_holds() -> None
     assert [r.benchmark.completed for r in runs] == [256]
 
 
+SATURATION = 100.0  # far above every probe below: no excursion scaling in the pooling tests
+
+
 def _window(rate: float, share_margin: float, error: float, samples: int = 1000) -> TrialResult:
     """A probe window at `rate` whose p99 TTFT criterion has this margin and error, and which kept up."""
     info = {
@@ -227,13 +230,13 @@ def test_an_unsure_rate_passes_on_the_evidence_of_the_rates_just_above_it() -> N
     # a longer window 4 % above, sure on its own (-0.0015 + 1.645 x 0.0008 < 0)
     above = Probe(10.4, [_window(10.4, -0.0015, 0.0008, samples=3000)], PASS, PASS)
     far = Probe(12.5, [_window(12.5, -0.0015, 0.0008, samples=3000)], PASS, PASS)
-    pool_nearby([unsure, far], SLOS)
+    pool_nearby([unsure, far], SLOS, SATURATION)
     assert unsure.verdict == UNSURE  # 12.5 is more than NEAR_SPAN (1.2x) above
-    pool_nearby([unsure, above, far], SLOS)
+    pool_nearby([unsure, above, far], SLOS, SATURATION)
     assert unsure.verdict == PASS and unsure.pooled == [10.4]
     failing = Probe(10.4, [_window(10.4, 0.004, 0.0015)], FAIL, FAIL)
     lone = Probe(10.0, [_window(10.0, -0.002, 0.0015)], UNSURE, UNSURE)
-    pool_nearby([lone, failing], SLOS)
+    pool_nearby([lone, failing], SLOS, SATURATION)
     assert lone.verdict == UNSURE  # a failing neighbour's evidence does not make it pass
 
 
@@ -242,7 +245,7 @@ def test_an_unsure_rate_pools_the_shares_above_it_scaled_to_its_own_rate() -> No
     scaled by 1 / 1.1, still bounds it. Unscaled, the same two windows could not tell."""
     unsure = Probe(10.0, [_window(10.0, -0.001, 0.001)], UNSURE, UNSURE)  # share 0.9 % +- 0.1 %
     above = Probe(11.0, [_window(11.0, 0.0, 0.0005)], UNSURE, UNSURE)  # share 1.0 % +- 0.05 %
-    pool_nearby([unsure, above], SLOS)
+    pool_nearby([unsure, above], SLOS, SATURATION)
     assert unsure.verdict == PASS and unsure.pooled == [11.0]
     assert above.verdict == UNSURE  # nothing above it
     # the unscaled pool: margin -0.05 % +- 0.056 % is unsure at 1.645 errors
@@ -257,14 +260,14 @@ def test_an_unsure_rate_between_probes_is_read_off_the_line_through_their_window
     below = Probe(9.5, [_window(9.5, -0.002, 0.0006)], PASS, PASS)
     unsure = Probe(10.0, [_window(10.0, -0.001, 0.001)], UNSURE, UNSURE)
     above = Probe(10.5, [_window(10.5, 0.0, 0.0006)], UNSURE, UNSURE)
-    pool_nearby([unsure, above], SLOS)
+    pool_nearby([unsure, above], SLOS, SATURATION)
     assert unsure.verdict == UNSURE  # the scaled windows above: -0.07 % +- 0.06 %
-    pool_nearby([below, unsure, above], SLOS)
+    pool_nearby([below, unsure, above], SLOS, SATURATION)
     assert unsure.verdict == PASS and unsure.pooled == [9.5, 10.5]
     # a lucky window below cannot lift a rate whose neighbour above is over the limit
     falling = Probe(9.5, [_window(9.5, 0.002, 0.0006)], FAIL, FAIL)
     lone = Probe(10.0, [_window(10.0, -0.001, 0.001)], UNSURE, UNSURE)
-    pool_nearby([falling, lone, above], SLOS)
+    pool_nearby([falling, lone, above], SLOS, SATURATION)
     assert lone.verdict == UNSURE
 
 
@@ -288,6 +291,28 @@ def test_a_clean_ttft_window_counts_the_episodes_seen_just_above_it() -> None:
     episodic = Probe(11.0, [ran(_window(11.0, 0.005, 0.012))])
     judge_probes([clean, episodic], SLOS, saturation=20.0)
     assert clean.verdict == UNSURE
+
+
+def test_episodes_seen_near_saturation_are_scaled_down_to_a_lower_rate() -> None:
+    """An episode holds about rate x relaxation time requests: the same window just above a clean one
+    keeps it unsure when both are far from saturation (relaxation times alike), and not when the one
+    above is at 96 % of saturation, where a queue excursion lasts ten times longer than at 87 %
+    (an 8B config's one 46-request episode at 10.4 req/s kept 8.9 and 9.1 unsure: 3,000 clean requests
+    each, where the long-run reference is 10.1)."""
+    record = RequestRecord(prompt_len=100, output_len=10, start_time=0.0, ttft=0.1, latency=0.5)
+
+    def ran(window: TrialResult) -> TrialResult:
+        window.benchmark = compute_metrics([record], 1.0)
+        return window
+
+    def clean_verdict(saturation: float) -> str:
+        clean = Probe(10.0, [ran(_window(10.0, -0.01, 0.00315))])
+        episodic = Probe(11.0, [ran(_window(11.0, 0.005, 0.012))])  # ~10 requests per event
+        judge_probes([clean, episodic], SLOS, saturation=saturation)
+        return clean.verdict
+
+    assert clean_verdict(saturation=20.0) == UNSURE
+    assert clean_verdict(saturation=11.5) == PASS
 
 
 def test_below_saturation_only_a_gross_shortfall_fails_a_rate() -> None:
