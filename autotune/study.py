@@ -1,4 +1,4 @@
-"""The Optuna study of a tuning run: create or resume it, pick a sampler, tell results, read the front.
+"""The Optuna study of a tuning run: create or resume it, tell results, read the front.
 
 The driver is the only writer (ask/tell). Every trial carries user attrs that the report, the export
 and optuna-dashboard read: `config` (the flags), `config_key`, `feasible`, `failure`, `message`,
@@ -8,7 +8,6 @@ Feasibility is stored as a user attr too because optuna-dashboard 0.21 does not 
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import sys
@@ -31,8 +30,6 @@ from autotune.space import plain_params
 from autotune.storage import check_sqlite_file, connect_storage
 from autotune.storage_url import masked, sqlite_path
 
-SAMPLERS = ("auto", "tpe", "gp", "nsga2", "random", "grid")
-GP_MODULES = ("torch", "scipy.optimize", "scipy.stats")  # what optuna's GPSampler imports when sampling
 LOG_TAIL_CHARS = 2000
 SETTINGS_ATTR = "autotune"
 # Two configs whose primary objective is within this fraction are a tie, broken by the next objectives:
@@ -91,78 +88,6 @@ def default_study_name(model: str, gpu: str, workload: str) -> str:
 def sqlite_url(run_dir: Path) -> str:
     """The default storage of a run: runs/<study>/study.db."""
     return f"sqlite:///{(run_dir / 'study.db').resolve()}"
-
-
-def auto_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
-    """The default sampler (`--sampler auto`); one place to change when the benchmark picks another.
-
-    Multivariate TPE: handles mixed int/float/categorical spaces, reads 5.0 constraints (infeasible
-    trials are ranked by their summed violation), and `constant_liar` keeps parallel workers apart.
-    From benchmarks/sample_efficiency.py (6 scenarios x 10 seeds): 5 random trials after the baseline
-    and 64 EI candidates reach 98 % of the grid's best in a median 9 trials with startup screening
-    (9.5 without), against 13 for a 2-per-parameter start with 24 candidates and 10 for random search.
-    """
-    return optuna.samplers.TPESampler(
-        seed=seed, multivariate=True, constant_liar=True, n_startup_trials=5, n_ei_candidates=64
-    )
-
-
-class AskTellGridSampler(optuna.samplers.GridSampler):
-    """Optuna's GridSampler for an ask/tell loop.
-
-    GridSampler calls `study.stop()` once every grid point has been tried, which raises outside
-    `study.optimize`; the tuner asks `sampler_exhausted(study)` instead and stops asking.
-    """
-
-    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:  # noqa: D102
-        return None
-
-
-def sampler_exhausted(study: optuna.Study) -> bool:
-    """True when the study's sampler has nothing new left to propose (a finished grid)."""
-    sampler = study.sampler
-    return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
-
-
-def missing_gp_dependency() -> str | None:
-    """The first module GPSampler needs that cannot be imported, or None.
-
-    GPSampler imports them lazily: it constructs fine without them and fails at the first sample.
-    """
-    for module in GP_MODULES:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            return module
-    return None
-
-
-def make_sampler(
-    name: str, grid: Mapping[str, list[Any]], seed: int | None, n_trials: int
-) -> optuna.samplers.BaseSampler:
-    """The sampler for `--sampler NAME` (`grid` needs the discretized space)."""
-    if name == "auto":
-        return auto_sampler(seed)
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
-    if name == "gp":
-        missing = missing_gp_dependency()
-        if missing:
-            print(
-                f"autotune: the gp sampler needs PyTorch and SciPy (pip install torch scipy), {missing} is "
-                "missing; using tpe instead",
-                file=sys.stderr,
-            )
-            return make_sampler("tpe", grid, seed, n_trials)
-        return optuna.samplers.GPSampler(seed=seed)
-    if name == "nsga2":
-        # A generation of a quarter of the budget (8..50): Optuna's default of 50 would be all random.
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(8, min(50, n_trials // 4)))
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "grid":
-        return AskTellGridSampler(dict(grid), seed=seed)
-    raise AutotuneError(f"unknown sampler {name!r} (use {', '.join(SAMPLERS)})")
 
 
 def check_not_driven(name: str, storage: str) -> None:

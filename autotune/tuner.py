@@ -35,10 +35,11 @@ from autotune.objectives import ObjectiveSet, metric_unit
 from autotune.progress import Progress, ProgressState, read_probe, running_params
 from autotune.ray_cluster import ClusterLost
 from autotune.remeasure import TOP_CANDIDATES, remeasure
+from autotune.samplers import sampler_exhausted
 from autotune.screen import MemoryScreen, Screening
 from autotune.slo import Slo
 from autotune.space import SearchSpace, violations
-from autotune.study import config_key, fail_stale_trials, sampler_exhausted, tell_duplicate, tell_result
+from autotune.study import config_key, fail_stale_trials, tell_duplicate, tell_result
 from autotune.trial_task import PLACEMENT_ATTRS
 
 POLL_S = 0.5

@@ -19,10 +19,11 @@ from sample_efficiency_grid import WORKLOAD_SEED, Oracle
 from autotune.backends.base import FailureKind, TrialResult
 from autotune.config import EngineConfig
 from autotune.objectives import load_objectives
+from autotune.samplers import make_sampler
 from autotune.screen import make_screen
 from autotune.sim.hardware import get_gpu
 from autotune.sim.models import get_model
-from autotune.study import StudySettings, make_sampler, start_study
+from autotune.study import StudySettings, start_study
 from autotune.tuner import Tuner, TunerOptions
 
 NO_SCREEN = "-noscreen"  # suffix: the strategy as `autotune run --no-screen` runs it

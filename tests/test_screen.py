@@ -20,11 +20,11 @@ from autotune.config import EngineConfig
 from autotune.errors import EngineStartupError
 from autotune.executor import Executor
 from autotune.objectives import FAILED_KEY, load_objectives
+from autotune.samplers import make_sampler
 from autotune.screen import PREFIX, Margins, describe, make_screen
 from autotune.sim.engine import SimEngine
 from autotune.slo import parse_slos
 from autotune.space import space_from_dict
-from autotune.study import make_sampler
 from autotune.tuner import Tuner, TunerOptions
 from autotune.workload_file import load_workload
 

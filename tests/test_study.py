@@ -20,15 +20,13 @@ from autotune.export import RunInfo
 from autotune.metrics import BenchmarkResult
 from autotune.objectives import FAILED_KEY, KEPT_UP_KEY, load_objectives
 from autotune.progress import ProgressState
+from autotune.samplers import GP_MODULES, auto_sampler, make_sampler
 from autotune.slo import parse_slos
 from autotune.space import space_from_dict
 from autotune.study import (
-    GP_MODULES,
     StudySettings,
-    auto_sampler,
     config_key,
     connect_storage,
-    make_sampler,
     open_study,
     pareto_front,
     recommend,

@@ -236,8 +236,9 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     from autotune.commands.run_executor import open_executor
     from autotune.errors import RunFailure
     from autotune.interrupts import sigterm_as_ctrl_c
+    from autotune.samplers import make_sampler
     from autotune.storage import storage_error
-    from autotune.study import StudySettings, make_sampler
+    from autotune.study import StudySettings
 
     settings = StudySettings(
         objectives=s.objectives.names,
