@@ -223,6 +223,13 @@ def _window(rate: float, share_margin: float, error: float, samples: int = 1000)
     return TrialResult(config=CONFIG, info=info)
 
 
+def _ran(window: TrialResult) -> TrialResult:
+    """`window` with the benchmark of a window that ran to its end (probe_verdict judges those)."""
+    record = RequestRecord(prompt_len=100, output_len=10, start_time=0.0, ttft=0.1, latency=0.5)
+    window.benchmark = compute_metrics([record], 1.0)
+    return window
+
+
 def test_an_unsure_rate_passes_on_the_evidence_of_the_rates_just_above_it() -> None:
     """Margins grow with the rate, so windows just above an unsure rate, pooled with its own, overstate
     its margin: when even they pass with confidence, it passes. Rates further up are not pooled."""
@@ -276,19 +283,13 @@ def test_a_clean_ttft_window_counts_the_episodes_seen_just_above_it() -> None:
     but once a window just above shows episodes (15 requests over the limit that scatter like 10 per
     event), the clean one is judged as if its samples came in such episodes too, and is unsure. A
     standing queue further over the limit says nothing of episodes."""
-    record = RequestRecord(prompt_len=100, output_len=10, start_time=0.0, ttft=0.1, latency=0.5)
-
-    def ran(window: TrialResult) -> TrialResult:
-        window.benchmark = compute_metrics([record], 1.0)  # a window that ran to its end
-        return window
-
-    clean = Probe(10.0, [ran(_window(10.0, -0.01, 0.00315))])
+    clean = Probe(10.0, [_ran(_window(10.0, -0.01, 0.00315))])
     judge_probes([clean], SLOS, saturation=20.0)
     assert clean.verdict == PASS
-    queue = Probe(11.0, [ran(_window(11.0, 0.09, 0.03))])
+    queue = Probe(11.0, [_ran(_window(11.0, 0.09, 0.03))])
     judge_probes([clean, queue], SLOS, saturation=20.0)
     assert clean.verdict == PASS and queue.verdict == FAIL
-    episodic = Probe(11.0, [ran(_window(11.0, 0.005, 0.012))])
+    episodic = Probe(11.0, [_ran(_window(11.0, 0.005, 0.012))])
     judge_probes([clean, episodic], SLOS, saturation=20.0)
     assert clean.verdict == UNSURE
 
@@ -299,15 +300,10 @@ def test_episodes_seen_near_saturation_are_scaled_down_to_a_lower_rate() -> None
     above is at 96 % of saturation, where a queue excursion lasts ten times longer than at 87 %
     (an 8B config's one 46-request episode at 10.4 req/s kept 8.9 and 9.1 unsure: 3,000 clean requests
     each, where the long-run reference is 10.1)."""
-    record = RequestRecord(prompt_len=100, output_len=10, start_time=0.0, ttft=0.1, latency=0.5)
-
-    def ran(window: TrialResult) -> TrialResult:
-        window.benchmark = compute_metrics([record], 1.0)
-        return window
 
     def clean_verdict(saturation: float) -> str:
-        clean = Probe(10.0, [ran(_window(10.0, -0.01, 0.00315))])
-        episodic = Probe(11.0, [ran(_window(11.0, 0.005, 0.012))])  # ~10 requests per event
+        clean = Probe(10.0, [_ran(_window(10.0, -0.01, 0.00315))])
+        episodic = Probe(11.0, [_ran(_window(11.0, 0.005, 0.012))])  # ~10 requests per event
         judge_probes([clean, episodic], SLOS, saturation=saturation)
         return clean.verdict
 
@@ -319,9 +315,7 @@ def test_below_saturation_only_a_gross_shortfall_fails_a_rate() -> None:
     """The saturation run shows a rate below it is sustainable; a window's backlog count, which wanders
     for minutes near saturation, fails it only when it served less than 90 %. Above saturation the
     window must have kept up with the rate asked for, not with the arrivals it happened to draw."""
-    wandering = _window(10.0, -0.005, 0.001)
-    record = RequestRecord(prompt_len=100, output_len=10, start_time=0.0, ttft=0.1, latency=0.5)
-    wandering.benchmark = compute_metrics([record], 1.0)  # a window that ran to its end
+    wandering = _ran(_window(10.0, -0.005, 0.001))
     wandering.info.update(served_rate=9.4, kept_up=False, backlog_growth=0.05)
     assert probe_verdict([wandering], SLOS, rate=10.0, saturation=11.0) == PASS
     assert probe_verdict([wandering], SLOS, rate=10.0, saturation=9.0) == FAIL
