@@ -21,7 +21,11 @@ Also printed: the saturation throughput (an all-at-once run's mid-run completion
 one capacity search costs (simulated: startup + every run, as a real GPU would spend it) and the CPU
 time the simulation took.
 
-    python benchmarks/capacity_accuracy.py [--jobs 2] [--search-seeds 4] [--scenarios NAME ...] [--noise 0.02]
+With `--band N`, N more 4,000-request runs per config at 0.95 x its reference, the lowest rate within
+the 5 % target: where they often miss the SLOs, no search can be within 5 % and pass every check.
+
+    python benchmarks/capacity_accuracy.py [--jobs 2] [--search-seeds 4] [--scenarios NAME ...]
+        [--noise 0.02] [--band 20]
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ TARGET = 0.05  # |default - reference| / reference
 SEARCH_SEED_STEP = 1000
 REFERENCE_SEED = 10**6
 CHECK_SEED = 2 * 10**6
+BAND_SEED = 3 * 10**6
 
 
 @dataclass(frozen=True)
@@ -149,8 +154,8 @@ CASES = (
 )
 
 
-def _measure(job: tuple[Case, dict, float, int]) -> dict:
-    case, params, noise, search_seeds = job
+def _measure(job: tuple[Case, dict, float, int, int]) -> dict:
+    case, params, noise, search_seeds, band_checks = job
     config = EngineConfig(
         model=case.model,
         tensor_parallel_size=case.tensor_parallel_size,
@@ -188,6 +193,12 @@ def _measure(job: tuple[Case, dict, float, int]) -> dict:
     ]
     out["references"] = references
     out["reference"] = statistics.median(references)
+    # The lowest rate within TARGET of the reference: does a 4,000-request run there meet the SLOs?
+    # When it often does not, no search can be both within TARGET and pass its checks every time.
+    edge = (1 - TARGET) * out["reference"]
+    out["band"] = [
+        _check(backend, config, workload, slos, edge, BAND_SEED + j)[1] for j in range(band_checks)
+    ]
     return out
 
 
@@ -228,9 +239,12 @@ def main() -> int:
     parser.add_argument("--search-seeds", type=int, default=4, help="default searches per config")
     parser.add_argument("--scenarios", nargs="*")
     parser.add_argument("--noise", type=float, default=0.0, help="simulator run-to-run noise (cv)")
+    parser.add_argument(
+        "--band", type=int, default=0, help="4,000-request checks per config at 0.95 x its reference"
+    )
     args = parser.parse_args()
     cases = [c for c in CASES if not args.scenarios or c.name in args.scenarios]
-    jobs = [(c, p, args.noise, args.search_seeds) for c in cases for p in c.configs]
+    jobs = [(c, p, args.noise, args.search_seeds, args.band) for c in cases for p in c.configs]
     started = time.time()
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(_measure, jobs))
@@ -265,6 +279,8 @@ def main() -> int:
             f"{sum(ok)}/{n}  [{spread}]  {sum(runs)}/{len(runs)} met"
         )
     _per_scenario(rows)
+    if args.band:
+        _band(rows, args.band)
     configs = len(headline)
     print(
         f"\n{configs} configs x {n} searches: |default - reference| / reference median "
@@ -279,6 +295,22 @@ def main() -> int:
         f"median {statistics.median(ref_spread):.1%}, max {max(ref_spread):.1%}"
     )
     return 0
+
+
+def _band(rows: list[dict], n: int) -> None:
+    """How often a 4,000-request run at the lowest rate within TARGET of the reference meets the SLOs:
+    where they often miss, the two targets leave a search no rate that meets both reliably."""
+    edge = f"{1 - TARGET:.2f} x reference (the lowest rate within {TARGET * 100:.0f} %)"
+    print(f"\nat {edge}: 4,000-request runs met the SLOs")
+    thin = []
+    for r in rows:
+        if "error" in r:
+            continue
+        met = sum(r["band"])
+        print(f"  {r['case']:26} {r['config']:38} {met:3d}/{n}")
+        if met < 0.95 * n:
+            thin.append(f"{r['case']} {r['config']}")
+    print(f"configs where fewer than 95 % met: {len(thin)}" + (f" ({'; '.join(thin)})" if thin else ""))
 
 
 def _per_scenario(rows: list[dict]) -> None:
