@@ -44,6 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from autotune.backends.base import TrialResult  # noqa: E402
 from autotune.backends.sim import SimBackend  # noqa: E402
 from autotune.capacity import CapacitySearch, find_capacity  # noqa: E402
 from autotune.config import EngineConfig  # noqa: E402
@@ -216,30 +217,36 @@ def _shares(
 ) -> dict[str, float]:
     """Each percentile SLO's share of requests over its limit in a LONG_RUN_REQUESTS run at `rate`,
     measured after LONG_RUN_WARMUP requests."""
+    run = _poisson_run(backend, config, workload, slos, rate, seed, LONG_RUN_REQUESTS, LONG_RUN_WARMUP)
+    allowed = {s.name: s.allowed_share for s in slos}
+    evidence = run.info.get("slo_evidence") or {}
+    return {name: margin + allowed[name] for name, (margin, _, _) in evidence.items() if allowed[name]}
+
+
+def _poisson_run(
+    backend: SimBackend,
+    config: EngineConfig,
+    workload: Any,
+    slos: list[Slo],
+    rate: float,
+    seed: int,
+    requests: int,
+    warmup: int = 0,
+) -> TrialResult:
+    """One Poisson run of `requests` measured ones at `rate` (after `warmup` unmeasured), on its own
+    server: capacity is a Poisson rate (a trace replay's rows at Poisson arrivals)."""
     load = workload.with_rate_arrivals().with_load(
-        request_rate=rate,
-        num_requests=LONG_RUN_WARMUP + LONG_RUN_REQUESTS,
-        measure_from=LONG_RUN_WARMUP / rate,
+        request_rate=rate, num_requests=warmup + requests, measure_from=warmup / rate
     )
     with backend.session(config) as session:
-        evidence = session.measure(load, slos, seed).info.get("slo_evidence") or {}
-    allowed = {s.name: s.allowed_share for s in slos}
-    return {name: margin + allowed[name] for name, (margin, _, _) in evidence.items() if allowed[name]}
+        return session.measure(load, slos, seed)
 
 
 def _check(
     backend: SimBackend, config: EngineConfig, workload: Any, slos: list[Slo], rate: float, seed: int
 ) -> tuple[float, bool]:
     """A 4,000-request Poisson run at `rate`, as a user would verify it: (served share, SLOs met)."""
-    with backend.session(config) as session:
-        check = session.measure(
-            # capacity is a Poisson rate (a trace replay's rows at Poisson arrivals): check that
-            workload.with_rate_arrivals().with_load(
-                request_rate=rate, num_requests=CHECK_REQUESTS, measure_from=0.0
-            ),
-            slos,
-            seed,
-        )
+    check = _poisson_run(backend, config, workload, slos, rate, seed, CHECK_REQUESTS)
     served = check.info.get("served_rate", 0.0) / max(check.info.get("offered_rate", 1e-9), 1e-9)
     # As a user would verify it: served >= 95 % of the offered rate, every SLO met.
     met = check.ok and served >= CHECK_SERVED and all(s.margin(check.benchmark) <= 0 for s in slos)
@@ -344,8 +351,8 @@ def _band(rows: list[dict], n: int) -> None:
 
 
 def _long_run(rows: list[dict]) -> None:
-    """Each percentile SLO's share over its limit at the reference rate, in the long run: a bisection
-    reports the highest rate one window passed, so where windows scatter it lands above the rate its
+    """Each percentile SLO's share over its limit at the reference rate, in the long run. A bisection
+    reports the highest rate one window passed, so where windows scatter it can land above the rate its
     own rule holds at in the long run (p99: a share of at most 1 % minus its margin)."""
     print(
         "\nat the reference, each percentile SLO's share of requests over its limit "
