@@ -7,7 +7,7 @@ three others), on the simulated engine:
   long-run answer the default must match (target: within 5 %). One such bisection is itself a sample:
   one unlucky 10,000-request window below the threshold ends it low (the 8B chat defaults gave 13.5,
   11.3 and 13.5 req/s on three request sequences), so the reference is the median of REFERENCE_RUNS
-  of them, each of other requests, and the table shows their spread;
+  of them (`--reference-runs`), each of other requests, and the table shows their spread;
 - `check`: a plain 4,000-request Poisson run at the default's reported rate, as a user would verify
   it with `vllm bench serve`: did the server keep up (served >= 95 % of offered) and meet every SLO?
   It is one sample too: near a threshold another run may differ, so CHECK_SEEDS runs of other
@@ -23,11 +23,14 @@ time the simulation took.
 
 With `--band N`, N more 4,000-request runs per config at 0.95 x its reference, the lowest rate within
 the 5 % target: where they often miss the SLOs, no search can be within 5 % and pass every check.
-With `--long-run N`, N runs of 10,000 requests per config at its reference: the share of requests over
-each percentile SLO's limit there in the long run.
+With `--long-run N`, N runs of 10,000 requests per config at 0.95, 1.00 and 1.05 x its reference: the
+share of requests over each percentile SLO's limit there in the long run, and the requests one rate
+needs to tell that SLO's threshold to +-2.5 % (benchmarks/capacity_runs.py).
+With `--reference-runs N` (more than 2), each reference bisection is also compared with the median of
+the others: how closely the yardstick reproduces itself.
 
     python benchmarks/capacity_accuracy.py [--jobs 2] [--search-seeds 4] [--scenarios NAME ...]
-        [--noise 0.02] [--band 20] [--long-run 6]
+        [--noise 0.02] [--band 20] [--long-run 3] [--reference-runs 9]
 """
 
 from __future__ import annotations
@@ -40,16 +43,24 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.backends.base import TrialResult  # noqa: E402
+from capacity_runs import (  # noqa: E402
+    LONG_RUN_FACTORS,
+    TARGET,
+    check,
+    print_band,
+    print_long_run,
+    print_reference_runs,
+    shares,
+)
+
 from autotune.backends.sim import SimBackend  # noqa: E402
 from autotune.capacity import CapacitySearch, find_capacity  # noqa: E402
 from autotune.config import EngineConfig  # noqa: E402
 from autotune.sim.noise import NoiseModel  # noqa: E402
-from autotune.slo import Slo, parse_slos  # noqa: E402
+from autotune.slo import parse_slos  # noqa: E402
 from autotune.workload_file import load_workload  # noqa: E402
 
 # 10x windows already: no second window for unsure ones;
@@ -58,19 +69,15 @@ from autotune.workload_file import load_workload  # noqa: E402
 REFERENCE = CapacitySearch(
     max_probes=12, resolution=0.01, window_scale=10.0, max_windows=1, queue_free_below=0.0
 )
-REFERENCE_RUNS = 3  # bisections per config; the reference is their median
-CHECK_REQUESTS = 4000
+REFERENCE_RUNS = 3  # bisections per config (--reference-runs); the reference is their median
 CHECK_SEEDS = 2  # per search seed
-CHECK_SERVED = 0.95
-TARGET = 0.05  # |default - reference| / reference
 # Seeds far apart: a search takes one seed per window (a few dozen), so these never meet.
 SEARCH_SEED_STEP = 1000
 REFERENCE_SEED = 10**6
 CHECK_SEED = 2 * 10**6
 BAND_SEED = 3 * 10**6
 LONG_RUN_SEED = 4 * 10**6
-LONG_RUN_REQUESTS = 10_000  # the reference's window
-LONG_RUN_WARMUP = 1000
+REFERENCE_CHECK_SEED = 5 * 10**6
 
 
 @dataclass(frozen=True)
@@ -160,19 +167,32 @@ CASES = (
 )
 
 
-def _measure(job: tuple[Case, dict, float, int, int, int]) -> dict:
-    case, params, noise, search_seeds, band_checks, long_runs = job
+@dataclass(frozen=True)
+class Job:
+    """One config's share of the benchmark: what to run for it (the command line's counts)."""
+
+    case: Case
+    params: dict
+    noise: float
+    search_seeds: int
+    reference_runs: int
+    band: int  # 4,000-request checks at the band's edge
+    long_runs: int  # 10,000-request runs at each LONG_RUN_FACTORS x the reference
+
+
+def _measure(job: Job) -> dict:
+    case, params = job.case, job.params
     config = EngineConfig(
         model=case.model,
         tensor_parallel_size=case.tensor_parallel_size,
         max_model_len=case.max_model_len,
         **params,
     )
-    backend = SimBackend(case.gpu, NoiseModel(noise))
+    backend = SimBackend(case.gpu, NoiseModel(job.noise))
     workload = load_workload(case.workload)
     slos = parse_slos(case.slos) if case.slos else []
     out: dict = {"case": case.name, "config": _label(params), "searches": []}
-    for k in range(search_seeds):
+    for k in range(job.search_seeds):
         started = time.process_time()
         default = find_capacity(backend, config, workload, slos, seed=k * SEARCH_SEED_STEP)
         cpu_s = time.process_time() - started
@@ -180,7 +200,7 @@ def _measure(job: tuple[Case, dict, float, int, int, int]) -> dict:
             return {**out, "error": f"{default.failure}: {default.message[:80]}"}
         rate = default.info["capacity_rate"]
         seeds = [CHECK_SEED + k * SEARCH_SEED_STEP + j for j in range(CHECK_SEEDS)]
-        checks = [_check(backend, config, workload, slos, rate, seed) for seed in seeds] if rate > 0 else []
+        checks = [check(backend, config, workload, slos, rate, seed) for seed in seeds] if rate > 0 else []
         out["searches"].append(
             {
                 "rate": rate,
@@ -195,62 +215,38 @@ def _measure(job: tuple[Case, dict, float, int, int, int]) -> dict:
         find_capacity(
             backend, config, workload, slos, seed=REFERENCE_SEED + j * SEARCH_SEED_STEP, search=REFERENCE
         ).info["capacity_rate"]
-        for j in range(REFERENCE_RUNS)
+        for j in range(job.reference_runs)
     ]
     out["references"] = references
     out["reference"] = statistics.median(references)
+    # The reference's own rates, checked as a search's are: can even its 10x windows meet both targets?
+    out["reference_checks"] = [
+        [
+            check(backend, config, workload, slos, rate, REFERENCE_CHECK_SEED + j * SEARCH_SEED_STEP + i)[1]
+            for i in range(CHECK_SEEDS)
+        ]
+        for j, rate in enumerate(references)
+        if rate > 0
+    ]
     # The lowest rate within TARGET of the reference: does a 4,000-request run there meet the SLOs?
     # When it often does not, no search can be both within TARGET and pass its checks every time.
     edge = (1 - TARGET) * out["reference"]
-    out["band"] = [
-        _check(backend, config, workload, slos, edge, BAND_SEED + j)[1] for j in range(band_checks)
-    ]
-    out["long_run"] = [
-        _shares(backend, config, workload, slos, out["reference"], LONG_RUN_SEED + j)
-        for j in range(long_runs)
-    ]
+    out["band"] = [check(backend, config, workload, slos, edge, BAND_SEED + j)[1] for j in range(job.band)]
+    out["long_run"] = {
+        f: [
+            shares(
+                backend,
+                config,
+                workload,
+                slos,
+                f * out["reference"],
+                LONG_RUN_SEED + i * SEARCH_SEED_STEP + j,
+            )
+            for j in range(job.long_runs)
+        ]
+        for i, f in enumerate(LONG_RUN_FACTORS)
+    }
     return out
-
-
-def _shares(
-    backend: SimBackend, config: EngineConfig, workload: Any, slos: list[Slo], rate: float, seed: int
-) -> dict[str, float]:
-    """Each percentile SLO's share of requests over its limit in a LONG_RUN_REQUESTS run at `rate`,
-    measured after LONG_RUN_WARMUP requests."""
-    run = _poisson_run(backend, config, workload, slos, rate, seed, LONG_RUN_REQUESTS, LONG_RUN_WARMUP)
-    allowed = {s.name: s.allowed_share for s in slos}
-    evidence = run.info.get("slo_evidence") or {}
-    return {name: margin + allowed[name] for name, (margin, _, _) in evidence.items() if allowed[name]}
-
-
-def _poisson_run(
-    backend: SimBackend,
-    config: EngineConfig,
-    workload: Any,
-    slos: list[Slo],
-    rate: float,
-    seed: int,
-    requests: int,
-    warmup: int = 0,
-) -> TrialResult:
-    """One Poisson run of `requests` measured ones at `rate` (after `warmup` unmeasured), on its own
-    server: capacity is a Poisson rate (a trace replay's rows at Poisson arrivals)."""
-    load = workload.with_rate_arrivals().with_load(
-        request_rate=rate, num_requests=warmup + requests, measure_from=warmup / rate
-    )
-    with backend.session(config) as session:
-        return session.measure(load, slos, seed)
-
-
-def _check(
-    backend: SimBackend, config: EngineConfig, workload: Any, slos: list[Slo], rate: float, seed: int
-) -> tuple[float, bool]:
-    """A 4,000-request Poisson run at `rate`, as a user would verify it: (served share, SLOs met)."""
-    check = _poisson_run(backend, config, workload, slos, rate, seed, CHECK_REQUESTS)
-    served = check.info.get("served_rate", 0.0) / max(check.info.get("offered_rate", 1e-9), 1e-9)
-    # As a user would verify it: served >= 95 % of the offered rate, every SLO met.
-    met = check.ok and served >= CHECK_SERVED and all(s.margin(check.benchmark) <= 0 for s in slos)
-    return served, met
 
 
 def _label(params: dict) -> str:
@@ -275,11 +271,25 @@ def main() -> int:
         "--band", type=int, default=0, help="4,000-request checks per config at 0.95 x its reference"
     )
     parser.add_argument(
-        "--long-run", type=int, default=0, help="10,000-request runs per config at its reference"
+        "--long-run",
+        type=int,
+        default=0,
+        help="10,000-request runs per config at each of 0.95, 1.00 and 1.05 x its reference (at least 2)",
+    )
+    parser.add_argument(
+        "--reference-runs", type=int, default=REFERENCE_RUNS, help="bisections per reference (their median)"
     )
     args = parser.parse_args()
+    if args.long_run == 1 or args.reference_runs < 1:
+        parser.error(
+            "--long-run needs at least 2 runs (their scatter is measured); --reference-runs at least 1"
+        )
     cases = [c for c in CASES if not args.scenarios or c.name in args.scenarios]
-    jobs = [(c, p, args.noise, args.search_seeds, args.band, args.long_run) for c in cases for p in c.configs]
+    jobs = [
+        Job(c, p, args.noise, args.search_seeds, args.reference_runs, args.band, args.long_run)
+        for c in cases
+        for p in c.configs
+    ]
     started = time.time()
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(_measure, jobs))
@@ -315,9 +325,10 @@ def main() -> int:
         )
     _per_scenario(rows)
     if args.band:
-        _band(rows, args.band)
+        print_band(rows, args.band)
     if args.long_run:
-        _long_run(rows)
+        print_long_run(rows)
+    print_reference_runs(rows)
     configs = len(headline)
     print(
         f"\n{configs} configs x {n} searches: |default - reference| / reference median "
@@ -328,45 +339,10 @@ def main() -> int:
         f"{statistics.median(gpu_min):.1f} min (max {max(gpu_min):.1f}); {time.time() - started:.0f} s wall"
     )
     print(
-        f"references: median of {REFERENCE_RUNS} bisections each; their spread (max - min) / median: "
+        f"references: median of {args.reference_runs} bisections each; their spread (max - min) / median: "
         f"median {statistics.median(ref_spread):.1%}, max {max(ref_spread):.1%}"
     )
     return 0
-
-
-def _band(rows: list[dict], n: int) -> None:
-    """How often a 4,000-request run at the lowest rate within TARGET of the reference meets the SLOs:
-    where they often miss, the two targets leave a search no rate that meets both reliably."""
-    edge = f"{1 - TARGET:.2f} x reference (the lowest rate within {TARGET * 100:.0f} %)"
-    print(f"\nat {edge}: 4,000-request runs met the SLOs")
-    thin = []
-    for r in rows:
-        if "error" in r:
-            continue
-        met = sum(r["band"])
-        print(f"  {r['case']:26} {r['config']:38} {met:3d}/{n}")
-        if met < 0.95 * n:
-            thin.append(f"{r['case']} {r['config']}")
-    print(f"configs where fewer than 95 % met: {len(thin)}" + (f" ({'; '.join(thin)})" if thin else ""))
-
-
-def _long_run(rows: list[dict]) -> None:
-    """Each percentile SLO's share over its limit at the reference rate, in the long run. A bisection
-    reports the highest rate one window passed, so where windows scatter it can land above the rate its
-    own rule holds at in the long run (p99: a share of at most 1 % minus its margin)."""
-    print(
-        "\nat the reference, each percentile SLO's share of requests over its limit "
-        "(mean and SD over 10,000-request runs)"
-    )
-    for r in rows:
-        if "error" in r or not r["long_run"] or not r["long_run"][0]:
-            continue
-        shares = {name: [run[name] for run in r["long_run"]] for name in r["long_run"][0]}
-        text = "  ".join(
-            f"{name} {statistics.mean(v):.2%} (SD {statistics.stdev(v) if len(v) > 1 else math.nan:.2%})"
-            for name, v in shares.items()
-        )
-        print(f"  {r['case']:26} {r['config']:38} {text}")
 
 
 def _per_scenario(rows: list[dict]) -> None:

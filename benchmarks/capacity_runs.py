@@ -1,0 +1,166 @@
+"""The plain Poisson runs benchmarks/capacity_accuracy.py makes beside its searches, and what they show.
+
+- `check`: a 4,000-request run at a rate, as a user would verify a reported capacity.
+- the band (`--band N`): N checks at 0.95 x the reference, the lowest rate within the 5 % target.
+- the long run (`--long-run N`): N runs of 10,000 requests at 0.95, 1.00 and 1.05 x the reference.
+  Each percentile SLO's share of requests over its limit there, and from how fast that share grows
+  with the rate and how much it scatters between runs, the requests one rate must be measured with
+  to tell the SLO's threshold to +-2.5 % of the rate (one standard deviation): what any search needs
+  near the threshold to land within the 5 % target.
+- the references' reproducibility: each reference bisection against the median of the others, and
+  checks at each one's rate, as at a search's.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from autotune.backends.base import TrialResult
+from autotune.backends.sim import SimBackend
+from autotune.config import EngineConfig
+from autotune.slo import Slo
+
+CHECK_REQUESTS = 4000
+CHECK_SERVED = 0.95
+TARGET = 0.05  # |default - reference| / reference
+LONG_RUN_REQUESTS = 10_000  # the reference's window
+LONG_RUN_WARMUP = 1000
+LONG_RUN_FACTORS = (0.95, 1.0, 1.05)  # x the reference
+RESOLVE = 0.025  # half the 5 % target's width: the rate a measurement must tell, as one SD
+
+
+def poisson_run(
+    backend: SimBackend,
+    config: EngineConfig,
+    workload: Any,
+    slos: list[Slo],
+    rate: float,
+    seed: int,
+    requests: int,
+    warmup: int = 0,
+) -> TrialResult:
+    """One Poisson run of `requests` measured ones at `rate` (after `warmup` unmeasured), on its own
+    server: capacity is a Poisson rate (a trace replay's rows at Poisson arrivals)."""
+    load = workload.with_rate_arrivals().with_load(
+        request_rate=rate, num_requests=warmup + requests, measure_from=warmup / rate
+    )
+    with backend.session(config) as session:
+        return session.measure(load, slos, seed)
+
+
+def check(
+    backend: SimBackend, config: EngineConfig, workload: Any, slos: list[Slo], rate: float, seed: int
+) -> tuple[float, bool]:
+    """A 4,000-request Poisson run at `rate`, as a user would verify it: (served share, SLOs met)."""
+    run = poisson_run(backend, config, workload, slos, rate, seed, CHECK_REQUESTS)
+    served = run.info.get("served_rate", 0.0) / max(run.info.get("offered_rate", 1e-9), 1e-9)
+    # As a user would verify it: served >= 95 % of the offered rate, every SLO met.
+    met = run.ok and served >= CHECK_SERVED and all(s.margin(run.benchmark) <= 0 for s in slos)
+    return served, met
+
+
+def shares(
+    backend: SimBackend, config: EngineConfig, workload: Any, slos: list[Slo], rate: float, seed: int
+) -> dict[str, float]:
+    """Each percentile SLO's share of samples over its limit in a LONG_RUN_REQUESTS run at `rate`,
+    measured after LONG_RUN_WARMUP requests."""
+    run = poisson_run(backend, config, workload, slos, rate, seed, LONG_RUN_REQUESTS, LONG_RUN_WARMUP)
+    allowed = {s.name: s.allowed_share for s in slos}
+    evidence = run.info.get("slo_evidence") or {}
+    return {name: margin + allowed[name] for name, (margin, _, _) in evidence.items() if allowed[name]}
+
+
+def print_band(rows: list[dict], n: int) -> None:
+    """How often a 4,000-request run at the lowest rate within TARGET of the reference meets the SLOs:
+    where they often miss, the two targets leave a search no rate that meets both reliably."""
+    edge = f"{1 - TARGET:.2f} x reference (the lowest rate within {TARGET * 100:.0f} %)"
+    print(f"\nat {edge}: 4,000-request runs met the SLOs")
+    thin = []
+    for r in rows:
+        if "error" in r:
+            continue
+        met = sum(r["band"])
+        print(f"  {r['case']:26} {r['config']:38} {met:3d}/{n}")
+        if met < 0.95 * n:
+            thin.append(f"{r['case']} {r['config']}")
+    print(f"configs where fewer than 95 % met: {len(thin)}" + (f" ({'; '.join(thin)})" if thin else ""))
+
+
+def print_long_run(rows: list[dict]) -> None:
+    """Each percentile SLO's long-run share over its limit around the reference, and the requests one
+    rate needs to tell its threshold to +-RESOLVE of the rate.
+
+    A bisection reports the highest rate one window passed, so where windows scatter it can land above
+    the rate its own rule holds at in the long run (p99: a share of at most 1 % minus its margin). The
+    share's slope (per unit of relative rate, between the lowest and highest factor) and its standard
+    deviation between 10,000-request runs (pooled over the rates at and below the reference, each about
+    its own mean) give the requests n at which the scatter equals the share's change over RESOLVE of
+    the rate: n = 10,000 x (sd / (slope x RESOLVE))^2. A queue's episodes scatter a TTFT share far more than
+    independent requests would, and this counts them.
+    """
+    factors = " / ".join(f"{f:.2f}" for f in LONG_RUN_FACTORS)
+    print(
+        f"\nlong run: each percentile SLO's share of samples over its limit at {factors} x the reference "
+        f"(mean over 10,000-request runs), its SD between runs, and the requests one rate needs to tell "
+        f"its threshold to +-{RESOLVE:.1%} of the rate (one SD)"
+    )
+    low, high = min(LONG_RUN_FACTORS), max(LONG_RUN_FACTORS)
+    needs: dict[str, list[float]] = {}
+    for r in rows:
+        runs = r.get("long_run") or {}
+        if "error" in r or not runs or len(runs[1.0]) < 2 or not runs[1.0][0]:
+            continue
+        parts = []
+        for name in runs[1.0][0]:
+            values = {f: [run[name] for run in runs[f]] for f in LONG_RUN_FACTORS}
+            mean = {f: statistics.mean(v) for f, v in values.items()}
+            # The scatter at and below the reference, where a search's last probes are (above it a
+            # queue that stops keeping up scatters the share by tens of percent).
+            near = [f for f in LONG_RUN_FACTORS if f <= 1.0]
+            deviations = [x - mean[f] for f in near for x in values[f]]
+            sd = math.sqrt(sum(d * d for d in deviations) / (len(deviations) - len(near)))
+            slope = (mean[high] - mean[low]) / (high - low)
+            need = LONG_RUN_REQUESTS * (sd / (slope * RESOLVE)) ** 2 if slope > 0 and sd > 0 else math.inf
+            needs.setdefault(r["case"], []).append(need)
+            curve = " / ".join(f"{mean[f]:.2%}" for f in LONG_RUN_FACTORS)
+            parts.append(f"{name} {curve} (SD {sd:.3%}), needs {_requests(need)}")
+        print(f"  {r['case']:26} {r['config']:38} " + "; ".join(parts))
+    for case, n in needs.items():
+        told = [x for x in n if math.isfinite(x)]
+        if told:
+            print(f"  {case:26} requests one rate needs: {_requests(min(told))} to {_requests(max(told))}")
+
+
+def print_reference_runs(rows: list[dict]) -> None:
+    """How closely the reference reproduces itself (each of its bisections, of other requests, against
+    the median of the others), and whether its own rates pass the checks a search's must: a search
+    cannot be held closer to the reference than the reference to itself."""
+    print(
+        "\nreference bisections: each against the median of the others (within 5 %), "
+        "and 4,000-request checks at each one's rate"
+    )
+    within, total, met, checks = 0, 0, 0, 0
+    for r in rows:
+        refs = r.get("references") or []
+        if "error" in r or not refs:
+            continue
+        errs = (
+            [x / statistics.median(refs[:j] + refs[j + 1 :]) - 1 for j, x in enumerate(refs)]
+            if len(refs) > 1
+            else []
+        )
+        ok = sum(abs(e) <= TARGET for e in errs)
+        runs = [m for per_rate in r["reference_checks"] for m in per_rate]
+        within, total, met, checks = within + ok, total + len(errs), met + sum(runs), checks + len(runs)
+        spread = " ".join(f"{e:+.1%}" for e in errs)
+        print(f"  {r['case']:26} {r['config']:38} {ok}/{len(errs)}  [{spread}]  {sum(runs)}/{len(runs)} met")
+    print(
+        f"reference bisections within 5 % of the others' median: {within}/{total}; "
+        f"4,000-request checks at their rates met {met}/{checks}"
+    )
+
+
+def _requests(n: float) -> str:
+    return "n/a (no scatter, or no growth, to read)" if math.isinf(n) else f"{n:,.0f}"
