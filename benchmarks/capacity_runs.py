@@ -2,11 +2,8 @@
 
 - `check`: a 4,000-request run at a rate, as a user would verify a reported capacity.
 - the band (`--band N`): N checks at 0.95 x the reference, the lowest rate within the 5 % target.
-- the long run (`--long-run N`): N runs of 10,000 requests at 0.95, 1.00 and 1.05 x the reference.
-  Each percentile SLO's share of requests over its limit there, and from how fast that share grows
-  with the rate and how much it scatters between runs, the requests one rate must be measured with
-  to tell the SLO's threshold to +-2.5 % of the rate (one standard deviation): what any search needs
-  near the threshold to land within the 5 % target.
+- the long run (`--long-run N`): N runs of 10,000 requests at 0.95, 1.00 and 1.05 x the reference:
+  each percentile SLO's share of requests over its limit there.
 - the references' reproducibility: each reference bisection against the median of the others, and
   checks at each one's rate, as at a search's.
 """
@@ -28,7 +25,6 @@ TARGET = 0.05  # |default - reference| / reference
 LONG_RUN_REQUESTS = 10_000  # the reference's window
 LONG_RUN_WARMUP = 1000
 LONG_RUN_FACTORS = (0.95, 1.0, 1.05)  # x the reference
-RESOLVE = 0.025  # half the 5 % target's width: the rate a measurement must tell, as one SD
 
 
 def poisson_run(
@@ -89,48 +85,27 @@ def print_band(rows: list[dict], n: int) -> None:
 
 
 def print_long_run(rows: list[dict]) -> None:
-    """Each percentile SLO's long-run share over its limit around the reference, and the requests one
-    rate needs to tell its threshold to +-RESOLVE of the rate.
-
-    A bisection reports the highest rate one window passed, so where windows scatter it can land above
-    the rate its own rule holds at in the long run (p99: a share of at most 1 % minus its margin). The
-    share's slope (per unit of relative rate, between the lowest and highest factor) and its standard
-    deviation between 10,000-request runs (pooled over the rates at and below the reference, each about
-    its own mean) give the requests n at which the scatter equals the share's change over RESOLVE of
-    the rate: n = 10,000 x (sd / (slope x RESOLVE))^2. A queue's episodes scatter a TTFT share far more than
-    independent requests would, and this counts them.
-    """
+    """Each percentile SLO's long-run share over its limit at LONG_RUN_FACTORS x the reference (mean
+    over the runs; at the reference also their SD). A bisection reports the highest rate one window
+    passed, so where windows scatter it can land above the rate its own rule holds at in the long run
+    (p99: a share of at most 1 % minus its margin); the rates around it show how fast the share grows
+    there, which is how finely a search can place the threshold."""
     factors = " / ".join(f"{f:.2f}" for f in LONG_RUN_FACTORS)
     print(
-        f"\nlong run: each percentile SLO's share of samples over its limit at {factors} x the reference "
-        f"(mean over 10,000-request runs), its SD between runs, and the requests one rate needs to tell "
-        f"its threshold to +-{RESOLVE:.1%} of the rate (one SD)"
+        f"\nlong run: each percentile SLO's share of requests over its limit at {factors} x the reference "
+        "(mean over 10,000-request runs; SD at the reference)"
     )
-    low, high = min(LONG_RUN_FACTORS), max(LONG_RUN_FACTORS)
-    needs: dict[str, list[float]] = {}
     for r in rows:
         runs = r.get("long_run") or {}
-        if "error" in r or not runs or len(runs[1.0]) < 2 or not runs[1.0][0]:
+        if "error" in r or not runs or not runs[1.0] or not runs[1.0][0]:
             continue
         parts = []
         for name in runs[1.0][0]:
             values = {f: [run[name] for run in runs[f]] for f in LONG_RUN_FACTORS}
-            mean = {f: statistics.mean(v) for f, v in values.items()}
-            # The scatter at and below the reference, where a search's last probes are (above it a
-            # queue that stops keeping up scatters the share by tens of percent).
-            near = [f for f in LONG_RUN_FACTORS if f <= 1.0]
-            deviations = [x - mean[f] for f in near for x in values[f]]
-            sd = math.sqrt(sum(d * d for d in deviations) / (len(deviations) - len(near)))
-            slope = (mean[high] - mean[low]) / (high - low)
-            need = LONG_RUN_REQUESTS * (sd / (slope * RESOLVE)) ** 2 if slope > 0 and sd > 0 else math.inf
-            needs.setdefault(r["case"], []).append(need)
-            curve = " / ".join(f"{mean[f]:.2%}" for f in LONG_RUN_FACTORS)
-            parts.append(f"{name} {curve} (SD {sd:.3%}), needs {_requests(need)}")
+            curve = " / ".join(f"{statistics.mean(v):.2%}" for v in values.values())
+            sd = statistics.stdev(values[1.0]) if len(values[1.0]) > 1 else math.nan
+            parts.append(f"{name} {curve} (SD {sd:.2%})")
         print(f"  {r['case']:26} {r['config']:38} " + "; ".join(parts))
-    for case, n in needs.items():
-        told = [x for x in n if math.isfinite(x)]
-        if told:
-            print(f"  {case:26} requests one rate needs: {_requests(min(told))} to {_requests(max(told))}")
 
 
 def print_reference_runs(rows: list[dict]) -> None:
@@ -160,7 +135,3 @@ def print_reference_runs(rows: list[dict]) -> None:
         f"reference bisections within 5 % of the others' median: {within}/{total}; "
         f"4,000-request checks at their rates met {met}/{checks}"
     )
-
-
-def _requests(n: float) -> str:
-    return "n/a (no scatter, or no growth, to read)" if math.isinf(n) else f"{n:,.0f}"
