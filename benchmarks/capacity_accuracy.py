@@ -273,16 +273,14 @@ def main() -> int:
         "--long-run",
         type=int,
         default=0,
-        help="10,000-request runs per config at each of 0.95, 1.00 and 1.05 x its reference",
+        help="10,000-request runs per config at each of 0.95, 1.00 and 1.05 x its reference (at least 2)",
     )
     parser.add_argument(
         "--reference-runs", type=int, default=REFERENCE_RUNS, help="bisections per reference (their median)"
     )
     args = parser.parse_args()
     if args.long_run == 1 or args.reference_runs < 1:
-        parser.error(
-            "--long-run needs at least 2 runs (their scatter is measured); --reference-runs at least 1"
-        )
+        parser.error("--long-run needs at least 2 runs (their SD is printed); --reference-runs at least 1")
     cases = [c for c in CASES if not args.scenarios or c.name in args.scenarios]
     jobs = [
         Job(c, p, args.noise, args.search_seeds, args.reference_runs, args.band, args.long_run)

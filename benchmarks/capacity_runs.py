@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Any
 
@@ -86,8 +85,8 @@ def print_band(rows: list[dict], n: int) -> None:
 
 def print_long_run(rows: list[dict]) -> None:
     """Each percentile SLO's long-run share over its limit at LONG_RUN_FACTORS x the reference (mean
-    over the runs; at the reference also their SD). A bisection reports the highest rate one window
-    passed, so where windows scatter it can land above the rate its own rule holds at in the long run
+    over the runs, at least 2; at the reference also their SD). A bisection reports the highest rate one
+    window passed, so where windows scatter it can land above the rate its own rule holds at in the long run
     (p99: a share of at most 1 % minus its margin); the rates around it show how fast the share grows
     there, which is how finely a search can place the threshold."""
     factors = " / ".join(f"{f:.2f}" for f in LONG_RUN_FACTORS)
@@ -103,8 +102,7 @@ def print_long_run(rows: list[dict]) -> None:
         for name in runs[1.0][0]:
             values = {f: [run[name] for run in runs[f]] for f in LONG_RUN_FACTORS}
             curve = " / ".join(f"{statistics.mean(v):.2%}" for v in values.values())
-            sd = statistics.stdev(values[1.0]) if len(values[1.0]) > 1 else math.nan
-            parts.append(f"{name} {curve} (SD {sd:.2%})")
+            parts.append(f"{name} {curve} (SD {statistics.stdev(values[1.0]):.2%})")
         print(f"  {r['case']:26} {r['config']:38} " + "; ".join(parts))
 
 
