@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from autotune import __version__
-from autotune.errors import AutotuneError
+from autotune.core.errors import AutotuneError
 
 COMMANDS = {
     "run": "autotune.commands.run",

@@ -2,7 +2,7 @@
 
 For each scenario (model, GPU, workload, SLO set) and each of four valid configs (vLLM's defaults and
 three others), on the simulated engine:
-- `default`: the capacity search as `autotune run` does it (autotune/capacity.py);
+- `default`: the capacity search as `autotune run` does it (autotune/trial/capacity.py);
 - `reference`: the same search with 10x longer warm-ups and windows and a 1 % resolution, the
   long-run answer the default must match (target: within 5 %). One such bisection is itself a sample:
   one unlucky 10,000-request window below the threshold ends it low (the 8B chat defaults gave 13.5,
@@ -56,11 +56,11 @@ from capacity_runs import (  # noqa: E402
 )
 
 from autotune.backends.sim import SimBackend  # noqa: E402
-from autotune.capacity import CapacitySearch, find_capacity  # noqa: E402
-from autotune.config import EngineConfig  # noqa: E402
+from autotune.core.config import EngineConfig  # noqa: E402
+from autotune.measure.slo import parse_slos  # noqa: E402
 from autotune.sim.noise import NoiseModel  # noqa: E402
-from autotune.slo import parse_slos  # noqa: E402
-from autotune.workload_file import load_workload  # noqa: E402
+from autotune.trial.capacity import CapacitySearch, find_capacity  # noqa: E402
+from autotune.workloads.files import load_workload  # noqa: E402
 
 # 10x windows already: no second window for unsure ones;
 # every rate judged on 10x the tail window (queue_free_below=0): the reference does not get cheaper

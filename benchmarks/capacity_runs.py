@@ -13,10 +13,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from autotune.backends.base import TrialResult
 from autotune.backends.sim import SimBackend
-from autotune.config import EngineConfig
-from autotune.slo import Slo
+from autotune.core.config import EngineConfig
+from autotune.measure.result import TrialResult
+from autotune.measure.slo import Slo
 
 CHECK_REQUESTS = 4000
 CHECK_SERVED = 0.95

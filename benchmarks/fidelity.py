@@ -22,15 +22,15 @@ from typing import Any
 import numpy as np
 import yaml
 
-from autotune.config import EngineConfig
-from autotune.errors import EngineStartupError
-from autotune.metrics import compute_metrics
+from autotune.catalog.gpus import GIB, get_gpu
+from autotune.catalog.models import get_model
+from autotune.core.config import EngineConfig
+from autotune.core.errors import EngineStartupError
+from autotune.measure.metrics import compute_metrics
 from autotune.sim.costs import CostModel
-from autotune.sim.engine import simulate
-from autotune.sim.hardware import GIB, get_gpu
 from autotune.sim.memory import plan_memory
-from autotune.sim.models import get_model
-from autotune.workload import Request
+from autotune.sim.replay import simulate
+from autotune.workloads.spec import Request
 
 POINTS = Path(__file__).with_name("fidelity_points.yaml")
 THROUGHPUT = ("request_throughput", "output_throughput", "total_token_throughput")

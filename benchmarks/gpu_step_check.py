@@ -7,7 +7,7 @@ Two modes:
 
 --measure times plain-torch kernels on random bf16 weights with the per-rank layer shapes of models in
 the simulator's catalog (copied into MODELS below, so that this mode runs without autotune; --compare
-checks them against autotune/sim/models.py): one decoder layer's linear GEMMs (qkv, o, gate_up, down,
+checks them against autotune/catalog/models.py): one decoder layer's linear GEMMs (qkv, o, gate_up, down,
 each torch.nn.functional.linear, i.e. cuBLAS), the lm_head GEMM at the sampled rows, SDPA attention
 (prefill: causal over M tokens; decode: B single-token queries against C cached tokens each), and a whole
 decoder layer forward (RMSNorm, simple rotary, SDPA, SiLU-gated MLP). Each point is the median of
@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-# Shapes from autotune/sim/models.py (Hugging Face config.json); tp is the tensor-parallel size whose
+# Shapes from autotune/catalog/models.py (Hugging Face config.json); tp is the tensor-parallel size whose
 # per-rank shapes are measured (heads, KV heads, MLP width and vocabulary are split by tp).
 MODELS: dict[str, dict[str, int]] = {
     "meta-llama/Llama-3.1-8B": dict(

@@ -17,9 +17,9 @@ class SimTerms:
     not have: its GEMM FLOP term split by layer and by sampled row."""
 
     def __init__(self, name: str, gpu_name: str, tp: int) -> None:
+        from autotune.catalog.gpus import get_gpu
+        from autotune.catalog.models import get_model
         from autotune.sim import costs
-        from autotune.sim.hardware import get_gpu
-        from autotune.sim.models import get_model
 
         self.model = model = get_model(name)
         self.gpu = gpu = get_gpu(gpu_name)
@@ -43,8 +43,8 @@ def fmt(x: float, width: int = 8, digits: int = 1) -> str:
 
 
 def compare(args: argparse.Namespace) -> None:
+    from autotune.catalog.models import get_model
     from autotune.sim import costs
-    from autotune.sim.models import get_model
 
     data = json.loads(Path(args.compare).read_text())
     head = data["header"]
@@ -77,7 +77,9 @@ def compare(args: argparse.Namespace) -> None:
             tp=tp,
         )
         if catalog != shape:
-            raise SystemExit(f"{name}: measured shapes {shape} differ from autotune/sim/models.py {catalog}")
+            raise SystemExit(
+                f"{name}: measured shapes {shape} differ from autotune/catalog/models.py {catalog}"
+            )
         L = sim.layers  # noqa: N806
         eff_tflops = sim.peak * costs.GEMM_EFF / 1e12
         print(f"=== {name}, TP={tp} (one rank), {L} layers")

@@ -41,9 +41,9 @@ import httptools
 import httpx
 import numpy as np
 
-from autotune.loadgen import LoadResult, run_load, run_load_sync
-from autotune.sim.server import free_port, start_sim_server
-from autotune.workload import Request
+from autotune.measure.loadgen import LoadResult, run_load, run_load_sync
+from autotune.sim_server.server import free_port, start_sim_server
+from autotune.workloads.spec import Request
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PROBE_S = 0.002  # the loop-lag probe's sleep

@@ -21,23 +21,24 @@ import numpy as np
 from optuna._hypervolume import compute_hypervolume
 from scenarios import Scenario
 
-from autotune.backends.base import TrialResult
 from autotune.backends.sim import SimBackend
-from autotune.config import EngineConfig
-from autotune.objectives import constraints, is_feasible
-from autotune.sim.hardware import get_gpu
-from autotune.sim.models import get_model
-from autotune.space import SearchSpace, violations
-from autotune.study import config_key
-from autotune.trial_task import evaluate_trial
+from autotune.catalog.gpus import get_gpu
+from autotune.catalog.models import get_model
+from autotune.core.config import EngineConfig
+from autotune.measure.result import TrialResult
+from autotune.trial.task import evaluate_trial
+from autotune.tune.objectives import constraints, is_feasible
+from autotune.tune.space import SearchSpace, violations
+from autotune.tune.study import config_key
 
 TARGETS = (0.95, 0.98, 1.0)  # shares of the oracle's best feasible throughput a run is timed to
 WORKLOAD_SEED = 0  # every trial replays the same requests (as `autotune run --seed 0` does)
 # What a cached result keeps of a trial's info: what the constraints read (keeping up) and the capacity.
 KEPT_INFO = ("backlog_growth", "backlog_allowed", "kept_up", "capacity_rate", "capacity_resolution")
 MEASURING = (
-    "capacity.py", "steady_state.py", "metrics.py", "early_abort.py", "objectives.py",
-    "workload.py", "traces.py", "lengths.py", "evidence.py", "slo.py", "config.py", "probe.py",
+    "trial/capacity.py", "trial/probe.py", "measure/steady_state.py", "measure/metrics.py",
+    "measure/early_abort.py", "measure/evidence.py", "measure/slo.py", "tune/objectives.py",
+    "workloads/spec.py", "workloads/traces.py", "workloads/lengths.py", "core/config.py",
 )  # fmt: skip
 HV_REF = 1.1  # reference point of the normalized costs (each in [0, 1] over the feasible grid)
 
@@ -151,7 +152,8 @@ def build_oracle(scenario: Scenario, cache_dir: Path, pool: ProcessPoolExecutor 
 def code_digest() -> str:
     """A short hash of the source that decides a grid's results."""
     root = Path(__file__).resolve().parent.parent / "autotune"
-    files = sorted([*root.glob("sim/*.py"), *root.glob("backends/sim.py"), *(root / n for n in MEASURING)])
+    files = sorted([*root.glob("sim/*.py"), *root.glob("catalog/*.py"), root / "backends/sim.py"])
+    files += [root / n for n in MEASURING]
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.read_bytes())

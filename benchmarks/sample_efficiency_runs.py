@@ -1,6 +1,6 @@
 """The sample-efficiency benchmark's strategies, run against a scenario's grid (the oracle).
 
-The Optuna strategies run autotune's real loop: `Tuner` (autotune/tuner.py) with the sampler from
+The Optuna strategies run autotune's real loop: `Tuner` (autotune/tune/tuner.py) with the sampler from
 `make_sampler` and the study from `start_study` (vLLM's default config is the first trial), validity
 rules, startup screening and dedupe as in `autotune run`; only the executor is a lookup in the grid.
 vLLM's auto_tune.sh is replayed step by step (gpu-memory-utilization back-off, then its 2x4 grid).
@@ -16,15 +16,16 @@ from typing import Any
 import optuna
 from sample_efficiency_grid import WORKLOAD_SEED, Oracle
 
-from autotune.backends.base import FailureKind, TrialResult
-from autotune.config import EngineConfig
-from autotune.objectives import load_objectives
-from autotune.samplers import make_sampler
-from autotune.screen import make_screen
-from autotune.sim.hardware import get_gpu
-from autotune.sim.models import get_model
-from autotune.study import StudySettings, start_study
-from autotune.tuner import Tuner, TunerOptions
+from autotune.catalog.gpus import get_gpu
+from autotune.catalog.models import get_model
+from autotune.core.config import EngineConfig
+from autotune.core.errors import FailureKind
+from autotune.measure.result import TrialResult
+from autotune.tune.objectives import load_objectives
+from autotune.tune.samplers import make_sampler
+from autotune.tune.screen import make_screen
+from autotune.tune.study import StudySettings, start_study
+from autotune.tune.tuner import Tuner, TunerOptions
 
 NO_SCREEN = "-noscreen"  # suffix: the strategy as `autotune run --no-screen` runs it
 # auto_tune.sh's defaults (benchmarks/auto_tune/auto_tune.sh in vLLM)
@@ -134,7 +135,7 @@ def run_optuna(oracle: Oracle, strategy: str, seed: int, n_trials: int) -> list[
     )
     tuner.run()
     # Suggestions rejected before launch (vLLM's rules, screening) and duplicates cost no GPU time and
-    # do not count toward --n-trials (autotune/tuner.py), so they are not trials here either.
+    # do not count toward --n-trials (autotune/tune/tuner.py), so they are not trials here either.
     outcomes, screened, duplicates = [], 0, 0
     for t in study.trials:  # in trial order: the lookup executor runs one trial at a time
         if t.state != optuna.trial.TrialState.COMPLETE:

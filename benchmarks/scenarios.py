@@ -2,7 +2,7 @@
 
 Each space is small enough to evaluate exhaustively on the simulated engine (a few hundred configs), so
 the exhaustive grid is the ground truth every strategy is measured against. The spaces use autotune's
-own YAML schema (autotune/space.py). `max_num_seqs` and `max_num_batched_tokens` take powers of two as
+own YAML schema (autotune/tune/space.py). `max_num_seqs` and `max_num_batched_tokens` take powers of two as
 categorical choices: Optuna has no "log int with a step", and a grid needs a finite set. Every space
 holds vLLM's default config for its GPU, so the baseline trial is a point of the grid.
 
@@ -20,10 +20,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.slo import Slo, parse_slos
-from autotune.space import SearchSpace, space_from_dict
-from autotune.workload import WorkloadSpec
-from autotune.workload_file import load_workload
+from autotune.measure.slo import Slo, parse_slos
+from autotune.tune.space import SearchSpace, space_from_dict
+from autotune.workloads.files import load_workload
+from autotune.workloads.spec import WorkloadSpec
 
 SEQS = [32, 64, 128, 256, 512, 1024]
 BUDGETS = [512, 1024, 2048, 4096, 8192, 16384]

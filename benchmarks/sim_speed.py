@@ -13,9 +13,9 @@ import dataclasses
 import math
 import time
 
-from autotune.config import EngineConfig
-from autotune.sim.engine import simulate
-from autotune.workload_file import load_workload
+from autotune.core.config import EngineConfig
+from autotune.sim.replay import simulate
+from autotune.workloads.files import load_workload
 
 TARGET_S = 1.0
 CASES = (

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from autotune.backends.base import FailureKind
 from autotune.backends.docker import (
     LABEL_OWNER_PID,
     LABEL_TRIAL,
@@ -30,10 +29,10 @@ from autotune.backends.docker import (
     docker_client,
     reap_orphans,
 )
-from autotune.config import EngineConfig
-from autotune.errors import AutotuneError
-from autotune.procs import pid_alive
-from autotune.workload import LengthDist, WorkloadSpec
+from autotune.core.config import EngineConfig
+from autotune.core.errors import AutotuneError, FailureKind
+from autotune.core.procs import pid_alive
+from autotune.workloads.spec import LengthDist, WorkloadSpec
 
 IMAGE = "autotune-sim-test:latest"
 DOCKER_DIR = Path(__file__).parent / "docker"
@@ -142,7 +141,7 @@ def test_ctrl_c_during_a_trial_removes_the_container(docker, sim_image: str, tmp
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_force_cancelled_trial_leaves_no_container(docker, sim_image: str, tmp_path: Path) -> None:
-    from autotune.executor import Executor
+    from autotune.dispatch.executor import Executor
 
     def trial_containers() -> set[str]:
         return {c.id for c in docker.containers.list(all=True, filters={"label": LABEL_TRIAL})}

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.backends.base import FailureKind
 from autotune.backends.failures import BENCHMARK, STARTUP, classify
 from autotune.backends.server_metrics import parse_prometheus, server_figures
-from autotune.secrets import scrub, scrub_args
+from autotune.core.errors import FailureKind
+from autotune.core.secrets import scrub, scrub_args
 
 CHUNKED = (
     "max_num_batched_tokens (2048) is smaller than max_model_len (8192). This effectively limits the "

@@ -19,12 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from autotune.backends.base import FailureKind
 from autotune.backends.process import ProcessBackend
-from autotune.config import EngineConfig
-from autotune.errors import AutotuneError
-from autotune.slo import parse_slos
-from autotune.workload import LengthDist, WorkloadSpec
+from autotune.core.config import EngineConfig
+from autotune.core.errors import AutotuneError, FailureKind
+from autotune.measure.slo import parse_slos
+from autotune.workloads.spec import LengthDist, WorkloadSpec
 
 SIM_SERVER = (sys.executable, "-m", "autotune.cli", "sim-server")
 CONFIG = EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", max_model_len=4096)
@@ -261,7 +260,7 @@ def test_killed_ray_worker_leaves_no_server(tmp_path: Path, kill: str) -> None:
     # the worker's children along; a worker SIGKILLed (e.g. by the OOM killer) relies on PR_SET_PDEATHSIG.
     import ray
 
-    from autotune.trial_task import evaluate_trial
+    from autotune.trial.task import evaluate_trial
 
     task = ray.remote(evaluate_trial).options(num_cpus=1, max_retries=0)
     ref = task.remote(backend("--hang-after", "2"), CONFIG, WORKLOAD, [], 0, (), tmp_path)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.sim.server import start_sim_server
+from autotune.sim_server.server import start_sim_server
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SMALL = """name: small

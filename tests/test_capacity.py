@@ -10,25 +10,26 @@ from pathlib import Path
 import pytest
 from pytest import approx
 
-from autotune.backends.base import FailureKind, TrialResult
 from autotune.backends.process import ProcessBackend
 from autotune.backends.sim import SimBackend
-from autotune.capacity import (
+from autotune.core.config import EngineConfig
+from autotune.core.errors import FailureKind
+from autotune.measure.evidence import FAIL, PASS, UNSURE, Criterion, judge, pool
+from autotune.measure.metrics import RequestRecord, compute_metrics
+from autotune.measure.result import TrialResult
+from autotune.measure.slo import parse_slos
+from autotune.measure.steady_state import relaxation_s
+from autotune.trial.capacity import (
     RELAXATIONS,
     CapacitySearch,
     find_capacity,
     saturation_runs,
     window_requests,
 )
-from autotune.config import EngineConfig
-from autotune.evidence import FAIL, PASS, UNSURE, Criterion, judge, pool
-from autotune.metrics import RequestRecord, compute_metrics
-from autotune.objectives import KEPT_UP_KEY, constraints, is_feasible
-from autotune.probe import Probe, judge_probes, meets, pool_nearby, probe_verdict
-from autotune.slo import parse_slos
-from autotune.steady_state import relaxation_s
-from autotune.workload import LengthDist, WorkloadSpec
-from autotune.workload_file import load_workload
+from autotune.trial.probe import Probe, judge_probes, meets, pool_nearby, probe_verdict
+from autotune.tune.objectives import KEPT_UP_KEY, constraints, is_feasible
+from autotune.workloads.files import load_workload
+from autotune.workloads.spec import LengthDist, WorkloadSpec
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 # Short requests and two sequences at a time: the capacity is a few dozen req/s, found in seconds.

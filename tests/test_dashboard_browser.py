@@ -15,13 +15,14 @@ import optuna
 import pytest
 from test_study import OBJECTIVES, build_run
 
-from autotune import report
 from autotune.backends.sim import SimBackend
-from autotune.config import EngineConfig
-from autotune.dashboard import StudyNote, start_dashboard
-from autotune.export import load_run
-from autotune.study import records
-from autotune.workload_file import load_workload
+from autotune.core.config import EngineConfig
+from autotune.outputs import report
+from autotune.outputs.dashboard import StudyNote, start_dashboard
+from autotune.outputs.export import load_run
+from autotune.outputs.outcome import outcome
+from autotune.tune.study import records
+from autotune.workloads.files import load_workload
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (.ci/install-chromium.sh)")
@@ -58,7 +59,7 @@ def study_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     study = build_run(run_dir, outcomes)
     StudyNote(study, CONTEXT).update(force=True)
     maximize = [o.maximize for o in OBJECTIVES.objectives]
-    out = report.outcome(records(study), OBJECTIVES.names, maximize, CONTEXT["slos"], CONTEXT)
+    out = outcome(records(study), OBJECTIVES.names, maximize, CONTEXT["slos"], CONTEXT)
     report.write_all(run_dir, out)
     return run_dir
 

@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from autotune.early_abort import InFlight, SloGuard, percentile_lower_bound_exceeds, replay_abort_time
-from autotune.metrics import RequestRecord, compute_metrics
-from autotune.slo import Slo, parse_slos
+from autotune.measure.early_abort import InFlight, SloGuard, percentile_lower_bound_exceeds, replay_abort_time
+from autotune.measure.metrics import RequestRecord, compute_metrics
+from autotune.measure.slo import Slo, parse_slos
 
 
 def _record(ttft: float, itl: list[float] | None = None, success: bool = True) -> RequestRecord:
@@ -175,8 +175,8 @@ def test_never_aborts_a_run_that_would_meet_its_slo(seed: int) -> None:
 
 
 def test_abort_savings_follow_the_arrival_schedule_not_the_completion_pace() -> None:
-    from autotune.early_abort import abort_savings
-    from autotune.metrics import RequestRecord
+    from autotune.measure.early_abort import abort_savings
+    from autotune.measure.metrics import RequestRecord
 
     # 1,000 requests at 10 req/s, aborted at 12 s with 5 finished (each took 3 s): the old estimate
     # (elapsed x unfinished / finished) said 2,388 s; the run had ~88 s of arrivals left plus a tail.

@@ -7,9 +7,19 @@ import dataclasses
 import numpy as np
 import pytest
 
-from autotune.evidence import FAIL, PASS, UNSURE, Criterion, Z, judge, pool, sequential_z, slo_criteria
-from autotune.metrics import RequestRecord, compute_metrics
-from autotune.slo import parse_slos
+from autotune.measure.evidence import (
+    FAIL,
+    PASS,
+    UNSURE,
+    Criterion,
+    Z,
+    judge,
+    pool,
+    sequential_z,
+    slo_criteria,
+)
+from autotune.measure.metrics import RequestRecord, compute_metrics
+from autotune.measure.slo import parse_slos
 
 TTFT_P99 = parse_slos("ttft_p99=2s")
 

@@ -16,13 +16,13 @@ import pytest
 import ray.cloudpickle
 import ray.exceptions
 
-from autotune.backends.base import FailureKind, TrialResult
 from autotune.backends.server import free_port
-from autotune.config import EngineConfig
-from autotune.errors import AutotuneError
-from autotune.executor import Executor, parse_gpus
-from autotune.local_executor import LocalExecutor
-from autotune.ray_cluster import check_reachable, lost_node
+from autotune.core.config import EngineConfig
+from autotune.core.errors import AutotuneError, FailureKind
+from autotune.dispatch.executor import Executor, parse_gpus
+from autotune.dispatch.local import LocalExecutor
+from autotune.dispatch.ray_cluster import check_reachable, lost_node
+from autotune.measure.result import TrialResult
 
 # Ray workers cannot import this test module: ship its classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

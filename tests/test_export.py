@@ -10,8 +10,8 @@ import yaml
 from test_study import build_run, ok
 
 from autotune.cli import main
-from autotune.config import EngineConfig
-from autotune.export import ExportOptions, RunInfo, load_run, parse_command, render
+from autotune.core.config import EngineConfig
+from autotune.outputs.export import ExportOptions, RunInfo, load_run, parse_command, render
 
 CONFIG = EngineConfig(
     model="meta-llama/Llama-3.1-8B-Instruct",

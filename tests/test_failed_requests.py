@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from autotune.atomic import atomic_write_text
-from autotune.backends.base import FailureKind
 from autotune.backends.sim import SimBackend
-from autotune.config import EngineConfig
-from autotune.errors import AutotuneError
-from autotune.inputs import check_fits
-from autotune.objectives import constraints, is_feasible
-from autotune.slo import parse_slos
-from autotune.workload import LengthDist, WorkloadSpec
+from autotune.core.atomic import atomic_write_text
+from autotune.core.config import EngineConfig
+from autotune.core.errors import AutotuneError, FailureKind
+from autotune.measure.slo import parse_slos
+from autotune.tune.objectives import constraints, is_feasible
+from autotune.workloads.spec import LengthDist, WorkloadSpec, check_fits
 
 LONG = WorkloadSpec(
     name="long",
@@ -49,7 +47,8 @@ def test_an_atomic_write_that_fails_leaves_the_old_file(tmp_path: Path) -> None:
     target = tmp_path / "best.json"
     target.write_text("old")
     child = (
-        "import resource, signal; from pathlib import Path; from autotune.atomic import atomic_write_text\n"
+        "import resource, signal; from pathlib import Path\n"
+        "from autotune.core.atomic import atomic_write_text\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
         f"atomic_write_text(Path({str(target)!r}), 'x' * 100_000)\n"

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
-from autotune.http_transport import BODY_STREAM, StreamingTransport
-from autotune.loadgen import run_load
-from autotune.sim.server import free_port
-from autotune.workload import Request
+from autotune.measure.http_transport import BODY_STREAM, StreamingTransport
+from autotune.measure.loadgen import run_load
+from autotune.sim_server.server import free_port
+from autotune.workloads.spec import Request
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 

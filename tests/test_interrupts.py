@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from autotune.cli import main
-from autotune.interrupts import deferred_ctrl_c, sigterm_as_ctrl_c
+from autotune.core.interrupts import deferred_ctrl_c, sigterm_as_ctrl_c
 
 
 def test_sigterm_raises_what_ctrl_c_raises() -> None:

@@ -16,9 +16,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.errors import AutotuneError
-from autotune.lease import LEASE_KEY, Lease
-from autotune.study import StudySettings, connect_storage, fail_stale_trials, open_study, start_study
+from autotune.core.errors import AutotuneError
+from autotune.store.lease import LEASE_KEY, Lease
+from autotune.tune.study import StudySettings, connect_storage, fail_stale_trials, open_study, start_study
 
 SETTINGS = StudySettings(
     objectives=["output_throughput"],

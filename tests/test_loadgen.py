@@ -6,12 +6,12 @@ import httpx
 import pytest
 
 from autotune.backends.server_metrics import scrape_metrics, server_figures
-from autotune.early_abort import SloGuard
-from autotune.loadgen import CHAT, run_load_sync
-from autotune.metrics import compute_metrics
-from autotune.sim.server import start_sim_server
-from autotune.slo import parse_slos
-from autotune.workload import Request
+from autotune.measure.early_abort import SloGuard
+from autotune.measure.loadgen import CHAT, run_load_sync
+from autotune.measure.metrics import compute_metrics
+from autotune.measure.slo import parse_slos
+from autotune.sim_server.server import start_sim_server
+from autotune.workloads.spec import Request
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

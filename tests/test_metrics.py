@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from autotune.metrics import BenchmarkResult, RequestRecord, compute_metrics
+from autotune.measure.metrics import BenchmarkResult, RequestRecord, compute_metrics
 
 A = RequestRecord(prompt_len=100, output_len=4, ttft=0.10, itl=[0.02, 0.03, 0.05], latency=0.20)
 B = RequestRecord(prompt_len=200, output_len=3, ttft=0.30, itl=[0.04, 0.06], latency=0.40)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from autotune.progress import Progress, ProgressState, clock, read_probe, render, render_lines, write_probe
+from autotune.trial.live import read_probe, write_probe
+from autotune.tune.progress import Progress, ProgressState, clock, render, render_lines
 
 
 def state(**changes: object) -> ProgressState:

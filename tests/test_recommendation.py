@@ -6,9 +6,9 @@ from pathlib import Path
 
 from test_study import OBJECTIVES, build_run, ok
 
-from autotune.backends.base import TrialResult
-from autotune.recommendation import decide
-from autotune.study import records
+from autotune.measure.result import TrialResult
+from autotune.tune.recommendation import decide
+from autotune.tune.study import records
 
 MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
 
@@ -119,7 +119,7 @@ def test_fixed_load_ties_are_judged_at_one_percent(tmp_path: Path) -> None:
 def test_the_config_the_recommendation_picks_is_re_measured(tmp_path: Path) -> None:
     """Ties on throughput go to the lowest latencies: that pick can be 4th by throughput, and it is the
     one whose gain needs repeats."""
-    from autotune.remeasure import TOP_CANDIDATES, targets
+    from autotune.tune.remeasure import TOP_CANDIDATES, targets
 
     study = build_run(
         tmp_path,

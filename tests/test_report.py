@@ -7,9 +7,10 @@ from pathlib import Path
 import optuna
 from test_study import OBJECTIVES, build_run, ok
 
-from autotune import report
-from autotune.cost import cost_view, sizing
-from autotune.study import records
+from autotune.outputs import report
+from autotune.outputs.cost import cost_view, sizing
+from autotune.outputs.outcome import fmt_number, outcome
+from autotune.tune.study import TrialRecord, records
 
 MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
 
@@ -27,7 +28,7 @@ def three_trials(tmp_path: Path) -> optuna.Study:
 
 def test_outcome_shows_the_gain_and_says_what_to_know(tmp_path: Path) -> None:
     recs = records(three_trials(tmp_path / "a"))
-    infeasible_base = report.outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    infeasible_base = outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
     assert infeasible_base.best is not None and infeasible_base.best.number == 1
     assert "vLLM's default config is infeasible here (violates the SLOs)" in infeasible_base.flags()
 
@@ -38,7 +39,7 @@ def test_outcome_shows_the_gain_and_says_what_to_know(tmp_path: Path) -> None:
             ({"max_num_seqs": 256}, ok(4800, 1700, 25)),
         ],
     )
-    out = report.outcome(records(gain), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    out = outcome(records(gain), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
     assert out.gain_text() == "output_throughput +20.0 % (interval +20.0 % to +20.0 %, one run each)"
     assert report.summary_text(out).count("+20.0 % (interval") == 1 and out.flags() == []  # said once
 
@@ -49,7 +50,7 @@ def test_outcome_shows_the_gain_and_says_what_to_know(tmp_path: Path) -> None:
             ({"max_num_seqs": 256}, ok(4020, 1400, 19)),
         ],
     )
-    kept = report.outcome(records(tie), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    kept = outcome(records(tie), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
     assert kept.best is not None and kept.best.number == 0  # a 0.5 % gain is a tie: keep the defaults
     assert kept.flags() == [
         "the best config found (#1) gains less than the measurement's margin (1.0%): vLLM's defaults are kept"
@@ -61,7 +62,7 @@ def test_cost_view_and_sizing(tmp_path: Path) -> None:
     recs[0].gpu_seconds, recs[0].gpu_seconds_saved = 3600.0, 1800.0
     recs[1].gpu_seconds = 1800.0
     recs[2].gpu_seconds = 120.0  # a launched config that failed to start
-    screened = report.TrialRecord(**{**recs[2].__dict__, "number": 3, "gpu_seconds": 0.0})
+    screened = TrialRecord(**{**recs[2].__dict__, "number": 3, "gpu_seconds": 0.0})
     screened.user_attrs = {**recs[2].user_attrs, "screened": True, "launched": False}
     view = cost_view([*recs, screened], simulated=False)
     assert (view.spent_h, view.saved_abort_h) == (5520 / 3600, 0.5)
@@ -79,7 +80,7 @@ def test_cost_view_and_sizing(tmp_path: Path) -> None:
 
 
 def test_numbers_are_written_for_people() -> None:
-    assert [report.fmt_number(v) for v in (12571.3, 95.81, 0.8234, None, 3)] == [
+    assert [fmt_number(v) for v in (12571.3, 95.81, 0.8234, None, 3)] == [
         "12,571",
         "95.8",
         "0.823",
@@ -89,10 +90,10 @@ def test_numbers_are_written_for_people() -> None:
 
 
 def test_capacity_probes_are_plotted_when_trials_carry_them(tmp_path: Path) -> None:
-    from autotune.plots import plot_probes, top_probed
+    from autotune.outputs.plots import plot_probes, top_probed
 
     recs = records(three_trials(tmp_path))
-    out = report.outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    out = outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
     assert plot_probes(tmp_path / "probes.png", out) is None  # no probes recorded: no figure, no error
     probes = [
         {

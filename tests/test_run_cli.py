@@ -16,8 +16,8 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.cli import main
-from autotune.export import load_run, parse_command
-from autotune.storage_url import run_storage
+from autotune.outputs.export import load_run, parse_command
+from autotune.store.urls import run_storage
 
 SIM_SERVER = f"{sys.executable} -m autotune.cli sim-server"
 

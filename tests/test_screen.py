@@ -13,20 +13,19 @@ import optuna
 import pytest
 import ray.cloudpickle
 
-from autotune.backends.base import FailureKind
 from autotune.backends.sim import SimBackend, SimSession
 from autotune.cli import main
-from autotune.config import EngineConfig
-from autotune.errors import EngineStartupError
-from autotune.executor import Executor
-from autotune.objectives import FAILED_KEY, load_objectives
-from autotune.samplers import make_sampler
-from autotune.screen import PREFIX, Margins, describe, make_screen
+from autotune.core.config import EngineConfig
+from autotune.core.errors import EngineStartupError, FailureKind
+from autotune.dispatch.executor import Executor
+from autotune.measure.slo import parse_slos
 from autotune.sim.engine import SimEngine
-from autotune.slo import parse_slos
-from autotune.space import space_from_dict
-from autotune.tuner import Tuner, TunerOptions
-from autotune.workload_file import load_workload
+from autotune.tune.objectives import FAILED_KEY, load_objectives
+from autotune.tune.samplers import make_sampler
+from autotune.tune.screen import PREFIX, Margins, describe, make_screen
+from autotune.tune.space import space_from_dict
+from autotune.tune.tuner import Tuner, TunerOptions
+from autotune.workloads.files import load_workload
 
 # Ray workers cannot import this test module: ship its classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

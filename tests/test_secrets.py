@@ -7,12 +7,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from autotune.backends.base import FailureKind
 from autotune.backends.process import ProcessBackend
-from autotune.config import EngineConfig
-from autotune.secrets import scrub, scrub_args, secret_args
-from autotune.storage_url import for_run_file, masked
-from autotune.workload import LengthDist, WorkloadSpec
+from autotune.core.config import EngineConfig
+from autotune.core.errors import FailureKind
+from autotune.core.secrets import masked, scrub, scrub_args, secret_args
+from autotune.store.urls import for_run_file
+from autotune.workloads.spec import LengthDist, WorkloadSpec
 
 CONFIG = EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", max_num_batched_tokens=8192, max_num_seqs=64)
 WORKLOAD = WorkloadSpec(

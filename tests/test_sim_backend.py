@@ -5,11 +5,11 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 
-from autotune.backends.base import FailureKind
 from autotune.backends.sim import SimBackend
-from autotune.config import EngineConfig
-from autotune.slo import parse_slos
-from autotune.workload import Request
+from autotune.core.config import EngineConfig
+from autotune.core.errors import FailureKind
+from autotune.measure.slo import parse_slos
+from autotune.workloads.spec import Request
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 

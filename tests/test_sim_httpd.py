@@ -1,4 +1,4 @@
-"""sim-server's own HTTP/1.1 layer (autotune.sim.httpd) on a raw socket: routing errors, keep-alive,
+"""sim-server's own HTTP/1.1 layer (autotune.sim_server.httpd) on a raw socket: routing errors, keep-alive,
 pipelining, `Connection: close`, HEAD, malformed requests, and a quick exit on SIGTERM mid-stream."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from autotune.sim.server import SimServerProcess, start_sim_server
+from autotune.sim_server.server import SimServerProcess, start_sim_server
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -94,8 +94,8 @@ class _Conn:
 
 
 def test_a_paused_stream_holds_its_tokens_and_writes_them_in_one_chunk_on_resume() -> None:
-    from autotune.sim.service import Pending
-    from autotune.sim.sse import ChunkWriter, SseStream
+    from autotune.sim_server.service import Pending
+    from autotune.sim_server.sse import ChunkWriter, SseStream
 
     state = Pending(key=0, rid="r", arrival=0.0, prompt_tokens=5, max_tokens=4, finish_reason="length")
     conn = _Conn()
@@ -120,7 +120,7 @@ def test_a_burst_of_requests_is_read_before_their_handlers_run() -> None:
     in its socket while earlier handlers work (time the client counts and the server's clock would not)."""
     import asyncio
 
-    from autotune.sim.httpd import DISPATCH_BATCH, HttpConnection, HttpRequest, start_http_server
+    from autotune.sim_server.httpd import DISPATCH_BATCH, HttpConnection, HttpRequest, start_http_server
 
     burst = DISPATCH_BATCH + 4
     handled: list[tuple[float, float]] = []  # (read_at, handler start) per request

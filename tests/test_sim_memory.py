@@ -6,13 +6,12 @@ import json
 
 import pytest
 
-from autotune.backends.base import FailureKind
-from autotune.config import EngineConfig
-from autotune.errors import AutotuneError, EngineStartupError
+from autotune.catalog.gpus import get_gpu
+from autotune.catalog.models import get_model
+from autotune.core.config import EngineConfig
+from autotune.core.errors import AutotuneError, EngineStartupError, FailureKind
 from autotune.sim.engine import SimEngine
-from autotune.sim.hardware import get_gpu
 from autotune.sim.memory import cuda_graph_sizes
-from autotune.sim.models import get_model
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"

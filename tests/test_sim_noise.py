@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from autotune.backends.sim import SimBackend
-from autotune.config import EngineConfig
+from autotune.core.config import EngineConfig
 from autotune.sim.noise import NoiseModel
-from autotune.workload import LengthDist, WorkloadSpec
+from autotune.workloads.spec import LengthDist, WorkloadSpec
 
 CONFIG = EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", max_num_seqs=64)
 WORKLOAD = WorkloadSpec(

@@ -12,11 +12,11 @@ import httpx
 import numpy as np
 import pytest
 
-from autotune.config import EngineConfig
-from autotune.loadgen import run_load_sync
-from autotune.sim.engine import simulate
-from autotune.sim.server import SimServerProcess, start_sim_server
-from autotune.workload import Request
+from autotune.core.config import EngineConfig
+from autotune.measure.loadgen import run_load_sync
+from autotune.sim.replay import simulate
+from autotune.sim_server.server import SimServerProcess, start_sim_server
+from autotune.workloads.spec import Request
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

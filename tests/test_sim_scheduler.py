@@ -6,10 +6,11 @@ from collections import Counter
 
 import numpy as np
 
-from autotune.config import EngineConfig
-from autotune.metrics import compute_metrics
-from autotune.sim.engine import SimEngine, simulate
-from autotune.workload import Request
+from autotune.core.config import EngineConfig
+from autotune.measure.metrics import compute_metrics
+from autotune.sim.engine import SimEngine
+from autotune.sim.replay import simulate
+from autotune.workloads.spec import Request
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from autotune.sim.server import SimServerProcess, start_sim_server
+from autotune.sim_server.server import SimServerProcess, start_sim_server
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

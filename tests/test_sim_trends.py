@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autotune.config import EngineConfig
-from autotune.errors import EngineStartupError
-from autotune.metrics import BenchmarkResult, compute_metrics
-from autotune.sim.engine import SimEngine, SimRun, simulate
-from autotune.workload import Request
+from autotune.core.config import EngineConfig
+from autotune.core.errors import EngineStartupError
+from autotune.measure.metrics import BenchmarkResult, compute_metrics
+from autotune.sim.engine import SimEngine
+from autotune.sim.replay import SimRun, simulate
+from autotune.workloads.spec import Request
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.errors import AutotuneError
-from autotune.metrics import RequestRecord, compute_metrics
-from autotune.slo import parse_slos
+from autotune.core.errors import AutotuneError
+from autotune.measure.metrics import RequestRecord, compute_metrics
+from autotune.measure.slo import parse_slos
 
 
 def test_parse_units_stats_and_repeats() -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.config import EngineConfig
-from autotune.errors import AutotuneError
-from autotune.space import load_space, space_from_dict, violations
+from autotune.core.config import EngineConfig
+from autotune.core.errors import AutotuneError
+from autotune.tune.space import load_space, space_from_dict, violations
 
 
 @pytest.mark.parametrize("name", ["vllm", "small", "tp"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from autotune.metrics import RequestRecord
-from autotune.steady_state import Window, measure_window, plan_window, steadiness
+from autotune.measure.metrics import RequestRecord
+from autotune.measure.steady_state import Window, measure_window, plan_window, steadiness
 
 
 def records(rate: float, service_rate: float, seconds: float, lifetime: float = 2.0, seed: int = 0) -> list:

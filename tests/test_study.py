@@ -11,19 +11,19 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.backends.base import FailureKind, TrialResult
 from autotune.backends.sim import SimBackend
-from autotune.config import EngineConfig
-from autotune.errors import AutotuneError
-from autotune.executor import Executor
-from autotune.export import RunInfo
-from autotune.metrics import BenchmarkResult
-from autotune.objectives import FAILED_KEY, KEPT_UP_KEY, load_objectives
-from autotune.progress import ProgressState
-from autotune.samplers import GP_MODULES, auto_sampler, make_sampler
-from autotune.slo import parse_slos
-from autotune.space import space_from_dict
-from autotune.study import (
+from autotune.core.config import EngineConfig
+from autotune.core.errors import AutotuneError, FailureKind
+from autotune.dispatch.executor import Executor
+from autotune.measure.metrics import BenchmarkResult
+from autotune.measure.result import TrialResult
+from autotune.measure.slo import parse_slos
+from autotune.outputs.export import RunInfo
+from autotune.tune.objectives import FAILED_KEY, KEPT_UP_KEY, load_objectives
+from autotune.tune.progress import ProgressState
+from autotune.tune.samplers import GP_MODULES, auto_sampler, make_sampler
+from autotune.tune.space import space_from_dict
+from autotune.tune.study import (
     StudySettings,
     config_key,
     connect_storage,
@@ -35,8 +35,8 @@ from autotune.study import (
     start_study,
     tell_result,
 )
-from autotune.tuner import MAX_DUPLICATES_IN_A_ROW, Tuner, TunerOptions
-from autotune.workload_file import load_workload
+from autotune.tune.tuner import MAX_DUPLICATES_IN_A_ROW, Tuner, TunerOptions
+from autotune.workloads.files import load_workload
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 OBJECTIVES = load_objectives("default")

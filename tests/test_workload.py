@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotune.errors import AutotuneError
-from autotune.lengths import LengthDist
-from autotune.traces import DATA_DIR, TraceSource
-from autotune.workload import Request, WorkloadSpec, prompt_token_ids, rate_arrivals
-from autotune.workload_file import load_workload, spec_from_dict
+from autotune.core.errors import AutotuneError
+from autotune.workloads.files import load_workload, spec_from_dict
+from autotune.workloads.lengths import LengthDist
+from autotune.workloads.spec import Request, WorkloadSpec, prompt_token_ids, rate_arrivals
+from autotune.workloads.traces import DATA_DIR, TraceSource
 
 N = 4000  # large enough that sample means are within a few percent
 

@@ -24,10 +24,10 @@ from autotune.backends.server import (
     TrialLimits,
     server_session,
 )
-from autotune.config import EngineConfig
-from autotune.errors import AutotuneError
-from autotune.procs import pid_alive
-from autotune.secrets import scrub, scrub_args, secret_args
+from autotune.core.config import EngineConfig
+from autotune.core.errors import AutotuneError
+from autotune.core.procs import pid_alive
+from autotune.core.secrets import scrub, scrub_args, secret_args
 
 CONTAINER_PORT = 8000
 CONTAINER_HF_CACHE = "/root/.cache/huggingface"

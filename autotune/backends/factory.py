@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.core.errors import AutotuneError
 
 BACKENDS = ("sim", "vllm", "docker")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import signal
 
-from autotune.backends.base import FailureKind
+from autotune.core.errors import FailureKind
 
 STARTUP = "startup"
 BENCHMARK = "benchmark"

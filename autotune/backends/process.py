@@ -24,9 +24,9 @@ from autotune.backends.server import (
     read_tail,
     server_session,
 )
-from autotune.config import EngineConfig
-from autotune.errors import AutotuneError
-from autotune.secrets import scrub, scrub_args, secret_args
+from autotune.core.config import EngineConfig
+from autotune.core.errors import AutotuneError
+from autotune.core.secrets import scrub, scrub_args, secret_args
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 COPIER_JOIN_S = 5.0

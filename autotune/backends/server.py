@@ -26,14 +26,15 @@ from typing import Any, Protocol
 
 import httpx
 
-from autotune.backends.base import FailureKind, TrialResult, requests_failed_message
 from autotune.backends.failures import BENCHMARK, STARTUP, classify
 from autotune.backends.server_metrics import KvSampler, parse_prometheus, scrape_metrics, server_figures
-from autotune.config import EngineConfig
-from autotune.metrics import BenchmarkResult
-from autotune.secrets import scrub
-from autotune.slo import Slo
-from autotune.steady_state import LOAD_KEYS, load_kind, measure_window
+from autotune.core.config import EngineConfig
+from autotune.core.errors import FailureKind
+from autotune.core.secrets import scrub
+from autotune.measure.metrics import BenchmarkResult
+from autotune.measure.result import TrialResult, requests_failed_message
+from autotune.measure.slo import Slo
+from autotune.measure.steady_state import LOAD_KEYS, load_kind, measure_window
 
 LOG_NAME = "server.log"
 LOG_TAIL_LINES = 40
@@ -316,7 +317,7 @@ def _benchmark(
     salt: int,
 ) -> tuple[BenchmarkResult | None, _Failure | None]:
     """Run the workload; the metrics when it completed, else the (possibly partial) failure."""
-    from autotune.early_abort import SloGuard
+    from autotune.measure.early_abort import SloGuard
 
     requests = workload.requests(seed)
     measure_from = getattr(workload, "measure_from", 0.0)
@@ -371,7 +372,7 @@ def _judge(
             FailureKind.REQUESTS_FAILED, requests_failed_message(failed, len(load.records)), metrics
         )
     if load.aborted:
-        from autotune.early_abort import abort_savings
+        from autotune.measure.early_abort import abort_savings
 
         unfinished = load.cancelled + load.not_sent
         saved_s = abort_savings(load.records, arrivals, load.duration, unfinished, limits.benchmark_timeout_s)
@@ -402,7 +403,7 @@ def _load(
     measure_from: float = 0.0,
 ) -> Any:
     """Run the load generator (in its own event loop); None when `total_timeout_s` ran out."""
-    from autotune.loadgen import run_load
+    from autotune.measure.loadgen import run_load
 
     async def main() -> Any:
         sampling = asyncio.create_task(sampler.run()) if sampler is not None else None
@@ -432,7 +433,7 @@ def _load(
 
 
 def _warmup_request() -> Any:
-    from autotune.workload import Request
+    from autotune.workloads.spec import Request
 
     return Request(request_id=WARMUP_REQUEST_ID, prompt_len=WARMUP_PROMPT_LEN, output_len=WARMUP_OUTPUT_LEN)
 

@@ -16,18 +16,20 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import Backend, FailureKind, TrialResult, requests_failed_message
+from autotune.backends.base import Backend
 from autotune.backends.server import TrialLimits
-from autotune.config import EngineConfig
-from autotune.early_abort import replay_abort_time
-from autotune.errors import EngineStartupError
-from autotune.sim.engine import SimEngine, SimRun, simulate
-from autotune.sim.hardware import GIB, get_gpu
+from autotune.catalog.gpus import GIB, get_gpu
+from autotune.catalog.models import get_model
+from autotune.core.config import EngineConfig
+from autotune.core.errors import EngineStartupError, FailureKind
+from autotune.measure.early_abort import replay_abort_time
+from autotune.measure.result import TrialResult, requests_failed_message
+from autotune.measure.slo import Slo
+from autotune.measure.steady_state import load_kind, measure_window
+from autotune.sim.engine import SimEngine
 from autotune.sim.memory import MemoryPlan
-from autotune.sim.models import get_model
 from autotune.sim.noise import NoiseModel, StepNoise
-from autotune.slo import Slo
-from autotune.steady_state import load_kind, measure_window
+from autotune.sim.replay import SimRun, simulate
 
 _BENCHMARK_LIMIT_S = TrialLimits().benchmark_timeout_s
 

@@ -14,9 +14,9 @@ import sys
 from typing import Any
 
 from autotune.backends.factory import BACKENDS
-from autotune.config import ENGINE_FLAGS, EngineConfig, check_flags, parse_value
-from autotune.errors import AutotuneError
-from autotune.inputs import add_startup_timeout
+from autotune.core.config import ENGINE_FLAGS, EngineConfig, check_flags, parse_value
+from autotune.core.errors import AutotuneError
+from autotune.core.inputs import add_startup_timeout
 from autotune.sim.noise import add_noise_argument, noise_model
 
 HELP = "Benchmark one vLLM config on one workload (simulated by default) and print the metrics."
@@ -68,8 +68,8 @@ def parse_settings(settings: list[str]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; exit 1 with vLLM's message (a JSON object with --json) when the config fails."""
-    from autotune.slo import parse_slos
-    from autotune.workload_file import load_workload
+    from autotune.measure.slo import parse_slos
+    from autotune.workloads.files import load_workload
 
     slos = parse_slos(args.slo)
     workload = load_workload(args.workload)
@@ -77,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
         return _bench_url(args, workload, slos)
     config, resolved, gpu = _config(args)
     from autotune.backends.factory import make_backend
-    from autotune.inputs import check_fits, known_max_model_len, serve_command
+    from autotune.catalog.models import known_max_model_len
+    from autotune.core.inputs import serve_command
+    from autotune.workloads.spec import check_fits
 
     check_fits(workload, args.seed, known_max_model_len(config.model, config.max_model_len, args.backend))
     backend = make_backend(
@@ -96,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bench_url(args: argparse.Namespace, workload: Any, slos: list[Any]) -> int:
-    from autotune.remote import RemoteServer
+    from autotune.backends.remote import RemoteServer
 
     server = RemoteServer(args.url)
     model = args.model or server.served_model()
@@ -114,9 +116,9 @@ def _bench_url(args: argparse.Namespace, workload: Any, slos: list[Any]) -> int:
 
 def _config(args: argparse.Namespace) -> tuple[EngineConfig, dict[str, Any], str]:
     """The config as `run` builds a trial's (space's fixed flags, then --set), and its resolved flags."""
-    from autotune.sim.hardware import get_gpu
-    from autotune.sim.models import get_model
-    from autotune.space import load_space
+    from autotune.catalog.gpus import get_gpu
+    from autotune.catalog.models import get_model
+    from autotune.tune.space import load_space
 
     space = load_space(args.space).with_overrides(model=args.model, gpu=args.gpu)
     config = space.config(parse_settings(args.settings))

@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from autotune.inputs import port_number
+from autotune.core.inputs import port_number
 
 HELP = "Serve optuna-dashboard for a run's study on 127.0.0.1 (the URL is printed); Ctrl-C stops it."
 
@@ -20,10 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
-    from autotune.dashboard import start_dashboard
-    from autotune.errors import AutotuneError
-    from autotune.export import load_run
-    from autotune.storage_url import run_storage
+    from autotune.core.errors import AutotuneError
+    from autotune.outputs.dashboard import start_dashboard
+    from autotune.outputs.export import load_run
+    from autotune.store.urls import run_storage
 
     info = load_run(args.run_dir)
     _write_note(info)
@@ -46,8 +46,8 @@ def _write_note(info: Any) -> None:
     """Refresh the study's note and feasibility figure (a study from before they existed gets them)."""
     import optuna
 
-    from autotune.dashboard import StudyNote
-    from autotune.errors import AutotuneError
+    from autotune.core.errors import AutotuneError
+    from autotune.outputs.dashboard import StudyNote
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:

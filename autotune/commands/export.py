@@ -13,7 +13,7 @@ HELP = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `autotune export` options."""
-    from autotune.export import FORMATS
+    from autotune.outputs.export import FORMATS
 
     parser.add_argument("run_dir", metavar="RUN", help="a run folder, e.g. runs/<study>")
     parser.add_argument("--trial", type=int, help="trial number (default: the recommended config)")
@@ -31,12 +31,13 @@ def run(args: argparse.Namespace) -> int:
     """Print the export on stdout."""
     import optuna
 
-    from autotune import export
-    from autotune.errors import AutotuneError
-    from autotune.recommendation import decide
-    from autotune.storage import storage_error
-    from autotune.storage_url import masked, run_storage
-    from autotune.study import records
+    from autotune.core.errors import AutotuneError
+    from autotune.core.secrets import masked
+    from autotune.outputs import export
+    from autotune.store.storage import storage_error
+    from autotune.store.urls import run_storage
+    from autotune.tune.recommendation import decide
+    from autotune.tune.study import records
 
     info = export.load_run(args.run_dir)
     storage = run_storage(info)

@@ -10,7 +10,7 @@ from typing import Any
 
 from autotune.backends.factory import BACKENDS
 from autotune.commands import run_end
-from autotune.inputs import add_startup_timeout, positive_seconds
+from autotune.core.inputs import add_startup_timeout, positive_seconds
 from autotune.sim.noise import add_noise_argument, noise_model
 
 HELP = "Tune vLLM launch flags with Optuna + Ray: SLOs as constraints, Pareto front, ready-to-paste flags."
@@ -103,7 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run (or resume) a study and write its results to runs/<study>/."""
-    from autotune.errors import AutotuneError
+    from autotune.core.errors import AutotuneError
 
     if args.n_trials < 1:
         raise AutotuneError("--n-trials must be at least 1")
@@ -139,23 +139,19 @@ class _Setup:
 def _prepare(args: argparse.Namespace) -> _Setup:
     """Read and check every input before anything starts (each bad input: one AutotuneError line)."""
     from autotune.backends.factory import make_backend
-    from autotune.errors import AutotuneError
-    from autotune.executor import parse_gpus
-    from autotune.inputs import (
-        check_fits,
-        check_gpus_text,
-        check_runs_dir,
-        known_max_model_len,
-        serve_command,
-    )
-    from autotune.objectives import load_objectives
-    from autotune.sim.hardware import get_gpu
-    from autotune.slo import parse_slos
-    from autotune.space import load_space
-    from autotune.storage import check_sqlite_file, preflight_storage
-    from autotune.storage_url import absolute
-    from autotune.study import check_not_driven, default_study_name, sqlite_url
-    from autotune.workload_file import load_workload
+    from autotune.catalog.gpus import get_gpu
+    from autotune.catalog.models import known_max_model_len
+    from autotune.core.errors import AutotuneError
+    from autotune.core.inputs import check_gpus_text, check_runs_dir, serve_command
+    from autotune.dispatch.executor import parse_gpus
+    from autotune.measure.slo import parse_slos
+    from autotune.store.storage import check_sqlite_file, preflight_storage
+    from autotune.store.urls import absolute
+    from autotune.tune.objectives import load_objectives
+    from autotune.tune.space import load_space
+    from autotune.tune.study import check_not_driven, default_study_name, sqlite_url
+    from autotune.workloads.files import load_workload
+    from autotune.workloads.spec import check_fits
 
     check_runs_dir(Path(args.runs_dir))
     space = load_space(args.space).with_overrides(model=args.model, gpu=args.gpu)
@@ -204,7 +200,7 @@ def _untuned_for(space: Any, workload: Any) -> tuple[Any, str | None]:
     Prefix caching only changes a result when prompts share prefixes; on a workload whose prompts never
     do, both values measure the same and every trial spent on the difference is wasted.
     """
-    from autotune.config import EngineConfig
+    from autotune.core.config import EngineConfig
 
     name = "enable_prefix_caching"
     if name not in space.names or workload.shares_prefixes:
@@ -219,8 +215,8 @@ def _untuned_for(space: Any, workload: Any) -> tuple[Any, str | None]:
 
 def _check_tp_fits(space: Any) -> None:
     """A model whose weights do not fit the space's largest TP: one clear error, not N startup failures."""
-    from autotune.errors import AutotuneError
-    from autotune.screen import required_tp
+    from autotune.core.errors import AutotuneError
+    from autotune.tune.screen import required_tp
 
     tp_param = next((p for p in space.params if p.name == "tensor_parallel_size"), None)
     largest = max(tp_param.grid_values()) if tp_param else int(space.fixed.get("tensor_parallel_size", 1))
@@ -234,11 +230,11 @@ def _check_tp_fits(space: Any) -> None:
 
 def _execute(args: argparse.Namespace, s: _Setup) -> int:
     from autotune.commands.run_executor import open_executor
-    from autotune.errors import RunFailure
-    from autotune.interrupts import sigterm_as_ctrl_c
-    from autotune.samplers import make_sampler
-    from autotune.storage import storage_error
-    from autotune.study import StudySettings
+    from autotune.core.errors import RunFailure
+    from autotune.core.interrupts import sigterm_as_ctrl_c
+    from autotune.store.storage import storage_error
+    from autotune.tune.samplers import make_sampler
+    from autotune.tune.study import StudySettings
 
     settings = StudySettings(
         objectives=s.objectives.names,
@@ -268,17 +264,17 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
 
 
 def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, executor: Any) -> int:
-    """Open the study (one driver: autotune.lease), run the tuner, write the results whatever happens."""
-    from autotune.dashboard import StudyNote
-    from autotune.errors import RunFailure
-    from autotune.export import RunInfo
-    from autotune.lease import Lease
-    from autotune.progress import Progress
-    from autotune.ray_cluster import ClusterLost
-    from autotune.screen import describe, make_screen
-    from autotune.storage_url import for_run_file
-    from autotune.study import start_study
-    from autotune.tuner import Tuner, TunerOptions
+    """Open the study (one driver: store/lease.py), run the tuner, write the results whatever happens."""
+    from autotune.core.errors import RunFailure
+    from autotune.dispatch.ray_cluster import ClusterLost
+    from autotune.outputs.dashboard import StudyNote
+    from autotune.outputs.export import RunInfo
+    from autotune.store.lease import Lease
+    from autotune.store.urls import for_run_file
+    from autotune.tune.progress import Progress
+    from autotune.tune.screen import describe, make_screen
+    from autotune.tune.study import start_study
+    from autotune.tune.tuner import Tuner, TunerOptions
 
     # The study is created only once the GPUs checked out: a corrected command must not meet a
     # half-made study that asks for --resume.
@@ -368,8 +364,8 @@ def _load_text(s: _Setup) -> str:
 def _print_estimate(args: argparse.Namespace, s: _Setup, baseline: dict[str, Any], gpus: int) -> None:
     """Before a real-GPU run: time and GPU-hours, from the baseline trial replayed on the simulator."""
     from autotune.backends.sim import SimBackend
-    from autotune.cost import estimate_run
-    from autotune.executor import evaluate_trial
+    from autotune.dispatch.executor import evaluate_trial
+    from autotune.outputs.cost import estimate_run
 
     config = s.space.config(baseline)
     tp = max(1, config.tensor_parallel_size)
@@ -389,7 +385,7 @@ def _print_estimate(args: argparse.Namespace, s: _Setup, baseline: dict[str, Any
 
 
 def _start_dashboard(storage: str) -> Any:
-    from autotune.dashboard import start_dashboard
+    from autotune.outputs.dashboard import start_dashboard
 
     server = start_dashboard(storage)
     print(f"autotune: optuna-dashboard at {server.url}", file=sys.stderr)

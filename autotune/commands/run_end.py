@@ -12,9 +12,9 @@ from typing import Any
 
 def run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
     """tuner.run(); an interrupt or a storage fault ends in one line that says how to continue."""
-    from autotune.errors import RunFailure
-    from autotune.ray_cluster import ClusterLost
-    from autotune.storage import storage_error
+    from autotune.core.errors import RunFailure
+    from autotune.dispatch.ray_cluster import ClusterLost
+    from autotune.store.storage import storage_error
 
     try:
         return tuner.run()
@@ -60,10 +60,11 @@ def write_results(
 ) -> tuple[Any, str]:
     """Write the results (Ctrl-C waits until they are complete): (the outcome and records, ''), or
     (None, why) when they could not be written (a full disk: the study still has every trial)."""
-    from autotune import report
-    from autotune.interrupts import deferred_ctrl_c
-    from autotune.storage import storage_error
-    from autotune.study import records
+    from autotune.core.interrupts import deferred_ctrl_c
+    from autotune.outputs import report
+    from autotune.outputs.outcome import outcome as read_outcome
+    from autotune.store.storage import storage_error
+    from autotune.tune.study import records
 
     out, problem = None, ""
     with deferred_ctrl_c():
@@ -71,7 +72,7 @@ def write_results(
             recs = records(study)
             maximize = [o.maximize for o in s.objectives.objectives]
             slos = [str(slo) for slo in s.slos]
-            outcome = report.outcome(
+            outcome = read_outcome(
                 recs,
                 s.objectives.names,
                 maximize,
@@ -107,7 +108,7 @@ def stop(lease: Any, dashboard: Any, run_dir: Path, write_lease: bool = True) ->
 
 def print_summary(written: Any, summary: Any, run_dir: Path) -> None:
     """The front, the recommendation and what the run did, on stdout."""
-    from autotune import report
+    from autotune.outputs import report
 
     out, recs = written
     print(report.summary_text(out))

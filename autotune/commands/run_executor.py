@@ -15,10 +15,10 @@ def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, bool]:
     """(executor, whether this run started or joined Ray) for the checked inputs `s` (run._Setup): in
     process for a small simulated run (no
     Ray start, no Ray notices), else Ray tasks on a local cluster or the one at --ray-address."""
-    from autotune.errors import AutotuneError
-    from autotune.executor import Executor
-    from autotune.local_executor import LocalExecutor
-    from autotune.ray_cluster import start_ray
+    from autotune.core.errors import AutotuneError
+    from autotune.dispatch.executor import Executor
+    from autotune.dispatch.local import LocalExecutor
+    from autotune.dispatch.ray_cluster import start_ray
 
     sim = args.backend == "sim"
     if sim and args.parallel == 1 and not s.gpu_ids and not args.ray_address:
@@ -37,7 +37,7 @@ def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, bool]:
     owns_ray = start_ray(args.ray_address, max(args.parallel, 1), fake_gpus, devices)
     timeout = args.trial_timeout or (SIM_TRIAL_TIMEOUT_S if sim else REAL_TRIAL_TIMEOUT_S)
     if s.workload.load == "capacity":
-        from autotune.capacity import MAX_PROBES, MAX_WINDOWS
+        from autotune.trial.capacity import MAX_PROBES, MAX_WINDOWS
 
         # the saturation run and every window of every probe
         timeout *= MAX_PROBES * MAX_WINDOWS + 1 if not args.trial_timeout else 1

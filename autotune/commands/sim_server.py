@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from autotune.inputs import port_number
+from autotune.core.inputs import port_number
 
 HELP = "Serve the simulated vLLM engine as an OpenAI-compatible server (takes vllm serve's flags)."
 
@@ -61,10 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build the engine config from the flags and serve; exit 1 when the engine refuses the config."""
-    from autotune.config import ENGINE_FLAGS, EngineConfig
-    from autotune.errors import AutotuneError
-    from autotune.sim.hardware import get_gpu
-    from autotune.sim.server import ServerOptions, serve
+    from autotune.catalog.gpus import get_gpu
+    from autotune.core.config import ENGINE_FLAGS, EngineConfig
+    from autotune.core.errors import AutotuneError
+    from autotune.sim_server.server import ServerOptions, serve
 
     model = args.model_flag or args.model_tag
     if not model:
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m autotune.commands.sim_server ...`: the command without loading the whole CLI."""
     import sys
 
-    from autotune.errors import AutotuneError
+    from autotune.core.errors import AutotuneError
 
     parser = argparse.ArgumentParser(prog="autotune sim-server", description=HELP)
     add_arguments(parser)

@@ -18,9 +18,9 @@ benchmarks/fidelity_points.yaml (docs/simulator.md, "Fidelity").
 
 from __future__ import annotations
 
-from autotune.sim.hardware import GpuSpec
+from autotune.catalog.gpus import GpuSpec
+from autotune.catalog.models import ModelSpec
 from autotune.sim.memory import MAX_CUDA_GRAPH_SIZE
-from autotune.sim.models import ModelSpec
 
 GEMM_EFF = 0.60  # achieved / peak bf16 for large GEMMs (prefill)
 GEMM_HALF_M = 32  # tokens at which a GEMM reaches half of GEMM_EFF (tile and wave quantization)

@@ -17,107 +17,21 @@ recovered at the end from the global step-time array and each request's [first, 
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from autotune.config import EngineConfig
-from autotune.metrics import RequestRecord
+from autotune.catalog.gpus import GpuSpec, get_gpu
+from autotune.catalog.models import ModelSpec, get_model
+from autotune.core.config import EngineConfig
+from autotune.measure.metrics import RequestRecord
 from autotune.sim.costs import CostModel
 from autotune.sim.frontend import FrontendModel
-from autotune.sim.hardware import GpuSpec, get_gpu
 from autotune.sim.kv_pool import BlockPool
 from autotune.sim.memory import MemoryPlan, plan_memory
-from autotune.sim.models import ModelSpec, get_model
 from autotune.sim.noise import StepNoise
-from autotune.workload import Request
-
-_KEY_STRIDE = 1 << 22  # block index bound per request in the integer block-hash keys
-
-
-@dataclass
-class StepOutput:
-    """What one engine step did: its duration, the tokens it emitted and the requests it finished."""
-
-    duration: float
-    new_tokens: list[tuple[int, int]] = field(default_factory=list)  # (request_id, tokens emitted)
-    finished: list[int] = field(default_factory=list)
-
-
-@dataclass
-class EngineStats:
-    """vLLM's server-side counters and gauges (the /metrics names without the `vllm:` prefix)."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_cache_usage: float = 0.0
-    peak_kv_cache_usage: float = 0.0
-    num_preemptions: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    prefix_cache_queries: int = 0  # tokens looked up
-    prefix_cache_hits: int = 0  # tokens found
-    num_aborted: int = 0  # requests aborted before they finished (vllm:request_success_total{abort})
-
-
-@dataclass
-class SimRun:
-    """The result of replaying a workload on the simulated engine."""
-
-    records: list[RequestRecord]
-    duration: float
-    stats: EngineStats
-    memory: MemoryPlan
-    num_steps: int
-
-
-class _Req:
-    """Engine-side state of one request."""
-
-    __slots__ = (
-        "rid", "prompt_len", "output_len", "prefix_id", "prefix_blocks", "send_time", "outputs",
-        "computed", "blocks", "cached_upto", "gen", "decode_start", "decode_outputs", "finish_step",
-        "segments", "prompt_counted", "seq", "ready",
-    )  # fmt: skip
-
-    def __init__(self, request: Request, send_time: float, block_size: int) -> None:
-        self.rid = request.request_id
-        self.prompt_len = max(1, request.prompt_len)
-        self.output_len = max(1, request.output_len)
-        self.prefix_id = request.prefix_id
-        self.prefix_blocks = (
-            min(request.prefix_len, self.prompt_len) // block_size if request.prefix_id is not None else 0
-        )
-        self.send_time = send_time
-        self.outputs = 0  # output tokens emitted before the current decode run
-        self.computed = 0  # tokens with KV (valid while waiting or prefilling)
-        self.blocks: list[int] = []
-        self.cached_upto = 0  # blocks[:cached_upto] are registered in the prefix cache
-        self.gen = 0  # bumped on preemption: invalidates pending events
-        self.decode_start = -1  # step of the first decode of the current run (-1: not decoding)
-        self.decode_outputs = 0  # outputs when the current decode run started
-        self.finish_step = -1
-        self.segments: list[tuple[int, int]] = []  # [first, last] steps of token emission runs
-        self.prompt_counted = False
-        self.seq = 0  # admission sequence number: running order
-        self.ready = send_time  # when the API server has handed it to the engine core
-
-    def key(self, i: int) -> object:
-        """Hash of full block i: shared prefix blocks by prefix, the rest unique to the request."""
-        if i < self.prefix_blocks:
-            return (self.prefix_id, i)
-        return self.rid * _KEY_STRIDE + i
-
-    def computed_at(self, step: int) -> int:
-        """KV tokens of a decoding request before `step` runs."""
-        return self.prompt_len + self.decode_outputs - 1 + (step - self.decode_start)
-
-
-def _by_seq(r: _Req) -> int:
-    return r.seq
+from autotune.sim.state import EngineRequest, EngineStats, StepOutput, by_admission
+from autotune.workloads.spec import Request
 
 
 class SimEngine:
@@ -147,13 +61,13 @@ class SimEngine:
         self._chunked = self.config.enable_chunked_prefill
         self._caching = self.config.enable_prefix_caching
         self._pool = BlockPool(self.memory.num_gpu_blocks)
-        self._waiting: deque[_Req] = deque()
-        self._running: dict[int, _Req] = {}  # admission order; the last one is the newest
-        self._prefilling: _Req | None = None  # the running request mid-prefill (always the newest)
-        self._block_events: dict[int, list[tuple[_Req, int]]] = {}
-        self._finish_events: dict[int, list[tuple[_Req, int]]] = {}
+        self._waiting: deque[EngineRequest] = deque()
+        self._running: dict[int, EngineRequest] = {}  # admission order; the last one is the newest
+        self._prefilling: EngineRequest | None = None  # the running request mid-prefill (always the newest)
+        self._block_events: dict[int, list[tuple[EngineRequest, int]]] = {}
+        self._finish_events: dict[int, list[tuple[EngineRequest, int]]] = {}
         self._decode_context = 0  # sum of decoding requests' KV tokens before the current step
-        self._done: dict[int, _Req] = {}
+        self._done: dict[int, EngineRequest] = {}
         self._admitted = 0
 
     # -- public API ------------------------------------------------------------------------------
@@ -191,6 +105,15 @@ class SimEngine:
     def step(self) -> StepOutput:
         """Run one engine step; advance `now` by its duration."""
         return self._step(emit=True)
+
+    def advance(self) -> StepOutput:
+        """Run one engine step without listing its new tokens (a replay reads them at the end)."""
+        return self._step(emit=False)
+
+    def finished_records(self) -> dict[int, RequestRecord]:
+        """The record of every finished request, by request id."""
+        times = np.asarray(self.step_times)
+        return {rid: self.record(rid, times) for rid in self._done}
 
     @property
     def num_free_blocks(self) -> int:
@@ -230,7 +153,7 @@ class SimEngine:
                 f"{total} tokens ({request.prompt_len} in the messages, {request.output_len} in the "
                 "completion). Please reduce the length of the messages or completion."
             )
-        r = _Req(request, send_time, self._bs)
+        r = EngineRequest(request, send_time, self._bs)
         r.ready = self.frontend.ready_time(send_time, chat)
         self._waiting.append(r)
 
@@ -246,7 +169,7 @@ class SimEngine:
         preempted = self._grow_decodes(step)
         num_decode = len(running) - (self._prefilling is not None)
         budget = self._budget - num_decode
-        chunks: list[tuple[_Req, int]] = []  # (request, tokens) prefill work this step
+        chunks: list[tuple[EngineRequest, int]] = []  # (request, tokens) prefill work this step
         p = self._prefilling
         if p is not None and budget > 0:
             chunk = min(p.prompt_len + p.outputs - p.computed, budget)
@@ -321,7 +244,7 @@ class SimEngine:
             return False
         running = self._running
         live = [r for r, gen in events if r.gen == gen and r.rid in running]
-        live.sort(key=_by_seq)
+        live.sort(key=by_admission)
         pool = self._pool
         preempted = False
         for r in live:
@@ -340,7 +263,7 @@ class SimEngine:
             self._schedule_block_event(r, step + self._bs)
         return preempted
 
-    def _allocate_for(self, r: _Req, num_tokens: int) -> bool:
+    def _allocate_for(self, r: EngineRequest, num_tokens: int) -> bool:
         """Blocks for a prefill chunk up to num_tokens; like vLLM, blocks it fills are cached at once."""
         need = -(-num_tokens // self._bs) - len(r.blocks)
         if need > self._pool.num_free:
@@ -351,7 +274,7 @@ class SimEngine:
             self._pool.register(r, num_tokens // self._bs)
         return True
 
-    def _admit(self, budget: int, chunks: list[tuple[_Req, int]]) -> int:
+    def _admit(self, budget: int, chunks: list[tuple[EngineRequest, int]]) -> int:
         """Admit waiting requests FCFS; stop at the first that does not fit (head-of-line blocking)."""
         waiting, running, pool, bs = self._waiting, self._running, self._pool, self._bs
         stats = self.stats
@@ -390,7 +313,7 @@ class SimEngine:
             budget -= chunk
         return budget
 
-    def _emit_first(self, r: _Req, step: int) -> None:
+    def _emit_first(self, r: EngineRequest, step: int) -> None:
         """A prefill caught up: it samples a token, opening a new emission segment."""
         r.outputs += 1
         self.stats.generation_tokens += 1
@@ -399,7 +322,7 @@ class SimEngine:
             r.prompt_counted = True
             self.stats.prompt_tokens += r.prompt_len
 
-    def _start_decode(self, r: _Req, first_step: int) -> None:
+    def _start_decode(self, r: EngineRequest, first_step: int) -> None:
         r.decode_start = first_step
         r.decode_outputs = r.outputs
         r.finish_step = first_step + r.output_len - r.outputs - 1
@@ -407,11 +330,11 @@ class SimEngine:
         self._finish_events.setdefault(r.finish_step, []).append((r, r.gen))
         self._schedule_block_event(r, first_step + len(r.blocks) * self._bs - r.computed)
 
-    def _schedule_block_event(self, r: _Req, step: int) -> None:
+    def _schedule_block_event(self, r: EngineRequest, step: int) -> None:
         if step <= r.finish_step:
             self._block_events.setdefault(step, []).append((r, r.gen))
 
-    def _finish(self, r: _Req, step: int) -> int:
+    def _finish(self, r: EngineRequest, step: int) -> int:
         first, _ = r.segments[-1]
         r.segments[-1] = (first, step)
         del self._running[r.rid]
@@ -419,14 +342,14 @@ class SimEngine:
         self._done[r.rid] = r
         return r.rid
 
-    def _free(self, r: _Req, full_blocks: int) -> None:
+    def _free(self, r: EngineRequest, full_blocks: int) -> None:
         if self._caching:
             self._pool.register(r, min(full_blocks, len(r.blocks)))
         self._pool.release(r.blocks)
         r.blocks = []
         r.cached_upto = 0
 
-    def _drop_running(self, r: _Req, step: int) -> int:
+    def _drop_running(self, r: EngineRequest, step: int) -> int:
         """Take r (already out of `running`) off the batch before `step` runs; returns its KV tokens."""
         if r is self._prefilling:
             self._prefilling = None
@@ -438,7 +361,7 @@ class SimEngine:
         r.segments[-1] = (first, step - 1)
         return computed
 
-    def _remove_waiting(self, request_id: int) -> _Req | None:
+    def _remove_waiting(self, request_id: int) -> EngineRequest | None:
         """Take a request out of the waiting queue (a linear scan: aborts are rare next to steps)."""
         for i, r in enumerate(self._waiting):
             if r.rid == request_id:
@@ -454,7 +377,7 @@ class SimEngine:
         stats.num_running = len(self._running)
         stats.num_waiting = len(self._waiting)
 
-    def _preempt_newest(self, step: int) -> _Req:
+    def _preempt_newest(self, step: int) -> EngineRequest:
         """Recompute preemption of the newest running request: to the front of the waiting queue."""
         rid = next(reversed(self._running))
         r = self._running.pop(rid)
@@ -465,65 +388,3 @@ class SimEngine:
         self._waiting.appendleft(r)
         self.stats.num_preemptions += 1
         return r
-
-
-def simulate(
-    config: EngineConfig,
-    gpu: str | GpuSpec,
-    requests: Sequence[Request],
-    max_concurrency: int | None = None,
-    noise: StepNoise | None = None,
-    api: str | None = None,
-) -> SimRun:
-    """Replay requests as `vllm bench serve` sends them (arrival times, optional concurrency cap).
-
-    A request is sent once it has arrived and (with max_concurrency) a slot is free; its record's
-    start_time is that send time, so TTFT excludes the wait for a slot, as in vLLM's client. A finished
-    request's successor is sent when the step that finished it ends, so (as over HTTP) it cannot join
-    the step that starts at that instant. `api` "chat" prices the chat API's extra frontend work.
-    """
-    chat = api == "chat"
-    engine = SimEngine(config, gpu, noise)
-    order = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
-    slots = [0.0] * max_concurrency if max_concurrency else None  # times at which slots became free
-    records: dict[int, RequestRecord] = {}
-    i = 0
-    while True:
-        while i < len(order):
-            req = order[i]
-            if slots is not None and not slots:
-                break  # every slot is busy
-            send = req.arrival_time if slots is None else max(req.arrival_time, slots[0])
-            if send > engine.now:
-                break
-            if slots is not None:
-                heapq.heappop(slots)
-            i += 1
-            try:
-                engine._enqueue(req, send, chat)
-            except ValueError as exc:
-                records[req.request_id] = RequestRecord(
-                    prompt_len=req.prompt_len, output_len=0, start_time=send, success=False, error=str(exc)
-                )
-                if slots is not None:
-                    heapq.heappush(slots, send)
-        if engine.has_unfinished():
-            out = engine._step(emit=False)
-            if slots is not None:
-                for _ in out.finished:
-                    heapq.heappush(slots, engine.now)
-        elif i < len(order):
-            req = order[i]
-            engine.now = req.arrival_time if slots is None else max(req.arrival_time, slots[0])
-        else:
-            break
-    times = np.asarray(engine.step_times)
-    for rid in engine._done:
-        records[rid] = engine.record(rid, times)
-    return SimRun(
-        records=[records[r.request_id] for r in requests],
-        duration=engine.now,
-        stats=engine.stats,
-        memory=engine.memory,
-        num_steps=engine.num_steps,
-    )

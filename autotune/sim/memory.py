@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.backends.base import FailureKind
-from autotune.config import EngineConfig
-from autotune.errors import EngineStartupError
-from autotune.sim.hardware import GIB, GpuSpec
-from autotune.sim.models import ModelSpec
+from autotune.catalog.gpus import GIB, GpuSpec
+from autotune.catalog.models import ModelSpec
+from autotune.core.config import EngineConfig
+from autotune.core.errors import EngineStartupError, FailureKind
 
 MIB = 1024**2
 BLOCK_SIZE_CHOICES = (1, 8, 16, 32, 64, 128, 256)  # vLLM's --block-size choices

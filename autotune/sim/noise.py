@@ -63,7 +63,7 @@ def add_noise_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup
 
 def noise_model(cv: float) -> NoiseModel:
     """`--noise`'s value as a NoiseModel; an AutotuneError (one line) outside [0, 1)."""
-    from autotune.errors import AutotuneError
+    from autotune.core.errors import AutotuneError
 
     if not 0 <= cv < 1:
         raise AutotuneError(f"--noise must be in [0, 1), got {cv:g}")

@@ -1,0 +1,88 @@
+"""Benchmark an OpenAI-compatible server that is already running (`autotune bench --url`), as
+`vllm bench serve --base-url` does: nothing is launched or stopped.
+
+The load is the same as a trial's (token-id prompts, exact output lengths, timings as vllm bench serve
+takes them, server figures from two /metrics scrapes), so a deployment can be checked against the
+recommendation it came from. No early abort: every request of the workload is measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from autotune.core.config import EngineConfig
+from autotune.core.errors import AutotuneError, FailureKind
+from autotune.measure.result import TrialResult
+from autotune.measure.slo import Slo, goodput_bounds
+
+REQUEST_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class RemoteServer:
+    """An OpenAI-compatible server at `base_url` (e.g. http://10.0.0.5:8000)."""
+
+    base_url: str
+
+    def served_model(self) -> str:
+        """The first model id of /v1/models; AutotuneError when the server does not answer."""
+        try:
+            response = httpx.get(self.base_url.rstrip("/") + "/v1/models", timeout=10.0)
+            response.raise_for_status()
+            models = response.json().get("data") or []
+        except (httpx.HTTPError, ValueError) as exc:
+            raise AutotuneError(f"no OpenAI-compatible server at {self.base_url}: {exc}") from exc
+        if not models:
+            raise AutotuneError(f"{self.base_url}/v1/models lists no model; pass --model")
+        return str(models[0]["id"])
+
+    def measure(
+        self, config: EngineConfig, workload: Any, slos: Sequence[Slo] = (), seed: int = 0
+    ) -> TrialResult:
+        """One warm-up request, then the workload; the failure is the result when the server fails."""
+        from autotune.backends.server import (
+            WARMUP_OUTPUT_LEN,
+            WARMUP_PROMPT_LEN,
+            WARMUP_REQUEST_ID,
+        )
+        from autotune.backends.server_metrics import scrape_metrics, server_figures
+        from autotune.measure.loadgen import run_load
+        from autotune.measure.metrics import compute_metrics
+        from autotune.workloads.spec import Request
+
+        url = self.base_url.rstrip("/")
+        probe = Request(
+            request_id=WARMUP_REQUEST_ID, prompt_len=WARMUP_PROMPT_LEN, output_len=WARMUP_OUTPUT_LEN
+        )
+        warmup = asyncio.run(run_load(url, config.model, [probe]))
+        if not warmup.records or not warmup.records[0].success:
+            error = warmup.records[0].error if warmup.records else "no answer"
+            return TrialResult(
+                config=config, failure=FailureKind.ERROR, message=f"warm-up request failed: {error}"
+            )
+        before = scrape_metrics(url)
+        load = asyncio.run(
+            run_load(
+                url,
+                config.model,
+                workload.requests(seed),
+                max_concurrency=getattr(workload, "max_concurrency", None),
+                request_timeout_s=REQUEST_TIMEOUT_S,
+            )
+        )
+        server = server_figures(before, scrape_metrics(url), None)
+        metrics = compute_metrics(load.records, load.duration, goodput_bounds(slos), server=server)
+        failed = [r for r in load.records if not r.success]
+        if failed and not metrics.completed:
+            return TrialResult(
+                config=config,
+                benchmark=metrics,
+                failure=FailureKind.ERROR,
+                message=f"all {len(failed)} requests failed: {failed[0].error}",
+            )
+        return TrialResult(config=config, benchmark=metrics, benchmark_s=load.duration)

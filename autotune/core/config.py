@@ -1,0 +1,191 @@
+"""EngineConfig: the vLLM launch flags a trial uses, and their conversion to and from `vllm serve` args."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.core.errors import AutotuneError
+
+# vLLM's batch defaults (vllm/engine/arg_utils.py get_batch_defaults, OpenAI API server usage context).
+LARGE_GPU_MIN_GIB = 70
+LARGE_GPU_DEFAULTS = (1024, 8192)  # (max_num_seqs, max_num_batched_tokens) on >= 70 GiB GPUs but A100
+SMALL_GPU_DEFAULTS = (256, 2048)
+BOOL_FLAGS = ("enable_chunked_prefill", "enable_prefix_caching")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The tuned `vllm serve` flags. None means "vLLM's default for this GPU and model"."""
+
+    model: str
+    tensor_parallel_size: int = 1
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None
+    kv_cache_dtype: str = "auto"
+    # Any other `vllm serve` flag (snake_case name -> value), passed through untouched.
+    extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        """A copy with some fields changed (unknown names go to `extra`)."""
+        known = {f.name for f in dataclasses.fields(self)}
+        extra = dict(self.extra)
+        fields = {}
+        for name, value in changes.items():
+            if name in known:
+                fields[name] = value
+            else:
+                extra[name] = value
+        return dataclasses.replace(self, extra=extra, **fields)
+
+    def with_vllm_defaults(
+        self, gpu_memory_gib: float, gpu_name: str, max_position_embeddings: int
+    ) -> EngineConfig:
+        """Fill unset fields the way vLLM does at startup (EngineArgs._set_default_args).
+
+        An unset budget gets the GPU's default (at least max_model_len with chunked prefill off, at most
+        max_num_seqs * max_model_len); an unset max_num_seqs gets the GPU's default capped by the budget.
+        """
+        max_model_len = self.max_model_len or max_position_embeddings
+        large = gpu_memory_gib >= LARGE_GPU_MIN_GIB and "A100" not in gpu_name.upper()
+        default_seqs, default_budget = LARGE_GPU_DEFAULTS if large else SMALL_GPU_DEFAULTS
+        seqs = self.max_num_seqs if self.max_num_seqs is not None else default_seqs
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = default_budget if self.enable_chunked_prefill else max(max_model_len, default_budget)
+            budget = min(seqs * max_model_len, budget)
+        if self.max_num_seqs is None:
+            seqs = min(seqs, budget)
+        return dataclasses.replace(
+            self, max_model_len=max_model_len, max_num_batched_tokens=budget, max_num_seqs=seqs
+        )
+
+    def params(self) -> dict[str, Any]:
+        """The set flags as {vllm_snake_case_name: value}, without the model and unset (None) ones."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name in ("model", "extra"):
+                continue
+            value = getattr(self, f.name)
+            if value is not None:
+                out[f.name] = value
+        out.update(self.extra)
+        return out
+
+    def to_args(self) -> list[str]:
+        """`vllm serve` arguments (after `vllm serve`): the model, then one flag per set parameter."""
+        args = [self.model]
+        for name, value in self.params().items():
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                args.append(flag if value else "--no-" + flag[2:])
+            else:
+                args += [flag, str(value)]
+        return args
+
+    @classmethod
+    def from_args(cls, args: list[str]) -> EngineConfig:
+        """Parse `vllm serve` arguments (as produced by `to_args`, `vllm serve` itself dropped)."""
+        if args and args[0] == "vllm":
+            args = args[1:]
+        if args and args[0] == "serve":
+            args = args[1:]
+        model = None
+        values: dict[str, Any] = {}
+        i = 0
+        while i < len(args):
+            token = args[i]
+            if not token.startswith("--"):
+                if model is not None:
+                    raise AutotuneError(f"unexpected argument {token!r} in vllm serve command")
+                model = token
+                i += 1
+                continue
+            name, _, inline = token[2:].partition("=")
+            name = name.replace("-", "_")
+            if name == "model":
+                model = inline or args[i + 1]
+                i += 1 if inline else 2
+                continue
+            if name.startswith("no_") and not inline:
+                values[name[3:]] = False
+                i += 1
+            elif inline:
+                values[name] = _parse_value(inline)
+                i += 1
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                values[name] = _parse_value(args[i + 1])
+                i += 2
+            else:
+                values[name] = True
+                i += 1
+        if model is None:
+            raise AutotuneError("vllm serve command has no model")
+        return cls(model=model).replace(**values)
+
+
+# The EngineConfig fields that are `vllm serve` flags (all but the model and the pass-through extras).
+ENGINE_FLAGS = tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name not in ("model", "extra"))
+# Flags vLLM takes as integers >= 1 (argparse type=int plus its own positivity checks).
+POSITIVE_INT_FLAGS = (
+    "tensor_parallel_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "max_model_len",
+)
+
+
+def flag_problem(name: str, value: Any) -> str | None:
+    """Why `value` cannot be vLLM's `name` flag (as `vllm serve` would refuse it), or None when it can.
+
+    Only the flags autotune models are checked in depth; any other flag just needs a finite value.
+    """
+    shown = f"{name}={value!r}"
+    if name in POSITIVE_INT_FLAGS:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            return f"{shown}: expected a whole number >= 1"
+    elif name == "gpu_memory_utilization":
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or not 0 < value <= 1:
+            return f"{shown}: expected a fraction in (0, 1]"
+    elif name in BOOL_FLAGS:
+        if not isinstance(value, bool):
+            return f"{shown}: expected true or false"
+    elif name == "kv_cache_dtype":
+        if not isinstance(value, str) or not value:
+            return f"{shown}: expected a dtype name such as auto or fp8"
+    elif isinstance(value, float) and not math.isfinite(value):
+        return f"{shown}: expected a finite number"
+    return None
+
+
+def check_flags(values: dict[str, Any], where: str) -> None:
+    """Raise AutotuneError (one line, prefixed by `where`) on the first value vLLM would refuse."""
+    for name, value in values.items():
+        problem = flag_problem(name, value)
+        if problem:
+            raise AutotuneError(f"{where}: {problem}")
+
+
+def _parse_value(text: str) -> Any:
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return text
+
+
+def parse_value(text: str) -> Any:
+    """A flag value as typed on a command line: int, then float, then true/false, else the text."""
+    return _parse_value(text)

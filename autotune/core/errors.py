@@ -1,0 +1,40 @@
+"""Errors a user can cause (one line, non-zero exit), and why a trial failed (`FailureKind`)."""
+
+from enum import StrEnum
+
+
+class AutotuneError(Exception):
+    """A user-facing error (bad input, missing file, unknown model...). Its message is one line."""
+
+
+class EngineStartupError(Exception):
+    """The engine refused to start with this config; the message is vLLM's own (verbatim)."""
+
+    def __init__(self, message: str, kind: str = "invalid_config") -> None:
+        super().__init__(message)
+        self.kind = kind  # a FailureKind value
+
+
+class RunFailure(AutotuneError):
+    """A run that stopped on a fault outside the user's input (a locked or full storage, a full disk).
+
+    One line too, ending with how to continue; the exit code is 1, not the usage error's 2.
+    """
+
+    exit_code = 1
+
+
+class FailureKind(StrEnum):
+    """Why a trial produced no usable benchmark. The tuner tells each as a constraint violation."""
+
+    INVALID_CONFIG = "invalid_config"  # vLLM rejected the flags (scheduler/config validation)
+    KV_CACHE_OOM = "kv_cache_oom"  # no memory for KV blocks / max-length request does not fit
+    STARTUP_OOM = "startup_oom"  # CUDA OOM while starting (profiling, CUDA graphs, sampler warm-up)
+    OOM_UNDER_LOAD = "oom_under_load"  # CUDA OOM while serving
+    CRASHED = "crashed"  # the server died mid-run
+    STARTUP_TIMEOUT = "startup_timeout"  # /health never answered in time
+    BENCHMARK_TIMEOUT = "benchmark_timeout"  # the load did not finish in time
+    PORT_IN_USE = "port_in_use"
+    REQUESTS_FAILED = "requests_failed"  # the server answered some requests with an error (e.g. too long)
+    EARLY_ABORT = "early_abort"  # stopped early: the SLOs could no longer be met (partial metrics kept)
+    ERROR = "error"  # anything else

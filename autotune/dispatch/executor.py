@@ -1,0 +1,371 @@
+"""Dispatch trials as Ray tasks, placed by Ray on the cluster's GPUs (TP per task), with deadlines.
+
+The driver owns the study; the executor only runs configs. Each trial is a Ray task asking for
+`num_gpus = tensor_parallel_size`: Ray puts it on one node with that many free GPUs and the task pins
+the devices Ray assigned (autotune/trial/task.py), so no two trials share a device, on one machine or
+many. The driver only counts: at most as many GPUs in flight as the live nodes have (`--gpus N` caps
+that), and a TP larger than the largest node is refused before launch. The simulator needs no GPU: its
+trials take one CPU slot each (`--parallel N`), or fake GPUs when `--gpus N` is given so TP placement is
+exercised; a run of one simulated trial at a time needs no Ray at all (autotune/dispatch/local.py).
+
+Faults: a trial past its deadline is cancelled (forced) and becomes a benchmark_timeout failure; a task
+that dies becomes a crash, and one whose node died names the node and takes the node's GPUs out of the
+count. When the cluster's head stops answering, or no GPU is left, `wait` raises ClusterLost: the run
+stops, and what finished is in the study.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from autotune.backends.base import Backend
+from autotune.core.config import EngineConfig
+from autotune.core.errors import AutotuneError, FailureKind
+from autotune.dispatch.ray_cluster import ClusterLost, Inventory, gcs_address, lost_node, tcp_reachable
+from autotune.measure.result import TrialResult
+from autotune.measure.slo import Slo
+from autotune.trial.task import evaluate_trial, land, run_trial_task
+
+__all__ = ["ClusterLost", "Executor", "TrialExecutor", "evaluate_trial", "parse_gpus"]
+
+CANCEL_GRACE_S = 5.0  # a polite cancel first (backends tear their server down), then a forced one
+REAP_WAIT_S = 2.0  # after a forced cancel, how long the killed trial's container may take to be an orphan
+WATCH_EVERY_S = 2.0  # how often the driver checks that the cluster's head answers and re-reads its nodes
+LOST_AFTER_MISSES = 2  # consecutive unanswered checks before the cluster counts as gone
+HEAD_GONE = "its head at {head} stopped answering"
+NO_GPU_LEFT = "every node with GPUs was lost"
+
+
+class TrialExecutor(Protocol):
+    """What the tuner needs from an executor (Executor on Ray, LocalExecutor in process)."""
+
+    capacity: int
+
+    def needs(self, config: EngineConfig) -> int: ...  # noqa: D102
+
+    def misfit(self, config: EngineConfig) -> str | None: ...  # noqa: D102
+
+    def fits(self, config: EngineConfig) -> bool: ...  # noqa: D102
+
+    def can_start(self, config: EngineConfig | None = None) -> bool: ...  # noqa: D102
+
+    def in_flight(self) -> list[tuple[int, EngineConfig]]: ...  # noqa: D102
+
+    def submit(self, number: int, config: EngineConfig, seed: int, trial_dir: Path | None) -> None: ...  # noqa: D102
+
+    def wait(self, timeout: float) -> list[tuple[int, TrialResult]]: ...  # noqa: D102
+
+    def cancel_all(self) -> list[int]: ...  # noqa: D102
+
+
+@dataclass
+class Job:
+    """A trial in flight."""
+
+    number: int
+    config: EngineConfig
+    slots: int
+    ref: Any
+    started: float
+    trial_dir: Path | None
+    cancel_asked: float | None = None
+
+
+class Executor:
+    """Runs trials on Ray: on the cluster's GPUs (`uses_gpus`, at most `gpu_cap` at once), or on
+    `cpu_slots` simulator slots."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        workload: Any,
+        slos: Sequence[Slo],
+        *,
+        uses_gpus: bool = False,
+        gpu_cap: int | None = None,
+        cpu_slots: int = 1,
+        trial_timeout_s: float | None = None,
+    ) -> None:
+        import ray
+
+        self._ray = ray
+        self.backend = backend
+        self.workload = workload
+        self.slos = list(slos)
+        self.uses_gpus = uses_gpus
+        self.trial_timeout_s = trial_timeout_s
+        self._cap = gpu_cap if uses_gpus else max(1, cpu_slots)
+        self._used = 0
+        self._jobs: dict[int, Job] = {}
+        self._task = ray.remote(run_trial_task)
+        self._inventory = Inventory()
+        self._driver_node = _driver_node()
+        self._gcs = gcs_address()
+        self._last_watch = time.monotonic()
+        self._misses = 0
+        self._lost = ""  # why the cluster counts as gone ("" while it is there)
+        self._node_lost: set[int] = set()  # trials of this wait() whose node died
+        if uses_gpus:
+            self._inventory.refresh()
+            if gpu_cap is not None and gpu_cap > self._inventory.total:
+                raise AutotuneError(
+                    f"--gpus asks for {gpu_cap} GPU(s) but the Ray cluster has {self._inventory.total}"
+                )
+
+    @property
+    def capacity(self) -> int:
+        """GPUs (or CPU slots) that may be in use at once: the live nodes' GPUs, capped by --gpus."""
+        if not self.uses_gpus:
+            return int(self._cap or 1)
+        total = self._inventory.total
+        return min(total, self._cap) if self._cap is not None else total
+
+    def describe(self) -> str:
+        """Where trials run, for the run's first line."""
+        if not self.uses_gpus:
+            return f"{self.capacity} CPU slot(s) on Ray"
+        return f"{self.capacity} GPU(s) on {len(self._inventory.nodes)} Ray node(s), placed by Ray"
+
+    def needs(self, config: EngineConfig) -> int:
+        """Slots a config takes: its TP size on GPUs, one CPU slot for the simulator."""
+        return max(1, config.tensor_parallel_size) if self.uses_gpus else 1
+
+    def misfit(self, config: EngineConfig) -> str | None:
+        """Why this config can never run here (TP beyond the pool, or beyond every single node), or None."""
+        need = self.needs(config)
+        tp = config.tensor_parallel_size
+        if need > self.capacity:
+            return f"tensor_parallel_size {tp} needs {need} GPUs; the pool has {self.capacity}"
+        if self.uses_gpus and need > self._inventory.largest:
+            return (
+                f"tensor_parallel_size {tp} needs {need} GPUs on one node; the largest node of the Ray "
+                f"cluster has {self._inventory.largest}"
+            )
+        return None
+
+    def fits(self, config: EngineConfig) -> bool:
+        """Whether this config could ever run here."""
+        return self.misfit(config) is None
+
+    def can_start(self, config: EngineConfig | None = None) -> bool:
+        """Whether a trial (of this config, or of one slot) could start now."""
+        need = self.needs(config) if config is not None else 1
+        return need <= self.capacity - self._used
+
+    def in_flight(self) -> list[tuple[int, EngineConfig]]:
+        """(trial number, config) of the running trials."""
+        return [(job.number, job.config) for job in self._jobs.values()]
+
+    def submit(self, number: int, config: EngineConfig, seed: int, trial_dir: Path | None) -> None:
+        """Start one trial as a Ray task; Ray places it (the devices are known when it reports back)."""
+        need = self.needs(config)
+        if not self.can_start(config):
+            raise RuntimeError("submit() without a free slot: call can_start() first")
+        trial_dir = Path(trial_dir).resolve() if trial_dir is not None else None  # a path on the driver
+        options: dict[str, Any] = {"max_retries": 0}
+        options |= {"num_gpus": need, "num_cpus": 0} if self.uses_gpus else {"num_cpus": 1}
+        ref = self._task.options(**options).remote(
+            self.backend, config, self.workload, self.slos, seed, trial_dir, self._driver_node, self.uses_gpus
+        )
+        self._used += need
+        self._jobs[number] = Job(number, config, need, ref, time.monotonic(), trial_dir)
+
+    def wait(self, timeout: float) -> list[tuple[int, TrialResult]]:
+        """Results of the trials that finished (or timed out) within `timeout` seconds.
+
+        Raises ClusterLost when the cluster's head stopped answering, or no GPU is left for a trial.
+        """
+        if self._lost:
+            raise ClusterLost(self._lost)
+        self._watch()
+        done = self._expire()
+        if not self._jobs:
+            if self._no_gpu_left():
+                raise ClusterLost(self._lose(NO_GPU_LEFT))
+            return done
+        refs = {job.ref: job for job in self._jobs.values()}
+        ready, _ = self._ray.wait(list(refs), num_returns=1, timeout=0 if done else timeout)
+        if ready:
+            ready, _ = self._ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        self._node_lost.clear()
+        for ref in ready:
+            job = refs[ref]
+            done.append((job.number, self._collect(job)))
+        if self._node_lost and (self._no_gpu_left() or not self._head_answers()):
+            # Not one node but the whole cluster went: those trials were interrupted, their configs did
+            # nothing wrong. Left untold, the run's stop marks them FAIL; the others are told now.
+            self._lose(NO_GPU_LEFT if self._no_gpu_left() else HEAD_GONE)
+            done = [(number, result) for number, result in done if number not in self._node_lost]
+        return done
+
+    def cancel_all(self) -> list[int]:
+        """Cancel every running trial (Ctrl-C, or the cluster lost); returns their numbers."""
+        numbers = list(self._jobs)
+        if self._lost:  # nothing to ask a cluster that is gone
+            self._jobs.clear()
+            self._used = 0
+            return numbers
+        # A backend that runs servers gets a polite cancel, so its task tears the server down. An
+        # in-process simulation is left to finish within the grace: a cancel racing a task's own end
+        # can crash Ray's driver ("Tried to complete task that was not pending").
+        if self.backend.runs_servers:
+            for job in self._jobs.values():
+                self._cancel(job.ref, force=False)
+        deadline = time.monotonic() + CANCEL_GRACE_S
+        pending = [job.ref for job in self._jobs.values()]
+        while pending and time.monotonic() < deadline:
+            _, pending = self._ray.wait(pending, num_returns=len(pending), timeout=0.2)
+        for ref in pending:
+            self._cancel(ref, force=True)
+        for job in list(self._jobs.values()):
+            self._release(job)
+        return numbers
+
+    def _watch(self) -> None:
+        """Every WATCH_EVERY_S: is the head still there (else ClusterLost), and which nodes are live."""
+        now = time.monotonic()
+        if self._gcs is None or now - self._last_watch < WATCH_EVERY_S:
+            return
+        self._last_watch = now
+        if self._head_answers():
+            self._misses = 0
+            if self.uses_gpus:
+                self._inventory.refresh()
+            return
+        self._misses += 1
+        if self._misses >= LOST_AFTER_MISSES:
+            raise ClusterLost(self._lose(HEAD_GONE))
+
+    def _head_answers(self) -> bool:
+        """Whether the cluster's head (its GCS) accepts a connection (True when its address is unknown)."""
+        return self._gcs is None or tcp_reachable(*self._gcs, timeout_s=WATCH_EVERY_S / 2)
+
+    def _no_gpu_left(self) -> bool:
+        return self.uses_gpus and self.capacity == 0
+
+    def _lose(self, why: str) -> str:
+        """Mark the cluster gone; returns the one line that says so."""
+        host, port = self._gcs or ("?", 0)
+        self._lost = f"the Ray cluster is gone: {why.format(head=f'{host}:{port}')}"
+        return self._lost
+
+    def _collect(self, job: Job) -> TrialResult:
+        self._release(job)
+        try:
+            output = self._ray.get(job.ref)
+        except Exception as exc:  # noqa: BLE001  (the worker died: OOM-killed, cancelled, crashed)
+            if job.cancel_asked is not None:
+                return self._timeout_result(job)
+            return self._crash_result(job, exc)
+        return land(output, job.trial_dir)
+
+    def _crash_result(self, job: Job, exc: BaseException) -> TrialResult:
+        """A task that died; when its node died, the node is named and its GPUs leave the count."""
+        node = lost_node(exc)
+        if node is None:
+            return TrialResult(config=job.config, failure=FailureKind.CRASHED, message=_one_line(exc))
+        self._node_lost.add(job.number)
+        message = f"{node.describe()} was lost mid-trial (its Ray node died); the run goes on without it"
+        info = {}
+        if node.node_id:  # else the inventory drops it once Ray marks it dead
+            self._inventory.drop(node.node_id)
+            info = {"node_ip": node.ip, "node_id": node.node_id}
+        return TrialResult(config=job.config, failure=FailureKind.CRASHED, message=message, info=info)
+
+    def _timeout_result(self, job: Job) -> TrialResult:
+        message = f"trial exceeded its deadline of {self.trial_timeout_s:g} s and was cancelled"
+        result = TrialResult(config=job.config, failure=FailureKind.BENCHMARK_TIMEOUT, message=message)
+        result.benchmark_s = time.monotonic() - job.started
+        return result
+
+    def _expire(self) -> list[tuple[int, TrialResult]]:
+        if not self.trial_timeout_s or math.isinf(self.trial_timeout_s):
+            return []
+        now = time.monotonic()
+        expired = []
+        for job in list(self._jobs.values()):
+            if now - job.started <= self.trial_timeout_s:
+                continue
+            if job.cancel_asked is None:
+                job.cancel_asked = now
+                self._cancel(job.ref, force=False)
+                continue
+            if now - job.cancel_asked < CANCEL_GRACE_S:
+                continue
+            if self._ray.wait([job.ref], timeout=0)[0]:
+                continue  # it ended after the polite cancel: collected (as a timeout) by wait()
+            self._cancel(job.ref, force=True)
+            self._release(job)
+            expired.append((job.number, self._timeout_result(job)))
+        return expired
+
+    def _cancel(self, ref: Any, force: bool) -> None:
+        with contextlib.suppress(Exception):  # already finished: nothing to cancel
+            self._ray.cancel(ref, force=force)
+        if force:
+            self._reap_containers(ref)
+
+    def _reap_containers(self, ref: Any) -> None:
+        """A force-killed worker cannot stop its container: remove the containers of dead owners.
+
+        (A `vllm` server process needs nothing: it dies with the worker, see PR_SET_PDEATHSIG.)
+        """
+        from autotune.backends.docker import DockerBackend, reap_orphans
+
+        if not isinstance(self.backend, DockerBackend):
+            return
+        # The container's owner must be dead before it counts as an orphan: wait for the kill to land
+        # (the task's end can be reported a moment before its worker is gone, on a busy machine).
+        with contextlib.suppress(Exception):
+            self._ray.wait([ref], timeout=CANCEL_GRACE_S)
+        deadline = time.monotonic() + REAP_WAIT_S
+        with contextlib.suppress(AutotuneError):  # the engine is unreachable: nothing to reap there
+            while not reap_orphans() and time.monotonic() < deadline:
+                time.sleep(0.2)  # none yet: the worker may still be dying (or it had no container)
+
+    def _release(self, job: Job) -> None:
+        if self._jobs.pop(job.number, None) is not None:
+            self._used -= job.slots
+
+
+def _driver_node() -> str | None:
+    """This process's Ray node id: trials on it write logs straight to the driver's disk. None for a
+    Ray Client driver (`ray://`), which is on no node of the cluster: every trial ships its logs."""
+    import ray
+    import ray.util.client
+
+    with contextlib.suppress(Exception):
+        if not ray.util.client.ray.is_connected():
+            return str(ray.get_runtime_context().get_node_id())
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text.splitlines()[-1][:400] if text else type(exc).__name__
+
+
+def parse_gpus(text: str | None) -> list[int]:
+    """`--gpus 0,1,2,3` (ids) or `--gpus 4` (a count) -> device ids; AutotuneError on bad input."""
+    if not text:
+        return []
+    text = text.strip()
+    try:
+        if "," in text:
+            ids = [int(part) for part in text.split(",") if part.strip()]
+        else:
+            count = int(text)
+            if count < 1:
+                raise ValueError
+            ids = list(range(count))
+    except ValueError:
+        raise AutotuneError(f"bad --gpus {text!r}: expected a count (4) or device ids (0,1,2,3)") from None
+    if len(set(ids)) != len(ids) or any(i < 0 for i in ids):
+        raise AutotuneError(f"bad --gpus {text!r}: device ids must be distinct and >= 0")
+    return ids

@@ -1,0 +1,205 @@
+"""The Ray cluster a run uses: start a local one or join one (failing fast), its GPUs per node, its liveness.
+
+Placement is Ray's: a trial task asks for `num_gpus = tensor_parallel_size`, which Ray grants on one
+node, and the task pins the devices Ray gave it. The driver only needs to know how many GPUs the
+cluster's live nodes have (its capacity) and the largest node (the biggest TP that can ever run).
+`--gpus 0,1` on a local cluster is made real by starting Ray with CUDA_VISIBLE_DEVICES=0,1, so Ray's
+own assignment maps onto those devices (Ray respects a CUDA_VISIBLE_DEVICES its raylet inherited).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.core.errors import AutotuneError, RunFailure
+
+CONNECT_TIMEOUT_S = 3.0  # an unreachable --ray-address fails in this long, not after Ray's minutes of retries
+DEFAULT_GCS_PORT = 6379
+_NODE_DIED = re.compile(r"Node IP: (?P<ip>[^,\s]+), node ID: (?P<id>[0-9a-f]+)")
+
+
+class ClusterLost(RunFailure):
+    """The Ray cluster is gone (its head unreachable) or has no GPU left: the run cannot go on (exit 1)."""
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """A live node of the cluster and the GPUs (real or fake) it offers Ray."""
+
+    node_id: str
+    ip: str
+    gpus: int
+
+
+@dataclass
+class Inventory:
+    """The live nodes with GPUs; nodes seen lost stay out even while Ray still lists them alive."""
+
+    nodes: dict[str, NodeGpus] = field(default_factory=dict)
+    lost: set[str] = field(default_factory=set)
+
+    @property
+    def total(self) -> int:
+        """GPUs on the live nodes."""
+        return sum(n.gpus for n in self.nodes.values())
+
+    @property
+    def largest(self) -> int:
+        """GPUs of the largest live node: no task can get more than that (Ray keeps a task on one node)."""
+        return max((n.gpus for n in self.nodes.values()), default=0)
+
+    def refresh(self) -> None:
+        """Re-read the live nodes from Ray (nodes may join; lost ones stay out)."""
+        import ray
+
+        nodes = {}
+        for node in ray.nodes():
+            gpus = int(node.get("Resources", {}).get("GPU", 0))
+            if node.get("Alive") and gpus > 0 and node["NodeID"] not in self.lost:
+                nodes[node["NodeID"]] = NodeGpus(node["NodeID"], node.get("NodeManagerAddress", "?"), gpus)
+        self.nodes = nodes
+
+    def drop(self, node_id: str) -> None:
+        """Forget a node that died (Ray marks it dead only after its health checks time out)."""
+        self.lost.add(node_id)
+        self.nodes.pop(node_id, None)
+
+
+@dataclass(frozen=True)
+class LostNode:
+    """The node a task died with, as Ray's NodeDiedError names it ("" when Ray did not name it)."""
+
+    ip: str = ""
+    node_id: str = ""
+
+    def describe(self) -> str:
+        """`node 10.0.0.5 (Ray node 92e3c9a8)`, or `its node` when Ray did not say which."""
+        return f"node {self.ip} (Ray node {self.node_id[:8]})" if self.node_id else "its node"
+
+
+def lost_node(exc: BaseException) -> LostNode | None:
+    """The node a task's failure says died, or None when the failure is something else.
+
+    A node killed under a running task reaches the driver as a NodeDiedError (which names it) or, when
+    the task's own raylet went first, as a LocalRayletDiedError (which does not).
+    """
+    import ray.exceptions
+
+    if isinstance(exc, ray.exceptions.LocalRayletDiedError):
+        return LostNode()
+    if not isinstance(exc, ray.exceptions.NodeDiedError):
+        return None
+    match = _NODE_DIED.search(str(exc))
+    return LostNode(match["ip"], match["id"]) if match else LostNode()
+
+
+def start_ray(
+    address: str | None,
+    num_cpus: int,
+    num_gpus: int | None = None,
+    device_ids: Sequence[int] | None = None,
+) -> bool:
+    """Join the cluster at `address`, or start a local one; True when this call started or joined it.
+
+    A local cluster gets `num_gpus` GPUs (fake ones for the simulator) and, with `device_ids`, sees only
+    those devices. A Ray already initialized in this process is reused (False).
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    common: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if address:
+        check_reachable(address)
+        try:
+            ray.init(address=address, **common)
+        except Exception as exc:  # noqa: BLE001  (Ray raises ConnectionError, RuntimeError, ValueError...)
+            raise AutotuneError(f"cannot join the Ray cluster at {address}: {_first_line(exc)}") from exc
+        return True
+    with _visible_devices(device_ids):
+        ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, **common)
+    return True
+
+
+@contextlib.contextmanager
+def _visible_devices(device_ids: Sequence[int] | None) -> Iterator[None]:
+    """CUDA_VISIBLE_DEVICES=ids while Ray starts (its raylet and workers inherit it), then as before."""
+    if device_ids is None:
+        yield
+        return
+    previous = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in device_ids)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = previous
+
+
+def check_reachable(address: str) -> None:
+    """AutotuneError within CONNECT_TIMEOUT_S when nothing listens at the cluster's address."""
+    host_port = _host_port(address)
+    if host_port is None:
+        return  # "auto" with no cluster recorded on this machine: ray.init says so at once
+    if not tcp_reachable(*host_port, timeout_s=CONNECT_TIMEOUT_S):
+        host, port = host_port
+        raise AutotuneError(
+            f"cannot join the Ray cluster at {address}: nothing answers at {host}:{port} "
+            f"within {CONNECT_TIMEOUT_S:g} s"
+        )
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a Ray address: host:port, ray://host:port, or `auto` as Ray resolves it
+    (RAY_ADDRESS, or the cluster `ray start` recorded on this machine); None when it cannot say."""
+    if address == "auto":
+        address = _resolve_auto()
+    address = address.removeprefix("ray://")
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        host, port = address, str(DEFAULT_GCS_PORT)
+    try:
+        return (host.strip("[]"), int(port)) if host and address != "auto" else None
+    except ValueError:
+        return None
+
+
+def _resolve_auto() -> str:
+    """What Ray makes of `auto` ('auto' again when it would look for a running cluster itself)."""
+    with contextlib.suppress(Exception):  # a private helper of Ray's: if it moved, Ray's own error stands
+        from ray._private.services import get_ray_address_from_environment
+
+        return str(get_ray_address_from_environment("auto", None) or "auto")
+    return "auto"
+
+
+def tcp_reachable(host: str, port: int, timeout_s: float) -> bool:
+    """Whether a TCP connection to host:port opens within `timeout_s`."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def gcs_address() -> tuple[str, int] | None:
+    """The (host, port) of the joined cluster's head (its GCS), None when Ray does not say."""
+    import ray
+
+    with contextlib.suppress(Exception):
+        return _host_port(ray.get_runtime_context().gcs_address)
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]

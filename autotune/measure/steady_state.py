@@ -1,0 +1,251 @@
+"""Steady state: did a server keep up with the load it was offered, over the window that was measured?
+
+A benchmark that offers a rate a server cannot sustain still finishes: the requests queue up and are
+served late. A short run hides it (its arrivals end before the queue has grown), so a rate is only
+known to be sustainable when, over a measured window after a warm-up, the requests in the server
+(sent, not finished) did not grow by more than `MAX_BACKLOG_GROWTH` of the window's arrivals (the
+served rate kept up with the offered one: >= 98 %), or by no more than the count's own noise when a
+short window makes that larger. Counting every unfinished request, not only the
+waiting queue, matters: with a large max_num_seqs an overloaded server admits the excess into its
+running batch, which grows and slows every step while its waiting queue stays empty.
+
+A server that keeps up holds about rate x request lifetime requests at both ends of the window; one
+that does not adds (offered - served) x window of them. That needs the batch to have filled before the
+window starts, which is what the warm-up is for: `plan_window` derives it and the window from the
+config's own request lifetime; what the longest requests still add after it is expected, and
+subtracted (`steadiness`). A fixed-load run has no warm-up, so its window starts two lifetimes in
+(measured from its own records) and a run shorter than that cannot tell (no verdict).
+`measure_window` computes a window's metrics and this verdict from the records of either backend
+(`start_time` is the send time on the run's clock, from 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autotune.measure.evidence import slo_criteria
+from autotune.measure.metrics import BenchmarkResult, RequestRecord, compute_metrics
+from autotune.measure.slo import Slo, goodput_bounds
+
+# The requests in the server may grow by 2 % of the window's arrivals (served >= 98 %): a queue that
+# grows by 5 % still meets a 2 s p99 TTFT over a 30 s window and breaks it 6x over 4,000 requests.
+MAX_BACKLOG_GROWTH = 0.02
+NOISE_SIGMAS = 3.0  # ... or by its own noise, when a short window makes that larger
+TREND_SAMPLES = 200
+WARMUP_RESIDENCES = 2.0  # warm-up: two request lifetimes, so the running batch has filled and turned over
+WINDOW_RESIDENCES = 4.0  # window: four more, so a queue growing by a few % shows in TTFT and the backlog
+MIN_WARMUP_S = 10.0
+MIN_WINDOW_S = 30.0  # at least 30 s of arrivals: p99 over several hundred requests at typical rates
+LOAD_KEYS = (
+    "offered_rate",
+    "served_rate",
+    "backlog_growth",
+    "backlog_allowed",
+    "backlog_filling",
+    "kept_up",
+    "saturation",
+    "slo_evidence",
+)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A probe's timing: warm-up requests are sent in [0, start), measured ones in [start, end]."""
+
+    start: float
+    end: float
+
+    @property
+    def length(self) -> float:
+        """Seconds of measured arrivals."""
+        return self.end - self.start
+
+
+def plan_window(
+    residence_s: float,
+    scale: float = 1.0,
+    min_warmup_s: float = MIN_WARMUP_S,
+    min_window_s: float = MIN_WINDOW_S,
+) -> Window:
+    """The warm-up and window of a capacity probe for a config whose requests live `residence_s`.
+
+    A request's lifetime at full batch (its decode time, measured in the saturation run) is the time
+    constant of the server's queue: the running batch fills and turns over in about one lifetime, so
+    the warm-up is two of them; a rate slightly over capacity adds a fixed number of waiting requests
+    per second, which takes a few lifetimes to stand out from the batch's own churn, so the window is
+    four more, and never less than 30 s (10 s of warm-up). `scale` lengthens both (the long-run
+    reference uses 10).
+    """
+    life = residence_s if math.isfinite(residence_s) and residence_s > 0 else 0.0
+    warmup = max(min_warmup_s, WARMUP_RESIDENCES * life) * scale
+    window = max(min_window_s, WINDOW_RESIDENCES * life) * scale
+    return Window(warmup, warmup + window)
+
+
+@dataclass(frozen=True)
+class Steadiness:
+    """How a measured window kept up with its offered load."""
+
+    offered_rate: float  # requests sent in the window per second
+    served_rate: float  # requests finished (successfully) in the window per second
+    backlog_growth: float  # (in the server at the end - at the start, beyond filling) / requests sent
+    allowed_growth: float  # MAX_BACKLOG_GROWTH, or the count's own noise when that is larger
+    filling: float = 0.0  # what a server that keeps up still adds over the window as it fills, same unit
+
+    @property
+    def kept_up(self) -> bool:
+        """The requests in the server did not grow by more than the allowed share of those offered."""
+        return self.backlog_growth <= self.allowed_growth
+
+    def to_info(self) -> dict[str, Any]:
+        """The user attrs a trial carries for it."""
+        return {
+            "offered_rate": round(self.offered_rate, 4),
+            "served_rate": round(self.served_rate, 4),
+            "backlog_growth": round(self.backlog_growth, 4),
+            "backlog_allowed": round(self.allowed_growth, 4),
+            "backlog_filling": round(self.filling, 4),
+            "kept_up": self.kept_up,
+        }
+
+
+def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
+    """The steadiness of `records` over `window` (times on the run's clock).
+
+    The growth is the trend of the requests in the server over the window beyond what filling adds (a
+    least-squares line through the difference, sampled at TREND_SAMPLES times, times the window's
+    length), not the difference of its two ends: the ends carry the count's whole fluctuation, the line
+    averages it out. Filling: a server that keeps up holds, at time t, each request sent before t with
+    the probability that a request of the warm-up lived longer than t minus its send time (an infinite-
+    server queue that started empty). After a warm-up of two mean lifetimes the run's long requests are
+    still joining (on the chat mix at 90-95 % of saturation, by 0.3-1.2 % of the window's arrivals).
+    Subtracting that expectation, request by request, also takes out the noise of the Poisson arrivals.
+
+    What is allowed: MAX_BACKLOG_GROWTH, or NOISE_SIGMAS standard errors of that trend when the window
+    is too short to tell less (a capacity probe judges keeping up with its own rules as well, see
+    autotune/trial/probe.py). The standard error comes from the count's own scatter around the line and
+    its memory (autocorrelation), so a server whose batch is capped (little scatter) is judged as
+    finely as its data allows, and a queue near saturation (long memory) is not judged on noise alone.
+    """
+    starts = np.array([r.start_time for r in records], dtype=float)
+    # A failed request never finishes: it counts as still in the server.
+    ends = np.array([r.start_time + r.latency if r.success else math.inf for r in records], dtype=float)
+    length = max(window.length, 1e-9)
+    sent = max(int(np.count_nonzero((starts >= window.start) & (starts <= window.end))), 1)
+    served = int(np.count_nonzero((ends >= window.start) & (ends <= window.end)))
+    times = np.linspace(window.start, window.end, TREND_SAMPLES)
+    counts = np.array([np.count_nonzero((starts <= t) & (ends > t)) for t in times], dtype=float)
+    # Lifetimes of the warm-up's requests: those of the window would make an overload's growth look
+    # like filling (its latencies grow with the backlog, and so would the expected count).
+    lifetimes = np.sort([r.latency for r in records if r.success and r.start_time < window.start])
+    filled = _filled_counts(starts, lifetimes, times)
+    excess = counts - filled
+    centered = times - times.mean()
+    slope = float(np.dot(centered, excess - excess.mean()) / max(np.dot(centered, centered), 1e-12))
+    residuals = excess - excess.mean() - slope * centered
+    scatter = float(np.std(residuals))
+    slope_error = scatter / (float(np.std(times)) * math.sqrt(_independent_samples(residuals)))
+    allowed = max(MAX_BACKLOG_GROWTH, NOISE_SIGMAS * slope_error * length / sent)
+    filling = float(filled[-1] - filled[0]) / sent
+    return Steadiness(sent / length, served / length, slope * length / sent, allowed, filling)
+
+
+def _filled_counts(starts: np.ndarray, lifetimes: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """The expected requests in a server that keeps up at each of `times`: the sum, over requests
+    sent before t, of the share of `lifetimes` (sorted) longer than t minus the send time."""
+    if len(lifetimes) == 0:
+        return np.zeros(len(times))
+    out = np.empty(len(times))
+    for k, t in enumerate(times):
+        ages = t - starts[starts <= t]
+        out[k] = len(ages) - np.searchsorted(lifetimes, ages, side="right").sum() / len(lifetimes)
+    return out
+
+
+def _independent_samples(residuals: np.ndarray) -> float:
+    """How many independent values a correlated series is worth (AR(1): n (1 - r) / (1 + r), r its
+    lag-1 autocorrelation). A queue near saturation remembers its state far longer than one request
+    lifetime, so the memory is measured, not assumed."""
+    a, b = residuals[:-1], residuals[1:]
+    spread = float(np.std(a) * np.std(b))
+    r = float(np.mean((a - a.mean()) * (b - b.mean())) / spread) if spread > 0 else 0.0
+    r = min(max(r, 0.0), 0.99)
+    return max(2.0, len(residuals) * (1 - r) / (1 + r))
+
+
+def lifetime(records: Sequence[RequestRecord]) -> float:
+    """Mean decode time (E2EL - TTFT) of the successful requests: how long one holds a batch slot."""
+    done = [r.latency - r.ttft for r in records if r.success]
+    return float(np.mean(done)) if done else 0.0
+
+
+def saturation(records: Sequence[RequestRecord]) -> dict[str, float] | None:
+    """Throughput and request lifetime of an all-at-once run (None with fewer than 8 completions).
+
+    Throughput is the completion rate between the 25th and 75th percentile completion: the batch is
+    full there, while the start (prefills) and the end (the last long requests) are not saturated.
+    The lifetime is the mean decode time (E2EL - TTFT): how long a request holds its batch slot.
+    """
+    done = [r for r in records if r.success]
+    if len(done) < 8:
+        return None
+    ends = np.sort([r.start_time + r.latency for r in done])
+    q1, q3 = np.percentile(ends, [25, 75])
+    middle = int(np.count_nonzero((ends >= q1) & (ends <= q3)))
+    throughput = middle / (q3 - q1) if q3 > q1 else len(done) / max(float(ends[-1]), 1e-9)
+    return {"throughput": round(float(throughput), 4), "lifetime_s": round(lifetime(done), 4)}
+
+
+def load_kind(requests: Sequence[Any], max_concurrency: int | None) -> str:
+    """ "closed" (a concurrency cap: no offered rate), "burst" (all at t=0) or "open" (arrivals over time)."""
+    if max_concurrency is not None:
+        return "closed"
+    return "open" if any(r.arrival_time > 0 for r in requests) else "burst"
+
+
+def measure_window(
+    records: Sequence[RequestRecord],
+    duration: float,
+    measure_from: float,
+    slos: Sequence[Slo] = (),
+    server: Mapping[str, Any] | None = None,
+    kind: str = "open",
+) -> tuple[BenchmarkResult, dict[str, Any]]:
+    """The metrics of the requests sent from `measure_from` on, and what the run says about the load.
+
+    With a warm-up (`measure_from` > 0) throughputs are over the window (its arrivals' span). The
+    dict has the steadiness keys and each SLO's evidence (autotune/measure/evidence.py) for an open-loop run,
+    the `saturation` figures for a burst, nothing for a closed loop (no offered rate to keep up with);
+    `kind` is `load_kind(...)` of the run. The SLOs also give the goodput's per-request bounds.
+    """
+    measured = [r for r in records if r.start_time >= measure_from] if measure_from > 0 else list(records)
+    last_send = max((r.start_time for r in records), default=0.0)
+    window = Window(measure_from, last_send)
+    span = window.length if measure_from > 0 else duration
+    metrics = compute_metrics(measured, span, goodput_bounds(slos), server=server)
+    if kind == "closed" or (kind == "open" and window.length <= 0):
+        return metrics, {}
+    if kind == "burst":
+        return metrics, {"saturation": saturation(records)}
+    if measure_from <= 0:
+        # No warm-up: judge from two request lifetimes in, once the batch has filled.
+        window = Window(WARMUP_RESIDENCES * lifetime(records), last_send)
+        if window.length < 0.5 * last_send:
+            return metrics, {}  # too short to tell
+    evidence = {c.name: c.to_info() for c in slo_criteria(measured, slos)}
+    return metrics, {**steadiness(records, window).to_info(), "slo_evidence": evidence}
+
+
+def relaxation_s(rate: float, saturation: float) -> float:
+    """How long a queue offered `rate` by a server that completes `saturation` per second takes to
+    forget its state: 1 / (mu (1 - sqrt(rho))^2), the relaxation time of an M/M/1 queue (Morse 1955).
+    It grows as 4 / (mu (1 - rho)^2) when rho -> 1: a window shorter than it sees a TTFT tail that is
+    still growing (a config passed 99.5 % of its saturation rate with p99 TTFT 1.1 s over 1,000
+    requests; 10,000 gave 4.9 s). Infinite at or above saturation."""
+    rho = rate / saturation if saturation > 0 else math.inf
+    return 1.0 / (saturation * (1.0 - math.sqrt(rho)) ** 2) if rho < 1 else math.inf

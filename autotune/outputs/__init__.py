@@ -1,0 +1,7 @@
+"""What a run leaves: results files, report.html, plots, costs, exports and the dashboard."""
+
+from autotune.outputs.export import load_run, render
+from autotune.outputs.outcome import Outcome, outcome
+from autotune.outputs.report import summary_text, write_all
+
+__all__ = ["Outcome", "load_run", "outcome", "render", "summary_text", "write_all"]

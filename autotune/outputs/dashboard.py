@@ -1,0 +1,213 @@
+"""optuna-dashboard on a study's storage, served from a thread on 127.0.0.1 (a free port by default),
+and what the run writes for it to show: the study's note (markdown: SLOs, progress, best feasible vs the
+baseline, the current recommendation and its flags, failures by class) and a Pareto figure with
+feasibility (optuna-dashboard 0.21 does not read Optuna 5 constraints, so its own plots cannot tell a
+feasible trial from one that broke an SLO or failed to start).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+HOST = "127.0.0.1"
+NOTE_EVERY_S = 5.0  # the note and figure are rewritten at most this often during a run (~0.1 s each)
+FIGURE_ID = "pareto-feasibility"
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    """The dashboard's page loads several API calls at once; one thread each keeps it responsive."""
+
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log on stderr: it would break the run's progress line."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (the base class's name)
+        return
+
+
+@dataclass
+class DashboardServer:
+    """A running dashboard; `stop()` shuts it down."""
+
+    server: WSGIServer
+    thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        """Where to point a browser."""
+        return f"http://{HOST}:{self.server.server_port}/dashboard/"
+
+    @property
+    def port(self) -> int:
+        """The port it listens on."""
+        return self.server.server_port
+
+    def stop(self) -> None:
+        """Stop serving and free the port."""
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def start_dashboard(storage: str, port: int = 0) -> DashboardServer:
+    """Serve optuna-dashboard for `storage` (an SQLAlchemy URL) in a daemon thread; port 0 = a free one."""
+    import optuna_dashboard
+
+    app = optuna_dashboard.wsgi(storage)
+    server = make_server(HOST, port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="optuna-dashboard", daemon=True)
+    thread.start()
+    return DashboardServer(server=server, thread=thread)
+
+
+class StudyNote:
+    """Keeps the study's dashboard note and feasibility figure up to date during a run."""
+
+    def __init__(self, study: Any, context: dict[str, Any]) -> None:
+        import optuna
+
+        self.study = study
+        self.names = list(study.metric_names or [f"objective {i}" for i in range(len(study.directions))])
+        self.maximize = [d == optuna.study.StudyDirection.MAXIMIZE for d in study.directions]
+        self.context = context
+        self._last = 0.0
+
+    def update(self, force: bool = False) -> None:
+        """Rewrite the note and figure (throttled to NOTE_EVERY_S unless forced)."""
+        now = time.monotonic()
+        if not force and now - self._last < NOTE_EVERY_S:
+            return
+        self._last = now
+        from optuna_dashboard import save_note
+        from optuna_dashboard._custom_plot_data import SYSTEM_ATTR_PLOT_DATA, save_graph_object_json
+
+        from autotune.outputs.outcome import outcome
+        from autotune.tune.study import records
+
+        slos = self.context.get("slos", [])
+        remeasured = self.study.user_attrs.get("remeasured")
+        out = outcome(
+            records(self.study), self.names, self.maximize, slos, self.context, remeasured=remeasured
+        )
+        save_note(self.study, note_markdown(self.study.study_name, out))
+        figure = json.dumps(pareto_figure(out))
+        key = f"{SYSTEM_ATTR_PLOT_DATA}{FIGURE_ID}:"
+        save_graph_object_json(self.study._storage, self.study._study_id, key, figure)
+
+
+def note_markdown(name: str, out: Any) -> str:
+    """The study's note: what is tuned, how far the run is, what it recommends so far, what failed."""
+    from autotune.outputs.outcome import fmt_number
+
+    ctx = out.context
+    told = len(out.records)
+    feasible = len(out.feasible())
+    failed = Counter(r.failure for r in out.records if r.failure)
+    lines = [
+        f"## autotune: {name}",
+        f"{ctx.get('model', '')} on {ctx.get('gpu', '')}, workload {ctx.get('workload', '')} at "
+        f"{ctx.get('load', '?')} load, backend {ctx.get('backend', '?')}.",
+        "",
+        f"**SLOs:** {', '.join(out.slos) or 'none'}  ",
+        f"**Trials:** {told} told, {feasible} feasible, {sum(failed.values())} failed or rejected "
+        f"(updated {time.strftime('%H:%M:%S')})",
+        "",
+    ]
+    base = out.baseline
+    if out.best is not None:
+        unit = out.objective_names[0]
+        value = fmt_number((out.best.values or [0.0])[0])
+        gain = out.gain(out.best)
+        vs = f" ({gain * 100:+.1f}% vs the baseline #{base.number})" if gain is not None and base else ""
+        lines += [f"**Best feasible so far:** trial #{out.best.number}, {unit} {value}{vs}", ""]
+    if base is not None and base.values:
+        status = "feasible" if base.feasible else base.failure or "violates the SLOs"
+        base_values = ", ".join(
+            f"{n} {fmt_number(v)}" for n, v in zip(out.objective_names, base.values, strict=False)
+        )
+        lines += [f"**Baseline (vLLM's defaults), trial #{base.number}:** {base_values} ({status})", ""]
+    lines += ["### Recommendation", out.verdict()]
+    if out.decision.gain is not None and out.decision.gain.percent() not in out.verdict():
+        lines.append(f"Gain: {out.gain_text()}")
+    if out.best is not None:
+        from autotune.outputs.export import render
+
+        lines += ["", "```", render(out.best.engine_config(), "cmd").strip(), "```"]
+    if failed:
+        lines += ["", "### Failures by class", "| class | trials | message |", "|---|---|---|"]
+        for kind, count in failed.most_common():
+            message = next((r.message for r in out.records if r.failure == kind and r.message), "")
+            lines.append(f"| {kind} | {count} | {message[:160].replace('|', '/')} |")
+    lines += [
+        "",
+        "### Reading the plots",
+        "Feasibility is the trial user attr `feasible` (and `failure`); the figure *Pareto front with "
+        "feasibility* on the study's main page colours it. A config that failed or was rejected is told "
+        "throughput 0 and latencies 10% past the worst measured (or its SLO limit), so it sits in the "
+        "worst corner of Optuna's own plots instead of stretching their scales.",
+    ]
+    return "\n".join(lines)
+
+
+def pareto_figure(out: Any) -> dict[str, Any]:
+    """A plotly figure (as JSON-able data) of the first two objectives, coloured by feasibility."""
+    from autotune.outputs.plots import slo_limits
+    from autotune.tune.objectives import metric_label
+
+    names = out.objective_names
+    x_i = 1 if len(names) > 1 else 0
+    measured = [r for r in out.records if r.values and r.metrics and r.duplicate_of is None]
+    front = {r.number for r in out.front}
+    groups = [
+        ("violates SLO / aborted", "#c44e52", "x", [r for r in measured if not r.feasible]),
+        ("feasible", "#4c72b0", "circle", [r for r in measured if r.feasible and r.number not in front]),
+        ("Pareto front (feasible)", "#55a868", "diamond", [r for r in measured if r.number in front]),
+        ("recommended", "#dd8452", "star", [out.best] if out.best is not None else []),
+    ]
+    traces = [
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "name": f"{label} ({len(rs)})",
+            "x": [r.values[x_i] for r in rs],
+            "y": [r.values[0] for r in rs],
+            "text": [f"trial #{r.number}" for r in rs],
+            "marker": {"color": color, "symbol": symbol, "size": 16 if symbol == "star" else 9},
+        }
+        for label, color, symbol, rs in groups
+    ]
+    shapes = []
+    limit = slo_limits(out.slos).get(names[x_i])
+    if limit is not None:
+        shapes.append(
+            {
+                "type": "line",
+                "xref": "x",
+                "yref": "paper",
+                "x0": limit,
+                "x1": limit,
+                "y0": 0,
+                "y1": 1,
+                "line": {"color": "#c44e52", "dash": "dash"},
+            }
+        )
+    failed = len(out.records) - len(measured)
+    title = f"Pareto front with feasibility ({failed} failed, rejected or duplicate trials not drawn)"
+    return {
+        "data": traces,
+        "layout": {
+            "title": {"text": title},
+            "xaxis": {"title": {"text": metric_label(names[x_i])}},
+            "yaxis": {"title": {"text": metric_label(names[0])}},
+            "shapes": shapes,
+        },
+    }

@@ -1,0 +1,271 @@
+"""A tuned config in the forms users paste: flags, a `vllm serve` command, `docker run`, a vLLM YAML
+config file (`vllm serve --config`), a Kubernetes pod spec (containers + volumes), and values for the
+vLLM production stack's Helm chart.
+
+Secrets are referenced, never written: HF_TOKEN goes by name (`--env HF_TOKEN`, a secretKeyRef to a
+Secret named by `--secret`). A local model directory is mounted read-only at /models/<name>.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.core.atomic import atomic_write_text
+from autotune.core.config import EngineConfig
+from autotune.core.errors import AutotuneError
+
+FORMATS = ("flags", "cmd", "docker", "yaml", "k8s", "helm")
+IMAGE = "vllm/vllm-openai"
+PORT = 8000
+MODEL_MOUNT = "/models"  # where a local model directory is mounted in a container
+# The host's Hugging Face cache, left to the user's shell to expand (so it is double-quoted, not single).
+HF_CACHE_VOLUME = "$HOME/.cache/huggingface:/root/.cache/huggingface"
+RUN_FILE = "run.json"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What runs/<study>/run.json records so export, report and dashboard find the study."""
+
+    study: str
+    storage: str
+    directory: Path
+    meta: dict[str, Any] = field(default_factory=dict)  # the rest of run.json (settings, image...)
+
+    def save(self, extra: dict[str, Any] | None = None) -> None:
+        """Write run.json (the storage URL is a path or URL, never a secret-bearing value we add)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        data = {"study": self.study, "storage": self.storage, **(extra or {})}
+        atomic_write_text(self.directory / RUN_FILE, json.dumps(data, indent=2) + "\n")
+
+
+def load_run(directory: str | Path) -> RunInfo:
+    """Read runs/<study>/run.json; AutotuneError when the folder is not a run."""
+    path = Path(directory)
+    meta = path / RUN_FILE
+    if not meta.is_file():
+        if not path.exists():
+            raise AutotuneError(f"run folder not found: {directory}")
+        raise AutotuneError(f"{directory} is not an autotune run (no {RUN_FILE}); pass runs/<study>")
+    try:
+        data = json.loads(meta.read_text())
+        return RunInfo(study=data["study"], storage=data["storage"], directory=path, meta=data)
+    except (ValueError, KeyError) as exc:
+        raise AutotuneError(f"{meta}: unreadable run file") from exc
+
+
+def serve_flags(config: EngineConfig) -> list[str]:
+    """The `vllm serve` flags of a config, without the model."""
+    return config.to_args()[1:]
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What the container formats need beyond the flags.
+
+    `image` is the image the run was tuned with (the docker backend's `--image`), else vLLM's at
+    `--tag`; `secret` names the Kubernetes Secret (and key) holding HF_TOKEN: referenced, never written.
+    """
+
+    image: str = f"{IMAGE}:latest"
+    secret: str = "hf-token"
+    secret_key: str = "token"
+    replicas: int = 1
+
+
+def render(
+    config: EngineConfig, fmt: str, image_tag: str = "latest", options: ExportOptions | None = None
+) -> str:
+    """The config in one of FORMATS, as text ending with a newline."""
+    opts = options or ExportOptions(image=f"{IMAGE}:{image_tag}")
+    if fmt == "flags":
+        return shlex.join(serve_flags(config)) + "\n"
+    if fmt == "cmd":
+        return shlex.join(["vllm", "serve", *config.to_args()]) + "\n"
+    if fmt == "docker":
+        args = docker_command(config, opts.image)
+        return " ".join(f'"{a}"' if a == HF_CACHE_VOLUME else shlex.quote(a) for a in args) + "\n"
+    if fmt == "yaml":
+        return vllm_yaml(config)
+    if fmt == "k8s":
+        return k8s_pod_spec(config, opts)
+    if fmt == "helm":
+        return helm_values(config, opts)
+    raise AutotuneError(f"unknown export format {fmt!r} (use {', '.join(FORMATS)})")
+
+
+def local_model_dir(model: str) -> Path | None:
+    """The model as a local directory (`--model DIR`), or None for a Hugging Face id."""
+    path = Path(model).expanduser()
+    if path.is_dir() or model.startswith(("/", "./", "../", "~")):
+        return path.resolve()
+    return None
+
+
+def _container_model(config: EngineConfig) -> tuple[list[str], Path | None]:
+    """The model args inside a container, and the host directory to mount (a local model), if any.
+
+    A local directory is mounted read-only at /models/<name>; `--served-model-name` keeps the name
+    clients used during tuning.
+    """
+    local = local_model_dir(config.model)
+    if local is None:
+        return ["--model", config.model], None
+    return ["--model", f"{MODEL_MOUNT}/{local.name}", "--served-model-name", config.model], local
+
+
+def docker_command(config: EngineConfig, image: str = f"{IMAGE}:latest") -> list[str]:
+    """`docker run` of vLLM's OpenAI image with this config (HF_TOKEN passed through by name)."""
+    gpus = max(1, config.tensor_parallel_size)
+    model_args, local = _container_model(config)
+    mount = ["-v", f"{local}:{MODEL_MOUNT}/{local.name}:ro"] if local is not None else []
+    return [
+        "docker",
+        "run",
+        "--gpus",
+        str(gpus),
+        "--ipc=host",
+        "-p",
+        f"{PORT}:{PORT}",
+        "-v",
+        HF_CACHE_VOLUME,
+        *mount,
+        "--env",
+        "HF_TOKEN",
+        image,
+        *model_args,
+        *serve_flags(config),
+    ]
+
+
+def vllm_yaml(config: EngineConfig) -> str:
+    """A config file for `vllm serve --config FILE`: kebab-case flag names as keys.
+
+    vLLM turns `key: true` into `--key`; a false boolean is written as its `no-` flag, which is how
+    vLLM's BooleanOptionalAction flags (e.g. --no-enable-chunked-prefill) are switched off.
+    """
+    data: dict[str, Any] = {"model": config.model}
+    for name, value in config.params().items():
+        key = name.replace("_", "-")
+        if value is False:
+            data[f"no-{key}"] = True
+        else:
+            data[key] = value
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def k8s_pod_spec(config: EngineConfig, options: ExportOptions = ExportOptions()) -> str:  # noqa: B008
+    """A pod spec fragment (a Deployment's `spec.template.spec`): `containers` and the `volumes` they
+    mount (shared memory for vLLM's workers, a local model directory as a hostPath)."""
+    model_args, local = _container_model(config)
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}]
+    if local is not None:
+        mounts.append({"name": "model", "mountPath": f"{MODEL_MOUNT}/{local.name}", "readOnly": True})
+        volumes.append({"name": "model", "hostPath": {"path": str(local), "type": "Directory"}})
+    secret = {"secretKeyRef": {"name": options.secret, "key": options.secret_key, "optional": True}}
+    container = {
+        "name": "vllm",
+        "image": options.image,
+        "args": [*model_args, *serve_flags(config)],
+        "env": [{"name": "HF_TOKEN", "valueFrom": secret}],
+        "ports": [{"containerPort": PORT, "name": "http"}],
+        "resources": {"limits": {"nvidia.com/gpu": max(1, config.tensor_parallel_size)}},
+        "readinessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 10},
+        "volumeMounts": mounts,
+    }
+    head = (
+        f"# Pod spec fragment (Deployment spec.template.spec). HF_TOKEN comes from the Secret "
+        f"{options.secret!r} (key {options.secret_key!r}):\n"
+        f"#   kubectl create secret generic {options.secret} --from-literal={options.secret_key}=$HF_TOKEN\n"
+    )
+    return head + yaml.safe_dump({"containers": [container], "volumes": volumes}, sort_keys=False)
+
+
+# vLLM flags the production stack's vllmConfig names (values.yaml of vllm-project/production-stack);
+# every other flag goes to its extraArgs.
+_STACK_KEYS = {
+    "enable_prefix_caching": "enablePrefixCaching",
+    "enable_chunked_prefill": "enableChunkedPrefill",
+    "max_model_len": "maxModelLen",
+    "dtype": "dtype",
+    "tensor_parallel_size": "tensorParallelSize",
+    "max_num_seqs": "maxNumSeqs",
+    "gpu_memory_utilization": "gpuMemoryUtilization",
+}
+
+
+def helm_values(config: EngineConfig, options: ExportOptions = ExportOptions()) -> str:  # noqa: B008
+    """Values for the vLLM production stack's Helm chart (servingEngineSpec.modelSpec)."""
+    repository, tag = split_image(options.image)
+    model_args, local = _container_model(config)
+    vllm_config: dict[str, Any] = {}
+    extra: list[str] = []
+    flags = config.params()
+    # A false switch stays an explicit --no-... flag: the chart may only emit the flag when true, and
+    # vLLM's default (chunked prefill on) would then win.
+    named = {n for n, v in flags.items() if n in _STACK_KEYS and v is not False}
+    vllm_config.update({_STACK_KEYS[n]: flags[n] for n in flags if n in named})
+    extra += _args_without(config, named)
+    if local is not None:
+        extra += model_args[2:]  # --served-model-name
+    vllm_config["extraArgs"] = extra
+    gpus = max(1, config.tensor_parallel_size)
+    spec: dict[str, Any] = {
+        "name": re.sub(r"[^a-z0-9-]+", "-", config.model.rstrip("/").split("/")[-1].lower()).strip("-")[:40]
+        or "model",
+        "repository": repository,
+        "tag": tag or "latest",
+        "modelURL": model_args[1],
+        "replicaCount": max(1, options.replicas),
+        "requestCPU": 8,
+        "requestMemory": "32Gi",
+        "requestGPU": gpus,
+        "shmSize": "16Gi",
+        "vllmConfig": vllm_config,
+        "hf_token": {"secretName": options.secret, "secretKey": options.secret_key},
+    }
+    if local is not None:
+        spec["extraVolumes"] = [{"name": "model", "hostPath": {"path": str(local), "type": "Directory"}}]
+        mount = {"name": "model", "mountPath": f"{MODEL_MOUNT}/{local.name}", "readOnly": True}
+        spec["extraVolumeMounts"] = [mount]
+    head = (
+        "# values.yaml for the vLLM production stack (github.com/vllm-project/production-stack):\n"
+        "#   helm repo add vllm https://vllm-project.github.io/production-stack\n"
+        "#   helm install vllm vllm/vllm-stack -f values.yaml\n"
+    )
+    return head + yaml.safe_dump({"servingEngineSpec": {"modelSpec": [spec]}}, sort_keys=False)
+
+
+def split_image(image: str) -> tuple[str, str]:
+    """ "repo/name:tag" -> ("repo/name", "tag"); no tag -> "latest" (a registry port is not a tag)."""
+    head, sep, tag = image.rpartition(":")
+    if not sep or "/" in tag:
+        return image, "latest"
+    return head, tag
+
+
+def _args_without(config: EngineConfig, names: set[str]) -> list[str]:
+    """`serve_flags(config)` without the flags of `names` (each flag with its value, if it has one)."""
+    dropped = {"--" + n.replace("_", "-") for n in names} | {"--no-" + n.replace("_", "-") for n in names}
+    out: list[str] = []
+    skip = False
+    for arg in serve_flags(config):
+        if skip and not arg.startswith("--"):
+            continue
+        skip = arg in dropped
+        if not skip:
+            out.append(arg)
+    return out
+
+
+def parse_command(text: str) -> EngineConfig:
+    """A `vllm serve ...` command line back to an EngineConfig (the inverse of `render(..., "cmd")`)."""
+    return EngineConfig.from_args(shlex.split(text))

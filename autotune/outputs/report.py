@@ -1,0 +1,198 @@
+"""The results of a run: trials.csv, pareto.csv, best.json, best.sh, pareto.png (every pair of
+objectives), probes.png (capacity probes of the top configs), report.html (report_html.py), and the
+terminal summary (the feasible Pareto front and the recommended flags).
+
+How the recommendation is picked: autotune.tune.recommendation.decide (the best config on the Pareto front,
+unless its gain over vLLM's defaults, trial 0, is within the measurement's resolution or noise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from autotune.core.atomic import atomic_write_text
+from autotune.outputs.export import render, serve_flags
+from autotune.outputs.outcome import Outcome, fmt_number
+from autotune.outputs.plots import plot_pairs, plot_probes
+from autotune.outputs.report_html import write_html
+from autotune.tune.progress import short_params
+from autotune.tune.study import TrialRecord
+
+SUMMARY_METRICS = ("request_throughput", "p99_tpot_ms", "p99_e2el_ms", "num_preemptions", "capacity_rate")
+
+
+def front_table(out: Outcome, limit: int = 15) -> str:
+    """The feasible Pareto front as a text table, the recommendation marked with *."""
+    if not out.front:
+        return "Pareto front: empty (no feasible trial)."
+    headers = ["", "trial", *out.objective_names, "vs baseline", "config"]
+    rows = []
+    for r in out.front[:limit]:
+        mark = "*" if out.best and r.number == out.best.number else ""
+        values = [_fmt(v) for v in r.values or []]
+        gain = out.gain(r)
+        rows.append(
+            [mark, f"#{r.number}", *values, _gain_text(gain) if gain is not None else "-", _params_text(r)]
+        )
+    if (
+        out.baseline
+        and out.baseline.values
+        and all(r.number != out.baseline.number for r in out.front[:limit])
+    ):
+        status = "feasible" if out.baseline.feasible else out.baseline.failure or "violates SLO"
+        values = [_fmt(v) for v in out.baseline.values]
+        rows.append(
+            ["", f"#{out.baseline.number}", *values, f"baseline ({status})", _params_text(out.baseline)]
+        )
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
+    lines = [
+        "  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
+        for row in [headers, *rows]
+    ]
+    shown = f", top {limit} by {out.objective_names[0]} shown" if len(out.front) > limit else ""
+    counts = f"{len(out.front)} points; {len(out.feasible())} of {len(out.records)} trials feasible{shown}"
+    title = f"Feasible Pareto front ({counts}):"
+    return "\n".join([title, *lines])
+
+
+def summary_text(out: Outcome) -> str:
+    """What `autotune run` prints at the end: the front, the verdict and the recommended flags."""
+    parts = [front_table(out), "", out.verdict()]
+    gain = out.decision.gain
+    if gain is not None and gain.percent() not in out.verdict():
+        parts.append(f"  gain: {out.gain_text()}")
+    if out.best is not None:
+        parts.append("  " + shlex.join(["vllm", "serve", *out.best.engine_config().to_args()]))
+    if out.sizing is not None:
+        parts.append(f"  for {out.sizing.text()}")
+    return "\n".join(parts)
+
+
+def write_all(run_dir: Path, out: Outcome) -> list[Path]:
+    """Write every result file into the run folder; returns their paths."""
+    import pandas as pd
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame([_row(r, out) for r in out.records])
+    paths = [run_dir / "trials.csv", run_dir / "pareto.csv"]
+    atomic_write_text(paths[0], frame.to_csv(index=False))
+    front_numbers = {r.number for r in out.front}
+    front = frame[frame["trial"].isin(front_numbers)] if len(frame) else frame
+    atomic_write_text(paths[1], front.to_csv(index=False))
+    paths.append(_write_best(run_dir, out))
+    if out.best is not None:
+        paths.append(_write_best_sh(run_dir, out.best))
+    paths.append(plot_pairs(run_dir / "pareto.png", out))
+    probes = plot_probes(run_dir / "probes.png", out)
+    if probes is not None:
+        paths.append(probes)
+    paths.append(write_html(run_dir / "report.html", out))
+    return paths
+
+
+def _row(r: TrialRecord, out: Outcome) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "trial": r.number,
+        "state": r.state,
+        "baseline": r.baseline,
+        "feasible": r.feasible,
+        "pareto": any(f.number == r.number for f in out.front),
+        "duplicate_of": r.duplicate_of,
+        "reason": r.failure or ("" if r.feasible else "violates SLO"),
+        "message": r.message,
+    }
+    row.update(r.params)
+    for name, value in zip(out.objective_names, r.values or [None] * len(out.objective_names), strict=False):
+        row[name] = value if r.failure is None or r.metrics else None
+    row.update({f"margin_{k}": v for k, v in r.margins.items()})
+    for key in SUMMARY_METRICS:
+        value = r.metrics.get(key, r.user_attrs.get("info", {}).get(key))
+        if value is not None:
+            row[key] = value
+    row["gpu_seconds"] = r.gpu_seconds
+    row["gpu_seconds_saved"] = r.gpu_seconds_saved
+    # where it ran (Ray's placement): the node and the devices it was pinned to, as CUDA_VISIBLE_DEVICES
+    row["node_ip"] = r.user_attrs.get("node_ip")
+    row["node_id"] = r.user_attrs.get("node_id")
+    gpu_ids = r.user_attrs.get("gpu_ids")
+    row["gpu_ids"] = ",".join(map(str, gpu_ids)) if gpu_ids else None
+    return row
+
+
+def _write_best(run_dir: Path, out: Outcome) -> Path:
+    path = run_dir / "best.json"
+    data: dict[str, Any] = {"verdict": out.verdict(), "slos": out.slos, "objectives": out.objective_names}
+    data["how"] = (
+        f"highest feasible {out.objective_names[0]} on the Pareto front (ties within the capacity resolution "
+        "go to the lowest latencies together); vLLM's defaults are kept unless the gain clears the "
+        "measurement's resolution or noise"
+    )
+    gain = out.decision.gain
+    data["keeps_defaults"] = out.decision.keeps_defaults
+    if out.decision.candidate is not None:
+        data["best_found"] = out.decision.candidate.number
+    if gain is not None:
+        data["gain"] = {
+            "metric": gain.metric,
+            "ratio": round(gain.ratio, 4),
+            "interval": [round(gain.low, 4), round(gain.high, 4)],
+            "margin": round(gain.margin, 4),
+            "significant": gain.significant,
+            "how": gain.how,
+        }
+    if out.best is not None:
+        config = out.best.engine_config()
+        data |= {
+            "trial": out.best.number,
+            "config": out.best.config,
+            "flags": serve_flags(config),
+            "command": render(config, "cmd").strip(),
+            "values": dict(zip(out.objective_names, out.best.values or [], strict=False)),
+            "gain_vs_baseline": out.gain(out.best),
+            "flags_to_know": out.flags(),
+            "metrics": out.best.metrics,
+            "info": out.best.user_attrs.get("info", {}),
+        }
+    if out.baseline is not None:
+        data["baseline"] = {
+            "trial": out.baseline.number,
+            "feasible": out.baseline.feasible,
+            "failure": out.baseline.failure,
+            "config": out.baseline.config,
+            "values": dict(zip(out.objective_names, out.baseline.values or [], strict=False)),
+        }
+    if out.sizing is not None:
+        data["sizing"] = dataclasses.asdict(out.sizing)
+    if out.cost is not None:
+        data["cost"] = dataclasses.asdict(out.cost)
+    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+    return path
+
+
+def _write_best_sh(run_dir: Path, best: TrialRecord) -> Path:
+    path = run_dir / "best.sh"
+    command = render(best.engine_config(), "cmd").strip()
+    atomic_write_text(
+        path,
+        "#!/bin/sh\n"
+        f"# autotune recommendation: trial #{best.number} of {run_dir.name}. Extra args are appended.\n"
+        f'exec {command} "$@"\n',
+        mode=0o755,
+    )
+    return path
+
+
+def _fmt(value: float) -> str:
+    return fmt_number(value)
+
+
+def _gain_text(gain: float | None) -> str:
+    return f"{gain * 100:+.1f}%" if gain is not None else "-"
+
+
+def _params_text(r: TrialRecord) -> str:
+    return short_params(r.params)

@@ -1,0 +1,88 @@
+"""Replaying a workload on the simulated engine as `vllm bench serve` sends it: arrivals, an optional
+concurrency cap, every request's record."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autotune.catalog.gpus import GpuSpec
+from autotune.core.config import EngineConfig
+from autotune.measure.metrics import RequestRecord
+from autotune.sim.engine import SimEngine
+from autotune.sim.memory import MemoryPlan
+from autotune.sim.noise import StepNoise
+from autotune.sim.state import EngineStats
+from autotune.workloads.spec import Request
+
+
+@dataclass
+class SimRun:
+    """The result of replaying a workload on the simulated engine."""
+
+    records: list[RequestRecord]
+    duration: float
+    stats: EngineStats
+    memory: MemoryPlan
+    num_steps: int
+
+
+def simulate(
+    config: EngineConfig,
+    gpu: str | GpuSpec,
+    requests: Sequence[Request],
+    max_concurrency: int | None = None,
+    noise: StepNoise | None = None,
+    api: str | None = None,
+) -> SimRun:
+    """Replay requests as `vllm bench serve` sends them (arrival times, optional concurrency cap).
+
+    A request is sent once it has arrived and (with max_concurrency) a slot is free; its record's
+    start_time is that send time, so TTFT excludes the wait for a slot, as in vLLM's client. A finished
+    request's successor is sent when the step that finished it ends, so (as over HTTP) it cannot join
+    the step that starts at that instant. `api` "chat" prices the chat API's extra frontend work.
+    """
+    chat = api == "chat"
+    engine = SimEngine(config, gpu, noise)
+    order = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
+    slots = [0.0] * max_concurrency if max_concurrency else None  # times at which slots became free
+    records: dict[int, RequestRecord] = {}
+    i = 0
+    while True:
+        while i < len(order):
+            req = order[i]
+            if slots is not None and not slots:
+                break  # every slot is busy
+            send = req.arrival_time if slots is None else max(req.arrival_time, slots[0])
+            if send > engine.now:
+                break
+            if slots is not None:
+                heapq.heappop(slots)
+            i += 1
+            try:
+                engine.add_request(req, chat, send)
+            except ValueError as exc:
+                records[req.request_id] = RequestRecord(
+                    prompt_len=req.prompt_len, output_len=0, start_time=send, success=False, error=str(exc)
+                )
+                if slots is not None:
+                    heapq.heappush(slots, send)
+        if engine.has_unfinished():
+            out = engine.advance()
+            if slots is not None:
+                for _ in out.finished:
+                    heapq.heappush(slots, engine.now)
+        elif i < len(order):
+            req = order[i]
+            engine.now = req.arrival_time if slots is None else max(req.arrival_time, slots[0])
+        else:
+            break
+    records.update(engine.finished_records())
+    return SimRun(
+        records=[records[r.request_id] for r in requests],
+        duration=engine.now,
+        stats=engine.stats,
+        memory=engine.memory,
+        num_steps=engine.num_steps,
+    )

@@ -1,0 +1,206 @@
+"""Request parsing for the sim-server: vLLM's validation of a completions / chat body, prompt lengths
+without a tokenizer, and which requests share a prompt prefix.
+
+What the simulation cannot know, and what it does instead:
+  - Text prompts have no tokenizer: their length is estimated at ~4 characters per token
+    (`autotune.workloads.spec.CHARS_PER_TOKEN`), plus a few template tokens per chat message. Token-id
+    prompts (completions) have their exact length.
+  - The model never emits EOS on its own before `max_tokens`: with `max_tokens` set, the output is
+    exactly `max_tokens` long (finish_reason "length") with or without `ignore_eos`. Completions
+    default to max_tokens=16 as in vLLM; a chat request (or `"max_tokens": null`) without a limit gets
+    a simulated answer of DEFAULT_OUTPUT_TOKENS tokens (or up to max_model_len), finish_reason "stop".
+  - Prefix caching needs to know which requests share a prompt prefix: requests are grouped by their
+    first block of tokens (or characters) and share their longest common prefix with the group's
+    first request (`PrefixIndex`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.workloads.spec import CHARS_PER_TOKEN
+
+DEFAULT_OUTPUT_TOKENS = 256  # simulated answer length when a request sets no max_tokens
+CHAT_TOKENS_PER_MESSAGE = 5  # role header and end-of-turn tokens of a typical chat template
+CHAT_TOKENS_FIXED = 4  # BOS plus the assistant header that starts the answer
+_INT_TYPES = frozenset((int, bool))
+PREFIX_GROUPS = 4096  # prefix groups remembered (LRU)
+
+
+class PrefixIndex:
+    """Groups prompts by their first block and finds how much each shares with its group's first prompt.
+
+    The simulated engine models prefix sharing as (prefix_id, prefix_len): requests with the same
+    prefix_id share their first prefix_len tokens. A group's first request claims its whole prompt,
+    so any later prompt that shares its first block reuses the common part.
+    """
+
+    def __init__(self, unit: int, capacity: int = PREFIX_GROUPS) -> None:
+        self.unit = unit  # items per block (tokens, or characters for text)
+        self.capacity = capacity
+        self._groups: OrderedDict[Any, tuple[int, Sequence]] = OrderedDict()
+        self._ids = itertools.count()
+
+    def match(self, items: Sequence) -> tuple[int | None, int]:
+        """(prefix_id, shared items) for a prompt given as token ids or text."""
+        if len(items) < self.unit:
+            return None, 0
+        key = tuple(items[: self.unit]) if isinstance(items, list) else items[: self.unit]
+        group = self._groups.get(key)
+        if group is None:
+            group = (next(self._ids), items)
+            self._groups[key] = group
+            if len(self._groups) > self.capacity:
+                self._groups.popitem(last=False)
+            return group[0], len(items)
+        self._groups.move_to_end(key)
+        return group[0], _common_prefix(group[1], items)
+
+
+def _common_prefix(a: Sequence, b: Sequence) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # binary search on equal slices: C-speed comparisons instead of a Python loop
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def estimate_text_tokens(text: str) -> int:
+    """Tokens of a text prompt without a tokenizer (~4 characters per token, at least 1)."""
+    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def _chat_text(messages: Any) -> tuple[str, int]:
+    """(all message text, template tokens) of a chat request; ValueError on a malformed message list."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    parts: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict) or "role" not in message:
+            raise ValueError("each message needs a role")
+        content = message.get("content") or ""
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        parts.append(str(content))
+    return "".join(parts), CHAT_TOKENS_FIXED + CHAT_TOKENS_PER_MESSAGE * len(messages)
+
+
+class BadRequest(Exception):
+    """A request vLLM would reject with 400 (or `status`)."""
+
+    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+def error_body(message: str, status: int = 400, kind: str = "BadRequestError") -> dict[str, Any]:
+    """vLLM's error JSON (the nested form of vLLM >= 0.10.1, as OpenAI's API)."""
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+@dataclass
+class ParsedRequest:
+    """What the engine needs from one HTTP request."""
+
+    prompt_tokens: int
+    prefix: tuple[int | None, int]
+    max_tokens: int
+    finish_reason: str
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
+    chat: bool = False
+    n: int = 1  # choices to sample (vLLM fans them out as n requests sharing the prompt)
+
+
+class RequestParser:
+    """Validates request bodies for one served model and assigns their shared-prefix groups."""
+
+    def __init__(self, model_name: str, max_model_len: int, vocab_size: int, block_size: int) -> None:
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self._token_prefixes = PrefixIndex(block_size)
+        self._text_prefixes = PrefixIndex(block_size * CHARS_PER_TOKEN)
+
+    def parse(self, body: Any, chat: bool) -> ParsedRequest:
+        """Validate a request body the way vLLM does; BadRequest otherwise."""
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
+        n = body.get("n", 1)
+        if n is None:
+            n = 1
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise BadRequest(f"n must be at least 1, got {n}.")
+        temperature = body.get("temperature")
+        if isinstance(temperature, (int, float)) and temperature < 0:
+            raise BadRequest(f"temperature must be non-negative, got {temperature}.")
+        if chat:
+            try:
+                text, template = _chat_text(body.get("messages"))
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
+            prompt_tokens = estimate_text_tokens(text) + template
+            prefix = self._text_prefixes.match(text)
+            prefix = (prefix[0], prefix[1] // CHARS_PER_TOKEN)
+            max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        else:
+            prompt_tokens, prefix = self._parse_prompt(body.get("prompt"))
+            max_tokens = body.get("max_tokens", 16)  # vLLM's completions default, as OpenAI's
+        room = self.max_model_len - prompt_tokens
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.")
+        requested = prompt_tokens + (max_tokens or 0)
+        if room < 1 or (max_tokens is not None and requested > self.max_model_len):
+            raise BadRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{requested} tokens ({prompt_tokens} in the messages, {max_tokens or 0} in the completion). "
+                "Please reduce the length of the messages or completion."
+            )
+        if max_tokens is None:
+            length, reason = min(DEFAULT_OUTPUT_TOKENS, room), "stop"
+        else:
+            length, reason = max_tokens, "length"
+        options = body.get("stream_options") or {}
+        return ParsedRequest(
+            prompt_tokens=prompt_tokens,
+            prefix=prefix,
+            max_tokens=length,
+            finish_reason=reason,
+            stream=bool(body.get("stream", False)),
+            include_usage=bool(options.get("include_usage", False)),
+            continuous_usage=bool(options.get("continuous_usage_stats", False)),
+            chat=chat,
+            n=n,
+        )
+
+    def _parse_prompt(self, prompt: Any) -> tuple[int, tuple[int | None, int]]:
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            if not prompt:
+                raise BadRequest("Prompt cannot be empty")
+            shared = self._text_prefixes.match(prompt)
+            return estimate_text_tokens(prompt), (shared[0], shared[1] // CHARS_PER_TOKEN)
+        # Only ints (bools are ints) pass; JSON has no other int types. map/set: C speed on long prompts.
+        if isinstance(prompt, list) and prompt and set(map(type, prompt)) <= _INT_TYPES:
+            top = max(prompt)
+            if top >= self.vocab_size or min(prompt) < 0:
+                raise BadRequest(f"Token id {top} is out of vocabulary")
+            return len(prompt), self._token_prefixes.match(prompt)
+        raise BadRequest("prompt must be a non-empty string or a list of token ids (one prompt per request)")

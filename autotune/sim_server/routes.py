@@ -1,0 +1,134 @@
+"""The sim-server's routes: vLLM's OpenAI-compatible endpoints over autotune.sim_server.httpd.
+
+/v1/completions and /v1/chat/completions (streaming and plain), /health, /v1/models, /version and
+/metrics (vLLM's metric names); unknown paths and methods answer FastAPI's JSON 404 / 405, as
+vLLM's server does.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from autotune.sim_server.exposition import METRICS_CONTENT_TYPE, render_metrics
+from autotune.sim_server.httpd import HttpConnection, HttpRequest
+from autotune.sim_server.parsing import BadRequest, error_body
+from autotune.sim_server.service import SimService
+from autotune.sim_server.sse import ChunkWriter, NeverAnswered, PlainAnswer, SseStream
+
+VLLM_VERSION = "0.11.0+autotune.sim"  # the vLLM version whose behaviour the simulator follows
+SSE = "text/event-stream; charset=utf-8"
+Endpoint = Callable[[HttpConnection, HttpRequest], None]
+
+
+class SimRoutes:
+    """vLLM's routes. Each request is answered (or handed to the engine) as soon as httpd dispatches it."""
+
+    def __init__(self, service: SimService) -> None:
+        self.service = service
+        gets: dict[str, Endpoint] = {
+            "/health": self.health,
+            "/v1/models": self.models,
+            "/version": self.version,
+            "/metrics": self.metrics,
+        }
+        if service.options.debug_timings:
+            gets["/debug/requests"] = self.debug_requests
+        self._routes: dict[str, tuple[tuple[str, ...], Endpoint]] = {
+            path: (("GET", "HEAD"), endpoint) for path, endpoint in gets.items()
+        }
+        self._routes["/v1/completions"] = (("POST",), self.completions)
+        self._routes["/v1/chat/completions"] = (("POST",), self.chat_completions)
+
+    def handle(self, conn: HttpConnection, request: HttpRequest) -> None:
+        """Route one request: 404 for an unknown path, 405 for a method the path does not take."""
+        route = self._routes.get(request.path)
+        if route is None:
+            conn.respond_json(404, {"detail": "Not Found"})  # FastAPI's answer, as vLLM's server gives
+            return
+        methods, endpoint = route
+        if request.method not in methods:
+            conn.respond_json(405, {"detail": "Method Not Allowed"}, {"allow": ", ".join(methods)})
+            return
+        endpoint(conn, request)
+
+    def completions(self, conn: HttpConnection, request: HttpRequest) -> None:
+        """POST /v1/completions."""
+        self._completion(conn, request, chat=False)
+
+    def chat_completions(self, conn: HttpConnection, request: HttpRequest) -> None:
+        """POST /v1/chat/completions."""
+        self._completion(conn, request, chat=True)
+
+    def _completion(self, conn: HttpConnection, request: HttpRequest, chat: bool) -> None:
+        """Validate, submit to the engine, and attach the response the engine loop will write to."""
+        received = time.perf_counter()
+        service = self.service
+        try:
+            body = json.loads(request.body)
+        except ValueError as exc:
+            conn.respond_json(400, error_body(f"Invalid JSON body: {exc}"))
+            return
+        except RecursionError:
+            conn.respond_json(400, error_body("Invalid JSON body: nested too deeply"))
+            return
+        try:
+            parsed = service.parse(body, chat)
+        except BadRequest as exc:
+            conn.respond_json(exc.status, error_body(str(exc), exc.status, exc.kind))
+            return
+        states = service.submit_choices(parsed, request.headers.get("x-request-id"))
+        first = states[0]
+        writers = [ChunkWriter(service.model_name, chat, first)]
+        for index, state in enumerate(states[1:], start=1):  # n > 1: choices share the id and time
+            writers.append(
+                ChunkWriter(service.model_name, chat, state, index, writers[0].id, writers[0].created)
+            )
+        for state in states:
+            state.received = received
+            state.read = request.read_at
+        headers = {"x-request-id": first.rid}
+        response: SseStream | PlainAnswer
+        if parsed.stream:
+            response = SseStream(service, conn, writers, parsed.include_usage, parsed.continuous_usage)
+            conn.start_stream(SSE, headers, response)
+        else:
+            response = PlainAnswer(service, conn, writers, headers)
+            conn.hold(response)
+        for state in states:
+            state.listener = response.on_tokens
+
+    def health(self, conn: HttpConnection, _: HttpRequest) -> None:
+        """GET /health: 200, or no answer at all while the engine is hung (as with a stuck vLLM)."""
+        if self.service.hung:
+            conn.hold(NeverAnswered())
+            return
+        conn.respond(200)
+
+    def models(self, conn: HttpConnection, _: HttpRequest) -> None:
+        """GET /v1/models: the one served model."""
+        service = self.service
+        card = {
+            "id": service.model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": service.engine.config.model,
+            "parent": None,
+            "max_model_len": service.max_model_len,
+            "permission": [],
+        }
+        conn.respond_json(200, {"object": "list", "data": [card]})
+
+    def version(self, conn: HttpConnection, _: HttpRequest) -> None:
+        """GET /version."""
+        conn.respond_json(200, {"version": VLLM_VERSION})
+
+    def metrics(self, conn: HttpConnection, _: HttpRequest) -> None:
+        """GET /metrics: Prometheus text with vLLM's metric names."""
+        conn.respond(200, render_metrics(self.service.registry), METRICS_CONTENT_TYPE)
+
+    def debug_requests(self, conn: HttpConnection, _: HttpRequest) -> None:
+        """GET /debug/requests (--debug-timings): exact server-side timings of finished requests."""
+        conn.respond_json(200, {"requests": self.service.debug_rows()})

@@ -1,0 +1,271 @@
+"""The sim-server's service: the simulated engine stepped in real time and the requests in flight.
+
+An asyncio task steps the simulated V1 engine and sleeps each step's simulated duration, so a client
+sees the latencies the simulator predicts. Like vLLM's engine busy loop, requests that arrive during
+a step join a later one; a request is stamped with the simulated time at which it was sent (mid-step
+that is before the running step's end) and enters the engine through its API-server model
+(autotune.sim.frontend), exactly as in-process `simulate` does. After each step the touched requests'
+listeners (the HTTP responses, autotune.sim_server.sse) write their new tokens.
+
+vllm:request_queue_time_seconds is measured up to the start of the step that produced the first
+token (the simulated engine does not report when a prefill chunk was first scheduled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.sim_server.exposition import ServerMetrics, metrics_registry
+from autotune.sim_server.httpd import MAX_BODY_BYTES, READ_TIMEOUT_S
+from autotune.sim_server.parsing import ParsedRequest, RequestParser
+from autotune.workloads.spec import Request
+
+CATCH_UP_S = 0.002  # a late step may start up to this much early to absorb sleep overshoot
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How to serve (everything that is not an engine flag)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    gpu: str = "H100"
+    served_model_name: str | None = None
+    startup_delay_s: float = 0.0
+    die_after: int | None = None
+    hang_after: int | None = None
+    debug_timings: bool = False
+    max_body_bytes: int = MAX_BODY_BYTES
+    read_timeout_s: float = READ_TIMEOUT_S
+
+
+def vllm_log(level: str, where: str, message: str) -> None:
+    """A vLLM-style log line: `INFO 05-01 12:00:00 [api_server.py:1] message`."""
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    print(f"{level} {stamp} [{where}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Pending:
+    """One request being served: tokens the engine produced and the response that delivers them."""
+
+    key: int  # the engine's request id
+    rid: str
+    arrival: float  # perf_counter when the request was handed to the engine
+    prompt_tokens: int
+    max_tokens: int
+    finish_reason: str
+    read: float = 0.0  # perf_counter when the server read the request's first bytes off the socket
+    received: float = 0.0  # perf_counter when its HTTP handler started (the whole request was read)
+    tokens: int = 0  # produced so far
+    delivered: int = 0  # written to the HTTP response
+    finished: bool = False
+    first_token: float | None = None  # engine-side time of the first token
+    first_sent: float | None = None  # when its first token chunk was written to the socket
+    first_step_start: float | None = None
+    last_token: float | None = None
+    done_at: float | None = None
+    # Called by the engine loop after a step that gave this request tokens or finished it (once per step).
+    listener: Callable[[Pending], None] | None = None
+
+
+class SimService:
+    """The engine loop and the request bookkeeping behind the HTTP routes."""
+
+    def __init__(self, engine: Any, options: ServerOptions, model_name: str, vocab_size: int) -> None:
+        self.engine = engine
+        self.options = options
+        self.model_name = model_name
+        self.max_model_len = int(engine.config.max_model_len)
+        self.parser = RequestParser(model_name, self.max_model_len, vocab_size, engine.config.block_size)
+        self.metrics = ServerMetrics()
+        self.registry = metrics_registry(
+            engine, self.metrics, model_name, engine.config.gpu_memory_utilization
+        )
+        self.pending: dict[int, Pending] = {}
+        self.history: list[Pending] = []  # finished requests, kept only with --debug-timings
+        self.started = 0
+        self.hung = False
+        self._ids = itertools.count()
+        self._choice_groups = itertools.count()
+        self._wake = asyncio.Event()
+        self._t0 = time.perf_counter()
+        self._step_end = 0.0  # perf_counter at which the running step's tokens appear
+        self._loop_task: asyncio.Task | None = None
+
+    # ---- lifecycle
+
+    def start(self) -> None:
+        """Start the engine loop (call from inside the server's event loop)."""
+        self._loop_task = asyncio.get_running_loop().create_task(self._engine_loop())
+
+    async def stop(self) -> None:
+        """Stop the engine loop."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+
+    # ---- requests
+
+    def parse(self, body: Any, chat: bool) -> ParsedRequest:
+        """Validate a request body the way vLLM does; BadRequest otherwise."""
+        return self.parser.parse(body, chat)
+
+    def submit(self, parsed: ParsedRequest, rid: str | None = None) -> Pending:
+        """Hand a request to the engine; it joins the next engine step. `rid`: the client's request id."""
+        self.started += 1
+        if self.options.hang_after is not None and self.started >= self.options.hang_after:
+            self.hung = True
+        key = next(self._ids)
+        now = time.perf_counter()
+        prefix_id, prefix_len = parsed.prefix
+        self._sync_clock(now)
+        # Mid-step the virtual clock is at the running step's end; the request was sent before that.
+        sent = self.engine.now - max(0.0, self._step_end - now)
+        request = Request(
+            request_id=key,
+            prompt_len=parsed.prompt_tokens,
+            output_len=parsed.max_tokens,
+            arrival_time=sent,
+            prefix_id=prefix_id,
+            prefix_len=min(prefix_len, parsed.prompt_tokens),
+        )
+        self.engine.add_request(request, chat=parsed.chat, send_time=sent)
+        state = Pending(
+            key=key,
+            rid=rid or uuid.uuid4().hex,
+            arrival=now,
+            prompt_tokens=parsed.prompt_tokens,
+            max_tokens=parsed.max_tokens,
+            finish_reason=parsed.finish_reason,
+        )
+        self.pending[key] = state
+        self._wake.set()
+        return state
+
+    def submit_choices(self, parsed: ParsedRequest, rid: str | None = None) -> list[Pending]:
+        """Hand a request with `n` choices to the engine: n requests sharing the prompt, as vLLM's
+        parallel sampling fans them out (the prefix cache serves the prompt's KV to all but the first)."""
+        if parsed.n == 1:
+            return [self.submit(parsed, rid)]
+        prefix = parsed.prefix
+        if prefix[1] < parsed.prompt_tokens:  # share the whole prompt among the choices
+            # negative ids: apart from the parser's prefix groups (0, 1, ...)
+            prefix = (-1 - next(self._choice_groups), parsed.prompt_tokens)
+        shared = dataclasses.replace(parsed, prefix=prefix)
+        first = self.submit(shared, rid)
+        return [first] + [self.submit(shared, first.rid) for _ in range(parsed.n - 1)]
+
+    def abort(self, state: Pending) -> None:
+        """The client went away: drop its request from the engine, as vLLM does, so it stops using the batch.
+
+        A request the engine already finished (its last tokens not delivered yet) ends normally.
+        """
+        if self.engine.abort_request(state.key):
+            self.pending.pop(state.key, None)
+
+    def _sync_clock(self, now: float) -> None:
+        """While idle, the engine's virtual clock catches up with the wall clock (arrivals are stamped)."""
+        if not self.engine.has_unfinished():
+            self.engine.now = max(self.engine.now, now - self._t0)
+
+    # ---- the engine loop
+
+    async def _engine_loop(self) -> None:
+        """Step the engine in real time: each step's simulated duration is slept before its tokens appear."""
+        deadline = time.perf_counter()
+        while True:
+            if not self.engine.has_unfinished():
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = time.perf_counter()  # an idle engine starts when work arrives, not earlier
+            if self.options.die_after is not None and self.started >= self.options.die_after:
+                # The requests that started are streaming; the process vanishes under them.
+                vllm_log(
+                    "ERROR", "core.py:700", "EngineCore encountered a fatal error (simulated: --die-after)."
+                )
+                os._exit(1)
+            while self.hung:
+                await asyncio.sleep(3600)
+            start = max(deadline, time.perf_counter() - CATCH_UP_S)
+            output = self.engine.step()
+            deadline = start + output.duration
+            self._step_end = deadline
+            delay = deadline - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)  # let the HTTP side run even when the engine is behind
+            self._deliver(output, start, time.perf_counter())
+
+    def _deliver(self, output: Any, step_start: float, now: float) -> None:
+        """Account a step's tokens and finished requests, then let each touched request's response write."""
+        firsts: dict[int, Pending] = {}  # got their first token in this step
+        touched: dict[int, Pending] = {}  # the others with tokens or finished
+        for key, n in output.new_tokens:
+            state = self.pending.get(key)
+            if state is None:
+                continue
+            if state.first_token is None:
+                state.first_token = now
+                state.first_step_start = step_start
+                self.metrics.ttft.observe(now - state.arrival)
+                self.metrics.queue.observe(max(step_start - state.arrival, 0.0))
+                firsts[key] = state
+            else:
+                self.metrics.itl.observe(now - state.last_token)  # type: ignore[operator]
+                touched[key] = state
+            state.last_token = now
+            state.tokens += n
+        for key in output.finished:
+            state = self.pending.pop(key, None)
+            if state is None:
+                continue
+            state.finished = True
+            state.done_at = now
+            self.metrics.e2e.observe(now - state.arrival)
+            self.metrics.success[state.finish_reason] += 1
+            if self.options.debug_timings:
+                self.history.append(state)
+            if key not in firsts:
+                touched[key] = state
+        # After the bookkeeping, so that a request's tokens and its end go out in one write. First tokens
+        # go out first: writing hundreds of streams takes milliseconds, and TTFT is where they show.
+        for state in itertools.chain(firsts.values(), touched.values()):
+            if state.listener is not None:
+                state.listener(state)
+
+    # ---- responses
+
+    def debug_rows(self) -> list[dict[str, Any]]:
+        """Exact per-request server-side timings (perf_counter seconds, comparable across processes)."""
+        rows = []
+        for s in self.history:
+            rows.append(
+                {
+                    "id": s.rid,
+                    "read": s.read,
+                    "received": s.received,
+                    "arrival": s.arrival,
+                    "first_token": s.first_token,
+                    "first_sent": s.first_sent,
+                    "done": s.done_at,
+                    "ttft": (s.first_token or s.arrival) - s.arrival,
+                    "ttft_sent": (s.first_sent or s.arrival) - s.arrival,
+                    "engine_ttft": self.engine.record(s.key).ttft,  # virtual: send -> first token
+                    "prompt_tokens": s.prompt_tokens,
+                    "completion_tokens": s.tokens,
+                }
+            )
+        return rows

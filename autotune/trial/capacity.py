@@ -1,0 +1,368 @@
+"""Capacity: the highest Poisson request rate a config sustains while it meets the SLOs.
+
+With `load: capacity` a trial is a short search per config, on one started server (one startup):
+1. Saturation: every request at t=0, four times the running batch (a first burst of 256 requests
+   reports the KV cache, which may hold fewer than max_num_seqs). Its mid-run
+   completion rate is what the config can serve at most, so rates above it (plus a margin for the
+   estimate) are never probed: it is the bracket's top. Its requests' decode time at full batch is the
+   config's request lifetime, which sets how long each probe is (autotune/measure/steady_state.py).
+2. Probes: Poisson load at a rate, with an unmeasured warm-up and a measured window of several request
+   lifetimes and at least 400 requests (1,000 for a p99 TPOT/E2EL SLO, and for p99 TTFT above half the
+   saturation rate, see `window_requests`). With a TTFT or E2EL SLO the warm-up also lasts one
+   relaxation time of the queue at that rate and the window `relaxations` of them (`relaxation_s`:
+   near saturation a waiting queue takes minutes to show its tail), and rates whose relaxation would
+   not fit a probe are not tried (`queue_ceiling`). Each window is of other requests (its own seed).
+   A rate passes when the server kept up, which bounds capacity for every SLO set, ITL-only and none
+   included: at or below the saturation throughput only a gross shortfall fails it (the saturation
+   run is the evidence; a window's count wanders too slowly to tell 2 %), above it the requests in
+   the server must not have grown by more than 2 % of the window's arrivals (or the count's noise)
+   and it must have served 96 % of the rate; and when every SLO holds with 95 % confidence
+   (autotune/measure/evidence.py), so that another run at the reported rate meets them too. A window too
+   short to tell either way is measured again, up to `max_windows` in all (windows of other requests,
+   their evidence pooled: one window that much longer, without more warm-ups; each look must clear
+   Pocock's bar, `sequential_z`, so that looking three times is not three chances to pass by luck);
+   still unsure, it passes if the windows of the probes around it, a line through their margins read
+   at its rate, do (`pool_nearby`), else the rate counts as a miss, and once the bracket is within
+   twice the resolution the search ends (the threshold lies within the noise there). The first probe is at
+   90 % of saturation; while probes fail the rate steps down by 0.7x (further when an ITL/TPOT SLO
+   was missed by a wide margin), then geometric bisection until the bracket is within `resolution`.
+A probe that is clearly lost is cut short by the early abort (its SLO cannot be met any more). A
+server that dies or hangs ends the search: the rates that passed before still count.
+
+The trial's result is the window at the highest passing rate, with throughputs set to the sustained
+ones at that rate (rate x tokens per request); `info` carries the bracket, its resolution and every
+probe (rate, served rate, backlog growth, p99 TTFT/ITL, verdict), for the report and the
+recommendation's tie rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.backends.base import Backend, Session
+from autotune.core.config import EngineConfig
+from autotune.measure.evidence import UNSURE, Z, sequential_z
+from autotune.measure.result import TrialResult
+from autotune.measure.slo import Slo
+from autotune.measure.steady_state import MIN_WARMUP_S, MIN_WINDOW_S, Window, plan_window, relaxation_s
+from autotune.trial.live import write_probe
+from autotune.trial.probe import MIN_SERVED, Probe, judge_probes
+
+MAX_PROBES = 8  # rate probes after the saturation run
+RESOLUTION = 0.03  # stop when high / low <= 1.03: below run-to-run noise on real GPUs (1-3 %) is wasted
+START_FRACTION = 0.9  # the first probe, as a fraction of saturation throughput
+STEP_DOWN = 0.7  # while no rate passed
+UNSURE_STEP = 0.9  # ... from a rate too close to call: the threshold is near it
+MIN_STEP = 0.35  # the largest step down an ITL/TPOT miss can ask for
+SMOOTH_METRICS = ("itl", "tpot")
+SATURATION_MARGIN = 1.1  # bracket top = saturation throughput x this (the mid-run rate is an estimate)
+MIN_RATE = 0.05  # below this the config serves nothing useful: stop stepping down
+SATURATION_BATCHES = 4  # the saturation run sends this many times the batch the config can hold
+MAX_SATURATION_REQUESTS = 4096
+SIZING_REQUESTS = 256  # the first burst: it saturates a batch that KV memory limits, and sizes the next
+MAX_PROBE_REQUESTS = 6000  # per probe (x window scale): a very fast config gets a shorter window
+MIN_WINDOW_REQUESTS = 400
+TAIL_SAMPLES = 10  # a window must hold this many requests over a percentile SLO's limit at its threshold
+# Below half the saturation rate a server rarely queues for long: a TTFT tail there is seen in 400
+# requests. The RAG-prompt and A100 chat configs the accuracy benchmark tries are ITL-bound at 10-20 % of
+# saturation: 400-request windows halved their searches' GPU time, every 4,000-request check still passed,
+# and the RAG-prompt ones moved from 5-6 % to 9-12 % under the reference (their ITL tail stays unsure longer).
+QUEUE_FREE_BELOW = 0.5
+MAX_WINDOWS = 3  # an unsure probe is measured again (other windows, pooled with the first), twice
+QUEUE_METRICS = ("ttft", "e2el")  # the SLOs a waiting queue's slow build-up moves
+RELAXATIONS = 3.0  # a queued SLO's window: this many relaxation times (its warm-up: one)
+DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's largest per-GPU default, when the config leaves it unset
+SUSTAINED = ("request_throughput", "output_throughput", "total_token_throughput")
+
+
+@dataclass(frozen=True)
+class CapacitySearch:
+    """The search's bounds (a record so tests and the accuracy benchmark can change them)."""
+
+    max_probes: int = MAX_PROBES
+    resolution: float = RESOLUTION
+    window_scale: float = 1.0  # x the window and warm-up derived from the config's dynamics
+    min_warmup_s: float = MIN_WARMUP_S  # floors of the derived warm-up and window (tests lower them)
+    min_window_s: float = MIN_WINDOW_S
+    # p99 over fewer requests is the 2nd-4th largest value: too noisy to compare rates by (a window of
+    # 140 requests overestimated a config's capacity by 33 %, 400 came within 2 % of 1,000)
+    min_window_requests: int = MIN_WINDOW_REQUESTS
+    max_windows: int = MAX_WINDOWS
+    tail_samples: int = TAIL_SAMPLES  # see window_requests (tests over HTTP lower it)
+    min_served: float = MIN_SERVED  # (and this: their windows of a second or two are too short for it)
+    z: float = Z  # the confidence (standard errors) each SLO must hold by
+    # Below this fraction of the saturation throughput a p99 TTFT needs no 1,000-request tail window
+    # (window_requests): 400 requests see its queueing episodes. 0: every rate gets the tail window.
+    queue_free_below: float = QUEUE_FREE_BELOW
+    max_probe_requests: int = MAX_PROBE_REQUESTS  # per probe window and warm-up (x window_scale)
+    relaxations: float = RELAXATIONS
+
+
+def find_capacity(
+    backend: Backend,
+    config: EngineConfig,
+    workload: Any,
+    slos: Sequence[Slo],
+    seed: int = 0,
+    gpu_ids: Sequence[int] = (),
+    trial_dir: Path | None = None,
+    search: CapacitySearch = CapacitySearch(),  # noqa: B008  (frozen, so a shared default is safe)
+) -> TrialResult:
+    """Search the highest sustained SLO-meeting rate for `config`: the result at it, the search in `info`.
+
+    Every rate is measured on one server (one backend session), so the trial pays one startup.
+    """
+    with backend.session(config, gpu_ids, trial_dir) as session:
+        return _search(session, config, workload, slos, seed, search, trial_dir)
+
+
+def _search(
+    session: Session,
+    config: EngineConfig,
+    workload: Any,
+    slos: Sequence[Slo],
+    seed: int,
+    search: CapacitySearch,
+    trial_dir: Path | None = None,
+) -> TrialResult:
+    workload = workload.with_rate_arrivals()
+    sat_runs = saturation_runs(session, config, workload, seed)
+    sat_result = sat_runs[-1]
+    sat = sat_result.info.get("saturation")
+    if not sat_result.ok or not sat or sat["throughput"] <= 0:
+        # Did not start, or could not serve at all: no rate will help, and the reason is the trial's.
+        return _annotate(sat_result, [], sat_runs, None, None, 0.0)
+    window = plan_window(sat["lifetime_s"], search.window_scale, search.min_warmup_s, search.min_window_s)
+    top = SATURATION_MARGIN * sat["throughput"]
+    queued_slos = any(s.metric in QUEUE_METRICS for s in slos)
+    if queued_slos:
+        top = min(top, queue_ceiling(sat["throughput"], window, search))
+
+    # Up to max_windows looks at a rate: each must clear a higher bar for the rate to pass with the
+    # confidence `z` asks for (a miss is told at `z` itself: a false miss costs capacity, not a promise).
+    pass_z = sequential_z(search.max_windows, search.z)
+
+    def measure(p: Probe) -> None:
+        """Another window at the probe's rate (of other requests: seed), judged with its earlier ones."""
+        write_probe(trial_dir, len(probes), search.max_probes, p.rate)  # for the progress line
+        queued = p.rate >= search.queue_free_below * sat["throughput"]
+        requests = window_requests(slos, search.min_window_requests, search.tail_samples, queued)
+        settle = relaxation_s(p.rate, sat["throughput"]) if queued_slos else 0.0
+        plan = _probe_window(window, p.rate, search, requests, settle)
+        load = workload.with_load(
+            request_rate=p.rate, num_requests=max(1, math.ceil(p.rate * plan.end)), measure_from=plan.start
+        )
+        # Every window gets other requests: the same ones at each rate would make every probe as
+        # lucky as the first (a 70B config passed 1.21 req/s on the one sequence whose 1,000 requests
+        # held few long prompts; seven of eight others missed its SLO at 1.13), and the windows that
+        # pool_nearby pools would not be independent.
+        p.runs.append(session.measure(load, slos, seed + sum(q.windows for q in probes)))
+        judge_probes(probes, slos, sat["throughput"], pass_z, search.z, search.min_served)
+
+    probes: list[Probe] = []
+    rate: float | None = min(START_FRACTION * sat["throughput"], top)
+    while rate is not None and len(probes) < search.max_probes:
+        probes.append(Probe(rate))
+        measure(probes[-1])
+        # A window too close to call is measured again, and the windows pooled.
+        while probes[-1].own == UNSURE and probes[-1].windows < search.max_windows and session.alive:
+            measure(probes[-1])
+        if not session.alive:
+            break  # the server died or hung: no other rate can be measured on it
+        rate = _next_rate(probes, *_bracket(probes, top), search, slos)
+    low, high = _bracket(probes, top)
+    best = low.result if low is not None else min(probes, key=lambda p: p.rate).result
+    annotated = _annotate(best, probes, sat_runs, low, high, top)
+    if not session.alive and probes[-1].result is not best:
+        # Say why the search stopped short (e.g. an OOM under load at a higher rate).
+        last = probes[-1].result
+        annotated.info["capacity_stopped_by"] = f"{last.failure}: {last.message}"
+    annotated.info["capacity_window_s"] = [round(window.start, 2), round(window.length, 2)]
+    return annotated
+
+
+def _bracket(probes: Sequence[Probe], top: float) -> tuple[Probe | None, float]:
+    """The highest passing probe, and the lowest rate above it that did not pass (else `top`)."""
+    low = max((p for p in probes if p.passed), key=lambda p: p.rate, default=None)
+    floor = low.rate if low is not None else 0.0
+    return low, min((p.rate for p in probes if not p.passed and p.rate > floor), default=top)
+
+
+def _next_rate(
+    probes: Sequence[Probe], low: Probe | None, high: float, search: CapacitySearch, slos: Sequence[Slo]
+) -> float | None:
+    """The next rate to probe, or None once the bracket is as fine as it will get.
+
+    While nothing passed, the rate steps down from the lowest probe (see `_step_down`; by UNSURE_STEP
+    from one too close to call, which the threshold is near); then geometric
+    bisection until the bracket is within `resolution`, or within twice that when the last probe was
+    unsure (the threshold lies within the measurement's noise there: a rate between would be unsure too).
+    """
+    if low is None:
+        lowest = min(probes, key=lambda p: p.rate)
+        step = UNSURE_STEP if lowest.verdict == UNSURE else _step_down(lowest.result, slos)
+        rate = lowest.rate * step
+        return rate if rate >= MIN_RATE else None
+    if high / low.rate <= 1 + search.resolution:
+        return None
+    if probes[-1].verdict == UNSURE and high / low.rate <= (1 + search.resolution) ** 2:
+        return None
+    return math.sqrt(low.rate * high)
+
+
+def saturation_runs(session: Session, config: EngineConfig, workload: Any, seed: int) -> list[TrialResult]:
+    """The all-at-once runs that measure saturation throughput: the last one is the measurement.
+
+    The burst is four running batches, so that requests still wait until its 75th-percentile
+    completion (the throughput is read between the 25th and 75th). The batch is max_num_seqs only
+    when KV memory holds that many requests: a decode-heavy 8B config on an L4 holds ~25, and 2,048
+    requests at t=0 cost it 88 GPU-minutes. So a first burst of SIZING_REQUESTS reports the KV cache
+    size, and a second, larger one runs only when the batch it implies needs it.
+    """
+    seqs = config.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    full = min(MAX_SATURATION_REQUESTS, SATURATION_BATCHES * seqs)
+    first = session.measure(workload.burst(min(full, SIZING_REQUESTS)), (), seed)
+    if full <= SIZING_REQUESTS or not first.ok:
+        return [first]
+    needed = min(full, SATURATION_BATCHES * _batch_limit(first, seqs))
+    if needed <= SIZING_REQUESTS:
+        return [first]
+    return [first, session.measure(workload.burst(needed), (), seed)]
+
+
+def _batch_limit(result: TrialResult, seqs: int) -> int:
+    """How many of the burst's requests the server can run at once: its max_num_seqs (the resolved
+    one when the backend reports it), or fewer when its KV cache holds fewer (reported as tokens or
+    blocks; unknown: max_num_seqs)."""
+    resolved = result.info.get("resolved") or {}
+    seqs = int(resolved.get("max_num_seqs") or seqs)
+    kv_tokens = result.info.get("kv_cache_tokens")
+    if kv_tokens is None and result.info.get("num_gpu_blocks"):
+        kv_tokens = int(result.info["num_gpu_blocks"]) * int(resolved.get("block_size") or 16)
+    bench = result.benchmark
+    if not kv_tokens or bench is None or not bench.completed:
+        return seqs
+    per_request = (bench.total_input_tokens + bench.total_output_tokens) / bench.completed
+    return max(1, min(seqs, math.ceil(kv_tokens / max(per_request, 1.0))))
+
+
+def window_requests(
+    slos: Sequence[Slo],
+    floor: int = MIN_WINDOW_REQUESTS,
+    tail_samples: int = TAIL_SAMPLES,
+    queued: bool = True,
+) -> int:
+    """How many requests a probe's window needs: `floor`, or enough that a per-request percentile SLO
+    at its threshold has `tail_samples` requests over the limit (1,000 for a p99 TTFT): its tail comes in
+    rare queueing episodes, and a 400-request window that held none passed rates that a 4,000-request
+    run missed by 2x. ITL pools every token gap, so its tail is seen in far fewer requests. Without
+    `queued` (a rate far below saturation, see CapacitySearch.queue_free_below) TTFT is exempt too:
+    queueing episodes there are short and frequent, not rare; TPOT and E2EL tails come from the
+    requests' own lengths at any load and keep the rule."""
+    exempt = ("itl",) if queued else ("itl", "ttft")
+    shares = [s.allowed_share for s in slos if s.metric not in exempt]
+    return max([floor, *(math.ceil(tail_samples / q) for q in shares if q)])
+
+
+def _step_down(result: TrialResult, slos: Sequence[Slo]) -> float:
+    """How far to lower the rate after a failed probe while none has passed yet.
+
+    ITL and TPOT grow smoothly with the load (the batch grows with the rate), so missing one by a factor
+    says roughly how far the rate must fall: 1 / (1 + margin), between MIN_STEP and STEP_DOWN. TTFT
+    explodes only near capacity (its margin says nothing about the distance), so other misses step by
+    STEP_DOWN.
+    """
+    smooth = [s.margin(result.benchmark) for s in slos if s.metric in SMOOTH_METRICS] if result.ok else []
+    miss = max(smooth, default=0.0)
+    return min(STEP_DOWN, max(MIN_STEP, 1.0 / (1.0 + miss))) if miss > 0 else STEP_DOWN
+
+
+def queue_ceiling(saturation: float, window: Window, search: CapacitySearch) -> float:
+    """The highest rate whose queue relaxes within the longest probe there may be (a warm-up and a
+    window of one relaxation time each, search.max_probe_requests in all): above it a TTFT or E2EL SLO
+    cannot be confirmed, so it is not probed."""
+    low, high = 0.0, saturation
+    for _ in range(40):  # bisection: the relaxation time grows with the rate, the window shrinks
+        mid = (low + high) / 2
+        start, length = _settled(window.start, relaxation_s(mid, saturation), search)
+        fits = mid * (start + length) <= search.max_probe_requests * search.window_scale
+        low, high = (mid, high) if fits else (low, mid)
+    return low
+
+
+def _settled(start: float, settle_s: float, search: CapacitySearch) -> tuple[float, float]:
+    """The warm-up's end and the shortest window a queue that relaxes in `settle_s` needs: a warm-up of
+    at least one relaxation time and a window of `relaxations` (both x window_scale)."""
+    settle = settle_s * search.window_scale
+    return max(start, settle), search.relaxations * settle
+
+
+def _probe_window(
+    window: Window, rate: float, search: CapacitySearch, min_requests: int, settle_s: float = 0.0
+) -> Window:
+    """`window` at `rate`: long enough for `min_requests` measured requests and for the queue to settle
+    (`settle_s`, see relaxation_s), and shortened (warm-up too, in proportion) when the probe would send
+    more than search.max_probe_requests x scale."""
+    scale = search.window_scale
+    start, settled_length = _settled(window.start, settle_s, search)
+    length = max(window.length, min_requests * scale / rate, settled_length)
+    window = Window(start, start + length)
+    cap = search.max_probe_requests * scale
+    if rate * window.end <= cap:
+        return window
+    factor = cap / (rate * window.end)
+    return Window(window.start * factor, window.end * factor)
+
+
+def _annotate(
+    best: TrialResult,
+    probes: list[Probe],
+    sat_runs: list[TrialResult],
+    low: Probe | None,
+    high: float | None,
+    top: float,
+) -> TrialResult:
+    """Sum the GPU time of every run (one startup, saturation, probes) into the result, set sustained
+    throughputs, record the search."""
+    sat = sat_runs[-1]
+    runs = [*sat_runs, *(r for p in probes for r in p.runs)]
+    best.startup_s = sum(r.startup_s for r in runs)
+    best.benchmark_s = sum(r.benchmark_s for r in runs)
+    best.saved_s = sum(r.saved_s for r in runs)
+    capacity = low.rate if low is not None else 0.0
+    bench = best.benchmark
+    goodput = bench.request_goodput if bench is not None else None
+    measured = {}
+    if bench is not None and capacity > 0 and bench.completed:
+        measured = {f"measured_{k}": round(getattr(bench, k), 4) for k in SUSTAINED}
+        per_request_out = bench.total_output_tokens / bench.completed
+        per_request_all = (bench.total_input_tokens + bench.total_output_tokens) / bench.completed
+        best.benchmark = dataclasses.replace(
+            bench,
+            request_throughput=capacity,
+            output_throughput=capacity * per_request_out,
+            total_token_throughput=capacity * per_request_all,
+        )
+    sat_info = sat.info.get("saturation") or {}
+    bracket = [round(capacity, 4), round(high, 4)] if high else None
+    best.info = {
+        **best.info,
+        **measured,
+        "capacity_rate": round(capacity, 4),
+        # The search's verdict at the reported rate, not its window's backlog trend alone: below the
+        # saturation rate the saturation run is the evidence (probe_verdict). No rate: the lowest's.
+        "kept_up": True if capacity > 0 else best.info.get("kept_up"),
+        "capacity_bracket": bracket,
+        # How finely capacity is known: the bracket's width relative to its bottom (None: nothing passed).
+        "capacity_resolution": round(high / capacity - 1, 4) if high and capacity > 0 else None,
+        "capacity_bound_measured": bool(high is not None and high < top),
+        "saturation_throughput": sat_info.get("throughput"),
+        "capacity_goodput": round(goodput, 4) if goodput is not None else None,
+        "capacity_probes": [p.to_info() for p in probes],
+    }
+    return best

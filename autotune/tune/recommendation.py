@@ -1,0 +1,154 @@
+"""What to deploy: the best config found, unless its gain over vLLM's defaults is within the noise.
+
+A measurement has a resolution: capacity is known to its bracket (the highest rate that passed and the
+lowest that failed, `capacity_resolution` apart), and on real GPUs two runs of one config differ by a
+few percent. A config that beats the baseline (trial 0, vLLM's defaults) by less than that is a tie,
+and a tie is not worth changing a deployment for, so the recommendation keeps the defaults and says so.
+
+The margin a gain must clear:
+- with repeats (real backends, or the simulator with `--noise`): the top candidates and the baseline
+  are re-measured with other seeds (the tuner stores them in the study's `remeasured` attr); the gain
+  is the mean of the paired ratios and its interval their lowest and highest; it counts when even the
+  lowest clears the capacity resolution;
+- without: the gain counts when it clears the resolution of both measurements (their capacity
+  brackets do not overlap), or TIE_TOLERANCE at a fixed load (deterministic: equal is equal).
+When the baseline itself misses the SLOs, any feasible config is a gain: it is what makes them hold.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from autotune.tune.study import TIE_TOLERANCE, TrialRecord, baseline, recommend
+
+
+@dataclass(frozen=True)
+class Gain:
+    """The candidate's primary objective against the baseline's, as an improvement ratio (> 1 better)."""
+
+    metric: str
+    ratio: float
+    low: float  # the interval's ends (ratios)
+    high: float
+    margin: float  # what the gain had to clear (a fraction: 0.03 = 3 %)
+    significant: bool
+    how: str  # where the interval comes from
+
+    def percent(self) -> str:
+        """e.g. "+4.1 % (interval +1.0 % to +7.3 %)"."""
+        return f"{_pct(self.ratio)} (interval {_pct(self.low)} to {_pct(self.high)}, {self.how})"
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The decision and its reasons in plain words."""
+
+    trial: TrialRecord | None  # what to deploy: the candidate, or the baseline when the gain is a tie
+    candidate: TrialRecord | None  # the best config found on the Pareto front
+    baseline: TrialRecord | None
+    gain: Gain | None
+    keeps_defaults: bool
+    text: str
+
+
+def decide(
+    recs: Sequence[TrialRecord],
+    maximize: Sequence[bool],
+    objective_names: Sequence[str],
+    remeasured: Mapping[str, Mapping[str, float]] | None = None,
+) -> Recommendation:
+    """The recommendation of a study's records (`remeasured`: trial number -> {repeat: primary value})."""
+    base = baseline(recs)
+    candidate = recommend(recs, maximize, resolution_of)
+    name = objective_names[0]
+    if candidate is None:
+        text = "No feasible config: every trial failed or violated the SLOs (see trials.csv for reasons)."
+        return Recommendation(None, None, base, None, False, text)
+    if base is None or not base.values:
+        text = f"Recommended: trial #{candidate.number} (no baseline trial in this study to compare with)."
+        return Recommendation(candidate, candidate, base, None, False, text)
+    if not base.feasible:
+        why = base.failure or "violates the SLOs"
+        text = (
+            f"Recommended: trial #{candidate.number}: vLLM's defaults (trial #{base.number}) do not meet the "
+            f"SLOs ({why}); this config does."
+        )
+        return Recommendation(candidate, candidate, base, None, False, text)
+    if candidate.number == base.number:
+        text = (
+            f"Keep vLLM's defaults (trial #{base.number}): no config found beats their {name} by more than "
+            "the measurement's resolution with lower latency."
+        )
+        return Recommendation(base, candidate, base, None, True, text)
+    gain = measure_gain(candidate, base, maximize[0], name, remeasured or {})
+    if gain.significant:
+        text = f"Recommended: trial #{candidate.number}: {name} {gain.percent()} vs vLLM's defaults."
+        return Recommendation(candidate, candidate, base, gain, False, text)
+    if gain.low < gain.high < 1:
+        # Tied on its first run (picked for its latency), but every repeat measured it below the defaults.
+        text = (
+            f"Keep vLLM's defaults (trial #{base.number}): no config found beats them. The lowest-latency "
+            f"near-tie (trial #{candidate.number}) measured below them in every repeat: {name} "
+            f"{gain.percent()}."
+        )
+    else:
+        text = (
+            f"Keep vLLM's defaults (trial #{base.number}): the best config found (trial "
+            f"#{candidate.number}) differs by {gain.percent()}, within the measurement's margin of "
+            f"{gain.margin:.1%}: a tie, not a gain."
+        )
+    return Recommendation(base, candidate, base, gain, True, text)
+
+
+def measure_gain(
+    candidate: TrialRecord,
+    base: TrialRecord,
+    maximize: bool,
+    metric: str,
+    remeasured: Mapping[str, Mapping[str, float]],
+) -> Gain:
+    """The candidate's gain over the baseline and whether it clears the measurement's margin."""
+    resolution = max(resolution_of(candidate), resolution_of(base), 0.0)
+    first = _improvement(candidate.values[0], base.values[0], maximize)  # type: ignore[index]
+    # Paired by seed: the first measurements (the run's seed), then each repeat both have.
+    cand_runs = remeasured.get(str(candidate.number), {})
+    base_runs = remeasured.get(str(base.number), {})
+    pairs = [first] + [
+        _improvement(cand_runs[k], base_runs[k], maximize) for k in sorted(cand_runs) if k in base_runs
+    ]
+    if len(pairs) > 1:
+        return Gain(
+            metric,
+            statistics.fmean(pairs),
+            min(pairs),
+            max(pairs),
+            resolution,
+            min(pairs) > 1 + resolution,
+            f"{len(pairs)} paired runs",
+        )
+    if resolution > 0:
+        # Capacity brackets: the candidate's true value is in [value, value x (1 + its resolution)].
+        low = first / (1 + resolution_of(base))
+        high = first * (1 + resolution_of(candidate))
+        return Gain(metric, first, low, high, resolution, low > 1, "capacity brackets")
+    return Gain(metric, first, first, first, TIE_TOLERANCE, first > 1 + TIE_TOLERANCE, "one run each")
+
+
+def resolution_of(record: TrialRecord) -> float:
+    """The relative width of a trial's capacity bracket (0 for a fixed-load trial)."""
+    info = record.user_attrs.get("info", {})
+    value = info.get("capacity_resolution") if isinstance(info, dict) else None
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def _improvement(new: float, old: float, maximize: bool) -> float:
+    """new vs old as a ratio where > 1 is better (inf when old is 0 and new is better)."""
+    if maximize:
+        return new / old if old > 0 else float("inf") if new > 0 else 1.0
+    return old / new if new > 0 else float("inf") if old > 0 else 1.0
+
+
+def _pct(ratio: float) -> str:
+    return f"{(ratio - 1) * 100:+.1f} %"

@@ -1,0 +1,102 @@
+"""Re-measure the top candidates and the baseline with other seeds before recommending.
+
+On a real GPU two measurements of one config differ by a few percent, so the best of fifty trials is
+partly the luckiest. Before the recommendation, `TOP_CANDIDATES` configs (the one the recommendation
+would pick and the best others on the Pareto front) and the baseline (vLLM's defaults) are measured
+again, each with `repeats` other workload seeds (other requests, other arrival times; the simulator
+with `--noise` draws other noise too). The primary objective of every repeat is kept in the study's
+`remeasured` attr (trial number -> {repeat index -> value}), written after each one, so a resumed run
+continues where it stopped and the recommendation (autotune/tune/recommendation.py) pairs the runs seed by
+seed to give the gain an interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+
+from autotune.dispatch.executor import Executor
+from autotune.tune.objectives import ObjectiveSet
+from autotune.tune.recommendation import resolution_of
+from autotune.tune.study import TrialRecord, baseline, pareto_front, recommend, records
+
+TOP_CANDIDATES = 3
+ATTR = "remeasured"
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """One more measurement of a finished trial's config, with another seed."""
+
+    trial: TrialRecord
+    index: int  # 1..repeats: the seed is the run's seed + index
+
+    @property
+    def job_number(self) -> int:
+        """The executor's key: negative, so it never meets a trial number."""
+        return -(self.trial.number * 1000 + self.index)
+
+
+def targets(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> list[TrialRecord]:
+    """The config the recommendation would pick, the best others on the Pareto front (TOP_CANDIDATES in
+    all, best first) and the baseline.
+
+    The pick is among the configs tied on throughput, by latency: it need not be one of the best few
+    by throughput, and its gain can only get an interval if it was measured again.
+    """
+    pick = recommend(recs, maximize, resolution_of)
+    front = pareto_front(recs, maximize)
+    chosen = ([pick] if pick is not None else []) + [
+        r for r in front if pick is None or r.number != pick.number
+    ]
+    chosen = chosen[:TOP_CANDIDATES]
+    base = baseline(recs)
+    if base is not None and base.values and all(r.number != base.number for r in chosen):
+        chosen.append(base)
+    return chosen
+
+
+def remeasure(
+    study: optuna.Study,
+    executor: Executor,
+    objectives: ObjectiveSet,
+    repeats: int,
+    seed: int,
+    run_dir: Path | None,
+    interrupted: Callable[[], bool] = lambda: False,
+) -> int:
+    """Run the repeats not yet in the study; returns how many ran. Raises KeyboardInterrupt when
+    `interrupted()` turns true (what finished is already stored)."""
+    maximize = [o.maximize for o in objectives.objectives]
+    done: dict[str, dict[str, float]] = {k: dict(v) for k, v in study.user_attrs.get(ATTR, {}).items()}
+    todo = [
+        Repeat(trial, index)
+        for trial in targets(records(study), maximize)
+        for index in range(1, repeats + 1)
+        if str(index) not in done.get(str(trial.number), {})
+    ]
+    running: dict[int, Repeat] = {}
+    ran = 0
+    while todo or running:
+        if interrupted():
+            raise KeyboardInterrupt
+        # A config that no longer fits (a node of the cluster was lost) is not re-measured.
+        todo = [r for r in todo if executor.fits(r.trial.engine_config())]
+        while todo and executor.can_start(todo[0].trial.engine_config()):
+            repeat = todo.pop(0)
+            trial_dir = (
+                run_dir / "trials" / str(repeat.trial.number) / f"repeat-{repeat.index}" if run_dir else None
+            )
+            executor.submit(repeat.job_number, repeat.trial.engine_config(), seed + repeat.index, trial_dir)
+            running[repeat.job_number] = repeat
+        for number, result in executor.wait(POLL_S):
+            repeat = running.pop(number)
+            value = objectives.objectives[0].value(result)
+            done.setdefault(str(repeat.trial.number), {})[str(repeat.index)] = value
+            study.set_user_attr(ATTR, done)
+            ran += 1
+    return ran

@@ -1,0 +1,157 @@
+"""Startup screening: configs the memory model predicts will fail to start are not launched.
+
+Before a trial is launched, the simulator's startup memory model (autotune/sim/memory.py, the same one
+the simulated engine uses) predicts whether vLLM would come up with the config on this GPU. A config it
+predicts to die of a startup-memory failure (no KV memory, the max-length request does not fit, CUDA OOM
+while profiling or capturing CUDA graphs, the free-memory check) is told to the study as a violation
+with the predicted vLLM message, and costs no GPU time.
+
+The model is an estimate, so only clear failures are screened; a borderline config still launches:
+
+- KV sizing (profile-run OOM, "No available memory for the cache blocks", one max-length request does
+  not fit): the KV memory a max-length request needs minus the predicted KV memory must exceed
+  `kv_fraction` (5 %) of the GPU's memory. The KV memory the model predicts for Llama-3.1-8B on H100 is
+  51.5 GiB where vLLM logged 51.38 GiB in one report and 55.05 GiB in another (docs/simulator.md):
+  the model can be 3.6 GiB (4.5 % of the device) short, and a config that short of memory may start.
+- After KV sizing (CUDA-graph capture and the sampler warm-up, which allocate beyond the
+  `gpu_memory_utilization` budget): what they need must exceed `capture_factor` (125 %) of the memory
+  left outside the budget. Their size is a coarse fit (0.2 MiB per graph and layer, two fp32 copies of
+  the logits); the known case, H100 at 0.98 with 1024 sequences, needs 155 % of it and fails in vLLM.
+- The free-memory check ("Free memory on device ... is less than desired GPU memory utilization") is
+  screened as predicted: it compares `gpu_memory_utilization` x total memory with the free memory
+  (total minus the CUDA context, measured), and no memory after the budget fails the rule above anyway.
+
+Invalid flag combinations are the search space's validity rules (autotune.tune.space.violations), not this.
+With the sim backend the screen and the engine share the model, so screening is exact there: it can
+save only what a real GPU would have spent on a config that truly fails to start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from autotune.catalog.gpus import GIB, GpuSpec, get_gpu
+from autotune.catalog.models import ModelSpec, get_model
+from autotune.core.config import EngineConfig
+from autotune.core.errors import AutotuneError, EngineStartupError, FailureKind
+from autotune.measure.result import TrialResult
+from autotune.sim.memory import MemoryPlan, plan_memory, validate_config
+
+PREFIX = "predicted by the memory model: "
+# A device large enough for any config: the memory plan on it gives a config's needs (weights,
+# activations, KV bytes per token, CUDA graphs, sampler), which do not depend on the device's size.
+_ROOMY_GIB = 1e6
+_ROOMY_UTILIZATION = 0.5
+
+
+@dataclass(frozen=True)
+class Margins:
+    """How clear a predicted startup failure must be to be screened (see the module docstring)."""
+
+    kv_fraction: float = 0.05  # KV shortfall beyond this fraction of the GPU's memory
+    capture_factor: float = 1.25  # graphs + sampler warm-up beyond this multiple of the memory left
+
+
+DEFAULT_MARGINS = Margins()
+
+
+@dataclass(frozen=True)
+class Screening:
+    """A config predicted to fail to start: vLLM's failure kind and message, as the model predicts them."""
+
+    kind: FailureKind
+    vllm_message: str
+
+    @property
+    def message(self) -> str:
+        """The reason stored on the trial."""
+        return PREFIX + self.vllm_message
+
+    def result(self, config: EngineConfig) -> TrialResult:
+        """The trial's outcome: the predicted failure, with no GPU time spent."""
+        return TrialResult(config=config, failure=self.kind, message=self.message)
+
+
+class MemoryScreen:
+    """Predicts startup-memory failures of configs of one model on one GPU type."""
+
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, margins: Margins = DEFAULT_MARGINS) -> None:
+        self.model = model
+        self.gpu = gpu
+        self.margins = margins
+
+    def check(self, config: EngineConfig) -> Screening | None:
+        """The predicted failure if `config` clearly fails to start on this GPU, else None (launch it)."""
+        resolved = config.with_vllm_defaults(
+            self.gpu.memory_gib, self.gpu.name, self.model.max_position_embeddings
+        )
+        try:
+            validate_config(resolved, self.model)
+        except EngineStartupError:
+            return None  # an invalid flag, not memory: the validity rules or vLLM itself report it
+        try:
+            plan_memory(resolved, self.model, self.gpu)
+        except EngineStartupError as exc:
+            if self._clear_failure(resolved):
+                return Screening(kind=FailureKind(exc.kind), vllm_message=str(exc))
+        return None
+
+    def _clear_failure(self, resolved: EngineConfig) -> bool:
+        """Whether the predicted failure stays a failure within the margins."""
+        needs = self._needs(resolved)
+        total = self.gpu.memory_bytes
+        requested = int(total * resolved.gpu_memory_utilization)
+        free = total - int(self.gpu.cuda_context_gib * GIB)
+        kv_available = requested - needs.weights_bytes - needs.non_torch_bytes - needs.activation_bytes
+        assert resolved.max_model_len is not None
+        blocks = -(-resolved.max_model_len // resolved.block_size)
+        kv_needed = blocks * resolved.block_size * needs.kv_bytes_per_token
+        kv_short = kv_needed - kv_available > self.margins.kv_fraction * total
+        capture = needs.cuda_graph_bytes + needs.sampler_bytes
+        capture_short = capture > self.margins.capture_factor * (free - requested)
+        return kv_short or capture_short
+
+    def _needs(self, resolved: EngineConfig) -> MemoryPlan:
+        roomy = dataclasses.replace(self.gpu, memory_gib=_ROOMY_GIB)
+        return plan_memory(resolved.replace(gpu_memory_utilization=_ROOMY_UTILIZATION), self.model, roomy)
+
+
+def make_screen(model: str, gpu: str, margins: Margins = DEFAULT_MARGINS) -> MemoryScreen | None:
+    """The screen for a model and GPU type, or None when either is outside the catalogs (no screening)."""
+    try:
+        return MemoryScreen(get_model(model), get_gpu(gpu), margins)
+    except AutotuneError:
+        return None
+
+
+def describe(screen: MemoryScreen | None, enabled: bool = True) -> str:
+    """One line for the run header: whether and how configs are screened before launch."""
+    if not enabled:
+        return "startup screening off (--no-screen)"
+    if screen is None:
+        return "startup screening skipped: the model or GPU is not in the simulator's catalogs"
+    m = screen.margins
+    return (
+        f"startup screening on: configs the memory model predicts to fail to start are not launched "
+        f"(margins: KV {m.kv_fraction:.0%} of GPU memory, CUDA graphs {m.capture_factor:.0%})"
+    )
+
+
+def required_tp(model: str, gpu: str, max_tp: int, utilization: float = 0.95) -> int | None:
+    """The smallest power-of-two tensor parallelism whose weight shard fits in `utilization` of the
+    GPU, when the space's largest TP (`max_tp`) is below it; None when it fits or either is unknown.
+
+    Every config of such a space would fail to start the same way: the run says so once instead.
+    """
+    try:
+        spec, device = get_model(model), get_gpu(gpu)
+    except AutotuneError:
+        return None
+    budget = device.memory_bytes * utilization
+    if spec.weight_bytes(max(1, max_tp)) < budget:
+        return None
+    tp = 1
+    while spec.weight_bytes(tp) >= budget and tp < 64:
+        tp *= 2
+    return tp

@@ -1,0 +1,412 @@
+"""The Optuna study of a tuning run: create or resume it, tell results, read the front.
+
+The driver is the only writer (ask/tell). Every trial carries user attrs that the report, the export
+and optuna-dashboard read: `config` (the flags), `config_key`, `feasible`, `failure`, `message`,
+`log_tail`, `margin_<slo>` (SLO margins), `metrics`, `gpu_seconds`, and `baseline` / `duplicate_of`.
+Feasibility is stored as a user attr too because optuna-dashboard 0.21 does not show 5.0 constraints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.core.config import EngineConfig
+from autotune.core.errors import AutotuneError
+from autotune.core.secrets import masked
+from autotune.measure.result import TrialResult
+from autotune.measure.slo import Slo
+from autotune.store.lease import fail_stale, refuse_live_driver
+from autotune.store.storage import check_sqlite_file, connect_storage
+from autotune.store.urls import sqlite_path
+from autotune.tune.objectives import ObjectiveSet, constraints, failed_values, is_feasible
+from autotune.tune.space import plain_params
+
+LOG_TAIL_CHARS = 2000
+SETTINGS_ATTR = "autotune"
+# Two configs whose primary objective is within this fraction are a tie, broken by the next objectives:
+# real measurements vary by a few percent run to run, so a 0.5% "win" is not a reason to pick a config.
+TIE_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """What defines a study; a resumed study must have the same."""
+
+    objectives: list[str]
+    directions: list[str]
+    slos: list[str]
+    model: str
+    gpu: str
+    workload: str
+    backend: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form, stored as a study user attr."""
+        return dict(self.__dict__)
+
+
+@dataclass
+class TrialRecord:
+    """A finished trial as the report and the export see it."""
+
+    number: int
+    state: str
+    values: list[float] | None
+    params: dict[str, Any]
+    config: dict[str, Any]
+    feasible: bool
+    failure: str | None = None
+    message: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    margins: dict[str, float] = field(default_factory=dict)
+    baseline: bool = False
+    duplicate_of: int | None = None
+    gpu_seconds: float = 0.0
+    gpu_seconds_saved: float = 0.0  # what early abort spared this trial
+    user_attrs: dict[str, Any] = field(default_factory=dict)
+
+    def engine_config(self) -> EngineConfig:
+        """The trial's flags as an EngineConfig."""
+        return config_from_attr(self.config)
+
+
+def default_study_name(model: str, gpu: str, workload: str) -> str:
+    """A readable study name, e.g. "llama-3.1-8b-instruct-h100-chat"."""
+    raw = f"{model.split('/')[-1]}-{gpu}-{workload}".lower()
+    return re.sub(r"[^a-z0-9.]+", "-", raw).strip("-")
+
+
+def sqlite_url(run_dir: Path) -> str:
+    """The default storage of a run: runs/<study>/study.db."""
+    return f"sqlite:///{(run_dir / 'study.db').resolve()}"
+
+
+def check_not_driven(name: str, storage: str) -> None:
+    """Before anything starts: refuse (one line) to --resume a study another process is running."""
+    path = sqlite_path(storage)
+    if path is not None and not path.is_file():
+        return  # nothing to resume yet (and connecting would create the file)
+    connected = connect_storage(storage, attempts=1)
+    if name in optuna.study.get_all_study_names(connected):
+        refuse_live_driver(optuna.load_study(study_name=name, storage=connected))
+
+
+def open_study(
+    name: str,
+    storage: str | optuna.storages.BaseStorage,
+    settings: StudySettings,
+    sampler: optuna.samplers.BaseSampler,
+    resume: bool,
+    results_dir: Path | None = None,
+) -> optuna.Study:
+    """Create a new study, or resume an existing one with the same settings.
+
+    Resuming refuses while another process drives the study (autotune.store.lease) and fails only the
+    trials nobody runs any more. `results_dir` (the run folder): with --resume and no study in the
+    storage, results there mean the study was lost, and nothing is overwritten.
+    """
+    # Errors only: Optuna's warnings are about its internals (a locked SQLite read "falling back to a
+    # slower alternative", multi-line): what the user must know, autotune says in its own one line.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    if isinstance(storage, str):
+        check_sqlite_file(storage, resume)
+    where, storage = masked(str(storage)), connect_storage(storage)
+    exists = name in optuna.study.get_all_study_names(storage)
+    if exists and not resume:
+        raise AutotuneError(
+            f"study {name!r} already exists in {where}: add --resume to continue it or pick --study"
+        )
+    if not exists:
+        if resume and results_dir is not None and (results_dir / "trials.csv").exists():
+            raise AutotuneError(
+                f"no study {name!r} in {where}, but {results_dir} holds its results: the storage was lost "
+                "or moved; nothing was changed (pass its --storage, or remove the folder to start over)"
+            )
+        if resume:
+            print(f"autotune: no study {name!r} to resume; starting it", file=sys.stderr)
+        study = optuna.create_study(
+            study_name=name, storage=storage, sampler=sampler, directions=settings.directions
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(settings.objectives)
+        study.set_user_attr(SETTINGS_ATTR, settings.to_dict())
+        return study
+    study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    check_resume(study, settings)
+    refuse_live_driver(study)
+    fail_stale(study)
+    return study
+
+
+def start_study(
+    name: str,
+    storage: str | optuna.storages.BaseStorage,
+    settings: StudySettings,
+    sampler: optuna.samplers.BaseSampler,
+    resume: bool,
+    baseline: Mapping[str, Any],
+    results_dir: Path | None = None,
+) -> optuna.Study:
+    """`open_study`, then a new study gets `baseline` (vLLM's default config) as its first trial.
+
+    A resumed study already has its baseline (measured, or still queued): it is not enqueued again,
+    unless it was interrupted before it was measured.
+    """
+    study = open_study(name, storage, settings, sampler, resume, results_dir)
+    # A baseline interrupted before it was measured (FAIL) is queued again: every result is compared to it.
+    alive = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
+    if not any(t.user_attrs.get("baseline") and t.state in alive for t in study.get_trials(deepcopy=False)):
+        study.enqueue_trial(dict(baseline), user_attrs={"baseline": True})
+    return study
+
+
+def check_resume(study: optuna.Study, settings: StudySettings) -> None:
+    """A resumed study must optimise the same thing (load_study ignores the directions we would pass)."""
+    directions = [d.name.lower() for d in study.directions]
+    if directions != settings.directions or (study.metric_names or []) != settings.objectives:
+        raise AutotuneError(
+            f"study {study.study_name!r} optimises {study.metric_names} ({', '.join(directions)}), not "
+            f"{settings.objectives}: use the same --objectives or another --study"
+        )
+    stored = study.user_attrs.get(SETTINGS_ATTR, {})
+    for key in ("slos", "model", "gpu", "workload", "backend"):
+        if key in stored and stored[key] != getattr(settings, key):
+            raise AutotuneError(
+                f"study {study.study_name!r} was run with {key} {stored[key]!r}, not "
+                f"{getattr(settings, key)!r}: resume with the same settings or pick another --study"
+            )
+
+
+def fail_stale_trials(study: optuna.Study) -> int:
+    """Mark this driver's RUNNING trials FAIL (an interrupted run: their results were never told).
+
+    Every RUNNING trial is this driver's: a study has one driver at a time (autotune.store.lease).
+    """
+    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for trial in stale:
+        study._storage.set_trial_user_attr(trial._trial_id, "failure", "interrupted")
+        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+    return len(stale)
+
+
+def config_attr(config: EngineConfig) -> dict[str, Any]:
+    """The flags of a config as a JSON-able dict (model first), stored on each trial."""
+    return {"model": config.model, **config.params()}
+
+
+def config_from_attr(attr: Mapping[str, Any]) -> EngineConfig:
+    """Inverse of `config_attr`."""
+    values = dict(attr)
+    return EngineConfig(model=values.pop("model")).replace(**values)
+
+
+def config_key(config: EngineConfig) -> str:
+    """Identity of a config for dedupe (the resolved flags, sorted)."""
+    return json.dumps(config_attr(config), sort_keys=True, default=str)
+
+
+def tell_result(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    result: TrialResult,
+    objectives: ObjectiveSet,
+    slos: Sequence[Slo],
+    key: str,
+) -> FrozenTrial:
+    """Tell one evaluated config: constraints in fixed order, user attrs, then the objective values."""
+    cons = constraints(result, slos)
+    for name, value in cons.items():
+        trial.set_constraint(name, value)
+    gpus = max(1, result.config.tensor_parallel_size)
+    attrs = {
+        "config": config_attr(result.config),
+        "config_key": key,
+        "feasible": is_feasible(cons),
+        "failure": str(result.failure) if result.failure else None,
+        "message": result.message[:500],
+        "gpu_seconds": round(result.gpu_seconds * gpus, 3),
+        "gpu_seconds_saved": round(result.saved_s * gpus, 3),  # by early abort
+        **{f"margin_{slo.name}": round(cons[slo.name], 4) for slo in slos},
+    }
+    if result.log_tail:
+        attrs["log_tail"] = result.log_tail[-LOG_TAIL_CHARS:]
+    if result.benchmark is not None:
+        attrs["metrics"] = _jsonable(result.benchmark.to_dict())
+    if result.info:
+        attrs["info"] = _jsonable(result.info)
+    for name, value in attrs.items():
+        trial.set_user_attr(name, value)
+    if result.benchmark is None:
+        values = failed_values(objectives.objectives, slos, _worst_measured(study, objectives))
+    else:
+        values = [o.value(result) for o in objectives.objectives]
+    return study.tell(trial, values)
+
+
+def _worst_measured(study: optuna.Study, objectives: ObjectiveSet) -> dict[str, float]:
+    """The highest value of each minimized objective among the study's measured trials."""
+    worst: dict[str, float] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if not t.values or "metrics" not in t.user_attrs:
+            continue
+        for objective, value in zip(objectives.objectives, t.values, strict=False):
+            if not objective.maximize:
+                worst[objective.metric] = max(worst.get(objective.metric, value), value)
+    return worst
+
+
+def tell_duplicate(study: optuna.Study, trial: optuna.Trial, original: FrozenTrial) -> FrozenTrial:
+    """Tell a config already measured: the same values, constraints and attrs, plus `duplicate_of`."""
+    for name, value in original.constraints.items():
+        trial.set_constraint(name, value)
+    for name, value in original.user_attrs.items():
+        if name not in ("baseline", "duplicate_of"):
+            trial.set_user_attr(name, value)
+    trial.set_user_attr("duplicate_of", original.number)
+    trial.set_user_attr("gpu_seconds", 0.0)
+    trial.set_user_attr("gpu_seconds_saved", 0.0)
+    return study.tell(trial, original.values)
+
+
+def records(study: optuna.Study) -> list[TrialRecord]:
+    """Every finished (COMPLETE or FAIL) trial, in trial order.
+
+    A trial that failed before it was told (interrupted, or its driver died) has no `config` attr:
+    its config is the study's model with the params it was given, and its failure "interrupted".
+    """
+    out = []
+    model = study.user_attrs.get(SETTINGS_ATTR, {}).get("model", "")
+    for t in study.get_trials(deepcopy=False):
+        if t.state not in (TrialState.COMPLETE, TrialState.FAIL):
+            continue
+        attrs = t.user_attrs
+        if "config" not in attrs:
+            if t.state != TrialState.FAIL:
+                continue
+            attrs = {"config": {"model": model, **plain_params(t.params)}, "failure": "interrupted", **attrs}
+        out.append(
+            TrialRecord(
+                number=t.number,
+                state=t.state.name,
+                values=list(t.values) if t.values else None,
+                params=plain_params(t.params),  # 0.95, not Optuna's 0.9500000000000001
+                config=dict(attrs["config"]),
+                feasible=t.state == TrialState.COMPLETE and bool(attrs.get("feasible")),
+                failure=attrs.get("failure"),
+                message=attrs.get("message", ""),
+                metrics=dict(attrs.get("metrics", {})),
+                margins={k.removeprefix("margin_"): v for k, v in attrs.items() if k.startswith("margin_")},
+                baseline=bool(attrs.get("baseline")),
+                duplicate_of=attrs.get("duplicate_of"),
+                gpu_seconds=float(attrs.get("gpu_seconds", 0.0)),
+                gpu_seconds_saved=float(attrs.get("gpu_seconds_saved", 0.0)),
+                user_attrs=dict(attrs),
+            )
+        )
+    return out
+
+
+def pareto_front(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> list[TrialRecord]:
+    """The feasible, non-dominated trials (duplicates left out), best primary objective first."""
+    pool = [r for r in recs if r.feasible and r.duplicate_of is None and r.values]
+    signs = [-1.0 if m else 1.0 for m in maximize]
+
+    def cost(r: TrialRecord) -> list[float]:
+        return [s * v for s, v in zip(signs, r.values or [], strict=True)]
+
+    front = []
+    for r in pool:
+        c = cost(r)
+        dominated = any(
+            all(o <= m for o, m in zip(cost(other), c, strict=True)) and cost(other) != c for other in pool
+        )
+        if not dominated:
+            front.append(r)
+    return sorted(front, key=lambda r: cost(r))
+
+
+def recommend(
+    recs: Sequence[TrialRecord],
+    maximize: Sequence[bool],
+    resolution: Callable[[TrialRecord], float] = lambda r: 0.0,
+) -> TrialRecord | None:
+    """The best config found: best feasible primary objective; among its ties, the next objectives.
+
+    Only Pareto-optimal trials can win, and among near-ties on throughput the lower-latency one does,
+    so the recommendation never trades a lot of latency for noise-level throughput. A trial ties with
+    the best when its own measurement cannot tell them apart: its value is within TIE_TOLERANCE of the
+    best's, or its `resolution` (a capacity bracket's relative width: its true value lies up to that
+    much above it) reaches the best's value. Each trial is judged by its own bracket, so one coarse
+    trial does not make every trial a tie. The tie is broken by the next objectives together (the sum
+    of each one's ratio to the best among the tied), not one after the other: 3 % less TTFT does not
+    win over 35 % less ITL.
+    """
+    front = pareto_front(recs, maximize)
+    if not front:
+        return None
+    sign = 1.0 if maximize[0] else -1.0
+    best = max(sign * (r.values or [0])[0] for r in front)
+
+    def ties(r: TrialRecord) -> bool:
+        value = (r.values or [0])[0]
+        reach = max(TIE_TOLERANCE * abs(best), resolution(r) * abs(value))
+        return best - sign * value <= reach
+
+    near = [r for r in front if ties(r)]
+    return min(near, key=lambda r: _tie_cost(r, near, maximize[1:]))
+
+
+def _tie_cost(
+    r: TrialRecord, tied: Sequence[TrialRecord], maximize: Sequence[bool]
+) -> tuple[float, list[float]]:
+    """How far `r` is from the best of `tied` on the secondary objectives: the sum of ratios (1 = the
+    best on that objective), then the objectives in order for an exact tie."""
+    ratios, ordered = 0.0, []
+    for i, up in enumerate(maximize, start=1):
+        mine = _positive(r, i)
+        top = (max if up else min)(_positive(t, i) for t in tied)
+        ratios += top / mine if up else mine / top
+        ordered.append(-mine if up else mine)
+    return ratios, ordered
+
+
+def _positive(r: TrialRecord, i: int) -> float:
+    """Objective `i` of `r`, kept above 0 so that ratios are defined (latencies and throughputs are >= 0)."""
+    return max((r.values or [])[i], 1e-12)
+
+
+def baseline(recs: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The trial of vLLM's default config (the first trial of the study; its measured one if the first
+    was interrupted)."""
+    measured = next((r for r in recs if r.baseline and r.state == "COMPLETE"), None)
+    return measured or next((r for r in recs if r.baseline), None)
+
+
+def _jsonable(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Round floats and drop values JSON cannot hold (storage keeps user attrs as JSON)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, float):
+            out[key] = round(value, 4) if value == value and abs(value) != float("inf") else None
+        elif isinstance(value, (int, str, bool)) or value is None:
+            out[key] = value
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, (int, float, str)) for v in value):
+            out[key] = list(value)
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, Mapping) for v in value):
+            out[key] = [_jsonable(v) for v in value]  # e.g. capacity_probes: the report plots them
+        elif isinstance(value, dict):
+            out[key] = _jsonable(value)
+        else:
+            out[key] = str(value)
+    return out

@@ -1,0 +1,410 @@
+"""The run loop of `autotune run`: ask -> check -> dedupe -> dispatch -> tell -> progress.
+
+The driver is the study's only writer. A suggestion that breaks one of vLLM's validity rules, or
+needs more GPUs than the pool has, is told as a violation at once (nothing is launched, no GPU time);
+a config already measured is told the earlier result (`duplicate_of`) instead of running again, and a
+duplicate of a running trial waits for it. A config the memory model predicts to fail to start
+(autotune/tune/screen.py) is told as a violation with the predicted reason (`screened`), unlaunched too.
+`--n-trials` counts measured configs: not the rejected or screened ones, nor duplicates (they cost
+nothing; the sampler learns the invalid region and the known results from them). A sampler that
+proposes only configs it has seen, MAX_DUPLICATES_IN_A_ROW times in a row, has converged: the run ends.
+Ctrl-C cancels the running trials and marks them FAIL; every finished trial is already in the
+storage, so `--resume` continues where the run stopped. The loop takes Ctrl-C between its steps (a
+second one interrupts at once): a KeyboardInterrupt raised wherever the main thread happens to be can
+land in a finalizer, where Python prints it and goes on, and the run would not stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.core.config import EngineConfig
+from autotune.core.errors import FailureKind
+from autotune.dispatch.executor import TrialExecutor
+from autotune.dispatch.ray_cluster import ClusterLost
+from autotune.measure.result import TrialResult
+from autotune.measure.slo import Slo
+from autotune.trial.live import read_probe
+from autotune.trial.task import PLACEMENT_ATTRS
+from autotune.tune.objectives import ObjectiveSet, metric_unit
+from autotune.tune.progress import Progress, ProgressState, running_params
+from autotune.tune.remeasure import TOP_CANDIDATES, remeasure
+from autotune.tune.samplers import sampler_exhausted
+from autotune.tune.screen import MemoryScreen, Screening
+from autotune.tune.space import SearchSpace, violations
+from autotune.tune.study import config_key, fail_stale_trials, tell_duplicate, tell_result
+
+POLL_S = 0.5
+# Suggestions rejected before launch (vLLM's validity rules, startup screening) cost no GPU time and do
+# not count toward --n-trials; this bound stops a space that is almost all invalid from looping forever.
+MAX_REJECTS_PER_TRIAL = 5
+# Duplicates are free and do not count toward --n-trials either; this many in a row means the sampler
+# keeps proposing what it has measured (it has converged, or a small space is exhausted): stop.
+MAX_DUPLICATES_IN_A_ROW = 10
+
+
+@dataclass
+class TunerOptions:
+    """Budget and reproducibility of a run."""
+
+    n_trials: int
+    timeout_s: float | None = None
+    seed: int = 0  # the workload seed: every trial replays the same requests, so configs compare fairly
+    run_dir: Path | None = None
+    repeats: int = 0  # other seeds for the top candidates and the baseline at the end (noisy backends)
+
+
+@dataclass
+class RunSummary:
+    """How the run ended."""
+
+    completed: int  # trials that count toward n_trials (measured configs)
+    rejected: int  # suggestions told before launch: invalid, or screened
+    told: int
+    wall_s: float
+    timed_out: bool = False
+    screened: int = 0  # of the rejected: predicted by the memory model to fail to start
+    repeated: int = 0  # re-measurements of the top candidates and the baseline (other seeds)
+    duplicates: int = 0  # suggestions answered with an earlier result (free, not counted)
+    converged: bool = False  # the run ended because the sampler only proposed measured configs
+
+
+@dataclass
+class _Counters:
+    done: int = 0  # trials that count toward n_trials
+    rejected: int = 0  # told before launch (invalid or screened)
+    duplicates: int = 0  # told an earlier result
+    duplicate_streak: int = 0  # duplicates since the last measured config
+    screened: int = 0
+    feasible: int = 0
+    failed: int = 0
+    best: float | None = None
+    baseline: float | None = None
+    last: str = ""
+
+
+@dataclass
+class _Pending:
+    trial: optuna.Trial
+    config: EngineConfig
+    key: str
+    duplicates: list[optuna.Trial] = field(default_factory=list)
+
+
+class Tuner:
+    """Drives one study to `n_trials` COMPLETE trials (or the timeout) on an Executor."""
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        space: SearchSpace,
+        objectives: ObjectiveSet,
+        slos: Sequence[Slo],
+        executor: TrialExecutor,
+        options: TunerOptions,
+        progress: Progress | None = None,
+        max_position_embeddings: int | None = None,
+        screen: MemoryScreen | None = None,
+        on_told: Callable[[], None] | None = None,
+    ) -> None:
+        self.study = study
+        self.space = space
+        self.objectives = objectives
+        self.slos = list(slos)
+        self.executor = executor
+        self.options = options
+        self.progress = progress
+        self.max_position_embeddings = max_position_embeddings
+        self.screen = screen  # None: every valid config is launched
+        self.on_told = on_told  # called after each trial told (e.g. the dashboard note)
+        self._known: dict[str, FrozenTrial] = {}
+        self._running: dict[int, _Pending] = {}  # trial number -> its pending record
+        self._queued: list[_Pending] = []  # asked, valid, waiting for enough free GPUs
+        self._counters = _Counters()
+        self._told = 0
+        self._interrupted = False  # Ctrl-C seen: stop at the next step
+        self._started = time.monotonic()
+        self._submitted: dict[int, float] = {}  # trial number -> when it was started (progress display)
+
+    def run(self) -> RunSummary:
+        """Run until n_trials trials are COMPLETE or the timeout; Ctrl-C cancels and re-raises."""
+        start = self._started = time.monotonic()
+        self._load_existing()
+        try:
+            with self._ctrl_c_between_steps():
+                timed_out = self._loop(start)
+                repeated = 0 if timed_out else self._remeasure()
+        except (KeyboardInterrupt, ClusterLost):  # the cluster gone: stop like Ctrl-C, finished trials kept
+            self._abandon()
+            raise
+        finally:
+            if self.progress:
+                self.progress.close()
+        return RunSummary(
+            completed=self._counters.done,
+            rejected=self._counters.rejected,
+            told=self._told,
+            screened=self._counters.screened,
+            wall_s=time.monotonic() - start,
+            timed_out=timed_out,
+            repeated=repeated,
+            duplicates=self._counters.duplicates,
+            converged=self._converged(),
+        )
+
+    def _remeasure(self) -> int:
+        """Re-measure the top candidates and the baseline with other seeds (see tune/remeasure.py)."""
+        if self.options.repeats <= 0:
+            return 0
+        if self.progress:
+            self.progress.close()
+        print(
+            f"autotune: re-measuring the top {TOP_CANDIDATES} configs and the baseline with "
+            f"{self.options.repeats} other seed(s) each",
+            file=sys.stderr,
+        )
+        return remeasure(
+            self.study,
+            self.executor,
+            self.objectives,
+            self.options.repeats,
+            self.options.seed,
+            self.options.run_dir,
+            interrupted=lambda: self._interrupted,
+        )
+
+    def _loop(self, start: float) -> bool:
+        """Ask, dispatch and tell until the budget is spent or the timeout passed (then True)."""
+        while True:
+            if self._interrupted:
+                raise KeyboardInterrupt
+            timed_out = self._timed_out(start)
+            self._fill(timed_out)
+            if not self._running and not self._queued:
+                if timed_out or self._budget_spent():
+                    return timed_out
+                if self.executor.can_start():
+                    continue  # every asked trial was told at once (invalid or duplicate): ask more
+                # nothing runs and nothing can start (lost GPUs): the executor's wait says why
+            for number, result in self.executor.wait(POLL_S):
+                self._finish(number, result)
+            self._show()
+
+    @contextlib.contextmanager
+    def _ctrl_c_between_steps(self) -> Iterator[None]:
+        """While the loop runs, a first Ctrl-C only sets a flag the loop reads; a second one raises."""
+        previous = signal.getsignal(signal.SIGINT)
+        if threading.current_thread() is not threading.main_thread() or previous is signal.SIG_IGN:
+            yield  # signals reach only the main thread; an ignored Ctrl-C stays ignored
+            return
+
+        def on_ctrl_c(signum: int, frame: object) -> None:
+            if self._interrupted:
+                raise KeyboardInterrupt
+            self._interrupted = True
+
+        signal.signal(signal.SIGINT, on_ctrl_c)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    # -- asking and dispatching -------------------------------------------------------------------------
+
+    def _outstanding(self) -> int:
+        """Measured configs plus the ones on their way (duplicates waiting on them are free)."""
+        return self._counters.done + len(self._running) + len(self._queued)
+
+    def _fill(self, timed_out: bool) -> None:
+        """Start queued trials, then ask new ones while slots are free and the budget allows."""
+        self._drop_misfits()
+        while self._queued and self.executor.can_start(self._queued[0].config):
+            self._submit(self._queued.pop(0))
+        while not timed_out and not self._queued and self.executor.can_start():
+            if self._budget_spent():
+                return
+            trial = self.study.ask()
+            params = self.space.suggest(trial)
+            self._dispatch(trial, self.space.config(params))
+
+    def _dispatch(self, trial: optuna.Trial, config: EngineConfig) -> None:
+        key = config_key(config)
+        problems = violations(config, self.max_position_embeddings)
+        if not problems and not self.executor.fits(config):
+            problems = [self.executor.misfit(config) or "does not fit the GPUs"]
+        if problems:
+            trial.set_user_attr("launched", False)
+            result = TrialResult(config=config, failure=FailureKind.INVALID_CONFIG, message=problems[0])
+            self._tell(trial, result, key)
+        elif key in self._known:  # a measurement beats a prediction (a study resumed after --no-screen)
+            self._record(tell_duplicate(self.study, trial, self._known[key]))
+        elif (screening := self._screen(config)) is not None:
+            trial.set_user_attr("launched", False)
+            trial.set_user_attr("screened", True)
+            self._tell(trial, screening.result(config), key)
+        elif (pending := self._pending_for(key)) is not None:
+            pending.duplicates.append(trial)
+        else:
+            pending = _Pending(trial=trial, config=config, key=key)
+            if self.executor.can_start(config):
+                self._submit(pending)
+            else:
+                self._queued.append(pending)
+
+    def _drop_misfits(self) -> None:
+        """Queued trials that can no longer run (a lost node took the GPUs they need) are told why."""
+        for pending in [p for p in self._queued if not self.executor.fits(p.config)]:
+            self._queued.remove(pending)
+            pending.trial.set_user_attr("launched", False)
+            message = self.executor.misfit(pending.config) or "does not fit the GPUs"
+            result = TrialResult(config=pending.config, failure=FailureKind.INVALID_CONFIG, message=message)
+            frozen = self._tell(pending.trial, result, pending.key)
+            for duplicate in pending.duplicates:
+                self._record(tell_duplicate(self.study, duplicate, frozen))
+
+    def _screen(self, config: EngineConfig) -> Screening | None:
+        return self.screen.check(config) if self.screen is not None else None
+
+    def _budget_spent(self) -> bool:
+        """Enough trials asked, too many rejected suggestions, or nothing new left to ask (a full grid)."""
+        return (
+            self._outstanding() >= self.options.n_trials
+            or self._too_many_rejects()
+            or self._converged()
+            or sampler_exhausted(self.study)
+        )
+
+    def _converged(self) -> bool:
+        return self._counters.duplicate_streak >= MAX_DUPLICATES_IN_A_ROW
+
+    def _too_many_rejects(self) -> bool:
+        return self._counters.rejected > MAX_REJECTS_PER_TRIAL * self.options.n_trials
+
+    def _pending_for(self, key: str) -> _Pending | None:
+        return next((p for p in (*self._running.values(), *self._queued) if p.key == key), None)
+
+    def _submit(self, pending: _Pending) -> None:
+        number = pending.trial.number
+        trial_dir = self.options.run_dir / "trials" / str(number) if self.options.run_dir else None
+        self.executor.submit(number, pending.config, self.options.seed, trial_dir)
+        self._running[number] = pending
+        self._submitted[number] = time.monotonic()
+
+    # -- telling ------------------------------------------------------------------------------------------
+
+    def _finish(self, number: int, result: TrialResult) -> None:
+        pending = self._running.pop(number)
+        for name in PLACEMENT_ATTRS:  # where it ran: Ray placed it (node, devices)
+            if name in result.info:
+                pending.trial.set_user_attr(name, result.info[name])
+        self._submitted.pop(number, None)
+        frozen = self._tell(pending.trial, result, pending.key)
+        for duplicate in pending.duplicates:
+            self._record(tell_duplicate(self.study, duplicate, frozen))
+
+    def _tell(self, trial: optuna.Trial, result: TrialResult, key: str) -> FrozenTrial:
+        frozen = tell_result(self.study, trial, result, self.objectives, self.slos, key)
+        if trial.user_attrs.get("launched", True):
+            self._known[key] = frozen
+        self._record(frozen)
+        return frozen
+
+    def _record(self, frozen: FrozenTrial) -> None:
+        """Update the counters the progress line shows."""
+        self._told += 1
+        c = self._counters
+        attrs = frozen.user_attrs
+        if "duplicate_of" in attrs:
+            c.duplicates += 1
+            c.duplicate_streak += 1
+        elif attrs.get("launched", True):
+            c.done += 1
+            c.duplicate_streak = 0
+        else:
+            c.rejected += 1
+            c.screened += bool(attrs.get("screened"))
+        value = frozen.values[0] if frozen.values else None
+        if attrs.get("feasible") and "duplicate_of" not in attrs:
+            c.feasible += 1
+            if value is not None and (c.best is None or self._better(value, c.best)):
+                c.best = value
+        failure = attrs.get("failure")
+        if failure and attrs.get("launched", True) and failure != FailureKind.EARLY_ABORT:
+            c.failed += 1
+        if attrs.get("baseline") and attrs.get("feasible"):
+            c.baseline = value
+        status = "feasible" if attrs.get("feasible") else attrs.get("failure") or "violates SLO"
+        info = attrs.get("info", {})
+        if info.get("kept_up") is False:
+            status = "did not keep up"
+            if "served_rate" in info and "offered_rate" in info:
+                status += f" (served {info['served_rate']:.1f} of {info['offered_rate']:.1f} req/s)"
+        if attrs.get("screened"):
+            status = f"screened ({status})"
+        shown = f" {value:,.0f}" if value is not None and attrs.get("feasible") else ""
+        c.last = f"#{frozen.number} {status}{shown}"
+        if self.on_told is not None:
+            self.on_told()
+
+    def _better(self, a: float, b: float) -> bool:
+        return a > b if self.objectives.objectives[0].maximize else a < b
+
+    def _load_existing(self) -> None:
+        """On resume: count the finished trials and remember their configs for dedupe."""
+        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            key = frozen.user_attrs.get("config_key")
+            if key and frozen.user_attrs.get("launched", True) and "duplicate_of" not in frozen.user_attrs:
+                self._known.setdefault(key, frozen)
+            self._record(frozen)
+        self._told = 0
+
+    def _abandon(self) -> None:
+        """Ctrl-C: cancel what runs and mark every untold trial FAIL (it was never measured).
+
+        All of the study's RUNNING trials are this run's, including one the interrupt caught between
+        `ask` and the bookkeeping, or in the middle of its `tell`.
+        """
+        self.executor.cancel_all()
+        fail_stale_trials(self.study)
+        self._running.clear()
+        self._queued.clear()
+
+    def _timed_out(self, start: float) -> bool:
+        return self.options.timeout_s is not None and time.monotonic() - start >= self.options.timeout_s
+
+    def _show(self) -> None:
+        if not self.progress:
+            return
+        c = self._counters
+        running = running_params(self.executor.in_flight(), self.space.names)
+        now = time.monotonic()
+        trial_dirs = {
+            n: self.options.run_dir / "trials" / str(n) if self.options.run_dir else None for n, _ in running
+        }
+        self.progress.show(
+            ProgressState(
+                done=c.done,
+                total=self.options.n_trials,
+                feasible=c.feasible,
+                failed=c.failed,
+                rejected=c.rejected,
+                best=c.best,
+                baseline=c.baseline,
+                unit=metric_unit(self.objectives.objectives[0].metric),
+                running=running,
+                last=c.last,
+                elapsed_s=now - self._started,
+                running_since={n: now - self._submitted[n] for n, _ in running if n in self._submitted},
+                probes={n: read_probe(d) for n, d in trial_dirs.items()},
+            )
+        )

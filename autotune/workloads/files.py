@@ -1,0 +1,154 @@
+"""A workload YAML file (or a bundled one by name) -> WorkloadSpec, every key checked with one clear error.
+
+The schema is documented at the top of workloads/chat.yaml.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import autotune
+from autotune.core.errors import AutotuneError
+from autotune.core.inputs import read_yaml
+from autotune.core.values import number, positive_int, whole_number
+from autotune.workloads.lengths import DISTS, LengthDist
+from autotune.workloads.spec import MAX_REQUESTS, WorkloadSpec
+from autotune.workloads.traces import TRACES, TraceSource
+
+
+def load_workload(path_or_name: str | Path) -> WorkloadSpec:
+    """Load a workload YAML file, or a bundled one by bare name ("chat" -> workloads/chat.yaml)."""
+    path = _resolve(path_or_name)
+    data = read_yaml(path, "workload")
+    if not isinstance(data, dict):
+        raise AutotuneError(f"workload {path} must be a YAML mapping of keys to values")
+    try:
+        spec = spec_from_dict(data, default_name=path.stem, base_dir=path.parent)
+        spec.requests()  # read the trace / JSONL now, so a bad file fails here and not mid-study
+    except AutotuneError as exc:
+        raise AutotuneError(f"{path}: {exc}") from None
+    return spec
+
+
+def _resolve(path_or_name: str | Path) -> Path:
+    path = Path(path_or_name)
+    if path.is_file():
+        return path
+    bundled_dir = Path(autotune.__file__).resolve().parents[1] / "workloads"
+    bundled = bundled_dir / f"{path_or_name}.yaml"
+    if path.parent == Path(".") and not path.suffix and bundled.is_file():
+        return bundled
+    names = ", ".join(sorted(p.stem for p in bundled_dir.glob("*.yaml")))
+    raise AutotuneError(
+        f"workload {str(path_or_name)!r} not found (a YAML file, or one of: {names or 'none'})"
+    )
+
+
+_TOP_KEYS = {
+    "name", "description", "num_requests", "seed", "load", "request_rate", "burstiness", "max_concurrency",
+    "prompt_len", "output_len", "trace", "jsonl", "shared_prefix",
+}  # fmt: skip
+_LENGTH_KEYS = {"dist", "mean", "median", "range_ratio", "std", "sigma", "min", "max"}
+_TRACE_KEYS = {"name", "arrivals", "time_scale", "start", "max_len"}
+_PREFIX_KEYS = {"num_prefixes", "prefix_len"}
+
+
+def spec_from_dict(
+    data: Mapping[str, Any], default_name: str = "workload", base_dir: Path | None = None
+) -> WorkloadSpec:
+    """Build a WorkloadSpec from the YAML schema; relative file paths resolve against `base_dir`."""
+    _check_keys(data, _TOP_KEYS, "workload")
+    base = base_dir or Path.cwd()
+    max_conc = data.get("max_concurrency")
+    prefix = data.get("shared_prefix") or {}
+    if not isinstance(prefix, dict):
+        raise AutotuneError("shared_prefix must be a mapping with num_prefixes and prefix_len")
+    _check_keys(prefix, _PREFIX_KEYS, "shared_prefix")
+    jsonl = data.get("jsonl")
+    return WorkloadSpec(
+        name=str(data.get("name") or default_name),
+        description=str(data.get("description") or ""),
+        num_requests=_bounded(positive_int(_required(data, "num_requests"), "num_requests"), "num_requests"),
+        seed=_non_negative(whole_number(data.get("seed", 0), "seed"), "seed"),
+        load=str(data.get("load", "fixed")),
+        request_rate=number(data.get("request_rate", math.inf), "request_rate"),
+        burstiness=number(data.get("burstiness", 1.0), "burstiness"),
+        max_concurrency=None if max_conc is None else positive_int(max_conc, "max_concurrency"),
+        prompt_len=_length(data["prompt_len"], "prompt_len") if "prompt_len" in data else None,
+        output_len=_length(data["output_len"], "output_len") if "output_len" in data else None,
+        trace=_trace(data["trace"], base) if "trace" in data else None,
+        jsonl=None if jsonl is None else base / str(jsonl),
+        num_prefixes=whole_number(prefix.get("num_prefixes", 0), "num_prefixes"),
+        prefix_len=whole_number(prefix.get("prefix_len", 0), "prefix_len"),
+    )
+
+
+def _length(value: Any, what: str) -> LengthDist:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return LengthDist("fixed", mean=positive_int(value, what))
+    if not isinstance(value, dict):
+        raise AutotuneError(f"{what} must be a token count or a mapping with dist: {'|'.join(DISTS)}")
+    _check_keys(value, _LENGTH_KEYS, what)
+    if "dist" not in value:
+        raise AutotuneError(f"{what} needs dist: one of {', '.join(DISTS)}")
+    median = value.get("median")
+    try:
+        return LengthDist(
+            dist=str(value["dist"]),
+            mean=number(value.get("mean", 0.0), f"{what}.mean"),
+            median=None if median is None else number(median, f"{what}.median"),
+            range_ratio=number(value.get("range_ratio", 0.0), f"{what}.range_ratio"),
+            std=number(value.get("std", 0.0), f"{what}.std"),
+            sigma=number(value.get("sigma", 0.0), f"{what}.sigma"),
+            min=positive_int(value.get("min", 1), f"{what}.min"),
+            max=None if value.get("max") is None else positive_int(value["max"], f"{what}.max"),
+        )
+    except AutotuneError as exc:
+        raise AutotuneError(f"{what}: {exc}") from None
+
+
+def _trace(value: Any, base: Path) -> TraceSource:
+    if isinstance(value, str):
+        value = {"name": value}
+    if not isinstance(value, dict) or "name" not in value:
+        raise AutotuneError(f"trace must be {' or '.join(TRACES)}, a CSV path, or a mapping with name:")
+    _check_keys(value, _TRACE_KEYS, "trace")
+    name = str(value["name"])
+    max_len = value.get("max_len")
+    return TraceSource(
+        name=name if name in TRACES else str(base / name),
+        arrivals=str(value.get("arrivals", "trace")),
+        time_scale=number(value.get("time_scale", 1.0), "trace.time_scale"),
+        start=number(value.get("start", 0.0), "trace.start"),
+        max_len=None if max_len is None else positive_int(max_len, "trace.max_len"),
+    )
+
+
+def _required(data: Mapping[str, Any], key: str) -> Any:
+    if data.get(key) is None:
+        raise AutotuneError(f"missing required key {key}")
+    return data[key]
+
+
+def _check_keys(data: Mapping[str, Any], known: set[str], what: str) -> None:
+    unknown = sorted(str(k) for k in data if k not in known)
+    if unknown:
+        raise AutotuneError(
+            f"unknown key(s) in {what}: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+        )
+
+
+def _non_negative(count: int, what: str) -> int:
+    if count < 0:
+        raise AutotuneError(f"{what} must be >= 0, got {count}")
+    return count
+
+
+def _bounded(count: int, what: str) -> int:
+    """A count every trial replays in full: more than MAX_REQUESTS would not fit in memory."""
+    if count > MAX_REQUESTS:
+        raise AutotuneError(f"{what} must be <= {MAX_REQUESTS:,}, got {count:,}")
+    return count
