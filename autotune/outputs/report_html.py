@@ -175,7 +175,8 @@ def _failures(out: Outcome) -> str:
         notes += [f"{rejected} rejected before launch"] if rejected else []
         note = f" ({'; '.join(notes)})" if notes else ""
         counts = [r.message for r in rs if r.message]
-        messages = sorted(set(counts), key=lambda m: -counts.count(m))
+        # dict keeps first-seen order, so a tie goes to the earliest trial's message whatever the hash seed
+        messages = sorted(dict.fromkeys(counts), key=lambda m: -counts.count(m))
         rows.append(("", [kind, f"{len(rs)}{note}", trials, messages[0][:400] if messages else ""]))
     head = ["class", "trials", "which", "vLLM's message (most frequent)"]
     return "<h2>Failures by class</h2>" + _table(head, rows, left={0, 2, 3})
