@@ -37,7 +37,8 @@ import sys
 import time
 
 from autotune.core.config import EngineConfig
-from autotune.sim_server.httpd import HttpLimits, start_http_server
+from autotune.sim_server.http_messages import HttpLimits
+from autotune.sim_server.httpd import start_http_server
 from autotune.sim_server.process import SimServerProcess, free_port, start_sim_server
 from autotune.sim_server.routes import VLLM_VERSION, SimRoutes
 from autotune.sim_server.service import Pending, ServerOptions, SimService, vllm_log
