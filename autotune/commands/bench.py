@@ -17,6 +17,7 @@ from autotune.backends.factory import BACKENDS
 from autotune.core.config import ENGINE_FLAGS, EngineConfig, check_flags, parse_value
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import add_startup_timeout
+from autotune.sim.calibration import add_calibration_argument, calibration_option
 from autotune.sim.noise import add_noise_argument, noise_model
 
 HELP = "Benchmark one vLLM config on one workload (simulated by default) and print the metrics."
@@ -49,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_startup_timeout(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_noise_argument(parser)
+    add_calibration_argument(parser)
 
 
 def parse_settings(settings: list[str]) -> dict[str, Any]:
@@ -73,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     slos = parse_slos(args.slo)
     workload = load_workload(args.workload)
+    calibration = calibration_option(args.sim_calibration)
     if args.url:
         return _bench_url(args, workload, slos)
     config, resolved, gpu = _config(args)
@@ -89,9 +92,12 @@ def run(args: argparse.Namespace) -> int:
         image=args.image,
         startup_timeout_s=args.startup_timeout,
         noise=noise_model(args.noise),
+        calibration=calibration,
     )
     result = backend.evaluate(config, workload, slos=slos, seed=args.seed)
     head = {"backend": args.backend, "model_id": config.model, "gpu": gpu}
+    if args.backend == "sim" and not calibration.is_default:
+        head["sim_calibration"] = calibration.changed()  # the constants that differ from the built-in ones
     return _print(
         args, result, {**head, "workload": workload.name, "num_prompts": workload.num_requests}, resolved
     )

@@ -9,6 +9,13 @@ listeners (the HTTP responses, autotune.sim_server.sse) write their new tokens.
 
 vllm:request_queue_time_seconds is measured up to the start of the step that produced the first
 token (the simulated engine does not report when a prefill chunk was first scheduled).
+
+With a `time_scale` above 1 (`--time-scale`) the simulated clock runs that many times faster than
+the wall clock: a step of d simulated seconds is slept for d / time_scale, a wall-clock interval
+maps to time_scale times as much simulated time, and the latency histograms of /metrics are in
+simulated seconds. Clients see every latency divided by the scale (tests and calibration runs finish
+in seconds while the simulated GPU time is still what it would be); `autotune:sim_time_scale` on
+/metrics says so (autotune.sim_server.exposition).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim_server.exposition import ServerMetrics, metrics_registry
 from autotune.sim_server.httpd import MAX_BODY_BYTES, READ_TIMEOUT_S
 from autotune.sim_server.parsing import ParsedRequest, RequestParser
@@ -47,6 +55,8 @@ class ServerOptions:
     debug_timings: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
     read_timeout_s: float = READ_TIMEOUT_S
+    calibration: Calibration = DEFAULT_CALIBRATION  # the engine model's constants
+    time_scale: float = 1.0  # simulated seconds per wall-clock second
 
 
 def vllm_log(level: str, where: str, message: str) -> None:
@@ -90,8 +100,9 @@ class SimService:
         self.parser = RequestParser(model_name, self.max_model_len, vocab_size, engine.config.block_size)
         self.metrics = ServerMetrics()
         self.registry = metrics_registry(
-            engine, self.metrics, model_name, engine.config.gpu_memory_utilization
+            engine, self.metrics, model_name, engine.config.gpu_memory_utilization, options.time_scale
         )
+        self._scale = options.time_scale
         self.pending: dict[int, Pending] = {}
         self.history: list[Pending] = []  # finished requests, kept only with --debug-timings
         self.started = 0
@@ -132,7 +143,7 @@ class SimService:
         prefix_id, prefix_len = parsed.prefix
         self._sync_clock(now)
         # Mid-step the virtual clock is at the running step's end; the request was sent before that.
-        sent = self.engine.now - max(0.0, self._step_end - now)
+        sent = self.engine.now - max(0.0, self._step_end - now) * self._scale
         request = Request(
             request_id=key,
             prompt_len=parsed.prompt_tokens,
@@ -178,7 +189,7 @@ class SimService:
     def _sync_clock(self, now: float) -> None:
         """While idle, the engine's virtual clock catches up with the wall clock (arrivals are stamped)."""
         if not self.engine.has_unfinished():
-            self.engine.now = max(self.engine.now, now - self._t0)
+            self.engine.now = max(self.engine.now, (now - self._t0) * self._scale)
 
     # ---- the engine loop
 
@@ -200,7 +211,7 @@ class SimService:
                 await asyncio.sleep(3600)
             start = max(deadline, time.perf_counter() - CATCH_UP_S)
             output = self.engine.step()
-            deadline = start + output.duration
+            deadline = start + output.duration / self._scale
             self._step_end = deadline
             delay = deadline - time.perf_counter()
             if delay > 0:
@@ -213,6 +224,7 @@ class SimService:
         """Account a step's tokens and finished requests, then let each touched request's response write."""
         firsts: dict[int, Pending] = {}  # got their first token in this step
         touched: dict[int, Pending] = {}  # the others with tokens or finished
+        scale = self._scale  # the histograms are in simulated seconds
         for key, n in output.new_tokens:
             state = self.pending.get(key)
             if state is None:
@@ -220,11 +232,11 @@ class SimService:
             if state.first_token is None:
                 state.first_token = now
                 state.first_step_start = step_start
-                self.metrics.ttft.observe(now - state.arrival)
-                self.metrics.queue.observe(max(step_start - state.arrival, 0.0))
+                self.metrics.ttft.observe((now - state.arrival) * scale)
+                self.metrics.queue.observe(max(step_start - state.arrival, 0.0) * scale)
                 firsts[key] = state
             else:
-                self.metrics.itl.observe(now - state.last_token)  # type: ignore[operator]
+                self.metrics.itl.observe((now - state.last_token) * scale)  # type: ignore[operator]
                 touched[key] = state
             state.last_token = now
             state.tokens += n
@@ -234,7 +246,7 @@ class SimService:
                 continue
             state.finished = True
             state.done_at = now
-            self.metrics.e2e.observe(now - state.arrival)
+            self.metrics.e2e.observe((now - state.arrival) * scale)
             self.metrics.success[state.finish_reason] += 1
             if self.options.debug_timings:
                 self.history.append(state)
