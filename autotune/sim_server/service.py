@@ -38,8 +38,6 @@ from autotune.sim_server.httpd import MAX_BODY_BYTES, READ_TIMEOUT_S
 from autotune.sim_server.parsing import ParsedRequest, RequestParser
 from autotune.workloads.spec import Request
 
-CATCH_UP_S = 0.002  # a late step may start up to this much early to absorb sleep overshoot
-
 
 @dataclass(frozen=True)
 class ServerOptions:
@@ -133,17 +131,21 @@ class SimService:
         """Validate a request body the way vLLM does; BadRequest otherwise."""
         return self.parser.parse(body, chat)
 
-    def submit(self, parsed: ParsedRequest, rid: str | None = None) -> Pending:
-        """Hand a request to the engine; it joins the next engine step. `rid`: the client's request id."""
+    def submit(self, parsed: ParsedRequest, rid: str | None = None, read_at: float | None = None) -> Pending:
+        """Hand a request to the engine; it joins the next engine step. `rid`: the client's request id;
+        `read_at`: perf_counter when its first bytes were read (default: now). The engine takes it as
+        sent then: reading and parsing it here is the API server's work, which the engine's API-server
+        model prices, so this process's own speed at it does not add to the simulated latencies."""
         self.started += 1
         if self.options.hang_after is not None and self.started >= self.options.hang_after:
             self.hung = True
         key = next(self._ids)
         now = time.perf_counter()
+        at = now if read_at is None else min(read_at, now)
         prefix_id, prefix_len = parsed.prefix
-        self._sync_clock(now)
+        self._sync_clock(at)
         # Mid-step the virtual clock is at the running step's end; the request was sent before that.
-        sent = self.engine.now - max(0.0, self._step_end - now) * self._scale
+        sent = self.engine.now - max(0.0, self._step_end - at) * self._scale
         request = Request(
             request_id=key,
             prompt_len=parsed.prompt_tokens,
@@ -165,18 +167,20 @@ class SimService:
         self._wake.set()
         return state
 
-    def submit_choices(self, parsed: ParsedRequest, rid: str | None = None) -> list[Pending]:
+    def submit_choices(
+        self, parsed: ParsedRequest, rid: str | None = None, read_at: float | None = None
+    ) -> list[Pending]:
         """Hand a request with `n` choices to the engine: n requests sharing the prompt, as vLLM's
         parallel sampling fans them out (the prefix cache serves the prompt's KV to all but the first)."""
         if parsed.n == 1:
-            return [self.submit(parsed, rid)]
+            return [self.submit(parsed, rid, read_at)]
         prefix = parsed.prefix
         if prefix[1] < parsed.prompt_tokens:  # share the whole prompt among the choices
             # negative ids: apart from the parser's prefix groups (0, 1, ...)
             prefix = (-1 - next(self._choice_groups), parsed.prompt_tokens)
         shared = dataclasses.replace(parsed, prefix=prefix)
-        first = self.submit(shared, rid)
-        return [first] + [self.submit(shared, first.rid) for _ in range(parsed.n - 1)]
+        first = self.submit(shared, rid, read_at)
+        return [first] + [self.submit(shared, first.rid, read_at) for _ in range(parsed.n - 1)]
 
     def abort(self, state: Pending) -> None:
         """The client went away: drop its request from the engine, as vLLM does, so it stops using the batch.
@@ -194,13 +198,18 @@ class SimService:
     # ---- the engine loop
 
     async def _engine_loop(self) -> None:
-        """Step the engine in real time: each step's simulated duration is slept before its tokens appear."""
-        deadline = time.perf_counter()
+        """Step the engine in real time: a step's tokens appear when the wall clock reaches the step's end
+        on the simulated clock, which is anchored to the wall clock (t0 + now / time_scale).
+
+        An idle engine's clock jumps to the wall clock's when work arrives (`_sync_clock`), so it starts
+        then, not earlier. A loop that fell behind (a busy CPU, a slow write to many streams) runs its
+        next steps without sleeping until it is back on time: the server keeps the simulated rates
+        instead of drifting slower by every late wake-up.
+        """
         while True:
             if not self.engine.has_unfinished():
                 self._wake.clear()
                 await self._wake.wait()
-                deadline = time.perf_counter()  # an idle engine starts when work arrives, not earlier
             if self.options.die_after is not None and self.started >= self.options.die_after:
                 # The requests that started are streaming; the process vanishes under them.
                 vllm_log(
@@ -209,9 +218,9 @@ class SimService:
                 os._exit(1)
             while self.hung:
                 await asyncio.sleep(3600)
-            start = max(deadline, time.perf_counter() - CATCH_UP_S)
             output = self.engine.step()
-            deadline = start + output.duration / self._scale
+            deadline = self._t0 + self.engine.now / self._scale
+            start = deadline - output.duration / self._scale
             self._step_end = deadline
             delay = deadline - time.perf_counter()
             if delay > 0:
