@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import math
 import os
 import sys
 import time
@@ -110,6 +111,7 @@ class SimService:
         self._wake = asyncio.Event()
         self._t0 = time.perf_counter()
         self._step_end = 0.0  # perf_counter at which the running step's tokens appear
+        self._committed = -math.inf  # simulated start of the latest step computed (its idle wait included)
         self._loop_task: asyncio.Task | None = None
 
     # ---- lifecycle
@@ -144,8 +146,11 @@ class SimService:
         at = now if read_at is None else min(read_at, now)
         prefix_id, prefix_len = parsed.prefix
         self._sync_clock(at)
-        # Mid-step the virtual clock is at the running step's end; the request was sent before that.
-        sent = self.engine.now - max(0.0, self._step_end - at) * self._scale
+        # The simulated clock is anchored to the wall clock: this is when the request was sent on it (mid-step
+        # that is before the running step's end). A request read before the engine computed its latest step
+        # but handed over only after (the event loop ran the engine first) is sent after that step's start:
+        # the step was scheduled without it, as in process (simulate adds what was sent before each step).
+        sent = max((at - self._t0) * self._scale, math.nextafter(self._committed, math.inf))
         request = Request(
             request_id=key,
             prompt_len=parsed.prompt_tokens,
@@ -219,6 +224,7 @@ class SimService:
             while self.hung:
                 await asyncio.sleep(3600)
             output = self.engine.step()
+            self._committed = self.engine.now - output.duration
             deadline = self._t0 + self.engine.now / self._scale
             start = deadline - output.duration / self._scale
             self._step_end = deadline
@@ -285,6 +291,7 @@ class SimService:
                     "ttft": (s.first_token or s.arrival) - s.arrival,
                     "ttft_sent": (s.first_sent or s.arrival) - s.arrival,
                     "engine_ttft": self.engine.record(s.key).ttft,  # virtual: send -> first token
+                    "engine_sent": self.engine.record(s.key).start_time,  # virtual send time
                     "prompt_tokens": s.prompt_tokens,
                     "completion_tokens": s.tokens,
                 }
