@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.calibrate.design import (
-    SECOND_CONFIG_FLAGS,
     SECOND_CONFIG_RUNS,
     ConfigUnderTest,
     designed_points,
     predicted_seconds,
+    second_config_flags,
     sized,
 )
 from autotune.calibrate.measure import ServerInfo, measure_points, probe_server
@@ -104,7 +104,12 @@ def on_backend(
     max_len = int(target.settings.get("max_model_len") or get_model(model).max_position_embeddings)
     configs = [
         ConfigUnderTest("defaults", dict(target.settings), max_len),
-        ConfigUnderTest("budget", {**target.settings, **SECOND_CONFIG_FLAGS}, max_len, SECOND_CONFIG_RUNS),
+        ConfigUnderTest(
+            "budget",
+            {**target.settings, **second_config_flags(target.settings, model, target.gpu)},
+            max_len,
+            SECOND_CONFIG_RUNS,
+        ),
     ]
     if len(gpu_ids) >= 2:
         configs.append(

@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.calibrate.points import Replay
+from autotune.catalog.gpus import get_gpu
+from autotune.catalog.models import get_model
+from autotune.core.config import EngineConfig
 from autotune.sim.calibration import Calibration
 
 _SHAREGPT_PROMPT = {"mean": 300, "sigma": 0.8, "max": 1024}  # a ShareGPT-like mix of lengths
@@ -85,7 +88,18 @@ RUNS = (
 )
 # A second config (another token budget and max_num_seqs) repeats the runs that depend on them.
 SECOND_CONFIG_RUNS = ("light-c4", "prefill-burst", "decode-heavy", "burst")
-SECOND_CONFIG_FLAGS = {"max_num_batched_tokens": 2048, "max_num_seqs": 128}
+
+
+def second_config_flags(first: dict[str, Any], model: str, gpu: str) -> dict[str, Any]:
+    """Another token budget and max_num_seqs than the first config's (as vLLM resolves it on the GPU)."""
+    spec = get_gpu(gpu)
+    resolved = EngineConfig(model=model).replace(**first)
+    resolved = resolved.with_vllm_defaults(
+        spec.memory_gib, spec.name, get_model(model).max_position_embeddings
+    )
+    budget = 2048 if (resolved.max_num_batched_tokens or 0) > 2048 else 8192
+    seqs = 128 if (resolved.max_num_seqs or 0) != 128 else 64
+    return {"max_num_batched_tokens": budget, "max_num_seqs": seqs}
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,10 @@ class FitOptions:
     diff_step: float = 0.03  # forward-difference step in log space
     max_evaluations: int = 30  # least_squares function evaluations (each a replay of every point)
     tolerance: float = 1e-3  # relative change of the cost that ends the fit
+    # Errors beyond loss_scale count less than squared (soft_l1): a metric the event-driven model meets
+    # only in steps (a light-load median TTFT that moves by a whole step) must not drag the rest along.
+    loss: str = "soft_l1"
+    loss_scale: float = 0.05
 
 
 @dataclass
@@ -185,6 +189,8 @@ def fit_calibration(
             ftol=options.tolerance,
             xtol=options.tolerance,
             x_scale=1.0,
+            loss=options.loss,
+            f_scale=options.loss_scale,
         )
         x = solution.x
     else:
