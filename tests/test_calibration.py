@@ -150,6 +150,10 @@ def test_a_run_records_its_calibration_and_resume_refuses_another(
     assert recorded == {**DEFAULT_CALIBRATION.to_dict(), "gemm_eff": 0.9}  # the values, not the path
     study = optuna.load_study(study_name="cal", storage=f"sqlite:///{tmp_path / 'cal' / 'study.db'}")
     assert study.user_attrs["autotune"]["sim_calibration"] == recorded
+    assert (
+        "simulator calibration: gemm_eff 0.9 (--sim-calibration)"
+        in (tmp_path / "cal" / "report.html").read_text()
+    )
     capsys.readouterr()
     assert main([*args, "--n-trials", "3", "--resume"]) == 2  # the built-in one now
     err = capsys.readouterr().err.strip()

@@ -143,7 +143,13 @@ def _sized(
     out = sized(points, seconds, prior)
     predicted = sum(predicted_seconds(out, prior))
     runs = sum(p["kind"] == "serve" for p in out)
-    say(f"designed set: {runs} runs, {predicted / 60:.1f} GPU-minutes as the prior calibration predicts")
+    if predicted <= 0:
+        say(
+            f"designed set: {runs} runs at reference size (the prior calibration predicts that the config "
+            "does not start)"
+        )
+    else:
+        say(f"designed set: {runs} runs, {predicted / 60:.1f} GPU-minutes as the prior calibration predicts")
     return out
 
 

@@ -51,6 +51,7 @@ class Run:
     concurrency: int | None = None
     api: str = "completions"
     least: int = 4  # requests below which the run says too little
+    most: int = 1000  # requests beyond which it says nothing new (and only slows the fit's replays)
 
     def point(self, label: str, base: dict[str, Any], max_model_len: int) -> dict[str, Any]:
         """The run as a serve point of config `label` (lengths fitted into max_model_len)."""
@@ -69,13 +70,13 @@ class Run:
 
 
 RUNS = (
-    Run("light-c1", 6, 256, 128, (*_TTFT, *_TPOT), concurrency=1, least=3),
-    Run("light-c4", 16, 256, 128, (*_TTFT, *_TPOT), concurrency=4, least=8),
-    Run("light-c16", 48, 512, 128, (*_TTFT, *_TPOT, "output_throughput"), concurrency=16, least=32),
-    Run("chat-c1", 6, 128, 16, _TTFT, concurrency=1, api="chat", least=3),
-    Run("prefill-c1", 6, 4096, 4, _TTFT, concurrency=1, least=3),
-    Run("prefill-burst", 48, 2048, 8, ("total_token_throughput", *_TTFT), least=16),
-    Run("decode-heavy", 128, 1024, 384, (*_TPOT, "output_throughput"), concurrency=64, least=64),
+    Run("light-c1", 6, 256, 128, (*_TTFT, *_TPOT), concurrency=1, least=3, most=24),
+    Run("light-c4", 16, 256, 128, (*_TTFT, *_TPOT), concurrency=4, least=8, most=64),
+    Run("light-c16", 48, 512, 128, (*_TTFT, *_TPOT, "output_throughput"), concurrency=16, least=32, most=256),
+    Run("chat-c1", 6, 128, 16, _TTFT, concurrency=1, api="chat", least=3, most=16),
+    Run("prefill-c1", 6, 4096, 4, _TTFT, concurrency=1, least=3, most=16),
+    Run("prefill-burst", 48, 2048, 8, ("total_token_throughput", *_TTFT), least=16, most=256),
+    Run("decode-heavy", 128, 1024, 384, (*_TPOT, "output_throughput"), concurrency=64, least=64, most=512),
     Run(
         "burst",
         400,
@@ -84,7 +85,7 @@ RUNS = (
         ("output_throughput", *_TTFT, "p99_ttft_ms", "mean_tpot_ms"),
         least=100,
     ),  # fmt: skip
-    Run("burst-chat", 200, 200, 64, ("output_throughput", *_TTFT), api="chat", least=64),
+    Run("burst-chat", 200, 200, 64, ("output_throughput", *_TTFT), api="chat", least=64, most=500),
 )
 # A second config (another token budget and max_num_seqs) repeats the runs that depend on them.
 SECOND_CONFIG_RUNS = ("light-c4", "prefill-burst", "decode-heavy", "burst")
@@ -126,9 +127,9 @@ def designed_points(model: str, gpu: str, configs: Sequence[ConfigUnderTest]) ->
 
 
 def sized(points: list[dict[str, Any]], gpu_seconds: float, prior: Calibration) -> list[dict[str, Any]]:
-    """The points with request counts scaled so that their runs take about `gpu_seconds` (as `prior`
-    predicts: each run's simulated duration), each run keeping at least its least count."""
-    least = {r.name: r.least for r in RUNS}
+    """The points with request counts scaled so that their runs take at most about `gpu_seconds` (as
+    `prior` predicts: each run's simulated duration), each run between its least and most counts."""
+    runs = {r.name: r for r in RUNS}
     out = [dict(p) for p in points]
     for _ in range(2):  # a second pass corrects for the runs held at their least count
         seconds = predicted_seconds(out, prior)
@@ -138,7 +139,8 @@ def sized(points: list[dict[str, Any]], gpu_seconds: float, prior: Calibration) 
         factor = gpu_seconds / total
         for point in out:
             if point["kind"] == "serve":
-                point["requests"] = max(least.get(point.get("run", ""), 4), round(point["requests"] * factor))
+                run = runs[point["run"]]
+                point["requests"] = min(run.most, max(run.least, round(point["requests"] * factor)))
     return out
 
 
