@@ -14,9 +14,12 @@ import sys
 from typing import Any
 
 from autotune.backends.factory import BACKENDS
-from autotune.core.config import ENGINE_FLAGS, EngineConfig, check_flags, parse_value
+from autotune.catalog import known_gpus_text, known_models_text
+from autotune.core import values
+from autotune.core.config import DEFAULT_IMAGE, ENGINE_FLAGS, EngineConfig, check_flags, parse_value
 from autotune.core.errors import AutotuneError
-from autotune.core.inputs import add_startup_timeout
+from autotune.core.inputs import add_startup_timeout, arg
+from autotune.core.secrets import masked
 from autotune.sim.noise import add_noise_argument, noise_model
 
 HELP = "Benchmark one vLLM config on one workload (simulated by default) and print the metrics."
@@ -28,11 +31,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `autotune bench` options."""
     parser.add_argument("--backend", default="sim", choices=BACKENDS)
     parser.add_argument(
-        "--url", help="benchmark the OpenAI-compatible server already running there (nothing is launched)"
+        "--url",
+        type=arg(values.url),
+        help="benchmark the OpenAI-compatible server already running there (nothing is launched; the "
+        "options that launch one, --backend, --set, --space, --serve-cmd, --image, --startup-timeout and "
+        "--noise, do not apply)",
     )
     parser.add_argument("--space", default="vllm", help="search space whose fixed flags apply (as in run)")
-    parser.add_argument("--model", help="model (default: the space's; with --url: the server's first model)")
-    parser.add_argument("--gpu", help="GPU type (default: the space's; sim: from the catalog)")
+    parser.add_argument(
+        "--model",
+        type=arg(values.text),
+        help=f"model (default: the space's; with --url: the server's first model); {known_models_text()}",
+    )
+    parser.add_argument(
+        "--gpu", type=arg(values.text), help=f"GPU type (default: the space's); {known_gpus_text()}"
+    )
     parser.add_argument("--workload", default="chat", help="workload YAML file or a name in workloads/")
     parser.add_argument(
         "--set",
@@ -43,9 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"a vLLM flag in snake_case (repeatable): {', '.join(TUNABLE)}",
     )
     parser.add_argument("--slo", action="append", default=[], help="SLOs for goodput, e.g. ttft_p99=2s")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=arg(values.seed), default=0, help="workload seed (0 to 2**32-1)")
     parser.add_argument("--serve-cmd", default="vllm serve", help="vllm backend: the server command")
-    parser.add_argument("--image", default="vllm/vllm-openai:latest", help="docker backend: the image")
+    parser.add_argument(
+        "--image",
+        default=DEFAULT_IMAGE,
+        help=f"docker backend: the image (default {DEFAULT_IMAGE}, vLLM's release autotune follows)",
+    )
     add_startup_timeout(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_noise_argument(parser)
@@ -73,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
 
     slos = parse_slos(args.slo)
     workload = load_workload(args.workload)
-    if args.url:
+    if args.url is not None:
+        _refuse_launch_options(args)
         return _bench_url(args, workload, slos)
     config, resolved, gpu = _config(args)
     from autotune.backends.factory import make_backend
@@ -97,15 +115,38 @@ def run(args: argparse.Namespace) -> int:
     )
 
 
+# What launches a server, as (option, its value in args, its default): none applies to --url.
+_LAUNCH_OPTIONS = (
+    ("--backend", "backend", "sim"),
+    ("--set", "settings", []),
+    ("--space", "space", "vllm"),
+    ("--serve-cmd", "serve_cmd", "vllm serve"),
+    ("--image", "image", DEFAULT_IMAGE),
+    ("--startup-timeout", "startup_timeout", None),
+    ("--noise", "noise", 0.0),
+)
+
+
+def _refuse_launch_options(args: argparse.Namespace) -> None:
+    """--url measures a server as it runs: an option that would launch or configure one is an error,
+    not silently ignored."""
+    given = [flag for flag, name, default in _LAUNCH_OPTIONS if getattr(args, name) != default]
+    if given:
+        raise AutotuneError(
+            f"{', '.join(given)} cannot be used with --url: the server there is already running with its "
+            "own flags (nothing is launched)"
+        )
+
+
 def _bench_url(args: argparse.Namespace, workload: Any, slos: list[Any]) -> int:
     from autotune.backends.remote import RemoteServer
 
     server = RemoteServer(args.url)
     model = args.model or server.served_model()
-    config = EngineConfig(model=model).replace(**parse_settings(args.settings))
+    config = EngineConfig(model=model)
     result = server.measure(config, workload, slos, args.seed)
-    head = {"backend": "url", "server": args.url, "model_id": model, "gpu": args.gpu or "unknown"}
-    # The server's own flags are not autotune's to know: only what --set claims is shown.
+    head = {"backend": "url", "server": masked(args.url), "model_id": model, "gpu": args.gpu or "unknown"}
+    # The server's own flags are not autotune's to know.
     return _print(
         args,
         result,

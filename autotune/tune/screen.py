@@ -29,6 +29,7 @@ save only what a real GPU would have spent on a config that truly fails to start
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autotune.catalog.gpus import GIB, GpuSpec, get_gpu
@@ -99,7 +100,10 @@ class MemoryScreen:
 
     def _clear_failure(self, resolved: EngineConfig) -> bool:
         """Whether the predicted failure stays a failure within the margins."""
-        needs = self._needs(resolved)
+        try:
+            needs = self._needs(resolved)
+        except EngineStartupError:
+            return True  # it does not start even on the roomy GPU: no margin saves it
         total = self.gpu.memory_bytes
         requested = int(total * resolved.gpu_memory_utilization)
         free = total - int(self.gpu.cuda_context_gib * GIB)
@@ -135,6 +139,22 @@ def describe(screen: MemoryScreen | None, enabled: bool = True) -> str:
     return (
         f"startup screening on: configs the memory model predicts to fail to start are not launched "
         f"(margins: KV {m.kv_fraction:.0%} of GPU memory, CUDA graphs {m.capture_factor:.0%})"
+    )
+
+
+def indivisible_tp(model: str, tps: Iterable[int]) -> str | None:
+    """vLLM's startup error for the first TP that does not divide the model's attention heads (every
+    config with it fails), or None when all do or the model is outside the catalogs."""
+    try:
+        heads = get_model(model).num_attention_heads
+    except AutotuneError:
+        return None
+    tp = next((tp for tp in tps if heads % tp), None)
+    if tp is None:
+        return None
+    return (
+        f"tensor_parallel_size {tp}: Total number of attention heads ({heads}) must be divisible by tensor "
+        f"parallel size ({tp})."
     )
 
 
