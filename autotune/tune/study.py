@@ -8,6 +8,7 @@ Feasibility is stored as a user attr too because optuna-dashboard 0.21 does not 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -23,9 +24,10 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError
 from autotune.core.secrets import masked
+from autotune.core.values import MAX_NAME_CHARS
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
-from autotune.store.lease import fail_stale, refuse_live_driver
+from autotune.store.lease import Driver, claim, fail_stale, refuse_live_driver
 from autotune.store.storage import check_sqlite_file, connect_storage
 from autotune.store.urls import sqlite_path
 from autotune.tune.objectives import ObjectiveSet, constraints, failed_values, is_feasible
@@ -80,10 +82,19 @@ class TrialRecord:
         return config_from_attr(self.config)
 
 
-def default_study_name(model: str, gpu: str, workload: str) -> str:
-    """A readable study name, e.g. "llama-3.1-8b-instruct-h100-chat"."""
-    raw = f"{model.split('/')[-1]}-{gpu}-{workload}".lower()
-    return re.sub(r"[^a-z0-9.]+", "-", raw).strip("-")
+def default_study_name(model: str, gpu: str, workload: str, slos: Sequence[str] = ()) -> str:
+    """A readable study name, e.g. "llama-3.1-8b-instruct-h100-chat-ttft-p99-2s".
+
+    The SLOs are part of it: a study keeps its SLOs, so another SLO on the same model, GPU and workload
+    is another study, not a refused --resume. A name past MAX_NAME_CHARS (a long local model path) is
+    cut and ends with a hash of the whole, so two such names stay apart.
+    """
+    raw = "-".join([model.rstrip("/").split("/")[-1], gpu, workload, *slos]).lower()
+    name = re.sub(r"[^a-z0-9.]+", "-", raw).strip("-.")
+    if len(name) > MAX_NAME_CHARS:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        name = f"{name[: MAX_NAME_CHARS - 9].rstrip('-.')}-{digest}"
+    return name
 
 
 def sqlite_url(run_dir: Path) -> str:
@@ -93,12 +104,30 @@ def sqlite_url(run_dir: Path) -> str:
 
 def check_not_driven(name: str, storage: str) -> None:
     """Before anything starts: refuse (one line) to --resume a study another process is running."""
+    connected = _existing(name, storage)
+    if connected is not None:
+        refuse_live_driver(optuna.load_study(study_name=name, storage=connected))
+
+
+def check_results_kept(name: str, storage: str, run_dir: Path) -> None:
+    """Before anything starts: refuse (one line) a run whose folder holds results of a study the storage
+    does not have (its study.db deleted or moved): starting over there would overwrite them."""
+    if (run_dir / "trials.csv").exists() and _existing(name, storage) is None:
+        raise AutotuneError(
+            f"{run_dir} holds the results of study {name!r}, which {masked(storage)} does not have (was "
+            "study.db deleted or moved?); nothing was changed: pass its --storage, or move the folder "
+            "away to start over"
+        )
+
+
+def _existing(name: str, storage: str) -> optuna.storages.BaseStorage | None:
+    """The storage, connected, when it holds study `name`; None otherwise (a missing SQLite file is
+    not created by asking)."""
     path = sqlite_path(storage)
     if path is not None and not path.is_file():
-        return  # nothing to resume yet (and connecting would create the file)
+        return None
     connected = connect_storage(storage, attempts=1)
-    if name in optuna.study.get_all_study_names(connected):
-        refuse_live_driver(optuna.load_study(study_name=name, storage=connected))
+    return connected if name in optuna.study.get_all_study_names(connected) else None
 
 
 def open_study(
@@ -108,12 +137,16 @@ def open_study(
     sampler: optuna.samplers.BaseSampler,
     resume: bool,
     results_dir: Path | None = None,
+    driver: Driver | None = None,
 ) -> optuna.Study:
     """Create a new study, or resume an existing one with the same settings.
 
     Resuming refuses while another process drives the study (autotune.store.lease) and fails only the
     trials nobody runs any more. `results_dir` (the run folder): with --resume and no study in the
-    storage, results there mean the study was lost, and nothing is overwritten.
+    storage, results there mean the study was lost, and nothing is overwritten; without --resume, they
+    mean the same (a run never overwrites another run's results). With `driver`, the study's lease is
+    taken for it (atomically: two runs started together cannot both have it) before any stale trial
+    is failed.
     """
     # Errors only: Optuna's warnings are about its internals (a locked SQLite read "falling back to a
     # slower alternative", multi-line): what the user must know, autotune says in its own one line.
@@ -127,7 +160,7 @@ def open_study(
             f"study {name!r} already exists in {where}: add --resume to continue it or pick --study"
         )
     if not exists:
-        if resume and results_dir is not None and (results_dir / "trials.csv").exists():
+        if results_dir is not None and (results_dir / "trials.csv").exists():
             raise AutotuneError(
                 f"no study {name!r} in {where}, but {results_dir} holds its results: the storage was lost "
                 "or moved; nothing was changed (pass its --storage, or remove the folder to start over)"
@@ -141,10 +174,15 @@ def open_study(
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(settings.objectives)
         study.set_user_attr(SETTINGS_ATTR, settings.to_dict())
+        if driver is not None:
+            claim(study, driver)
         return study
     study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     check_resume(study, settings)
-    refuse_live_driver(study)
+    if driver is not None:
+        claim(study, driver)
+    else:
+        refuse_live_driver(study)
     fail_stale(study)
     return study
 
@@ -157,13 +195,14 @@ def start_study(
     resume: bool,
     baseline: Mapping[str, Any],
     results_dir: Path | None = None,
+    driver: Driver | None = None,
 ) -> optuna.Study:
     """`open_study`, then a new study gets `baseline` (vLLM's default config) as its first trial.
 
     A resumed study already has its baseline (measured, or still queued): it is not enqueued again,
     unless it was interrupted before it was measured.
     """
-    study = open_study(name, storage, settings, sampler, resume, results_dir)
+    study = open_study(name, storage, settings, sampler, resume, results_dir, driver)
     # A baseline interrupted before it was measured (FAIL) is queued again: every result is compared to it.
     alive = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
     if not any(t.user_attrs.get("baseline") and t.state in alive for t in study.get_trials(deepcopy=False)):
