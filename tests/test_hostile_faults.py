@@ -4,6 +4,7 @@ two --resume started together, a run folder whose study.db is gone, SLO limits w
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -116,7 +117,13 @@ def test_a_stop_signal_ends_a_background_run_whose_ctrl_c_is_ignored(
 ) -> None:
     shell, pid = _background_run(tmp_path)
     os.kill(pid, stop)
-    _, err = shell.communicate(timeout=60)  # the old code ignored SIGTERM here until SIGKILL
+    try:
+        _, err = shell.communicate(timeout=60)  # the old code ignored SIGTERM here until SIGKILL
+    finally:
+        if shell.poll() is None:  # a run that did not stop is not left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            shell.wait(timeout=30)
     assert shell.returncode == 130, err
     assert "finished trials kept" in err and "--resume continues" in err and "Traceback" not in err
     done, running = _completed(tmp_path / "runs" / "s" / "study.db", "s")
@@ -131,7 +138,7 @@ def _marked(mark: str) -> list[str]:
         try:
             if entry.name.isdigit() and needle in (entry / "environ").read_bytes():
                 command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                found.append(f"{entry.name} {command[:80]}")
+                found.append(f"{entry.name} {command[:300]}")
         except OSError:
             continue
     return found
@@ -173,6 +180,7 @@ def test_a_stopped_or_killed_driver_leaves_no_server_nor_ray_process(
             proc.kill()
     if stop == signal.SIGTERM:
         assert proc.returncode == 130 and "finished trials kept" in err, err
+        assert "Token authentication" not in err  # Ray's notice stays out of the run's output
     assert not _gone(mark, within_s=20), _marked(mark)
 
 
@@ -267,3 +275,29 @@ def test_progress_to_a_file_shows_a_long_trial_is_alive(tmp_path: Path) -> None:
     lines = log.read_text().splitlines()
     assert len(lines) == 3, lines
     assert "running #0 9m00s seqs=256" in lines[1] and lines[2].startswith("1/5")
+
+
+def test_another_slo_on_the_same_model_is_another_study(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The default study name includes the SLOs: a second SLO is a new study, not a refused --resume."""
+    from autotune.cli import main
+
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    argv = [
+        "run",
+        "--space",
+        "small",
+        "--workload",
+        str(tmp_path / "tiny.yaml"),
+        "--n-trials",
+        "1",
+        "--quiet",
+    ]
+    for slo in ("ttft_p99=2s", "ttft_p99=500ms,itl_p99=50ms"):
+        assert main([*argv, "--runs-dir", str(tmp_path / "runs"), "--slo", slo]) == 0, capfd.readouterr().err
+    names = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert names == [
+        "llama-3.1-8b-instruct-h100-tiny-ttft-p99-2s",
+        "llama-3.1-8b-instruct-h100-tiny-ttft-p99-500ms-itl-p99-50ms",
+    ]

@@ -24,7 +24,7 @@ TINY = "num_requests: 8\nload: fixed\nprompt_len: 64\noutput_len: 8\n"
     "url",
     [
         f"postgresql://u:{SECRET}/x@127.0.0.1:1/db",  # SQLAlchemy takes '/' in a password
-        f"postgresql://u:{SECRET}@x@127.0.0.1:1/db",  # an '@' it would split the password at
+        f"postgresql://u:pre@{SECRET}@127.0.0.1:1/db",  # an '@' SQLAlchemy splits it at: the rest is "host"
         f"postgresql://u@127.0.0.1:1/db?password={SECRET}",  # libpq's connection parameter
         f"postgresql://u@127.0.0.1:1/db?sslmode=disable&password={SECRET}",
     ],

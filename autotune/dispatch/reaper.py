@@ -71,18 +71,25 @@ def marked(token: str) -> list[int]:
 
 
 def reap(token: str) -> int:
-    """SIGTERM every marked process, SIGKILL those still there after GRACE_S; how many there were."""
+    """SIGTERM every marked process, then SIGKILL what is still there after GRACE_S, again for as long
+    as marked processes remain (one may start meanwhile: a worker launching a server), up to GRACE_S
+    more; how many there were at first."""
     pids = marked(token)
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
+    _signal(pids, signal.SIGTERM)
     deadline = time.monotonic() + GRACE_S
     while marked(token) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for pid in marked(token):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + GRACE_S
+    while (left := marked(token)) and time.monotonic() < deadline:
+        _signal(left, signal.SIGKILL)
+        time.sleep(0.1)
     return len(pids)
+
+
+def _signal(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
 
 
 def main() -> None:
