@@ -167,8 +167,14 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.store.storage import check_sqlite_file, preflight_storage
     from autotune.store.urls import absolute
     from autotune.tune.objectives import load_objectives
+    from autotune.tune.screen import check_tensor_parallel
     from autotune.tune.space import load_space
-    from autotune.tune.study import check_not_driven, check_results_kept, default_study_name, sqlite_url
+    from autotune.tune.study_checks import (
+        check_not_driven,
+        check_results_kept,
+        default_study_name,
+        sqlite_url,
+    )
     from autotune.workloads.files import load_workload
     from autotune.workloads.spec import check_fits
 
@@ -185,7 +191,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     max_pos = known_max_model_len(space.model, None, args.backend)
     check_fits(workload, args.seed, space.largest("max_model_len") or max_pos)
     check_gpus_text(args.gpus)
-    _check_tp_fits(space)
+    check_tensor_parallel(space)
     gpu_ids = parse_gpus(args.gpus)
     backend = make_backend(
         args.backend,
@@ -229,26 +235,6 @@ def _untuned_for(space: Any, workload: Any) -> tuple[Any, str | None]:
         f"result (kept at vLLM's default, {default})"
     )
     return space.fix(name, default), note
-
-
-def _check_tp_fits(space: Any) -> None:
-    """Every TP of the space must divide the model's heads, and the model's weights must fit the largest
-    TP: one clear error, not N startup failures."""
-    from autotune.core.errors import AutotuneError
-    from autotune.tune.screen import indivisible_tp, required_tp
-
-    tp_param = next((p for p in space.params if p.name == "tensor_parallel_size"), None)
-    tps = tp_param.grid_values() if tp_param else [int(space.fixed.get("tensor_parallel_size", 1))]
-    problem = indivisible_tp(space.model, tps)
-    if problem is not None:
-        raise AutotuneError(f"{space.model}: {problem}")
-    largest = max(tps)
-    needed = required_tp(space.model, space.gpu, largest)
-    if needed is not None:
-        raise AutotuneError(
-            f"{space.model} does not fit on one {space.gpu} at tensor_parallel_size {largest}: use tensor "
-            f"parallelism (TP >= {needed}), e.g. --space tp"
-        )
 
 
 def _execute(args: argparse.Namespace, s: _Setup) -> int:

@@ -38,6 +38,7 @@ from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, EngineStartupError, FailureKind
 from autotune.measure.result import TrialResult
 from autotune.sim.memory import MemoryPlan, plan_memory, validate_config
+from autotune.tune.space import SearchSpace
 
 PREFIX = "predicted by the memory model: "
 # A device large enough for any config: the memory plan on it gives a config's needs (weights,
@@ -140,6 +141,23 @@ def describe(screen: MemoryScreen | None, enabled: bool = True) -> str:
         f"startup screening on: configs the memory model predicts to fail to start are not launched "
         f"(margins: KV {m.kv_fraction:.0%} of GPU memory, CUDA graphs {m.capture_factor:.0%})"
     )
+
+
+def check_tensor_parallel(space: SearchSpace) -> None:
+    """Every TP of the space must divide the model's heads, and the model's weights must fit the largest
+    TP: one clear AutotuneError, not N startup failures."""
+    tp_param = next((p for p in space.params if p.name == "tensor_parallel_size"), None)
+    tps = tp_param.grid_values() if tp_param else [int(space.fixed.get("tensor_parallel_size", 1))]
+    problem = indivisible_tp(space.model, tps)
+    if problem is not None:
+        raise AutotuneError(f"{space.model}: {problem}")
+    largest = max(tps)
+    needed = required_tp(space.model, space.gpu, largest)
+    if needed is not None:
+        raise AutotuneError(
+            f"{space.model} does not fit on one {space.gpu} at tensor_parallel_size {largest}: use tensor "
+            f"parallelism (TP >= {needed}), e.g. --space tp"
+        )
 
 
 def indivisible_tp(model: str, tps: Iterable[int]) -> str | None:
