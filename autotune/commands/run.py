@@ -169,11 +169,11 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.tune.objectives import load_objectives
     from autotune.tune.screen import check_tensor_parallel
     from autotune.tune.space import load_space
+    from autotune.tune.study import sqlite_url
     from autotune.tune.study_checks import (
         check_not_driven,
         check_results_kept,
         default_study_name,
-        sqlite_url,
     )
     from autotune.workloads.files import load_workload
     from autotune.workloads.spec import check_fits

@@ -78,6 +78,11 @@ class TrialRecord:
         return config_from_attr(self.config)
 
 
+def sqlite_url(run_dir: Path) -> str:
+    """The default storage of a run: runs/<study>/study.db."""
+    return f"sqlite:///{(run_dir / 'study.db').resolve()}"
+
+
 def open_study(
     name: str,
     storage: str | optuna.storages.BaseStorage,

@@ -33,11 +33,6 @@ def default_study_name(model: str, gpu: str, workload: str, slos: Sequence[str] 
     return name
 
 
-def sqlite_url(run_dir: Path) -> str:
-    """The default storage of a run: runs/<study>/study.db."""
-    return f"sqlite:///{(run_dir / 'study.db').resolve()}"
-
-
 def check_not_driven(name: str, storage: str) -> None:
     """Before anything starts: refuse (one line) to --resume a study another process is running."""
     connected = _existing(name, storage)
