@@ -131,12 +131,16 @@ def test_a_stop_signal_ends_a_background_run_whose_ctrl_c_is_ignored(
     assert (tmp_path / "runs" / "s" / "trials.csv").stat().st_size > 0
 
 
-def _marked(mark: str) -> list[str]:
-    """The processes (pid and command) whose environment carries AUTOTUNE_TEST_MARK=mark."""
+def _marked(mark: str, cwd: Path) -> list[str]:
+    """The processes (pid and command) whose environment carries AUTOTUNE_TEST_MARK=mark or that run in
+    `cwd` (Ray's agents do not always get the driver's environment, but they keep its folder)."""
     needle, found = f"AUTOTUNE_TEST_MARK={mark}".encode(), []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and needle in (entry / "environ").read_bytes():
+            if entry.name.isdigit() and (
+                needle in (entry / "environ").read_bytes()
+                or Path(os.readlink(entry / "cwd")) == cwd.resolve()
+            ):
                 command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 found.append(f"{entry.name} {command[:300]}")
         except OSError:
@@ -144,9 +148,9 @@ def _marked(mark: str) -> list[str]:
     return found
 
 
-def _gone(mark: str, within_s: float) -> list[str]:
+def _gone(mark: str, cwd: Path, within_s: float) -> list[str]:
     deadline = time.monotonic() + within_s
-    while (left := _marked(mark)) and time.monotonic() < deadline:
+    while (left := _marked(mark, cwd)) and time.monotonic() < deadline:
         time.sleep(0.5)
     return left
 
@@ -171,7 +175,7 @@ def test_a_stopped_or_killed_driver_leaves_no_server_nor_ray_process(
         while _completed(tmp_path / "runs" / "p" / "study.db", "p")[0] < 1 and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.5)
-        while not any("sim-server" in p for p in _marked(mark)) and time.monotonic() < deadline:
+        while not any("sim-server" in p for p in _marked(mark, tmp_path)) and time.monotonic() < deadline:
             time.sleep(0.1)  # between two trials no server runs: stop the run while one does
         proc.send_signal(stop)
         _, err = proc.communicate(timeout=90)
@@ -181,7 +185,7 @@ def test_a_stopped_or_killed_driver_leaves_no_server_nor_ray_process(
     if stop == signal.SIGTERM:
         assert proc.returncode == 130 and "finished trials kept" in err, err
         assert "Token authentication" not in err  # Ray's notice stays out of the run's output
-    assert not _gone(mark, within_s=20), _marked(mark)
+    assert not _gone(mark, tmp_path, within_s=20), _marked(mark, tmp_path)
 
 
 def test_two_resumes_started_together_one_drives(tmp_path: Path) -> None:

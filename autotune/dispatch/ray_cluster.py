@@ -154,6 +154,9 @@ def start_ray(
     except BaseException:
         session.close()
         raise
+    if session.reaper is not None:
+        with contextlib.suppress(Exception):  # a private helper of Ray's: without it, the token alone
+            session.reaper.watch(ray._private.worker._global_node.get_session_dir_path())
     return session
 
 
