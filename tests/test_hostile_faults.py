@@ -194,7 +194,7 @@ def test_two_resumes_started_together_one_drives(tmp_path: Path) -> None:
     script.write_text(RACE)
     db = f"sqlite:///{tmp_path / 'study.db'}"
     subprocess.run([sys.executable, str(script), db, "0", "create"], check=True, timeout=120, env=ENV)
-    for round_ in range(3):
+    for round_ in range(2):
         start = time.time() + 4  # every process has imported everything by then
         procs = [
             subprocess.Popen(
