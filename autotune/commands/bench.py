@@ -11,16 +11,26 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autotune.backends.factory import BACKENDS
-from autotune.catalog import known_gpus_text, known_models_text
+from autotune.commands.options import (
+    DEFAULT_SERVE_CMD,
+    add_backend_option,
+    add_config_options,
+    add_seed_option,
+    add_server_options,
+    add_slo_option,
+)
 from autotune.core import values
 from autotune.core.config import DEFAULT_IMAGE, ENGINE_FLAGS, EngineConfig, check_flags, parse_value
 from autotune.core.errors import AutotuneError
-from autotune.core.inputs import add_startup_timeout, arg
+from autotune.core.inputs import arg
 from autotune.core.secrets import masked
-from autotune.sim.noise import add_noise_argument, noise_model
+from autotune.sim.noise import noise_model
+
+if TYPE_CHECKING:  # imported when a benchmark runs (`--help` stays quick)
+    from autotune.measure.slo import Slo
+    from autotune.workloads.spec import WorkloadSpec
 
 HELP = "Benchmark one vLLM config on one workload (simulated by default) and print the metrics."
 
@@ -29,7 +39,7 @@ TUNABLE = sorted(ENGINE_FLAGS)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `autotune bench` options."""
-    parser.add_argument("--backend", default="sim", choices=BACKENDS)
+    add_backend_option(parser)
     parser.add_argument(
         "--url",
         type=arg(values.url),
@@ -37,16 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "options that launch one, --backend, --set, --space, --serve-cmd, --image, --startup-timeout and "
         "--noise, do not apply)",
     )
-    parser.add_argument("--space", default="vllm", help="search space whose fixed flags apply (as in run)")
-    parser.add_argument(
-        "--model",
-        type=arg(values.text),
-        help=f"model (default: the space's; with --url: the server's first model); {known_models_text()}",
-    )
-    parser.add_argument(
-        "--gpu", type=arg(values.text), help=f"GPU type (default: the space's); {known_gpus_text()}"
-    )
-    parser.add_argument("--workload", default="chat", help="workload YAML file or a name in workloads/")
+    add_config_options(parser, url=True)
     parser.add_argument(
         "--set",
         dest="settings",
@@ -55,17 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=VALUE",
         help=f"a vLLM flag in snake_case (repeatable): {', '.join(TUNABLE)}",
     )
-    parser.add_argument("--slo", action="append", default=[], help="SLOs for goodput, e.g. ttft_p99=2s")
-    parser.add_argument("--seed", type=arg(values.seed), default=0, help="workload seed (0 to 2**32-1)")
-    parser.add_argument("--serve-cmd", default="vllm serve", help="vllm backend: the server command")
-    parser.add_argument(
-        "--image",
-        default=DEFAULT_IMAGE,
-        help=f"docker backend: the image (default {DEFAULT_IMAGE}, vLLM's release autotune follows)",
-    )
-    add_startup_timeout(parser)
+    add_slo_option(parser, "SLOs for goodput, e.g. ttft_p99=2s (repeatable)")
+    add_seed_option(parser, "workload seed (the requests' lengths and arrival times)")
+    add_server_options(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_noise_argument(parser)
 
 
 def parse_settings(settings: list[str]) -> dict[str, Any]:
@@ -120,7 +114,7 @@ _LAUNCH_OPTIONS = (
     ("--backend", "backend", "sim"),
     ("--set", "settings", []),
     ("--space", "space", "vllm"),
-    ("--serve-cmd", "serve_cmd", "vllm serve"),
+    ("--serve-cmd", "serve_cmd", DEFAULT_SERVE_CMD),
     ("--image", "image", DEFAULT_IMAGE),
     ("--startup-timeout", "startup_timeout", None),
     ("--noise", "noise", 0.0),
@@ -138,7 +132,7 @@ def _refuse_launch_options(args: argparse.Namespace) -> None:
         )
 
 
-def _bench_url(args: argparse.Namespace, workload: Any, slos: list[Any]) -> int:
+def _bench_url(args: argparse.Namespace, workload: WorkloadSpec, slos: list[Slo]) -> int:
     from autotune.backends.remote import RemoteServer
 
     server = RemoteServer(args.url)
