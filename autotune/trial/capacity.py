@@ -249,17 +249,21 @@ def saturation_runs(
 
 
 def _batch_limit(result: TrialResult, seqs: int) -> int:
-    """How many of the burst's requests the server can run at once: its max_num_seqs (the resolved
-    one when the backend reports it), or fewer when its KV cache holds fewer (reported as tokens or
-    blocks; unknown: max_num_seqs)."""
+    """How many of the burst's requests the server can run at once: the most it was seen running when
+    that is fewer than the burst (a server whose flags are not ours to know, `bench --url`, says so in
+    /metrics), else its max_num_seqs (the resolved one when the backend reports it), or fewer when its
+    KV cache holds fewer (reported as tokens or blocks; unknown: max_num_seqs)."""
     server = result.server or ServerReport()
     engine = server.engine or EngineFacts()
     resolved = server.resolved or {}
+    bench = result.benchmark
+    running = bench.server.get("peak_num_requests_running") if bench is not None else None
+    if running and bench is not None and running < bench.completed:
+        return int(running)
     seqs = int(resolved.get("max_num_seqs") or seqs)
     kv_tokens = engine.kv_cache_tokens
     if kv_tokens is None and engine.num_gpu_blocks:
         kv_tokens = int(engine.num_gpu_blocks) * int(resolved.get("block_size") or 16)
-    bench = result.benchmark
     if not kv_tokens or bench is None or not bench.completed:
         return seqs
     per_request = (bench.total_input_tokens + bench.total_output_tokens) / bench.completed
