@@ -16,7 +16,7 @@ from typing import Any
 
 from autotune.core.atomic import atomic_write_text
 from autotune.outputs.export import render, serve_flags
-from autotune.outputs.outcome import Outcome, fmt_number
+from autotune.outputs.outcome import Outcome, capacity_text, fmt_number, limited_by
 from autotune.outputs.plots import plot_pairs, plot_probes
 from autotune.outputs.report_html import write_html
 from autotune.tune.progress import short_params
@@ -29,15 +29,17 @@ def front_table(out: Outcome, limit: int = 15) -> str:
     """The feasible Pareto front as a text table, the recommendation marked with *."""
     if not out.front:
         return "Pareto front: empty (no feasible trial)."
-    headers = ["", "trial", *out.objective_names, "vs baseline", "config"]
+    capacity = any(r.capacity is not None for r in out.front)
+    limit_head = ["limited by"] if capacity else []
+    headers = ["", "trial", *out.objective_names, "vs baseline", *limit_head, "config"]
     rows = []
     for r in out.front[:limit]:
         mark = "*" if out.best and r.number == out.best.number else ""
         values = [_fmt(v) for v in r.values or []]
         gain = out.gain(r)
-        rows.append(
-            [mark, f"#{r.number}", *values, _gain_text(gain) if gain is not None else "-", _params_text(r)]
-        )
+        limit_cell = [limited_by(r) or "-"] if capacity else []
+        gain_cell = _gain_text(gain) if gain is not None else "-"
+        rows.append([mark, f"#{r.number}", *values, gain_cell, *limit_cell, _params_text(r)])
     if (
         out.baseline
         and out.baseline.values
@@ -45,8 +47,10 @@ def front_table(out: Outcome, limit: int = 15) -> str:
     ):
         status = "feasible" if out.baseline.feasible else out.baseline.failure or "violates SLO"
         values = [_fmt(v) for v in out.baseline.values]
+        limit_cell = [limited_by(out.baseline) or "-"] if capacity else []
         rows.append(
-            ["", f"#{out.baseline.number}", *values, f"baseline ({status})", _params_text(out.baseline)]
+            ["", f"#{out.baseline.number}", *values, f"baseline ({status})", *limit_cell]
+            + [_params_text(out.baseline)]
         )
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
     lines = [
@@ -67,6 +71,9 @@ def summary_text(out: Outcome) -> str:
         parts.append(f"  gain: {out.gain_text()}")
     if out.best is not None:
         parts.append("  " + shlex.join(["vllm", "serve", *out.best.engine_config().to_args()]))
+        capacity = capacity_text(out.best, out.slos)
+        if capacity:
+            parts.append(f"  {capacity[0].upper()}{capacity[1:]}.")
     if out.sizing is not None:
         parts.append(f"  for {out.sizing.text()}")
     return "\n".join(parts)
@@ -168,6 +175,15 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
             "metrics": out.best.metrics,
             "info": out.best.info,
         }
+        if out.best.capacity is not None:
+            c = out.best.capacity
+            data["capacity"] = {
+                "rate": c.rate,
+                "bracket": c.bracket,
+                "saturation_throughput": c.saturation_throughput,
+                "limited_by": list(c.limited_by) if c.limited_by is not None else None,
+                "text": capacity_text(out.best, out.slos),
+            }
     if out.baseline is not None:
         data["baseline"] = {
             "trial": out.baseline.number,

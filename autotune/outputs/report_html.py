@@ -16,7 +16,7 @@ from typing import Any
 
 from autotune.core.atomic import atomic_write_text
 from autotune.outputs.export import render
-from autotune.outputs.outcome import Outcome, fmt_number
+from autotune.outputs.outcome import Outcome, capacity_text, fmt_number, limited_by
 from autotune.tune.objectives import metric_label
 from autotune.tune.progress import short_params
 from autotune.tune.study import TrialRecord
@@ -79,6 +79,9 @@ def _recommendation(out: Outcome) -> str:
         parts.append(f"<p>Gain: {_e(out.gain_text())}</p>")
     if out.best is not None:
         parts.append(f"<pre>{_e(render(out.best.engine_config(), 'cmd').strip())}</pre>")
+        capacity = capacity_text(out.best, out.slos)
+        if capacity:
+            parts.append(f"<p>{_e(capacity[0].upper() + capacity[1:])}.</p>")
         parts.append(_changed_flags(out))
         parts.append("<p>Other forms: <code>autotune export RUN --format docker|k8s|helm|yaml</code></p>")
     parts.append("</div>")
@@ -124,7 +127,7 @@ def _front(out: Outcome) -> str:
     sign = -1.0 if out.maximize[0] else 1.0
     rows = sorted(out.front, key=lambda r: sign * (r.values or [0.0])[0])
     head = ["", "trial", *(metric_label(n) for n in out.objective_names), "vs baseline", "capacity (req/s)"]
-    head.append("config")
+    head += ["limited by", "config"]
     body = [_front_row(out, r) for r in rows]
     order = "highest" if out.maximize[0] else "lowest"
     title = (
@@ -144,6 +147,7 @@ def _front_row(out: Outcome, r: TrialRecord) -> tuple[str, list[str]]:
         *(fmt_number(v) for v in r.values or []),
         f"{gain * 100:+.1f}%" if gain is not None else "",
         fmt_number(capacity),
+        limited_by(r),
         short_params(r.params),
     ]
     return ("rec" if recommended else "", cells)
