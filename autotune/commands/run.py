@@ -281,6 +281,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
     try:
         RunInfo(study=s.study_name, storage=for_run_file(s.storage, s.run_dir), directory=s.run_dir).save(
             {**settings.to_dict(), "space": s.space.source, "load": s.workload.load, **_image(args)}
+            | {"simulated": s.backend.simulated}
         )
         progress = None if args.quiet else Progress()
         _announce(args, s, executor.describe(), study)

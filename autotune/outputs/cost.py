@@ -73,11 +73,13 @@ class Sizing:
     gpus: int
     capacity_known: bool  # False: measured at a fixed load, so per_replica_rate is a lower bound
     usd_per_mtok: float | None = None  # output tokens, at the target rate
+    simulated: bool = False  # the per-replica rate comes from the simulated engine
 
     def text(self) -> str:
         """One sentence for the report."""
         bound = "" if self.capacity_known else " at most (measured at a fixed load, not at capacity)"
-        price = f"; ${self.usd_per_mtok:,.2f} per million output tokens" if self.usd_per_mtok else ""
+        sim = " (simulated: confirm the rate on a GPU)" if self.simulated else ""
+        price = f"; ${self.usd_per_mtok:,.2f} per million output tokens{sim}" if self.usd_per_mtok else sim
         return (
             f"{self.target_rate:g} req/s: {self.replicas} replicas{bound} x {self.gpus // self.replicas} "
             f"GPU = {self.gpus} GPUs (one replica serves {self.per_replica_rate:.2f} req/s within the SLOs)"
@@ -85,8 +87,11 @@ class Sizing:
         )
 
 
-def sizing(best: TrialRecord, target_rate: float, gpu_price: float | None = None) -> Sizing | None:
-    """Replicas and GPUs to serve `target_rate` req/s with the recommended trial; None without a rate."""
+def sizing(
+    best: TrialRecord, target_rate: float, gpu_price: float | None = None, simulated: bool = False
+) -> Sizing | None:
+    """Replicas and GPUs to serve `target_rate` req/s with the recommended trial; None without a rate
+    (`simulated`: its rate comes from the simulated engine, and the sizing says so)."""
     capacity = best.capacity.rate if best.capacity is not None else None
     known = bool(capacity)
     rate = float(capacity or best.metrics.get("request_throughput") or 0.0)
@@ -100,7 +105,7 @@ def sizing(best: TrialRecord, target_rate: float, gpu_price: float | None = None
     if gpu_price and completed and out_tokens:
         tokens_per_hour = target_rate * (out_tokens / completed) * 3600
         usd = gpu_price * replicas * tp / (tokens_per_hour / 1e6)
-    return Sizing(target_rate, rate, replicas, replicas * tp, known, usd)
+    return Sizing(target_rate, rate, replicas, replicas * tp, known, usd, simulated)
 
 
 @dataclass(frozen=True)

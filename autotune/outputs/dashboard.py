@@ -107,7 +107,7 @@ class StudyNote:
 
 def note_markdown(name: str, out: Any) -> str:
     """The study's note: what is tuned, how far the run is, what it recommends so far, what failed."""
-    from autotune.outputs.outcome import fmt_number
+    from autotune.outputs.outcome import SIMULATED_NOTE, fmt_number
 
     ctx = out.context
     told = len(out.records)
@@ -118,6 +118,7 @@ def note_markdown(name: str, out: Any) -> str:
         f"{ctx.get('model', '')} on {ctx.get('gpu', '')}, workload {ctx.get('workload', '')} at "
         f"{ctx.get('load', '?')} load, backend {ctx.get('backend', '?')}.",
         "",
+        *([f"> **{SIMULATED_NOTE[0].upper()}{SIMULATED_NOTE[1:]}.**", ""] if out.simulated else []),
         f"**SLOs:** {', '.join(out.slos) or 'none'}  ",
         f"**Trials:** {told} told, {feasible} feasible, {sum(failed.values())} failed or rejected "
         f"(updated {time.strftime('%H:%M:%S')})",

@@ -101,6 +101,16 @@ def render(
     raise AutotuneError(f"unknown export format {fmt!r} (use {', '.join(FORMATS)})")
 
 
+def with_note(text: str, fmt: str, note: str) -> str:
+    """`text` (a `render` output) with `note` as a comment valid in its format: a `#` line above a
+    command or a YAML document, and for `flags` a `#` comment ending their line (pasted after
+    `vllm serve MODEL`, a line of its own above them would run the command without them)."""
+    comment = "# " + " ".join(note.split())
+    if fmt == "flags":
+        return f"{text.rstrip()}  {comment}\n"
+    return f"{comment}\n{text}"
+
+
 def local_model_dir(model: str) -> Path | None:
     """The model as a local directory (`--model DIR`), or None for a Hugging Face id."""
     path = Path(model).expanduser()

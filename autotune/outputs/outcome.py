@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,18 @@ from autotune.outputs.cost import CostView, Sizing, cost_view, sizing
 from autotune.tune.front import baseline, pareto_front
 from autotune.tune.recommendation import Recommendation, decide, resolution_of
 from autotune.tune.study import TrialRecord
+
+# Said wherever a simulated run's results go (report, summary, best.json, exports, dashboard note).
+SIMULATED_NOTE = (
+    "simulated: these results come from autotune's simulated vLLM engine, not a GPU; confirm them on "
+    "one before you deploy (autotune bench --url against the deployment, --capacity for its capacity)"
+)
+
+
+def is_simulated(context: Mapping[str, Any]) -> bool:
+    """Whether a run's results come from the simulated engine (its context or run.json; a run.json from
+    before the mark existed: its backend)."""
+    return bool(context.get("simulated", context.get("backend") == "sim"))
 
 
 @dataclass
@@ -51,6 +64,11 @@ class Outcome:
         )
         return f"{text} Trial #{best.number} vs the defaults: {changes}."
 
+    @property
+    def simulated(self) -> bool:
+        """Whether these results come from the simulated engine."""
+        return is_simulated(self.context)
+
     def feasible(self) -> list[TrialRecord]:
         """Feasible trials (duplicates left out)."""
         return [r for r in self.records if r.feasible and r.duplicate_of is None]
@@ -62,7 +80,7 @@ class Outcome:
 
     def flags(self) -> list[str]:
         """What a deployer should know before acting: infeasible baseline, a gain within noise..."""
-        out = []
+        out = [SIMULATED_NOTE] if self.simulated else []
         if self.best is None:
             out.append("no config met the SLOs: relax them or widen the search space")
         if self.baseline is not None and not self.baseline.feasible:
@@ -98,7 +116,7 @@ def outcome(
     decision = decide(records, maximize, objective_names, remeasured)
     best = decision.trial
     ctx = dict(context or {})
-    simulated = bool(ctx.get("simulated", ctx.get("backend") == "sim"))
+    simulated = is_simulated(ctx)
     return Outcome(
         records=records,
         front=pareto_front(records, maximize),
@@ -110,7 +128,7 @@ def outcome(
         decision=decision,
         context=ctx,
         cost=cost_view(records, simulated),
-        sizing=sizing(best, target_rate, gpu_price) if best is not None and target_rate else None,
+        sizing=sizing(best, target_rate, gpu_price, simulated) if best is not None and target_rate else None,
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from autotune.core.atomic import atomic_write_text
 from autotune.outputs.export import render, serve_flags
-from autotune.outputs.outcome import Outcome, capacity_text, fmt_number, limited_by
+from autotune.outputs.outcome import SIMULATED_NOTE, Outcome, capacity_text, fmt_number, limited_by
 from autotune.outputs.plots import plot_pairs, plot_probes
 from autotune.outputs.report_html import write_html
 from autotune.tune.progress import short_params
@@ -76,6 +76,8 @@ def summary_text(out: Outcome) -> str:
             parts.append(f"  {capacity[0].upper()}{capacity[1:]}.")
     if out.sizing is not None:
         parts.append(f"  for {out.sizing.text()}")
+    if out.simulated:
+        parts.append(f"  {SIMULATED_NOTE[0].upper()}{SIMULATED_NOTE[1:]}.")
     return "\n".join(parts)
 
 
@@ -92,7 +94,7 @@ def write_all(run_dir: Path, out: Outcome) -> list[Path]:
     atomic_write_text(paths[1], front.to_csv(index=False))
     paths.append(_write_best(run_dir, out))
     if out.best is not None:
-        paths.append(_write_best_sh(run_dir, out.best))
+        paths.append(_write_best_sh(run_dir, out.best, out.simulated))
     paths.append(plot_pairs(run_dir / "pareto.png", out))
     probes = plot_probes(run_dir / "probes.png", out)
     if probes is not None:
@@ -144,6 +146,9 @@ def _summary_fallbacks(r: TrialRecord) -> dict[str, Any]:
 def _write_best(run_dir: Path, out: Outcome) -> Path:
     path = run_dir / "best.json"
     data: dict[str, Any] = {"verdict": out.verdict(), "slos": out.slos, "objectives": out.objective_names}
+    data["simulated"] = out.simulated
+    if out.simulated:
+        data["simulated_note"] = SIMULATED_NOTE
     data["how"] = (
         f"highest feasible {out.objective_names[0]} on the Pareto front (ties within the capacity resolution "
         "go to the lowest latencies together); vLLM's defaults are kept unless the gain clears the "
@@ -200,13 +205,15 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
     return path
 
 
-def _write_best_sh(run_dir: Path, best: TrialRecord) -> Path:
+def _write_best_sh(run_dir: Path, best: TrialRecord, simulated: bool) -> Path:
     path = run_dir / "best.sh"
     command = render(best.engine_config(), "cmd").strip()
+    note = f"# {SIMULATED_NOTE}\n" if simulated else ""
     atomic_write_text(
         path,
         "#!/bin/sh\n"
         f"# autotune recommendation: trial #{best.number} of {run_dir.name}. Extra args are appended.\n"
+        f"{note}"
         f'exec {command} "$@"\n',
         mode=0o755,
     )
