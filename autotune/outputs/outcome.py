@@ -9,7 +9,7 @@ from typing import Any
 from autotune.measure.capacity_report import KEEPING_UP
 from autotune.measure.evidence import UNSURE
 from autotune.outputs.cost import CostView, Sizing, cost_view, sizing
-from autotune.tune.front import baseline, pareto_front
+from autotune.tune.front import TIE_TOLERANCE, baseline, pareto_front
 from autotune.tune.recommendation import Recommendation, decide, resolution_of
 from autotune.tune.study import TrialRecord
 
@@ -68,6 +68,39 @@ class Outcome:
     def simulated(self) -> bool:
         """Whether these results come from the simulated engine."""
         return is_simulated(self.context)
+
+    def highest(self) -> TrialRecord | None:
+        """The best primary value measured (feasible, duplicates left out): the progress line's best."""
+        pool = [r for r in self.feasible() if r.values]
+        sign = 1.0 if self.maximize[0] else -1.0
+        return max(pool, key=lambda r: sign * (r.values or [0.0])[0], default=None)
+
+    def progress_note(self) -> str:
+        """One line when the verdict does not name the progress line's best as it showed it: a tie rule
+        gave another trial, or re-measurements changed its gain ("" when they agree)."""
+        top, candidate, gain = self.highest(), self.decision.candidate, self.decision.gain
+        if top is None or candidate is None:
+            return ""
+        shown = f"trial #{top.number} ({fmt_number((top.values or [0.0])[0])} {self.objective_names[0]}"
+        first = self.gain(top)
+        shown += f", {first * 100:+.1f}% vs the defaults)" if first is not None else ")"
+        if top.number != candidate.number:
+            n, bracket = candidate.number, resolution_of(candidate)
+            value, best = (candidate.values or [0.0])[0], (top.values or [0.0])[0]
+            if bracket and abs(value) * bracket >= abs(best - value):
+                why = f"#{n}'s capacity bracket, {bracket:.1%}, reaches it"
+            else:
+                why = f"they are within {TIE_TOLERANCE:.0%}"
+            return (
+                f"The progress line's best, {shown}, ties with trial #{n}: {why}, and a tie goes to the "
+                f"lowest latencies, #{n}'s."
+            )
+        if gain is not None and gain.how.endswith("paired runs") and first is not None:
+            return (
+                f"The progress line's best, {shown}, was its first measurement; with the re-measurements "
+                f"({gain.how}) its gain is {gain.percent()}."
+            )
+        return ""
 
     def feasible(self) -> list[TrialRecord]:
         """Feasible trials (duplicates left out)."""

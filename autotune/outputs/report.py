@@ -66,6 +66,8 @@ def front_table(out: Outcome, limit: int = 15) -> str:
 def summary_text(out: Outcome) -> str:
     """What `autotune run` prints at the end: the front, the verdict and the recommended flags."""
     parts = [front_table(out), "", out.verdict()]
+    if out.progress_note():
+        parts.append(f"  {out.progress_note()}")
     gain = out.decision.gain
     if gain is not None and gain.percent() not in out.verdict():
         parts.append(f"  gain: {out.gain_text()}")
@@ -156,6 +158,8 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
     )
     gain = out.decision.gain
     data["keeps_defaults"] = out.decision.keeps_defaults
+    if out.progress_note():
+        data["progress_note"] = out.progress_note()
     if out.decision.candidate is not None:
         data["best_found"] = out.decision.candidate.number
     if gain is not None:

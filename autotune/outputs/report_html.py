@@ -74,6 +74,8 @@ def _header(name: str, out: Outcome) -> str:
 
 def _recommendation(out: Outcome) -> str:
     parts = ["<h2>Recommendation</h2><div class='box'>", f"<p><b>{_e(out.verdict())}</b></p>"]
+    if out.progress_note():
+        parts.append(f"<p>{_e(out.progress_note())}</p>")
     gain = out.decision.gain
     if gain is not None and gain.percent() not in out.verdict():
         parts.append(f"<p>Gain: {_e(out.gain_text())}</p>")
