@@ -29,6 +29,7 @@ DEFAULT_TRIALS = 50
 LOADS = ("workload", "fixed", "capacity")
 MAX_PARALLEL = 256  # CPU slots for simulated trials: more than any host has cores
 DEFAULT_REPEATS = 2  # seeds beyond the first: 3 paired measurements give a gain an interval
+PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size")  # what sets a replica's GPU count
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -285,6 +286,9 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
         )
         progress = None if args.quiet else Progress()
         _announce(args, s, executor.describe(), study)
+        per_replica = _per_replica_note(s)
+        if per_replica:
+            print(f"autotune: {per_replica}", file=sys.stderr)
         if args.backend != "sim":
             _print_estimate(args, s, baseline, executor.capacity)
         screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu)
@@ -339,6 +343,20 @@ def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> No
         f"autotune: study {s.study_name} ({args.backend}: {s.space.model} on {s.space.gpu}, workload "
         f"{s.workload.name} at {_load_text(s)}, SLO {slos}; {where}; {args.n_trials} trials{resumed})",
         file=sys.stderr,
+    )
+
+
+def _per_replica_note(s: _Setup) -> str | None:
+    """When the space varies the GPUs a replica takes and the objective is a throughput per replica:
+    a config wins by taking more GPUs, which a deployer pays for; say so before the run."""
+    varied = next((p for p in s.space.params if p.name in PARALLEL_SIZES), None)
+    first = s.objectives.objectives[0]
+    if varied is None or not first.maximize or first.metric.endswith("_per_gpu"):
+        return None
+    values = ", ".join(str(v) for v in varied.grid_values())
+    return (
+        f"{varied.name} varies ({values}) and {first.metric} is per replica: a config wins by taking more "
+        "GPUs; to compare per GPU, pass --objectives per_gpu (output_throughput_per_gpu)"
     )
 
 

@@ -9,7 +9,8 @@ from typing import Any
 from autotune.measure.capacity_report import KEEPING_UP
 from autotune.measure.evidence import UNSURE
 from autotune.outputs.cost import CostView, Sizing, cost_view, sizing
-from autotune.tune.front import TIE_TOLERANCE, baseline, pareto_front
+from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, gpus_per_replica, pareto_front
+from autotune.tune.objectives import PER_GPU
 from autotune.tune.recommendation import Recommendation, decide, resolution_of
 from autotune.tune.study import TrialRecord
 
@@ -62,7 +63,38 @@ class Outcome:
             f"{name} {_change(new, old)}"
             for name, new, old in zip(self.objective_names, best.values or [], base.values, strict=False)
         )
-        return f"{text} Trial #{best.number} vs the defaults: {changes}."
+        return f"{text} Trial #{best.number} vs the defaults: {changes}.{self._per_gpu(best, base)}"
+
+    def _per_gpu(self, best: TrialRecord, base: TrialRecord) -> str:
+        """The verdict's per-GPU sentence when the two take different GPU counts and the objective is
+        per replica: a TP=4 replica doing 2.5x a TP=2 one's work is a 25 % gain per GPU, not 150 %."""
+        gain = self.gain_per_gpu(best)
+        mine, theirs = gpus_per_replica(best.config), gpus_per_replica(base.config)
+        if gain is None or mine == theirs:
+            return ""
+        new, old = (best.values or [0.0])[0] / mine, (base.values or [0.0])[0] / theirs
+        return (
+            f" Per GPU ({mine} GPUs per replica vs {theirs}): {self.objective_names[0]} "
+            f"{_change(new, old)} ({fmt_number(new)} vs {fmt_number(old)})."
+        )
+
+    def per_replica(self) -> bool:
+        """Whether the primary objective is a throughput per replica (not per GPU)."""
+        name = self.objective_names[0]
+        return self.maximize[0] and not name.endswith(PER_GPU) and not name.endswith("_ms")
+
+    def gain_per_gpu(self, record: TrialRecord) -> float | None:
+        """`gain` per GPU of each replica (None: the objective is not a throughput per replica)."""
+        base = self.baseline
+        if not self.per_replica() or base is None or not base.values or not record.values:
+            return None
+        theirs = base.values[0] / gpus_per_replica(base.config)
+        return record.values[0] / gpus_per_replica(record.config) / theirs - 1 if theirs else None
+
+    def multi_gpu(self) -> bool:
+        """Whether a config of the study takes more than one GPU per replica (a comparison of them must
+        say how many)."""
+        return any(gpus_per_replica(r.config) > 1 for r in self.records if r.config)
 
     @property
     def simulated(self) -> bool:
@@ -116,9 +148,16 @@ class Outcome:
         out = [SIMULATED_NOTE] if self.simulated else []
         if self.best is None:
             out.append("no config met the SLOs: relax them or widen the search space")
+        label = defaults_label(self.baseline)
+        if self.baseline is not None and label != "vLLM's defaults":
+            out.append(
+                f"the baseline is {label}: vLLM's own default, TP=1, is outside this space (the nearest "
+                "value it allows stands in)"
+            )
         if self.baseline is not None and not self.baseline.feasible:
             why = self.baseline.failure or "violates the SLOs"
-            out.append(f"vLLM's default config is infeasible here ({why})")
+            what = "vLLM's default config is" if label == "vLLM's defaults" else f"{label} are"
+            out.append(f"{what} infeasible here ({why})")
         gain = self.decision.gain
         if gain is not None and not gain.significant:
             found = self.decision.candidate.number if self.decision.candidate else "?"

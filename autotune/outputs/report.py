@@ -19,6 +19,7 @@ from autotune.outputs.export import render, serve_flags
 from autotune.outputs.outcome import SIMULATED_NOTE, Outcome, capacity_text, fmt_number, limited_by
 from autotune.outputs.plots import plot_pairs, plot_probes
 from autotune.outputs.report_html import write_html
+from autotune.tune.front import defaults_label, gpus_per_replica
 from autotune.tune.progress import short_params
 from autotune.tune.study import TrialRecord
 
@@ -26,32 +27,26 @@ SUMMARY_METRICS = ("request_throughput", "p99_tpot_ms", "p99_e2el_ms", "num_pree
 
 
 def front_table(out: Outcome, limit: int = 15) -> str:
-    """The feasible Pareto front as a text table, the recommendation marked with *."""
+    """The feasible Pareto front as a text table, the recommendation marked with *; GPUs per replica
+    when a config takes more than one, what limits capacity when trials searched it."""
     if not out.front:
         return "Pareto front: empty (no feasible trial)."
-    capacity = any(r.capacity is not None for r in out.front)
-    limit_head = ["limited by"] if capacity else []
-    headers = ["", "trial", *out.objective_names, "vs baseline", *limit_head, "config"]
+    extra = _extra_columns(out)
+    headers = ["", "trial", *out.objective_names, "vs baseline", *extra, "config"]
     rows = []
     for r in out.front[:limit]:
         mark = "*" if out.best and r.number == out.best.number else ""
         values = [_fmt(v) for v in r.values or []]
         gain = out.gain(r)
-        limit_cell = [limited_by(r) or "-"] if capacity else []
         gain_cell = _gain_text(gain) if gain is not None else "-"
-        rows.append([mark, f"#{r.number}", *values, gain_cell, *limit_cell, _params_text(r)])
-    if (
-        out.baseline
-        and out.baseline.values
-        and all(r.number != out.baseline.number for r in out.front[:limit])
-    ):
-        status = "feasible" if out.baseline.feasible else out.baseline.failure or "violates SLO"
-        values = [_fmt(v) for v in out.baseline.values]
-        limit_cell = [limited_by(out.baseline) or "-"] if capacity else []
-        rows.append(
-            ["", f"#{out.baseline.number}", *values, f"baseline ({status})", *limit_cell]
-            + [_params_text(out.baseline)]
-        )
+        cells = [f(r) for f in extra.values()]
+        rows.append([mark, f"#{r.number}", *values, gain_cell, *cells, _params_text(r)])
+    base = out.baseline
+    if base and base.values and all(r.number != base.number for r in out.front[:limit]):
+        status = "feasible" if base.feasible else base.failure or "violates SLO"
+        values = [_fmt(v) for v in base.values]
+        cells = [f(base) for f in extra.values()]
+        rows.append(["", f"#{base.number}", *values, f"baseline ({status})", *cells, _params_text(base)])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
     lines = [
         "  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
@@ -125,6 +120,7 @@ def _row(r: TrialRecord, out: Outcome) -> dict[str, Any]:
         value = r.metrics[key] if key in r.metrics else fallback.get(key)
         if value is not None:
             row[key] = value
+    row["gpus_per_replica"] = gpus_per_replica(r.config) if r.config else None
     row["gpu_seconds"] = r.gpu_seconds
     row["gpu_seconds_saved"] = r.gpu_seconds_saved
     # where it ran (Ray's placement): the node and the devices it was pinned to, as CUDA_VISIBLE_DEVICES
@@ -134,6 +130,19 @@ def _row(r: TrialRecord, out: Outcome) -> dict[str, Any]:
     gpu_ids = where.gpu_ids if where is not None else None
     row["gpu_ids"] = ",".join(map(str, gpu_ids)) if gpu_ids else None
     return row
+
+
+def _extra_columns(out: Outcome) -> dict[str, Any]:
+    """The front table's optional columns, by header: GPUs per replica (when a config takes more than
+    one), what limits capacity (when trials searched it)."""
+    columns: dict[str, Any] = {}
+    if out.multi_gpu():
+        columns["GPUs"] = lambda r: str(gpus_per_replica(r.config))
+        if out.per_replica():
+            columns["per GPU vs baseline"] = lambda r: _gain_text(out.gain_per_gpu(r))
+    if any(r.capacity is not None for r in out.front):
+        columns["limited by"] = lambda r: limited_by(r) or "-"
+    return columns
 
 
 def _summary_fallbacks(r: TrialRecord) -> dict[str, Any]:
@@ -179,6 +188,7 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
             "flags": serve_flags(config),
             "command": render(config, "cmd").strip(),
             "values": dict(zip(out.objective_names, out.best.values or [], strict=False)),
+            "gpus_per_replica": gpus_per_replica(out.best.config),
             "gain_vs_baseline": out.gain(out.best),
             "flags_to_know": out.flags(),
             "metrics": out.best.metrics,
@@ -200,6 +210,8 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
             "failure": out.baseline.failure,
             "config": out.baseline.config,
             "values": dict(zip(out.objective_names, out.baseline.values or [], strict=False)),
+            "gpus_per_replica": gpus_per_replica(out.baseline.config),
+            "label": defaults_label(out.baseline),
         }
     if out.sizing is not None:
         data["sizing"] = dataclasses.asdict(out.sizing)

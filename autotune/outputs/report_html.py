@@ -17,6 +17,7 @@ from typing import Any
 from autotune.core.atomic import atomic_write_text
 from autotune.outputs.export import render
 from autotune.outputs.outcome import Outcome, capacity_text, fmt_number, limited_by
+from autotune.tune.front import defaults_label, gpus_per_replica
 from autotune.tune.objectives import metric_label
 from autotune.tune.progress import short_params
 from autotune.tune.study import TrialRecord
@@ -128,13 +129,15 @@ def _front(out: Outcome) -> str:
         return "<h2>Feasible Pareto front</h2><p>Empty: no trial met the SLOs.</p>"
     sign = -1.0 if out.maximize[0] else 1.0
     rows = sorted(out.front, key=lambda r: sign * (r.values or [0.0])[0])
-    head = ["", "trial", *(metric_label(n) for n in out.objective_names), "vs baseline", "capacity (req/s)"]
-    head += ["limited by", "config"]
+    head = ["", "trial", "GPUs", *(metric_label(n) for n in out.objective_names), "vs baseline"]
+    head += ["per GPU vs baseline"] if _per_gpu_column(out) else []
+    head += ["capacity (req/s)", "limited by", "config"]
     body = [_front_row(out, r) for r in rows]
     order = "highest" if out.maximize[0] else "lowest"
     title = (
         f"<h2>Feasible Pareto front</h2><p class='sub'>{len(rows)} configs, {order} "
-        f"{_e(out.objective_names[0])} first; the recommended one is marked ★.</p>"
+        f"{_e(out.objective_names[0])} first; the recommended one is marked ★. GPUs: per replica "
+        f"(tensor x pipeline parallel size).</p>"
     )
     return title + _table(head, body, left={len(head) - 1})
 
@@ -145,14 +148,25 @@ def _front_row(out: Outcome, r: TrialRecord) -> tuple[str, list[str]]:
     capacity = r.capacity.rate if r.capacity is not None else None
     cells = [
         "★" if recommended else "",
-        f"#{r.number}" + (" (baseline)" if r.baseline else ""),
+        f"#{r.number}" + (f" ({defaults_label(r)})" if r.baseline else ""),
+        str(gpus_per_replica(r.config)),
         *(fmt_number(v) for v in r.values or []),
-        f"{gain * 100:+.1f}%" if gain is not None else "",
+        _pct(gain),
+        *([_pct(out.gain_per_gpu(r))] if _per_gpu_column(out) else []),
         fmt_number(capacity),
         limited_by(r),
         short_params(r.params),
     ]
     return ("rec" if recommended else "", cells)
+
+
+def _per_gpu_column(out: Outcome) -> bool:
+    """Per-GPU gains are shown beside per-replica ones when configs take more than one GPU."""
+    return out.multi_gpu() and out.per_replica()
+
+
+def _pct(change: float | None) -> str:
+    return f"{change * 100:+.1f}%" if change is not None else ""
 
 
 def _table(head: list[str], rows: list[tuple[str, list[str]]], left: set[int] | None = None) -> str:
