@@ -141,9 +141,11 @@ def note_markdown(name: str, out: Any) -> str:
     if out.decision.gain is not None and out.decision.gain.percent() not in out.verdict():
         lines.append(f"Gain: {out.gain_text()}")
     if out.best is not None:
-        from autotune.outputs.export import render
+        from autotune.outputs.export import command_lines
 
-        lines += ["", "```", render(out.best.engine_config(), "cmd").strip(), "```"]
+        # one flag a line: a code block does not wrap, and a one-line command widened the whole note
+        # past the window (its text cut off at 1,400 px)
+        lines += ["", "```", command_lines(out.best.engine_config()).strip(), "```"]
     if failed:
         lines += ["", "### Failures by class", "| class | trials | message |", "|---|---|---|"]
         for kind, count in failed.most_common():
