@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli import autotune
 from test_study import OBJECTIVES, build_run, ok
 
 from autotune.outputs import report
@@ -41,9 +41,9 @@ output_len: {dist: fixed, mean: 16}
 
 def run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`autotune run` on the TP space as a process in `folder` (relative paths)."""
-    command = [sys.executable, "-m", "autotune.cli", "run", "--space", "tp2.yaml", "--workload", "tiny.yaml"]
-    command += ["--sampler", "grid", "--quiet", *args]
-    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300, check=True)
+    return autotune(
+        folder, "run", "--space", "tp2.yaml", "--workload", "tiny.yaml", "--sampler", "grid", "--quiet", *args
+    )
 
 
 @pytest.fixture

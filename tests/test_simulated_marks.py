@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
+from cli import autotune
 
 from autotune.outputs.export import FORMATS
 
@@ -24,12 +24,6 @@ request_rate: 10
 prompt_len: {dist: fixed, mean: 64}
 output_len: {dist: fixed, mean: 16}
 """
-
-
-def autotune(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`autotune ARGS` as a process in `folder`."""
-    command = [sys.executable, "-m", "autotune.cli", *args]
-    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300, check=True)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from autotune.commands.options import (
     add_server_options,
     add_slo_option,
 )
+from autotune.commands.run_estimate import print_estimate
 from autotune.core.inputs import positive_seconds
 from autotune.sim.noise import noise_model
 
@@ -282,7 +283,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
     try:
         RunInfo(study=s.study_name, storage=for_run_file(s.storage, s.run_dir), directory=s.run_dir).save(
             {**settings.to_dict(), "space": s.space.source, "load": s.workload.load, **_image(args)}
-            | {"simulated": s.backend.simulated}
+            | {"simulated": s.backend.simulated, "gpus": len(s.gpu_ids)}
         )
         progress = None if args.quiet else Progress()
         _announce(args, s, executor.describe(), study)
@@ -290,13 +291,14 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
         if per_replica:
             print(f"autotune: {per_replica}", file=sys.stderr)
         if args.backend != "sim":
-            _print_estimate(args, s, baseline, executor.capacity)
+            print_estimate(args, s, executor.capacity)
         screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu)
         print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
         if s.untuned:
             print(f"autotune: {s.untuned}", file=sys.stderr)
         dashboard = _start_dashboard(s.storage) if args.dashboard else None
         context = {**settings.to_dict(), "load": s.workload.load, "simulated": s.backend.simulated}
+        context["gpus"] = len(s.gpu_ids)
         note = StudyNote(study, context)
         tuner = Tuner(
             study,
@@ -373,29 +375,6 @@ def _load_text(s: _Setup) -> str:
             "latency unbounded)"
         )
     return f"{s.workload.load} load"
-
-
-def _print_estimate(args: argparse.Namespace, s: _Setup, baseline: dict[str, Any], gpus: int) -> None:
-    """Before a real-GPU run: time and GPU-hours, from the baseline trial replayed on the simulator."""
-    from autotune.backends.sim import SimBackend
-    from autotune.dispatch.executor import evaluate_trial
-    from autotune.outputs.cost import estimate_run
-
-    config = s.space.config(baseline)
-    tp = max(1, config.tensor_parallel_size)
-    try:
-        result = evaluate_trial(SimBackend(s.space.gpu), config, s.workload, s.slos, args.seed, (), None)
-    except Exception:  # noqa: BLE001  (an estimate must never stop the run)
-        result = None
-    source = "the baseline config replayed on the simulated engine"
-    estimate = estimate_run(result, args.n_trials, tp, gpus // tp, source) if result else None
-    if estimate is None:
-        print(
-            "autotune: no time estimate (the model or GPU is not in the simulator's catalogs)",
-            file=sys.stderr,
-        )
-    else:
-        print(f"autotune: {estimate.text()}", file=sys.stderr)
 
 
 def _start_dashboard(storage: str) -> Any:

@@ -91,13 +91,19 @@ class StudyNote:
         from optuna_dashboard._custom_plot_data import SYSTEM_ATTR_PLOT_DATA, save_graph_object_json
 
         from autotune.outputs.outcome import outcome
-        from autotune.tune.remeasure import stored_repeats
+        from autotune.tune.remeasure import repeats_gpu_seconds, stored_repeats
         from autotune.tune.study import records
 
         slos = self.context.get("slos", [])
         remeasured = stored_repeats(self.study)
         out = outcome(
-            records(self.study), self.names, self.maximize, slos, self.context, remeasured=remeasured
+            records(self.study),
+            self.names,
+            self.maximize,
+            slos,
+            self.context,
+            remeasured=remeasured,
+            repeats_gpu_s=repeats_gpu_seconds(self.study),
         )
         save_note(self.study, note_markdown(self.study.study_name, out))
         figure = json.dumps(pareto_figure(out))

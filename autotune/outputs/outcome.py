@@ -183,6 +183,7 @@ def outcome(
     target_rate: float | None = None,
     gpu_price: float | None = None,
     remeasured: dict[str, list[float]] | None = None,
+    repeats_gpu_s: float = 0.0,
 ) -> Outcome:
     """Front, recommendation (with its gain), baseline and costs of a study's records."""
     decision = decide(records, maximize, objective_names, remeasured)
@@ -199,7 +200,9 @@ def outcome(
         slos=slos,
         decision=decision,
         context=ctx,
-        cost=cost_view(records, simulated),
+        cost=cost_view(
+            records, simulated, int(ctx.get("gpus") or 0), str(ctx.get("gpu") or ""), repeats_gpu_s
+        ),
         sizing=sizing(best, target_rate, gpu_price, simulated) if best is not None and target_rate else None,
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -103,29 +104,9 @@ def meets(result: TrialResult, slos: Sequence[Slo]) -> bool:
     return all(slo.margin(result.benchmark) <= 0 for slo in slos)  # type: ignore[arg-type]
 
 
-def probe_verdict(
-    runs: Sequence[TrialResult],
-    slos: Sequence[Slo],
-    z: float = Z,
-    min_served: float = MIN_SERVED,
-    rate: float | None = None,
-    saturation: float | None = None,
-    fail_z: float | None = None,
-    episodes: Mapping[str, float] | None = None,
-) -> str:
-    """PASS, FAIL or UNSURE for a probe's runs at one `rate`: in each the server must have kept up and
-    served `min_served` of the rate, and every SLO hold by `z` standard errors over their pooled
-    windows (a backend that gave no evidence is judged on the last run's point values); a miss needs
-    `fail_z` errors (default z), and a clustered SLO's windows are never surer than its `episodes`
-    (samples per tail event, see `judge_probes`) allow.
-
-    A rate at or below the `saturation` throughput is known to be sustainable: its windows fail only on
-    a gross shortfall (GROSS_SHORTFALL, counting what a filling server still adds as served). Above it
-    the window must show it kept up, and served `min_served` of the rate asked for, not of the arrivals
-    it happened to get (400 Poisson arrivals scatter by 5 %: a window 5 % over saturation that drew 5 %
-    fewer looked kept up), with no credit for filling (in an overload the lifetimes it is computed
-    from grow too)."""
-    return judged(runs, slos, z, min_served, rate, saturation, fail_z, episodes)[0]
+def probe_verdict(runs: Sequence[TrialResult], slos: Sequence[Slo], **options: Any) -> str:
+    """PASS, FAIL or UNSURE for a probe's runs at one rate: `judged`'s verdict (`options` are its)."""
+    return judged(runs, slos, **options)[0]
 
 
 def judged(
@@ -138,9 +119,21 @@ def judged(
     fail_z: float | None = None,
     episodes: Mapping[str, float] | None = None,
 ) -> tuple[str, tuple[str, ...]]:
-    """`probe_verdict`, and what the probe fell short of (empty when it passed): KEEPING_UP when the
-    server did not keep up with the rate, else the SLOs not met with confidence (str, e.g.
-    "ttft_p99=2s"), or the failure of a window that ended without metrics (e.g. "crashed")."""
+    """PASS, FAIL or UNSURE for a probe's runs at one `rate`, and what it fell short of: KEEPING_UP when
+    the server did not keep up, else the SLOs not met with confidence (str, e.g. "ttft_p99=2s"), or
+    the failure of a window that ended without metrics (e.g. "crashed"); nothing when it passed.
+
+    In each run the server must have kept up and served `min_served` of the rate, and every SLO hold by
+    `z` standard errors over their pooled windows (a backend that gave no evidence is judged on the last
+    run's point values); a miss needs `fail_z` errors (default z), and a clustered SLO's windows are
+    never surer than its `episodes` (samples per tail event, see `judge_probes`) allow.
+
+    A rate at or below the `saturation` throughput is known to be sustainable: its windows fail only on
+    a gross shortfall (GROSS_SHORTFALL, counting what a filling server still adds as served). Above it
+    the window must show it kept up, and served `min_served` of the rate asked for, not of the arrivals
+    it happened to get (400 Poisson arrivals scatter by 5 %: a window 5 % over saturation that drew 5 %
+    fewer looked kept up), with no credit for filling (in an overload the lifetimes it is computed
+    from grow too)."""
     for result in runs:
         missed = _load_miss(result, slos, min_served, rate, saturation)
         if missed:
