@@ -5,6 +5,7 @@ GPUs the user has."""
 
 from __future__ import annotations
 
+import csv
 import re
 import sys
 from pathlib import Path
@@ -84,3 +85,16 @@ def test_a_simulated_run_says_its_gpu_hours_as_time_on_the_users_gpus(tmp_path: 
     assert "(on real H100 GPUs: about 8h00m on 1 GPU; --gpus N: on N)" in alone
     real = outcome(recs, names, maximize, [], {"simulated": False, "gpus": 4}).cost.text()
     assert "on real" not in real  # a real run's hours were spent on its GPUs: nothing to translate
+
+
+def test_re_measurements_count_in_the_gpu_time_spent(folder: Path) -> None:
+    """On a noisy backend the top configs and the baseline are measured again: that is GPU time too."""
+    args = ["run", "--space", "space.yaml", "--workload", "tiny.yaml", "--n-trials", "2", "--quiet"]
+    done = autotune(folder, *args, "--noise", "--repeats", "1", "--study", "noisy")
+    spent = re.search(
+        r"GPU time spent ([\d.]+) GPU-h, ([\d.]+) of them re-measuring the top configs", done.stdout
+    )
+    assert spent, done.stdout
+    with open(folder / "runs/noisy/trials.csv") as f:
+        trials_h = sum(float(row["gpu_seconds"] or 0) for row in csv.DictReader(f)) / 3600
+    assert float(spent[2]) > 0 and float(spent[1]) == pytest.approx(trials_h + float(spent[2]), abs=0.011)
