@@ -106,10 +106,11 @@ def format_table(report: dict[str, Any], slos: Sequence[Slo] = ()) -> str:
             rows.append(
                 (f"{stat.capitalize()} {metric.upper()} (ms)", f"{report[f'{stat}_{metric}_ms']:.2f}")
             )
-    extras = [k for k in ("num_preemptions", "num_gpu_blocks", "peak_kv_cache_usage") if k in report]
+    engine = ("num_preemptions", "num_gpu_blocks", "peak_kv_cache_usage", "peak_num_requests_running")
+    extras = [k for k in engine if k in report]
     if extras:
         rows.append(("--- Engine ---", ""))
-        rows += [(k, report[k]) for k in extras]
+        rows += [(k, f"{report[k]:.4g}" if isinstance(report[k], float) else report[k]) for k in extras]
     verdicts = verdict_rows(report)
     if verdicts:
         rows.append(("--- Verdict ---", ""))
