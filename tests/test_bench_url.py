@@ -66,6 +66,7 @@ def test_bench_url_reports_the_servers_config_its_kv_usage_and_a_verdict_per_slo
     assert report["request_rate"] == 8 and report["duration"] >= 24 / 8
     # whether the server kept up with the rate is judged (on a starved 2-core machine it may not have)
     assert report["load_verdict"]["offered_rate"] > 0 and "kept_up" in report["load_verdict"]
+    assert "backlog_growth" in report["load_verdict"]
     verdicts = {v["slo"]: v["met"] for v in report["slo_verdicts"]}
     assert verdicts == {"ttft_p99=30s": True, "itl_p50=0.001ms": False}
     assert done.returncode == 1, done.stderr  # a verdict failed: the check fails
@@ -86,6 +87,7 @@ def test_bench_url_capacity_searches_the_running_server(tmp_path: Path) -> None:
     probes = capacity["probes"]
     assert 1 <= len(probes) <= 3 and capacity["saturation_throughput"] > 0
     assert capacity["rate"] in [p["rate"] for p in probes if p["verdict"] == "pass"]
+    assert capacity["limited_by"]  # what keeps it from being higher (keeping up, with a 1 s ITL limit)
     assert report["request_throughput"] == approx(capacity["rate"], rel=1e-4)  # the window at that rate
     assert report["slo_verdicts"][0]["met"] is True
     # progress: the saturation burst and each probe, as they ran

@@ -44,6 +44,8 @@ def print_report(
             "kept_up": steady.kept_up,
             "offered_rate": steady.offered_rate,
             "served_rate": steady.served_rate,
+            "backlog_growth": steady.backlog_growth,
+            "backlog_allowed": steady.backlog_allowed,
         }
     if slos:
         report["slo_verdicts"] = slo_verdicts(result, slos)
@@ -142,9 +144,12 @@ def verdict_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     rows = []
     load = report.get("load_verdict")
     if load is not None:
+        # the verdict is the backlog's: a short window's served rate lags its arrivals by the requests
+        # still in the server, which a server keeping up also has
         word = "yes" if load["kept_up"] else "NO"
-        served = f"served {load['served_rate']:.2f} of {load['offered_rate']:.2f} req/s"
-        rows.append(("Kept up with the load", f"{word} ({served})"))
+        growth = f"backlog {load['backlog_growth']:+.1%} of arrivals, {load['backlog_allowed']:.1%} allowed"
+        served = f"{load['served_rate']:.2f} of {load['offered_rate']:.2f} req/s served"
+        rows.append(("Kept up with the load", f"{word} ({growth}; {served})"))
     for v in report.get("slo_verdicts", []):
         word, sign = ("PASS", "<=") if v["met"] else ("FAIL", ">")
         value = f"{v['metric']} {v['value_ms']:.2f} {sign} {v['limit_ms']:g}"
@@ -164,6 +169,8 @@ def capacity_lines(capacity: dict[str, Any], slos: Sequence[Slo]) -> list[str]:
             top = "" if c.bound_measured else "; its top is the saturation estimate"
             bracket = f" (bracket {c.bracket[0]:.2f}-{c.bracket[1]:.2f} req/s, {c.resolution:.1%}{top})"
         lines = [f"Capacity: {c.rate:.2f} req/s{within}{bracket}"]
+    if c.limited_by:
+        lines.append(f"Limited by: {' and '.join(c.limited_by)}")
     if c.saturation_throughput:
         lines.append(f"Saturation throughput (every request at once): {c.saturation_throughput:.2f} req/s")
     if c.stopped_by:
