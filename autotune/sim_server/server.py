@@ -1,7 +1,7 @@
 """`autotune sim-server`: the simulated engine behind an OpenAI-compatible HTTP server, like `vllm serve`.
 
-Endpoints and formats follow vLLM's OpenAI server (vllm-facts.md section 4). The pieces, one concept
-per module:
+Endpoints and formats follow vLLM's OpenAI server (vllm/entrypoints/openai/api_server.py; docs/vllm.md,
+"Endpoints"). The pieces, one concept per module:
 
   autotune.sim_server.parsing      request validation, prompt lengths without a tokenizer, shared prefixes
   autotune.sim_server.service      the engine stepped in real time and the requests in flight
