@@ -259,7 +259,7 @@ class SimEngine:
                 continue
             r.blocks.extend(pool.allocate(1))
             if self._caching:
-                pool.register(r, len(r.blocks) - 1)
+                self._cache(r, len(r.blocks) - 1)
             self._schedule_block_event(r, step + self._bs)
         return preempted
 
@@ -271,7 +271,7 @@ class SimEngine:
         if need > 0:
             r.blocks.extend(self._pool.allocate(need))
         if self._caching:
-            self._pool.register(r, num_tokens // self._bs)
+            self._cache(r, num_tokens // self._bs)
         return True
 
     def _admit(self, budget: int, chunks: list[tuple[EngineRequest, int]]) -> int:
@@ -305,7 +305,7 @@ class SimEngine:
             r.cached_upto = len(hits)
             r.computed = cached
             if self._caching:
-                pool.register(r, (cached + chunk) // bs)
+                self._cache(r, (cached + chunk) // bs)
             self._admitted += 1
             r.seq = self._admitted
             running[r.rid] = r
@@ -342,9 +342,23 @@ class SimEngine:
         self._done[r.rid] = r
         return r.rid
 
+    def _cache(self, r: EngineRequest, upto: int) -> None:
+        """Register r's full blocks below `upto` in the prefix cache, as vLLM does once a block is full.
+
+        Only blocks someone can look up are registered: its shared-prefix blocks, and once it has been
+        preempted (it looks its own blocks up when re-admitted) all of them. Until then its own blocks'
+        keys are unique to it and it never looks them up, so registering them changes no run; at its
+        first preemption `_free` registers them all, as they would have been. That bookkeeping was
+        half of a saturation run's time (benchmarks/sim_speed.py, prefix caching on and off).
+        """
+        if not r.preempted:
+            upto = min(upto, r.prefix_blocks)
+        if upto > r.cached_upto:
+            self._pool.register(r, upto)
+
     def _free(self, r: EngineRequest, full_blocks: int) -> None:
         if self._caching:
-            self._pool.register(r, min(full_blocks, len(r.blocks)))
+            self._cache(r, min(full_blocks, len(r.blocks)))
         self._pool.release(r.blocks)
         r.blocks = []
         r.cached_upto = 0
@@ -381,6 +395,7 @@ class SimEngine:
         """Recompute preemption of the newest running request: to the front of the waiting queue."""
         rid = next(reversed(self._running))
         r = self._running.pop(rid)
+        r.preempted = True
         self._free(r, self._drop_running(r, step) // self._bs)
         r.computed = 0
         r.decode_start = -1
