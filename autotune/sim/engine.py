@@ -27,7 +27,7 @@ from autotune.core.config import EngineConfig
 from autotune.measure.metrics import RequestRecord
 from autotune.sim.costs import CostModel
 from autotune.sim.frontend import FrontendModel
-from autotune.sim.kv_pool import BlockPool
+from autotune.sim.kv_pool import ANONYMOUS, BlockPool
 from autotune.sim.memory import MemoryPlan, plan_memory
 from autotune.sim.noise import StepNoise
 from autotune.sim.state import EngineRequest, EngineStats, StepOutput, by_admission
@@ -244,8 +244,18 @@ class SimEngine:
             return False
         running = self._running
         live = [r for r, gen in events if r.gen == gen and r.rid in running]
-        live.sort(key=by_admission)
         pool = self._pool
+        if pool.num_free >= len(live) and not (self._caching and any(r.preempted for r in live)):
+            # Nothing to preempt and nothing to cache (only a preempted request's decode blocks are
+            # registered, see _cache): one allocation takes the blocks one by one would, in any order.
+            pool.allocate(len(live))
+            events_at, later = self._block_events, step + self._bs
+            for r in live:
+                r.blocks.append(ANONYMOUS)
+                if later <= r.finish_step:
+                    events_at.setdefault(later, []).append((r, r.gen))
+            return False
+        live.sort(key=by_admission)
         preempted = False
         for r in live:
             if r.rid not in running:
