@@ -238,14 +238,22 @@ def saturation_runs(
     size, and a second, larger one runs only when the batch it implies needs it.
     """
     seqs = config.max_num_seqs or DEFAULT_MAX_NUM_SEQS
-    full = min(MAX_SATURATION_REQUESTS, SATURATION_BATCHES * seqs)
-    first = session.measure(workload.burst(min(full, SIZING_REQUESTS)), (), seed)
-    if full <= SIZING_REQUESTS or not first.ok:
+    first = session.measure(workload.burst(saturation_burst(seqs)), (), seed)
+    if not first.ok:
         return [first]
-    needed = min(full, SATURATION_BATCHES * _batch_limit(first, seqs))
+    needed = saturation_burst(seqs, _batch_limit(first, seqs))
     if needed <= SIZING_REQUESTS:
         return [first]
     return [first, session.measure(workload.burst(needed), (), seed)]
+
+
+def saturation_burst(seqs: int, batch: int | None = None) -> int:
+    """The requests of a saturation burst: without `batch`, the first (sizing) one, at most
+    SIZING_REQUESTS; with it (the requests KV memory holds at once), the one that measures:
+    SATURATION_BATCHES batches, at most MAX_SATURATION_REQUESTS, or the sizing one when that is as many."""
+    full = min(MAX_SATURATION_REQUESTS, SATURATION_BATCHES * seqs)
+    needed = SIZING_REQUESTS if batch is None else min(full, SATURATION_BATCHES * batch)
+    return needed if needed > SIZING_REQUESTS else min(full, SIZING_REQUESTS)
 
 
 def _batch_limit(result: TrialResult, seqs: int) -> int:
@@ -262,8 +270,12 @@ def _batch_limit(result: TrialResult, seqs: int) -> int:
     bench = result.benchmark
     if not kv_tokens or bench is None or not bench.completed:
         return seqs
-    per_request = (bench.total_input_tokens + bench.total_output_tokens) / bench.completed
-    return max(1, min(seqs, math.ceil(kv_tokens / max(per_request, 1.0))))
+    return kv_batch(seqs, kv_tokens, (bench.total_input_tokens + bench.total_output_tokens) / bench.completed)
+
+
+def kv_batch(seqs: int, kv_tokens: int, tokens_per_request: float) -> int:
+    """The requests of `tokens_per_request` a KV cache of `kv_tokens` holds at once, at most `seqs`."""
+    return max(1, min(seqs, math.ceil(kv_tokens / max(tokens_per_request, 1.0))))
 
 
 def window_requests(
