@@ -121,6 +121,13 @@ class SimEngine:
         return self._pool.num_free
 
     @property
+    def min_free_blocks(self) -> int:
+        """The fewest free KV blocks there were at any point so far: a run never short of blocks (this
+        at least the blocks one request can ask for at once) would have run the same on any pool with
+        at least num_gpu_blocks - min_free_blocks blocks (autotune/tune/guide_estimate.py uses it)."""
+        return self._pool.low
+
+    @property
     def num_steps(self) -> int:
         """Steps run so far."""
         return len(self.step_times)

@@ -42,6 +42,7 @@ class BlockPool:
         # how many blocks without a hash were freed in a row there.
         self.free: OrderedDict[int, int] = OrderedDict()
         self.queued = 0  # blocks in `free`
+        self.low = num_blocks  # the fewest free blocks there ever were (the pool's high-water mark)
         self.ref: dict[int, int] = {}  # references to each cached block (blocks without an id hold one)
         self.hash: dict[int, object] = {}  # cached block id -> its key
         self.cache: dict[object, int] = {}
@@ -71,6 +72,7 @@ class BlockPool:
                 else:
                     rest -= 1
                     self._evict(label)
+        self.low = min(self.low, self.fresh + self.queued)
         return [ANONYMOUS] * n
 
     def _evict(self, bid: int) -> None:
@@ -87,6 +89,7 @@ class BlockPool:
                 del self.free[bid]
                 self.queued -= 1
             self.ref[bid] += 1
+        self.low = min(self.low, self.fresh + self.queued)
 
     def release(self, blocks: list[int]) -> None:
         """Drop a request's references; its tail blocks are freed first so they are evicted first."""
