@@ -48,6 +48,7 @@ from autotune.core.config import EngineConfig
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.evidence import UNSURE, Z, sequential_z
 from autotune.measure.load_report import Saturation
+from autotune.measure.metrics import BenchmarkResult
 from autotune.measure.result import TrialResult
 from autotune.measure.server_report import EngineFacts, ServerReport
 from autotune.measure.slo import Slo
@@ -209,14 +210,15 @@ def _next_rate(
 ) -> float | None:
     """The next rate to probe, or None once the bracket is as fine as it will get.
 
-    While nothing passed, the rate steps down from the lowest probe (see `_step_down`; by UNSURE_STEP
+    While nothing passed, the rate steps down from the lowest probe (see `step_down`; by UNSURE_STEP
     from one too close to call, which the threshold is near); then geometric
     bisection until the bracket is within `resolution`, or within twice that when the last probe was
     unsure (the threshold lies within the measurement's noise there: a rate between would be unsure too).
     """
     if low is None:
         lowest = min(probes, key=lambda p: p.rate)
-        step = UNSURE_STEP if lowest.verdict == UNSURE else _step_down(lowest.result, slos)
+        complete = lowest.result.benchmark if lowest.result.ok else None
+        step = UNSURE_STEP if lowest.verdict == UNSURE else step_down(complete, slos)
         rate = lowest.rate * step
         return rate if rate >= MIN_RATE else None
     if high / low.rate <= 1 + search.resolution:
@@ -296,15 +298,16 @@ def window_requests(
     return max([floor, *(math.ceil(tail_samples / q) for q in shares if q)])
 
 
-def _step_down(result: TrialResult, slos: Sequence[Slo]) -> float:
-    """How far to lower the rate after a failed probe while none has passed yet.
+def step_down(benchmark: BenchmarkResult | None, slos: Sequence[Slo]) -> float:
+    """How far to lower the rate after a failed probe (its complete `benchmark`, else None) while none
+    has passed yet.
 
     ITL and TPOT grow smoothly with the load (the batch grows with the rate), so missing one by a factor
     says roughly how far the rate must fall: 1 / (1 + margin), between MIN_STEP and STEP_DOWN. TTFT
     explodes only near capacity (its margin says nothing about the distance), so other misses step by
     STEP_DOWN.
     """
-    smooth = [s.margin(result.benchmark) for s in slos if s.metric in SMOOTH_METRICS] if result.ok else []
+    smooth = [s.margin(benchmark) for s in slos if s.metric in SMOOTH_METRICS] if benchmark else []
     miss = max(smooth, default=0.0)
     return min(STEP_DOWN, max(MIN_STEP, 1.0 / (1.0 + miss))) if miss > 0 else STEP_DOWN
 
