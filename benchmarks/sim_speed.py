@@ -6,8 +6,8 @@ saturation on Llama-3.1-8B / H100 with vLLM's defaults simulates in under 1 s on
 `--rate R` sends the requests as Poisson arrivals at R req/s instead (a capacity probe's load).
 `--before REV` compares with another revision side by side: each case's best process CPU time (not wall:
 the machine is shared) of --repeat runs, alternately in a child process on REV's code (a temporary git
-worktree) and on this tree's, with the ratio, and whether both simulated the same steps and
-preemptions (an engine speed-up must not change a run).
+worktree) and on this tree's, with the ratio, and whether both simulated the same run (steps,
+preemptions and every request's token times: an engine speed-up must not change a run).
 
     python benchmarks/sim_speed.py [--requests 1000] [--repeat 3] [--rate 13] [--before REV]
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import subprocess
@@ -91,7 +92,15 @@ def _time_case(case: tuple, requests: list, repeat: int, clock: Callable[[], flo
         start = clock()
         run = simulate(config, gpu, requests)
         best = min(best, clock() - start)
-    return {"best_s": best, "steps": run.num_steps, "preemptions": run.stats.num_preemptions}
+    records = hashlib.sha256(
+        repr([(r.start_time, r.ttft, list(r.itl), r.latency) for r in run.records]).encode()
+    )
+    return {
+        "best_s": best,
+        "steps": run.num_steps,
+        "preemptions": run.stats.num_preemptions,
+        "records": records.hexdigest(),
+    }
 
 
 def _compare(args: argparse.Namespace) -> None:
@@ -107,7 +116,7 @@ def _compare(args: argparse.Namespace) -> None:
                 out = subprocess.run(cmd, env=environment(tree), capture_output=True, text=True, check=True)
                 times[label] = json.loads(out.stdout.splitlines()[-1])
             b, a = times["before"], times["after"]
-            same = (b["steps"], b["preemptions"]) == (a["steps"], a["preemptions"])
+            same = all(b[k] == a[k] for k in ("steps", "preemptions", "records"))
             ratio = a["best_s"] / b["best_s"]
             print(f"{case[0]:34} {b['best_s']:8.3f} {a['best_s']:8.3f} {ratio:12.2f} {same!s:>8}")
 
