@@ -195,13 +195,13 @@ def test_local_executor_runs_a_trial_in_process() -> None:
 class SizedSleep(SleepBackend):
     """Sleeps max_num_seqs / 100 s (after meeting the others): a larger config finishes later."""
 
-    def evaluate(self, config: EngineConfig, *args: Any, **kwargs: Any) -> TrialResult:
+    def evaluate(self, config: EngineConfig, *args: Any, **kwargs: Any) -> SleptResult:
         sized = SleepBackend((config.max_num_seqs or 0) / 100, meet=self.meet, meet_count=self.meet_count)
         return sized.evaluate(config, *args, **kwargs)
 
 
 def test_worker_processes_run_trials_at_once_and_hand_them_back_in_submission_order(tmp_path: Path) -> None:
-    executor = ProcessExecutor(SizedSleep(meet=str(tmp_path)), FixedLoad(), [], in_flight=2, processes=2)
+    executor = ProcessExecutor(SizedSleep(meet=str(tmp_path)), FIXED_LOAD, [], in_flight=2, processes=2)
     try:
         executor.submit(5, EngineConfig(model="m", max_num_seqs=150), 0, None)  # finishes last
         executor.submit(6, EngineConfig(model="m", max_num_seqs=1), 0, None)
@@ -211,16 +211,17 @@ def test_worker_processes_run_trials_at_once_and_hand_them_back_in_submission_or
         while len(order) < 2 and time.monotonic() < deadline:
             order += executor.wait(0.2)
         assert [n for n, _ in order] == [5, 6]  # submission order, though #6 ended first
-        first, second = (result.info for _, result in order)
-        assert first["met"] and second["met"] and second["end"] < first["end"]
-        assert first["pid"] != second["pid"] and os.getpid() not in (first["pid"], second["pid"])
+        first, second = (result for _, result in order)
+        assert isinstance(first, SleptResult) and isinstance(second, SleptResult)
+        assert first.met and second.met and second.end < first.end
+        assert first.pid != second.pid and os.getpid() not in (first.pid, second.pid)
         assert executor.can_start()
     finally:
         executor.close()
 
 
 def test_cancelling_worker_processes_ends_a_running_trial_at_once(tmp_path: Path) -> None:
-    executor = ProcessExecutor(SizedSleep(), FixedLoad(), [], in_flight=2, processes=1)
+    executor = ProcessExecutor(SizedSleep(), FIXED_LOAD, [], in_flight=2, processes=1)
     executor.submit(1, EngineConfig(model="m", max_num_seqs=6000), 0, None)  # a minute of "simulation"
     assert executor.wait(1.0) == []
     start = time.monotonic()
