@@ -82,6 +82,7 @@ def test_predictions_rank_by_the_objective_and_agree_with_the_capacity_they_repo
     objectives = load_objectives("default").objectives
     ranked = table.ranking(objectives[0])  # output_throughput, maximised
     assert ranked and all(p.starts and p.capacity_rate > 0 for p in ranked)
+    assert table.ranking() == ranked  # the default: the table has no study's objectives
     values = [p.output_throughput for p in ranked]
     assert values == sorted(values, reverse=True)
     by_ttft = table.ranking(objectives[1])  # p99 TTFT, minimised
@@ -97,8 +98,10 @@ def test_a_second_call_reads_the_cache_and_other_slos_or_calibration_miss_it(
     first = predict_space(space, chat, SLOS, runs_dir=tmp_path, processes=1)
     assert not first.from_cache and first.cache_path is not None
     assert first.cache_path.parent == tmp_path / "guide"
-    again = predict_space(space, chat, SLOS, runs_dir=tmp_path, processes=1)
+    per_gpu = load_objectives("per_gpu")  # a study's objectives order the ranking, not the predictions
+    again = predict_space(space, chat, SLOS, objectives=per_gpu, runs_dir=tmp_path, processes=1)
     assert again.from_cache and again.cpu_s == 0 and again.predictions == first.predictions
+    assert again.objectives == per_gpu.objectives and again.ranking() == again.ranking(per_gpu.objectives[0])
     assert [p.key for p in again.predictions] == [p.key for p in first.predictions]
     tighter = predict_space(space, chat, parse_slos(["ttft_p99=1s"]), runs_dir=tmp_path, processes=1)
     assert not tighter.from_cache and tighter.cache_path != first.cache_path

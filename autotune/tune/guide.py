@@ -37,6 +37,7 @@ from autotune.tune.objectives import Objective, ObjectiveSet
 from autotune.tune.space import SearchSpace, violations
 from autotune.tune.study import config_key
 
+DEFAULT_OBJECTIVE = Objective("output_throughput", "maximize")
 GRID_STEPS = 5  # values of a stepped range (gpu_memory_utilization 0.80..0.96 by 0.01: 0.80, 0.84, ...)
 CACHE_DIR = "guide"
 # The source a prediction depends on (under autotune/): its hash is part of the cache key.
@@ -78,6 +79,7 @@ class GuideTable:
     cache_path: Path | None = None
     from_cache: bool = False
     cpu_s: float = 0.0  # CPU seconds the predictions took (all processes; 0 when read from the cache)
+    objectives: tuple[Objective, ...] = ()  # the study's: the first is `ranking`'s default
     _by_key: dict[str, Prediction] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -87,8 +89,10 @@ class GuideTable:
         """The prediction of a config (or its config_key); None when it is not a grid point."""
         return self._by_key.get(config if isinstance(config, str) else config_key(config))
 
-    def ranking(self, objective: Objective) -> list[Prediction]:
-        """Configs that meet the SLOs at some rate, best first by the objective's predicted value."""
+    def ranking(self, objective: Objective | None = None) -> list[Prediction]:
+        """Configs that meet the SLOs at some rate, best first by the objective's predicted value (by
+        default the first of `objectives`, else output throughput)."""
+        objective = objective or (self.objectives[0] if self.objectives else DEFAULT_OBJECTIVE)
         scored = [(p, p.value(objective, self.tensor_parallel_size)) for p in self.predictions]
         ranked = [(p, v) for p, v in scored if v is not None]
         ranked.sort(key=lambda pv: -pv[1] if objective.maximize else pv[1])
@@ -130,22 +134,23 @@ def predict_space(
     settings: GuideSettings = GuideSettings(),  # noqa: B008 (frozen)
 ) -> GuideTable:
     """The guide's table for every grid point of `space` on `gpu` (default the space's), read from
-    <runs_dir>/guide/ when it was made before with the same inputs. `objectives` are for the caller's
-    ranking (`GuideTable.ranking`): they change no prediction. `calibration` goes to the simulator."""
+    <runs_dir>/guide/ when it was made before with the same inputs. `objectives` order the table's
+    ranking (`GuideTable.ranking`) and change no prediction. `calibration` goes to the simulator."""
     space = space.with_overrides(gpu=gpu)
     grid = space.grid(GRID_STEPS)
     points = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
-    path = (
-        Path(runs_dir) / CACHE_DIR / f"{cache_key(space, grid, workload, slos, calibration, settings)}.json"
-    )
+    key = cache_key(space, grid, workload, slos, calibration, settings)
+    path = Path(runs_dir) / CACHE_DIR / f"{key}.json"
     if path.is_file():
-        return GuideTable.from_json(path.read_text(), path)
-    start = time.process_time()
-    table = _predict(space, points, workload, slos, calibration, settings, processes)
-    table.cpu_s += time.process_time() - start
-    table.cache_path = path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, table.to_json())
+        table = GuideTable.from_json(path.read_text(), path)
+    else:
+        start = time.process_time()
+        table = _predict(space, points, workload, slos, calibration, settings, processes)
+        table.cpu_s += time.process_time() - start
+        table.cache_path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, table.to_json())
+    table.objectives = tuple(objectives.objectives) if objectives is not None else ()
     return table
 
 
