@@ -354,8 +354,8 @@ def main() -> int:
 
 
 def _per_scenario(rows: list[dict]) -> None:
-    """Each scenario's capacities and GPU time per trial, over its configs and search seeds (the README's
-    cost table)."""
+    """Each scenario's capacities and GPU time per trial, over its configs and search seeds (docs/evidence.md,
+    "GPU time of a capacity trial")."""
     print("\nper scenario, over configs x search seeds: capacity (req/s), GPU-minutes per capacity search")
     for case in dict.fromkeys(r["case"] for r in rows if "error" not in r):
         searches = [s for r in rows if r["case"] == case and "error" not in r for s in r["searches"]]

@@ -6,12 +6,11 @@ little headroom: a model change must not make them worse.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from autotune.calibrate.points import evaluate, load_points, medians
 
-import fidelity  # noqa: E402
+POINTS = Path(__file__).resolve().parents[1] / "benchmarks" / "fidelity_points.yaml"
 
 # (split, metric class) -> median |error| bound. Measured at calibration on 56 validation metrics:
 # throughput 7.3% (12: GPUStack's Qwen3-14B runs on A100 within 10% except the intake-bound 128/4 burst,
@@ -25,14 +24,14 @@ BOUNDS = {
 
 
 def test_validation_medians_do_not_get_worse() -> None:
-    errors = fidelity.evaluate(p for p in fidelity.load_points() if p["split"] == "validation")
-    medians = fidelity.medians(errors)
+    errors = evaluate(p for p in load_points(POINTS) if p["split"] == "validation")
+    found = medians(errors)
     for key, bound in BOUNDS.items():
-        assert medians[key] <= bound, (key, medians[key])
+        assert found[key] <= bound, (key, found[key])
 
 
 def test_real_starts_are_simulated_starts() -> None:
     """A false "cannot start" is the worst error: every startup outcome in the data must match."""
-    memory = [p for p in fidelity.load_points() if p["kind"] == "memory"]
-    starts = [e for e in fidelity.evaluate(memory) if e.metric == "starts"]
+    memory = [p for p in load_points(POINTS) if p["kind"] == "memory"]
+    starts = [e for e in evaluate(memory) if e.metric == "starts"]
     assert starts and all(e.simulated == e.measured for e in starts)

@@ -13,10 +13,6 @@ from dataclasses import dataclass
 from autotune.core.errors import AutotuneError
 
 GIB = 1024**3
-# vLLM's bf16 prefill on Hopper reaches 0.6x the efficiency the cost model gets on A100 / B200 against
-# the datasheet peak: GPUStack's vLLM 0.11 runs of one workload set took 1.8x less time on an H100 SXM
-# than on an A100 (Qwen3-14B, prefill-bound), where the peaks differ 3.2x (docs/simulator.md).
-HOPPER_COMPUTE_SCALE = 0.6
 
 
 @dataclass(frozen=True)
@@ -30,9 +26,9 @@ class GpuSpec:
     interconnect_bytes_per_s: float  # per direction, for TP all-reduce
     interconnect_latency_s: float  # per all-reduce call (NVLink custom all-reduce vs NCCL over PCIe)
     cuda_context_gib: float = 0.61  # in use before vLLM allocates anything (seen on H100: 78.57/79.18 free)
-    # Achieved tensor throughput relative to the efficiencies fitted on A100 / B200 (costs.py): Hopper's
-    # datasheet peak is further from what vLLM's bf16 kernels reach (docs/simulator.md, "Fidelity").
-    compute_scale: float = 1.0
+    # The architecture: the simulator's calibration may scale its achieved tensor throughput
+    # (`compute_scale_<arch>` in autotune/sim/calibration.py; Hopper's is fitted, docs/simulator.md).
+    arch: str = ""
     aliases: tuple[str, ...] = ()
 
     @property
@@ -54,7 +50,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=3.35e12,
         interconnect_bytes_per_s=450e9,
         interconnect_latency_s=8e-6,
-        compute_scale=HOPPER_COMPUTE_SCALE,
+        arch="hopper",
         aliases=("H100", "h100-80gb", "h100-sxm", "h100-80gb-sxm", "h100-sxm5"),
     ),
     GpuSpec(
@@ -64,7 +60,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=4.8e12,
         interconnect_bytes_per_s=450e9,
         interconnect_latency_s=8e-6,
-        compute_scale=HOPPER_COMPUTE_SCALE,
+        arch="hopper",
         aliases=("H200", "h200-141gb", "h200-sxm"),
     ),
     GpuSpec(
@@ -74,6 +70,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=8.0e12,
         interconnect_bytes_per_s=900e9,
         interconnect_latency_s=8e-6,
+        arch="blackwell",
         aliases=("B200", "b200-180gb"),
     ),
     GpuSpec(
@@ -83,6 +80,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=2.039e12,
         interconnect_bytes_per_s=300e9,
         interconnect_latency_s=10e-6,
+        arch="ampere",
         aliases=("A100", "A100-80GB", "a100-80gb-sxm", "A100-SXM4-80GB", "a100-80g"),
     ),
     GpuSpec(
@@ -92,6 +90,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=1.555e12,
         interconnect_bytes_per_s=300e9,
         interconnect_latency_s=10e-6,
+        arch="ampere",
         aliases=("A100-40GB", "a100-40gb-sxm", "A100-SXM4-40GB", "a100-40g"),
     ),
     GpuSpec(
@@ -101,6 +100,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=864e9,
         interconnect_bytes_per_s=25e9,
         interconnect_latency_s=30e-6,
+        arch="ada",
         aliases=("L40S", "l40s-48gb"),
     ),
     GpuSpec(
@@ -110,6 +110,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=300e9,
         interconnect_bytes_per_s=25e9,
         interconnect_latency_s=30e-6,
+        arch="ada",
         aliases=("L4", "l4-24gb"),
     ),
     GpuSpec(
@@ -119,6 +120,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=600e9,
         interconnect_bytes_per_s=25e9,
         interconnect_latency_s=30e-6,
+        arch="ampere",
         aliases=("A10G", "a10g-24gb"),
     ),
     GpuSpec(
@@ -131,7 +133,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=3.9e12,
         interconnect_bytes_per_s=300e9,  # NVLink bridge between pairs (600 GB/s both directions)
         interconnect_latency_s=8e-6,
-        compute_scale=HOPPER_COMPUTE_SCALE,
+        arch="hopper",
         aliases=("H100-NVL", "h100-nvl-94gb"),
     ),
 )
@@ -152,6 +154,11 @@ def _index() -> dict[str, GpuSpec]:
 def known_gpus() -> list[str]:
     """The short names of the catalog's GPUs."""
     return [gpu.aliases[0] for gpu in _CATALOG]
+
+
+def known_gpus_text() -> str:
+    """The GPUs autotune knows, for --help."""
+    return f"known GPUs: {', '.join(known_gpus())}"
 
 
 def get_gpu(name: str | GpuSpec) -> GpuSpec:

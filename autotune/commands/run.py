@@ -16,7 +16,9 @@ from autotune.commands.options import (
     add_server_options,
     add_slo_option,
 )
-from autotune.core.inputs import positive_seconds
+from autotune.commands.run_estimate import print_estimate
+from autotune.core import values
+from autotune.core.inputs import arg, positive_seconds
 from autotune.sim.noise import noise_model
 
 if TYPE_CHECKING:  # the modules a run needs are imported when it starts (`--help` stays quick)
@@ -33,6 +35,7 @@ MAX_PARALLEL = 256  # CPU slots for simulated trials: more than any host has cor
 # the two apart (see the run's docs in docs/simulator.md, "Speed").
 DEFAULT_PARALLEL = 2
 DEFAULT_REPEATS = 2  # seeds beyond the first: 3 paired measurements give a gain an interval
+PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size")  # what sets a replica's GPU count
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,8 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slo_option(what, "e.g. ttft_p99=2s,itl_p99=50ms (repeatable)")
     what.add_argument("--objectives", default="default", help="objectives YAML (or a name in objectives/)")
     study = parser.add_argument_group("study")
-    study.add_argument("--study", help="study name (default: from model, GPU and workload)")
-    study.add_argument("--storage", help="Optuna storage URL (default: sqlite in runs/<study>/study.db)")
+    study.add_argument(
+        "--study", type=arg(values.file_name), help="study name (default: from model, GPU and workload)"
+    )
+    study.add_argument(
+        "--storage",
+        type=arg(values.text),
+        help="Optuna storage URL (default: sqlite in runs/<study>/study.db)",
+    )
     study.add_argument("--runs-dir", default="runs", help="where run folders go (default: runs)")
     study.add_argument("--resume", action="store_true", help="continue an existing study to --n-trials")
     study.add_argument(
@@ -75,8 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_backend_option(where)
     where.add_argument(
         "--gpus",
-        help="GPUs to use: a count (4) or device ids (0,1,2,3); virtual ones for the simulator "
-        "(--backend sim, or --serve-cmd 'autotune sim-server')",
+        help="GPUs to use: a count (4) or device ids (0,1,2,3; 0 alone is device 0); virtual ones for the "
+        "simulator (--backend sim, or --serve-cmd 'autotune sim-server')",
     )
     where.add_argument(
         "--parallel",
@@ -100,9 +109,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     cost = parser.add_argument_group("deployment cost (report)")
     cost.add_argument(
-        "--target-rate", type=float, help="req/s to serve: replicas and GPUs of the recommendation for it"
+        "--target-rate",
+        type=arg(values.positive_number),
+        help="req/s to serve: replicas and GPUs of the recommendation for it",
     )
-    cost.add_argument("--gpu-price", type=float, help="$ per GPU-hour: $/Mtok of the recommendation")
+    cost.add_argument(
+        "--gpu-price", type=arg(values.positive_number), help="$ per GPU-hour: $/Mtok of the recommendation"
+    )
     parser.add_argument("--dashboard", action="store_true", help="serve optuna-dashboard during the run")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
 
@@ -115,13 +128,8 @@ def run(args: argparse.Namespace) -> int:
         raise AutotuneError("--n-trials must be at least 1")
     if not 1 <= args.parallel <= MAX_PARALLEL:
         raise AutotuneError(f"--parallel must be between 1 and {MAX_PARALLEL}")
-    if args.seed < 0:
-        raise AutotuneError("--seed must be >= 0")
     if args.repeats < 0:
         raise AutotuneError("--repeats must be at least 0")
-    for name in ("target_rate", "gpu_price"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            raise AutotuneError(f"--{name.replace('_', '-')} must be positive")
     setup = _prepare(args)
     return _execute(args, setup)
 
@@ -140,6 +148,7 @@ class _Setup:
     run_dir: Path
     storage: str
     untuned: str | None  # which flag is not tuned on this workload, and why
+    calibration: Any  # the simulator's constants (sim trials, the screen, a real run's estimate)
 
 
 def _prepare(args: argparse.Namespace) -> _Setup:
@@ -147,19 +156,26 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.backends.factory import make_backend
     from autotune.catalog.gpus import get_gpu
     from autotune.catalog.models import known_max_model_len
-    from autotune.core.errors import AutotuneError
     from autotune.core.inputs import check_gpus_text, check_runs_dir, serve_command
     from autotune.dispatch.executor import parse_gpus
     from autotune.measure.slo import parse_slos
+    from autotune.sim.calibration import calibration_option
     from autotune.store.storage import check_sqlite_file, preflight_storage
     from autotune.store.urls import absolute
     from autotune.tune.objectives import load_objectives
+    from autotune.tune.screen import check_tensor_parallel
     from autotune.tune.space import load_space
-    from autotune.tune.study import check_not_driven, default_study_name, sqlite_url
+    from autotune.tune.study import sqlite_url
+    from autotune.tune.study_checks import (
+        check_not_driven,
+        check_results_kept,
+        default_study_name,
+    )
     from autotune.workloads.files import load_workload
     from autotune.workloads.spec import check_fits
 
     check_runs_dir(Path(args.runs_dir))
+    calibration = calibration_option(args.sim_calibration)
     space = load_space(args.space).with_overrides(model=args.model, gpu=args.gpu)
     objectives = load_objectives(args.objectives)
     slos = parse_slos(args.slo) if args.slo else list(objectives.slos)
@@ -172,7 +188,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     max_pos = known_max_model_len(space.model, None, args.backend)
     check_fits(workload, args.seed, space.largest("max_model_len") or max_pos)
     check_gpus_text(args.gpus)
-    _check_tp_fits(space)
+    check_tensor_parallel(space)
     gpu_ids = parse_gpus(args.gpus)
     backend = make_backend(
         args.backend,
@@ -181,12 +197,11 @@ def _prepare(args: argparse.Namespace) -> _Setup:
         image=args.image,
         startup_timeout_s=args.startup_timeout,
         noise=noise_model(args.noise),
+        calibration=calibration,
     )
     if hasattr(backend, "preflight"):
         backend.preflight()
-    name = args.study or default_study_name(space.model, space.gpu, workload.name)
-    if not all(c.isalnum() or c in "-_." for c in name) or name.strip(".") == "":
-        raise AutotuneError(f"bad --study {name!r}: use letters, digits, '-', '_' and '.'")
+    name = args.study or default_study_name(space.model, space.gpu, workload.name, [str(x) for x in slos])
     run_dir = Path(args.runs_dir) / name
     storage = absolute(args.storage) if args.storage else sqlite_url(run_dir)
     if args.storage:
@@ -194,8 +209,21 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     if args.resume:
         check_sqlite_file(storage, resume=True)
         check_not_driven(name, storage)
+    check_results_kept(name, storage, run_dir)
     return _Setup(
-        space, objectives, slos, workload, backend, gpu, max_pos, gpu_ids, name, run_dir, storage, untuned
+        space,
+        objectives,
+        slos,
+        workload,
+        backend,
+        gpu,
+        max_pos,
+        gpu_ids,
+        name,
+        run_dir,
+        storage,
+        untuned,
+        calibration,
     )
 
 
@@ -219,21 +247,6 @@ def _untuned_for(space: SearchSpace, workload: WorkloadSpec) -> tuple[SearchSpac
     return space.fix(name, default), note
 
 
-def _check_tp_fits(space: SearchSpace) -> None:
-    """A model whose weights do not fit the space's largest TP: one clear error, not N startup failures."""
-    from autotune.core.errors import AutotuneError
-    from autotune.tune.screen import required_tp
-
-    tp_param = next((p for p in space.params if p.name == "tensor_parallel_size"), None)
-    largest = max(tp_param.grid_values()) if tp_param else int(space.fixed.get("tensor_parallel_size", 1))
-    needed = required_tp(space.model, space.gpu, largest)
-    if needed is not None:
-        raise AutotuneError(
-            f"{space.model} does not fit on one {space.gpu} at tensor_parallel_size {largest}: use tensor "
-            f"parallelism (TP >= {needed}), e.g. --space tp"
-        )
-
-
 def _execute(args: argparse.Namespace, s: _Setup) -> int:
     from autotune.commands.run_executor import open_executor
     from autotune.core.errors import RunFailure
@@ -250,10 +263,11 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         gpu=s.space.gpu,
         workload=s.workload.name,
         backend=args.backend,
+        sim_calibration=s.calibration.to_dict(),
     )
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
 
-    executor, owns_ray = open_executor(args, s)  # Ray's start (if any) first: it has its SIGTERM handler
+    executor, session = open_executor(args, s)  # Ray's start (if any) first: it has its SIGTERM handler
     try:
         with sigterm_as_ctrl_c():
             try:
@@ -265,10 +279,8 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     finally:
         if hasattr(executor, "close"):  # worker processes of a simulated run
             executor.close()
-        if owns_ray:
-            import ray
-
-            ray.shutdown()
+        if session is not None:
+            session.close()
 
 
 def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, executor: Any) -> int:
@@ -277,7 +289,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
     from autotune.dispatch.ray_cluster import ClusterLost
     from autotune.outputs.dashboard import StudyNote
     from autotune.outputs.export import RunInfo
-    from autotune.store.lease import Lease
+    from autotune.store.lease import Lease, new_driver
     from autotune.store.urls import for_run_file
     from autotune.tune.progress import Progress
     from autotune.tune.screen import describe, make_screen
@@ -288,23 +300,31 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
     # half-made study that asks for --resume.
     s.run_dir.mkdir(parents=True, exist_ok=True)
     baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
-    study = start_study(s.study_name, s.storage, settings, sampler, args.resume, baseline, s.run_dir)
-    lease = Lease(study).start()
+    driver = new_driver()
+    study = start_study(s.study_name, s.storage, settings, sampler, args.resume, baseline, s.run_dir, driver)
+    lease = Lease(study, driver=driver).start()
     dashboard, note, context = None, None, {}
     try:
         RunInfo(study=s.study_name, storage=for_run_file(s.storage, s.run_dir), directory=s.run_dir).save(
             {**settings.to_dict(), "space": s.space.source, "load": s.workload.load, **_image(args)}
+            | {"simulated": s.backend.simulated, "gpus": len(s.gpu_ids)}
         )
         progress = None if args.quiet else Progress()
         _announce(args, s, executor.describe(), study)
+        per_replica = _per_replica_note(s)
+        if per_replica:
+            print(f"autotune: {per_replica}", file=sys.stderr)
         if args.backend != "sim":
-            _print_estimate(args, s, baseline, executor.capacity)
-        screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu)
+            print_estimate(args, s, executor.capacity)
+        screen = (
+            None if args.no_screen else make_screen(s.space.model, s.space.gpu, calibration=s.calibration)
+        )
         print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
         if s.untuned:
             print(f"autotune: {s.untuned}", file=sys.stderr)
         dashboard = _start_dashboard(s.storage) if args.dashboard else None
         context = {**settings.to_dict(), "load": s.workload.load, "simulated": s.backend.simulated}
+        context["gpus"] = len(s.gpu_ids)
         note = StudyNote(study, context)
         tuner = Tuner(
             study,
@@ -354,6 +374,20 @@ def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> No
     )
 
 
+def _per_replica_note(s: _Setup) -> str | None:
+    """When the space varies the GPUs a replica takes and the objective is a throughput per replica:
+    a config wins by taking more GPUs, which a deployer pays for; say so before the run."""
+    varied = next((p for p in s.space.params if p.name in PARALLEL_SIZES), None)
+    first = s.objectives.objectives[0]
+    if varied is None or not first.maximize or first.metric.endswith("_per_gpu"):
+        return None
+    values = ", ".join(str(v) for v in varied.grid_values())
+    return (
+        f"{varied.name} varies ({values}) and {first.metric} is per replica: a config wins by taking more "
+        "GPUs; to compare per GPU, pass --objectives per_gpu (output_throughput_per_gpu)"
+    )
+
+
 def _image(args: argparse.Namespace) -> dict[str, str]:
     """The image a docker run tuned with, for `autotune export` to deploy the same one."""
     return {"image": args.image} if args.backend == "docker" else {}
@@ -367,29 +401,6 @@ def _load_text(s: _Setup) -> str:
             "latency unbounded)"
         )
     return f"{s.workload.load} load"
-
-
-def _print_estimate(args: argparse.Namespace, s: _Setup, baseline: dict[str, Any], gpus: int) -> None:
-    """Before a real-GPU run: time and GPU-hours, from the baseline trial replayed on the simulator."""
-    from autotune.backends.sim import SimBackend
-    from autotune.dispatch.executor import evaluate_trial
-    from autotune.outputs.cost import estimate_run
-
-    config = s.space.config(baseline)
-    tp = max(1, config.tensor_parallel_size)
-    try:
-        result = evaluate_trial(SimBackend(s.space.gpu), config, s.workload, s.slos, args.seed, (), None)
-    except Exception:  # noqa: BLE001  (an estimate must never stop the run)
-        result = None
-    source = "the baseline config replayed on the simulated engine"
-    estimate = estimate_run(result, args.n_trials, tp, gpus // tp, source) if result else None
-    if estimate is None:
-        print(
-            "autotune: no time estimate (the model or GPU is not in the simulator's catalogs)",
-            file=sys.stderr,
-        )
-    else:
-        print(f"autotune: {estimate.text()}", file=sys.stderr)
 
 
 def _start_dashboard(storage: str) -> Any:

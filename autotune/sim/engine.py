@@ -1,6 +1,6 @@
 """A discrete-event model of vLLM V1's engine: scheduler, paged KV cache, prefix cache, virtual clock.
 
-Scheduling follows `vllm/v1/core/sched/scheduler.py` (vllm-facts.md section 3): RUNNING requests
+Scheduling follows `vllm/v1/core/sched/scheduler.py` (docs/vllm.md, "Scheduler"): RUNNING requests
 first (decodes take one token each; at most one request is mid-prefill and it is the newest), then
 WAITING requests FCFS when no preemption happened this step, while running < max_num_seqs and the
 token budget lasts. KV blocks are allocated per block; when they run out the newest running request
@@ -18,6 +18,7 @@ recovered at the end from the global step-time array and each request's [first, 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from autotune.catalog.gpus import GpuSpec, get_gpu
 from autotune.catalog.models import ModelSpec, get_model
 from autotune.core.config import EngineConfig
 from autotune.measure.metrics import RequestRecord
+from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.costs import CostModel
 from autotune.sim.frontend import FrontendModel
 from autotune.sim.kv_pool import ANONYMOUS, BlockPool
@@ -35,21 +37,35 @@ from autotune.workloads.spec import Request
 
 
 class SimEngine:
-    """The simulated vLLM V1 engine with a virtual clock. Raises EngineStartupError like vLLM."""
+    """The simulated vLLM V1 engine with a virtual clock. Raises EngineStartupError like vLLM.
 
-    def __init__(self, config: EngineConfig, gpu: str | GpuSpec, noise: StepNoise | None = None) -> None:
+    Every fitted constant of its cost, memory and API-server models comes from `calibration`.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        gpu: str | GpuSpec,
+        noise: StepNoise | None = None,
+        calibration: Calibration = DEFAULT_CALIBRATION,
+    ) -> None:
+        self.calibration = calibration
         self.gpu: GpuSpec = get_gpu(gpu)
         self.model: ModelSpec = get_model(config.model)
         self.config: EngineConfig = config.with_vllm_defaults(
             self.gpu.memory_gib, self.gpu.name, self.model.max_position_embeddings
         )
-        self.memory: MemoryPlan = plan_memory(self.config, self.model, self.gpu)
+        self.memory: MemoryPlan = plan_memory(self.config, self.model, self.gpu, calibration)
         self.costs = CostModel(
-            self.model, self.gpu, self.config.tensor_parallel_size, self.memory.kv_bytes_per_token
+            self.model,
+            self.gpu,
+            self.config.tensor_parallel_size,
+            self.memory.kv_bytes_per_token,
+            calibration,
         )
         self.noise = noise  # None: every step takes exactly its modelled time
         self.now = 0.0
-        self.frontend = FrontendModel()
+        self.frontend = FrontendModel.of(calibration)
         self.stats = EngineStats()
         self.step_times: list[float] = []  # end time of every step, indexed by step number
         self._bs = self.config.block_size
@@ -62,6 +78,7 @@ class SimEngine:
         self._caching = self.config.enable_prefix_caching
         self._pool = BlockPool(self.memory.num_gpu_blocks)
         self._waiting: deque[EngineRequest] = deque()
+        self._last_ready = 0.0  # when the last request added is schedulable (its further choices too)
         self._running: dict[int, EngineRequest] = {}  # admission order; the last one is the newest
         self._prefilling: EngineRequest | None = None  # the running request mid-prefill (always the newest)
         self._block_events: dict[int, list[tuple[EngineRequest, int]]] = {}
@@ -71,32 +88,43 @@ class SimEngine:
         self._admitted = 0
 
     # -- public API ------------------------------------------------------------------------------
-    def add_request(self, request: Request, chat: bool = False, send_time: float | None = None) -> None:
+    def add_request(
+        self, request: Request, chat: bool = False, send_time: float | None = None, choice: bool = False
+    ) -> None:
         """Queue a request sent at `send_time` (default: now) through the API server (`chat`: chat API).
 
-        It joins the first step that starts once the frontend has handed it over (frontend.py).
+        It joins the first step that starts once the frontend has handed it over (frontend.py). A
+        `choice` is a further choice (n > 1) of the request added just before: the API server parsed
+        and tokenized that request once, so it is ready with it, at no intake cost of its own.
         ValueError (vLLM's HTTP 400 text) if it is too long.
         """
-        self._enqueue(request, self.now if send_time is None else send_time, chat)
+        self._enqueue(request, self.now if send_time is None else send_time, chat, choice)
 
     def abort_request(self, request_id: int) -> bool:
-        """Drop an unfinished request, as vLLM does when its HTTP client disconnects.
+        """Drop an unfinished request, as vLLM does when its HTTP client disconnects (`abort_requests`).
+        Returns False (and does nothing) when the request is unknown or already finished."""
+        return self.abort_requests([request_id]) == 1
 
-        Its KV blocks are freed (full blocks stay in the prefix cache, as for a finished request) and
-        the gauges are updated at once: an idle engine runs no further step to refresh them.
-        Returns False (and does nothing) when the request is unknown or already finished.
+    def abort_requests(self, request_ids: Iterable[int]) -> int:
+        """Drop unfinished requests in one pass (a client that left a request with n = 16384 choices);
+        how many there were. Their KV blocks are freed (full blocks stay in the prefix cache, as for a
+        finished request) and the gauges updated at once: an idle engine runs no further step for them.
         """
-        r = self._running.pop(request_id, None)
-        if r is not None:
+        wanted = set(request_ids)
+        aborted = [self._running.pop(rid) for rid in wanted & self._running.keys()]
+        for r in aborted:
             self._free(r, self._drop_running(r, len(self.step_times)) // self._bs)
-        else:
-            r = self._remove_waiting(request_id)
-            if r is None:
-                return False
-        r.gen += 1  # its pending block and finish events go stale
-        self.stats.num_aborted += 1
-        self._update_gauges()
-        return True
+        if len(aborted) < len(wanted) and self._waiting:
+            kept: deque[EngineRequest] = deque()
+            for r in self._waiting:
+                (aborted if r.rid in wanted else kept).append(r)
+            self._waiting = kept
+        for r in aborted:
+            r.gen += 1  # its pending block and finish events go stale
+        self.stats.num_aborted += len(aborted)
+        if aborted:
+            self._update_gauges()
+        return len(aborted)
 
     def has_unfinished(self) -> bool:
         """True while any request is waiting or running."""
@@ -152,7 +180,7 @@ class SimEngine:
         )
 
     # -- internals -------------------------------------------------------------------------------
-    def _enqueue(self, request: Request, send_time: float, chat: bool = False) -> None:
+    def _enqueue(self, request: Request, send_time: float, chat: bool = False, choice: bool = False) -> None:
         total = request.prompt_len + request.output_len
         if total > self._max_len:
             raise ValueError(
@@ -161,7 +189,8 @@ class SimEngine:
                 "completion). Please reduce the length of the messages or completion."
             )
         r = EngineRequest(request, send_time, self._bs)
-        r.ready = self.frontend.ready_time(send_time, chat)
+        r.ready = self._last_ready if choice else self.frontend.ready_time(send_time, chat)
+        self._last_ready = r.ready
         self._waiting.append(r)
 
     def _step(self, emit: bool) -> StepOutput:
@@ -391,14 +420,6 @@ class SimEngine:
         first, _ = r.segments[-1]
         r.segments[-1] = (first, step - 1)
         return computed
-
-    def _remove_waiting(self, request_id: int) -> EngineRequest | None:
-        """Take a request out of the waiting queue (a linear scan: aborts are rare next to steps)."""
-        for i, r in enumerate(self._waiting):
-            if r.rid == request_id:
-                del self._waiting[i]
-                return r
-        return None
 
     def _update_gauges(self) -> None:
         pool, stats = self._pool, self.stats

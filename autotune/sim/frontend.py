@@ -14,42 +14,48 @@ streamed. Three effects matter for the numbers `vllm bench serve` reports:
   the engine (it hands a step's output over only once the server has taken the previous one).
 
 `FrontendModel.ready_time` turns a send time into the time the engine core can first schedule the
-request; `FrontendModel.stream` returns when a step's tokens have been streamed. The constants are
-fitted on the train split of benchmarks/fidelity_points.yaml (docs/simulator.md, "Request intake").
+request; `FrontendModel.stream` returns when a step's tokens have been streamed. The constants are the
+Calibration's (completions_fixed_s, chat_extra_s, intake_per_request_s, chat_intake_extra_s,
+output_per_token_s), fitted on the train split of benchmarks/fidelity_points.yaml (docs/simulator.md,
+"Request intake"): the chat API's extra latency from GPUStack's vLLM 0.11 Qwen3-8B chat run at
+concurrency 4 (a 64 ms mean TTFT for ~2 ms of prefill); the chat intake with the H100 compute scale
+on PR 18566's 1,000-request burst and GPUStack's Qwen3-14B bursts (the completions intake is an
+assumption: no completions burst in the data is bound by it); the per-token streaming cost bounded by
+PR 18566 (above ~50 us its ~1,000 streams would slow its decode steps past the measured ITL).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-COMPLETIONS_FIXED_S = 0.008  # send -> schedulable for a lone completions request (tenstorrent A100 TTFT)
-# The chat API's message parsing and template rendering, extra latency of a lone request: GPUStack's
-# vLLM 0.11 Qwen3-8B chat run at concurrency 4 has a 64 ms mean TTFT for ~2 ms of prefill.
-CHAT_EXTRA_S = 0.045
-# Serial work per request in the one API-server process (HTTP parsing, tokenization, the hand-off to
-# the engine core): 14 ms for a chat request, fitted with the H100 compute scale on the train split
-# (PR 18566's 1,000-request burst and GPUStack's Qwen3-14B bursts); the 5 ms assigned to completions
-# is an assumption: no completions burst in the data is bound by the intake.
-INTAKE_PER_REQUEST_S = 0.005
-CHAT_INTAKE_EXTRA_S = 0.009
-# Detokenize + one SSE chunk per streamed token, in the same process. Bounded by PR 18566 (above
-# ~50 us its ~1,000 streams would slow its decode steps past the measured ITL), not pinned.
-OUTPUT_PER_TOKEN_S = 30e-6
+from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 
 
 @dataclass
 class FrontendModel:
     """One API server: a fixed latency, and one serial queue for request intake and token streaming."""
 
-    fixed_s: float = COMPLETIONS_FIXED_S
-    chat_extra_s: float = CHAT_EXTRA_S
-    per_request_s: float = INTAKE_PER_REQUEST_S
-    chat_intake_extra_s: float = CHAT_INTAKE_EXTRA_S
-    per_token_s: float = OUTPUT_PER_TOKEN_S
+    fixed_s: float
+    chat_extra_s: float
+    per_request_s: float
+    chat_intake_extra_s: float
+    per_token_s: float
     _free_at: float = 0.0  # when the server is done with the work it has taken up
     _stream_at: float = 0.0  # when the last step's tokens were handed over (not yet taken up)
     _stream_work: float = 0.0  # seconds of streaming work they need
     _streamed: float = 0.0  # when the last step's tokens were streamed, once taken up
+
+    @classmethod
+    def of(cls, calibration: Calibration = DEFAULT_CALIBRATION) -> FrontendModel:
+        """The API server with `calibration`'s constants."""
+        cal = calibration
+        return cls(
+            fixed_s=cal.completions_fixed_s,
+            chat_extra_s=cal.chat_extra_s,
+            per_request_s=cal.intake_per_request_s,
+            chat_intake_extra_s=cal.chat_intake_extra_s,
+            per_token_s=cal.output_per_token_s,
+        )
 
     def ready_time(self, send_time: float, chat: bool = False) -> float:
         """When a request sent at `send_time` can join an engine step (call in send order).

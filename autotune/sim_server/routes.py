@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import Callable
 
+from autotune.core.config import VLLM_RELEASE
 from autotune.sim_server.exposition import METRICS_CONTENT_TYPE, render_metrics
 from autotune.sim_server.http_messages import HttpRequest
 from autotune.sim_server.httpd import HttpConnection
@@ -18,7 +19,7 @@ from autotune.sim_server.parsing import BadRequest, error_body
 from autotune.sim_server.service import SimService
 from autotune.sim_server.sse import ChunkWriter, NeverAnswered, PlainAnswer, SseStream
 
-VLLM_VERSION = "0.11.0+autotune.sim"  # the vLLM version whose behaviour the simulator follows
+VLLM_VERSION = f"{VLLM_RELEASE}+autotune.sim"  # the vLLM version whose behaviour the simulator follows
 SSE = "text/event-stream; charset=utf-8"
 Endpoint = Callable[[HttpConnection, HttpRequest], None]
 
@@ -79,7 +80,7 @@ class SimRoutes:
         except BadRequest as exc:
             conn.respond_json(exc.status, error_body(str(exc), exc.status, exc.kind))
             return
-        states = service.submit_choices(parsed, request.headers.get("x-request-id"))
+        states = service.submit_choices(parsed, request.headers.get("x-request-id"), request.read_at)
         first = states[0]
         writers = [ChunkWriter(service.model_name, chat, first)]
         for index, state in enumerate(states[1:], start=1):  # n > 1: choices share the id and time

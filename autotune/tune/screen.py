@@ -29,6 +29,7 @@ save only what a real GPU would have spent on a config that truly fails to start
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autotune.catalog.gpus import GIB, GpuSpec, get_gpu
@@ -36,7 +37,9 @@ from autotune.catalog.models import ModelSpec, get_model
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, EngineStartupError, FailureKind
 from autotune.measure.result import TrialResult
+from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.memory import MemoryPlan, plan_memory, validate_config
+from autotune.tune.space import SearchSpace
 
 PREFIX = "predicted by the memory model: "
 # A device large enough for any config: the memory plan on it gives a config's needs (weights,
@@ -74,12 +77,20 @@ class Screening:
 
 
 class MemoryScreen:
-    """Predicts startup-memory failures of configs of one model on one GPU type."""
+    """Predicts startup-memory failures of configs of one model on one GPU type (with the memory model's
+    constants of `calibration`)."""
 
-    def __init__(self, model: ModelSpec, gpu: GpuSpec, margins: Margins = DEFAULT_MARGINS) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        margins: Margins = DEFAULT_MARGINS,
+        calibration: Calibration = DEFAULT_CALIBRATION,
+    ) -> None:
         self.model = model
         self.gpu = gpu
         self.margins = margins
+        self.calibration = calibration
 
     def check(self, config: EngineConfig) -> Screening | None:
         """The predicted failure if `config` clearly fails to start on this GPU, else None (launch it)."""
@@ -91,7 +102,7 @@ class MemoryScreen:
         except EngineStartupError:
             return None  # an invalid flag, not memory: the validity rules or vLLM itself report it
         try:
-            plan_memory(resolved, self.model, self.gpu)
+            plan_memory(resolved, self.model, self.gpu, self.calibration)
         except EngineStartupError as exc:
             if self._clear_failure(resolved):
                 return Screening(kind=FailureKind(exc.kind), vllm_message=str(exc))
@@ -99,7 +110,10 @@ class MemoryScreen:
 
     def _clear_failure(self, resolved: EngineConfig) -> bool:
         """Whether the predicted failure stays a failure within the margins."""
-        needs = self._needs(resolved)
+        try:
+            needs = self._needs(resolved)
+        except EngineStartupError:
+            return True  # it does not start even on the roomy GPU: no margin saves it
         total = self.gpu.memory_bytes
         requested = int(total * resolved.gpu_memory_utilization)
         free = total - int(self.gpu.cuda_context_gib * GIB)
@@ -114,13 +128,19 @@ class MemoryScreen:
 
     def _needs(self, resolved: EngineConfig) -> MemoryPlan:
         roomy = dataclasses.replace(self.gpu, memory_gib=_ROOMY_GIB)
-        return plan_memory(resolved.replace(gpu_memory_utilization=_ROOMY_UTILIZATION), self.model, roomy)
+        roomy_config = resolved.replace(gpu_memory_utilization=_ROOMY_UTILIZATION)
+        return plan_memory(roomy_config, self.model, roomy, self.calibration)
 
 
-def make_screen(model: str, gpu: str, margins: Margins = DEFAULT_MARGINS) -> MemoryScreen | None:
+def make_screen(
+    model: str,
+    gpu: str,
+    margins: Margins = DEFAULT_MARGINS,
+    calibration: Calibration = DEFAULT_CALIBRATION,
+) -> MemoryScreen | None:
     """The screen for a model and GPU type, or None when either is outside the catalogs (no screening)."""
     try:
-        return MemoryScreen(get_model(model), get_gpu(gpu), margins)
+        return MemoryScreen(get_model(model), get_gpu(gpu), margins, calibration)
     except AutotuneError:
         return None
 
@@ -135,6 +155,39 @@ def describe(screen: MemoryScreen | None, enabled: bool = True) -> str:
     return (
         f"startup screening on: configs the memory model predicts to fail to start are not launched "
         f"(margins: KV {m.kv_fraction:.0%} of GPU memory, CUDA graphs {m.capture_factor:.0%})"
+    )
+
+
+def check_tensor_parallel(space: SearchSpace) -> None:
+    """Every TP of the space must divide the model's heads, and the model's weights must fit the largest
+    TP: one clear AutotuneError, not N startup failures."""
+    tp_param = next((p for p in space.params if p.name == "tensor_parallel_size"), None)
+    tps = tp_param.grid_values() if tp_param else [int(space.fixed.get("tensor_parallel_size", 1))]
+    problem = indivisible_tp(space.model, tps)
+    if problem is not None:
+        raise AutotuneError(f"{space.model}: {problem}")
+    largest = max(tps)
+    needed = required_tp(space.model, space.gpu, largest)
+    if needed is not None:
+        raise AutotuneError(
+            f"{space.model} does not fit on one {space.gpu} at tensor_parallel_size {largest}: use tensor "
+            f"parallelism (TP >= {needed}), e.g. --space tp"
+        )
+
+
+def indivisible_tp(model: str, tps: Iterable[int]) -> str | None:
+    """vLLM's startup error for the first TP that does not divide the model's attention heads (every
+    config with it fails), or None when all do or the model is outside the catalogs."""
+    try:
+        heads = get_model(model).num_attention_heads
+    except AutotuneError:
+        return None
+    tp = next((tp for tp in tps if heads % tp), None)
+    if tp is None:
+        return None
+    return (
+        f"tensor_parallel_size {tp}: Total number of attention heads ({heads}) must be divisible by tensor "
+        f"parallel size ({tp})."
     )
 
 
