@@ -40,7 +40,7 @@ class EngineRequest:
     __slots__ = (
         "rid", "prompt_len", "output_len", "prefix_id", "prefix_blocks", "send_time", "outputs",
         "computed", "blocks", "cached_upto", "gen", "decode_start", "decode_outputs", "finish_step",
-        "segments", "prompt_counted", "seq", "ready",
+        "segments", "prompt_counted", "seq", "ready", "preempted",
     )  # fmt: skip
 
     def __init__(self, request: Request, send_time: float, block_size: int) -> None:
@@ -64,6 +64,7 @@ class EngineRequest:
         self.prompt_counted = False
         self.seq = 0  # admission sequence number: running order
         self.ready = send_time  # when the API server has handed it to the engine core
+        self.preempted = False  # once preempted, its own blocks may be looked up when it is re-admitted
 
     def key(self, i: int) -> object:
         """Hash of full block i: shared prefix blocks by prefix, the rest unique to the request."""

@@ -20,6 +20,7 @@ from autotune.core.config import EngineConfig
 from autotune.measure.capacity_report import KEEPING_UP, CapacityReport
 from autotune.measure.evidence import UNSURE, Z, sequential_z
 from autotune.measure.load_report import Saturation
+from autotune.measure.metrics import BenchmarkResult
 from autotune.measure.result import TrialResult
 from autotune.measure.server_report import EngineFacts, ServerReport
 from autotune.measure.slo import Slo
@@ -177,14 +178,15 @@ def _next_rate(
 ) -> float | None:
     """The next rate to probe, or None once the bracket is as fine as it will get.
 
-    While nothing passed, the rate steps down from the lowest probe (see `_step_down`; by UNSURE_STEP
+    While nothing passed, the rate steps down from the lowest probe (see `step_down`; by UNSURE_STEP
     from one too close to call, which the threshold is near); then geometric
     bisection until the bracket is within `resolution`, or within twice that when the last probe was
     unsure (the threshold lies within the measurement's noise there: a rate between would be unsure too).
     """
     if low is None:
         lowest = min(probes, key=lambda p: p.rate)
-        step = UNSURE_STEP if lowest.verdict == UNSURE else _step_down(lowest.result, slos)
+        complete = lowest.result.benchmark if lowest.result.ok else None
+        step = UNSURE_STEP if lowest.verdict == UNSURE else step_down(complete, slos)
         rate = lowest.rate * step
         return rate if rate >= MIN_RATE else None
     if high / low.rate <= 1 + search.resolution:
@@ -206,14 +208,22 @@ def saturation_runs(
     size, and a second, larger one runs only when the batch it implies needs it.
     """
     seqs = config.max_num_seqs or DEFAULT_MAX_NUM_SEQS
-    full = min(MAX_SATURATION_REQUESTS, SATURATION_BATCHES * seqs)
-    first = session.measure(workload.burst(min(full, SIZING_REQUESTS)), (), seed)
-    if full <= SIZING_REQUESTS or not first.ok:
+    first = session.measure(workload.burst(saturation_burst(seqs)), (), seed)
+    if not first.ok:
         return [first]
-    needed = min(full, SATURATION_BATCHES * _batch_limit(first, seqs))
+    needed = saturation_burst(seqs, _batch_limit(first, seqs))
     if needed <= SIZING_REQUESTS:
         return [first]
     return [first, session.measure(workload.burst(needed), (), seed)]
+
+
+def saturation_burst(seqs: int, batch: int | None = None) -> int:
+    """The requests of a saturation burst: without `batch`, the first (sizing) one, at most
+    SIZING_REQUESTS; with it (the requests KV memory holds at once), the one that measures:
+    SATURATION_BATCHES batches, at most MAX_SATURATION_REQUESTS, or the sizing one when that is as many."""
+    full = min(MAX_SATURATION_REQUESTS, SATURATION_BATCHES * seqs)
+    needed = SIZING_REQUESTS if batch is None else min(full, SATURATION_BATCHES * batch)
+    return needed if needed > SIZING_REQUESTS else min(full, SIZING_REQUESTS)
 
 
 def _batch_limit(result: TrialResult, seqs: int) -> int:
@@ -234,8 +244,12 @@ def _batch_limit(result: TrialResult, seqs: int) -> int:
         kv_tokens = int(engine.num_gpu_blocks) * int(resolved.get("block_size") or 16)
     if not kv_tokens or bench is None or not bench.completed:
         return seqs
-    per_request = (bench.total_input_tokens + bench.total_output_tokens) / bench.completed
-    return max(1, min(seqs, math.ceil(kv_tokens / max(per_request, 1.0))))
+    return kv_batch(seqs, kv_tokens, (bench.total_input_tokens + bench.total_output_tokens) / bench.completed)
+
+
+def kv_batch(seqs: int, kv_tokens: int, tokens_per_request: float) -> int:
+    """The requests of `tokens_per_request` a KV cache of `kv_tokens` holds at once, at most `seqs`."""
+    return max(1, min(seqs, math.ceil(kv_tokens / max(tokens_per_request, 1.0))))
 
 
 def window_requests(
@@ -256,15 +270,16 @@ def window_requests(
     return max([floor, *(math.ceil(tail_samples / q) for q in shares if q)])
 
 
-def _step_down(result: TrialResult, slos: Sequence[Slo]) -> float:
-    """How far to lower the rate after a failed probe while none has passed yet.
+def step_down(benchmark: BenchmarkResult | None, slos: Sequence[Slo]) -> float:
+    """How far to lower the rate after a failed probe (its complete `benchmark`, else None) while none
+    has passed yet.
 
     ITL and TPOT grow smoothly with the load (the batch grows with the rate), so missing one by a factor
     says roughly how far the rate must fall: 1 / (1 + margin), between MIN_STEP and STEP_DOWN. TTFT
     explodes only near capacity (its margin says nothing about the distance), so other misses step by
     STEP_DOWN.
     """
-    smooth = [s.margin(result.benchmark) for s in slos if s.metric in SMOOTH_METRICS] if result.ok else []
+    smooth = [s.margin(benchmark) for s in slos if s.metric in SMOOTH_METRICS] if benchmark else []
     miss = max(smooth, default=0.0)
     return min(STEP_DOWN, max(MIN_STEP, 1.0 / (1.0 + miss))) if miss > 0 else STEP_DOWN
 
