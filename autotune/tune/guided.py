@@ -7,7 +7,7 @@ configs' features (tune/guide_residual.py) spreads it over the space: corrected 
 predicted x exp(posterior mean), its uncertainty the posterior sd. The next trial is the untried
 config with the highest expected improvement over the best measured; trial #0 stays vLLM's defaults
 (start_study enqueues it: every result is compared to it). The run stops when
-- the next trial would pass `--gpu-hours` (its cost: the median GPU time of the trials so far), or
+- the next trial would pass `--gpu-hours` (its cost: the dearest trial's so far), or
 - no untried config's 95 % upper bound beats the best measured by more than the measurement's
   resolution (the guide predicts nothing better is left), or
 - every config the guide predicts to meet the SLOs was measured.
@@ -19,7 +19,6 @@ The real measurement alone gives a config's verdict: the guide only decides what
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,7 +150,8 @@ class GuidedSearch:
             return None
         spent = sum(o.gpu_s for o in observed) / 3600
         costs = [o.gpu_s for o in observed if o.gpu_s > 0]
-        next_s = statistics.median(costs) if costs else (self.options.first_trial_gpu_s or 0.0)
+        # the dearest trial so far: a capacity search's cost varies with the config (2x on this space)
+        next_s = max(costs) if costs else (self.options.first_trial_gpu_s or 0.0)
         if spent + next_s / 3600 > budget:
             return (
                 f"budget: the next trial (about {next_s / 3600:.2f} GPU-h) would pass --gpu-hours "
