@@ -61,6 +61,11 @@ def test_a_guided_run_measures_the_defaults_first_then_the_guides_picks_and_says
     spent = sum(t.user_attrs["gpu_seconds"] for t in trials) / 3600
     assert guide["gpu_hours"] == pytest.approx(spent, abs=1e-3)
     assert "GPU-h spent" in out.stderr and "predicted vs measured" in out.stderr
+    # The report shows it: best.json's guide section, report.html's plot and table.
+    best = json.loads((folder / "runs/g/best.json").read_text())
+    assert best["guide"]["trials"] == guide["trials"] and best["guide"]["stop_reason"]
+    html = (folder / "runs/g/report.html").read_text()
+    assert "Guided search" in html and "guide: predicted vs measured" in html
     # The reality is slower than the guide's model: the guide over-predicted, and the fitted
     # calibration it writes says so (a reusable file: --guide-calibration / --sim-calibration).
     assert guide["speed_factor"] < 0.95

@@ -333,7 +333,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
             print(f"autotune: {s.untuned}", file=sys.stderr)
         dashboard = _start_dashboard(s.storage) if args.dashboard else None
         context = {**settings.to_dict(), "load": s.workload.load, "simulated": s.backend.simulated}
-        context["gpus"] = len(s.gpu_ids)
+        context |= {"gpus": len(s.gpu_ids), "gpu_hours_budget": args.gpu_hours}
         note = StudyNote(study, context)
         tuner = Tuner(
             study,

@@ -15,7 +15,6 @@ from autotune.core.inputs import arg
 
 GUIDES = ("sim", "none")
 CALIBRATION_FILE = "calibration.yaml"
-GUIDE_FILE = "guide.json"
 # The speed constants the one-factor fit scales (sim/calibration.py): faster GPU work, cheaper CPU work.
 SPEED_UP = ("gemm_eff", "attn_eff", "bw_eff")
 SPEED_DOWN = ("step_base_s", "per_seq_s", "eager_per_layer_s", "intake_per_request_s", "output_per_token_s")
@@ -127,6 +126,7 @@ def finish_guided(
     """Write guide.json (predicted vs measured per trial, spend, why it stopped) and calibration.yaml
     (the guide's calibration with the measured speed factor); print the table. Returns guide.json's data."""
     from autotune.core.atomic import atomic_write_text
+    from autotune.outputs.guide_view import GUIDE_FILE
     from autotune.sim.calibration import calibration_yaml
     from autotune.tune.guided import predicted_vs_measured
 
