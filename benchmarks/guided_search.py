@@ -220,7 +220,7 @@ def main() -> None:
 
 
 def report_case(case: Case, worlds_of: list[Reality], seeds: int, budget: float, processes: int) -> None:
-    results: dict[tuple[str, str], list[tuple[float, int, float]]] = {}
+    results: dict[tuple[str, str], list[tuple[float, int, float, float]]] = {}
     for reality in worlds_of:
         world = build_world(case, reality, processes)
         budget_h = budget * world.tp
@@ -228,14 +228,14 @@ def report_case(case: Case, worlds_of: list[Reality], seeds: int, budget: float,
             for seed in range(seeds):
                 trace = run_strategy(strategy, world, seed, budget_h)
                 hit = trace.reached(world.truth.best)
-                row = (*(hit or (math.inf, 10**6)), trace.regret(world.truth.best, budget_h))
+                row = (*(hit or (math.inf, 10**6)), trace.regret(world.truth.best, budget_h), trace.gpu_h[-1])
                 results.setdefault((strategy, reality.group), []).append(row)
         print(f"  {case.name}: {reality.name} done", file=sys.stderr, flush=True)
     budget_h = budget * (2 if "tp2" in case.name else 1)
     print(f"\n## {case.name} (budget {budget_h:g} GPU-h; {seeds} seeds)")
-    head = "GPU-h to 3 % med | p90 | trials med | p90 | regret med | p90 | regret <= 3 %"
+    head = "GPU-h to 3 % med | p90 | trials med | p90 | regret med | p90 | regret <= 3 % | GPU-h spent med"
     print(f"| strategy | realities | runs | {head} |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for group in ("identity", "tuned", "structural", "held-out"):
         for strategy in STRATEGIES:
             rows = results.get((strategy, group))
@@ -243,8 +243,8 @@ def report_case(case: Case, worlds_of: list[Reality], seeds: int, budget: float,
                 print(_line(strategy, group, rows))
 
 
-def _line(strategy: str, group: str, rows: list[tuple[float, int, float]]) -> str:
-    hours, trials, regret = (np.array(col, dtype=float) for col in zip(*rows, strict=True))
+def _line(strategy: str, group: str, rows: list[tuple[float, int, float, float]]) -> str:
+    hours, trials, regret, spent = (np.array(col, dtype=float) for col in zip(*rows, strict=True))
 
     def q(x: np.ndarray, p: float, fmt: str) -> str:
         value = float(np.percentile(x, p, method="higher"))
@@ -254,7 +254,7 @@ def _line(strategy: str, group: str, rows: list[tuple[float, int, float]]) -> st
     return (
         f"| {strategy} | {group} | {len(rows)} | {q(hours, 50, '.2f')} | {q(hours, 90, '.2f')} | "
         f"{q(trials, 50, '.0f')} | {q(trials, 90, '.0f')} | {np.median(regret):.1%} | "
-        f"{np.percentile(regret, 90):.1%} | {ok:.0%} |"
+        f"{np.percentile(regret, 90):.1%} | {ok:.0%} | {np.median(spent):.2f} |"
     )
 
 

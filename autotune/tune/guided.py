@@ -35,6 +35,7 @@ from autotune.tune.space import SearchSpace
 RESOLUTION = 0.03  # the capacity search's resolution: a gain below it is a tie (docs/guided-search.md)
 Z_UPPER = 1.645  # one-sided 95 % bound of the stop rule
 MIN_MEASURED = 2  # the defaults and the guide's first pick, at least, before the stop rule may end a run
+MIN_WEIGHT = 0.25  # the least weight a flag's feature gets (feature_weights)
 ATTR = "guide"  # the trial user attr with the guide's prediction when the trial was chosen
 
 
@@ -80,6 +81,7 @@ class GuidedSearch:
         self.grid = space.grid()
         self.sign = 1.0 if objective.maximize else -1.0
         self.candidates = [p for p in table.predictions if self.raw(p) is not None]
+        self.weights = self.feature_weights()
         self._features = np.array([self.features(p.params) for p in self.candidates]).reshape(
             len(self.candidates), -1
         )
@@ -98,12 +100,29 @@ class GuidedSearch:
         return self.table.lookup(key) or self.extra.get(key)
 
     def features(self, params: Mapping[str, Any]) -> list[float]:
-        """Each tuned flag's position in its grid range, 0..1 (log scale for a log range)."""
+        """Each tuned flag's position in its grid range, 0..1 (log scale for a log range), times its
+        weight (`feature_weights`)."""
         out = []
         for p in self.space.params:
             values, value = self.grid.get(p.name, []), params.get(p.name)
-            out.append(_position(values, value, p.log))
+            out.append(_position(values, value, p.log) * self.weights.get(p.name, 1.0))
         return out
+
+    def feature_weights(self) -> dict[str, float]:
+        """How much each flag moves the guide's predictions: the spread of the mean log predicted value
+        over the flag's values, relative to the flag that moves it most, floored at MIN_WEIGHT. A flag
+        the guide finds inert (block_size on a chat workload) then barely separates two configs: one
+        measurement speaks for both. The floor leaves room for what the guide's model lacks."""
+        logs = {p.key: math.log(self.raw(p)) for p in self.candidates}  # type: ignore[arg-type]
+        spread = {}
+        for param in self.space.params:
+            by_value: dict[Any, list[float]] = {}
+            for p in self.candidates:
+                by_value.setdefault(repr(p.params.get(param.name)), []).append(logs[p.key])
+            means = [sum(v) / len(v) for v in by_value.values()]
+            spread[param.name] = max(means) - min(means) if len(means) > 1 else 0.0
+        top = max(spread.values(), default=0.0)
+        return {name: max(MIN_WEIGHT, s / top) if top > 0 else 1.0 for name, s in spread.items()}
 
     def observations(self, study: optuna.Study) -> list[Observation]:
         """The study's finished real trials (launched, not duplicates), oldest first."""
