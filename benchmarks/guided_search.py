@@ -55,6 +55,7 @@ TRIAL_GPU_MIN = 20.0
 STARTUP_GPU_MIN = 2.0
 MAX_TRIALS = 50
 STRATEGIES = ("auto", "random", "guide-only", "stack-rank", "guided")
+ABLATION = ("guided-bias",)  # --ablation: the residual as one global bias (no local part)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -128,8 +129,8 @@ def run_strategy(name: str, world: World, seed: int, budget_h: float) -> Trace:
     trace = Trace()
     space = world.case.space()
     base_key = config_key(space.config(world.baseline))
-    if name == "guided":
-        return _guided(world, trace, rng, budget_h)
+    if name.startswith("guided"):
+        return _guided(world, trace, rng, budget_h, local=name == "guided")
     trace.add(world, base_key, cost_h(world, base_key), rng)
     if name in ("guide-only", "stack-rank"):
         ranked = [p.key for p in world.guide.table.ranking(OBJECTIVE) if p.key != base_key]
@@ -163,9 +164,10 @@ def run_strategy(name: str, world: World, seed: int, budget_h: float) -> Trace:
     return trace
 
 
-def _guided(world: World, trace: Trace, rng: random.Random, budget_h: float) -> Trace:
+def _guided(world: World, trace: Trace, rng: random.Random, budget_h: float, local: bool) -> Trace:
     guide = world.guide
-    guide.options = GuidedOptions(gpu_hours=budget_h, first_trial_gpu_s=TRIAL_GPU_MIN * 60 * world.tp)
+    first_s = TRIAL_GPU_MIN * 60 * world.tp
+    guide.options = GuidedOptions(gpu_hours=budget_h, first_trial_gpu_s=first_s, local=local)
     space = world.case.space()
     study = optuna.create_study(direction="maximize")
     study.enqueue_trial(dict(world.baseline), user_attrs={"baseline": True})
@@ -207,7 +209,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--budget", type=float, default=4.0, help="GPU-hours per GPU of a replica")
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--strategies", nargs="*", default=None, help=f"default: {' '.join(STRATEGIES)}")
+    parser.add_argument("--ablation", action="store_true", help=f"also {', '.join(ABLATION)}")
     args = parser.parse_args()
+    strategies = tuple(args.strategies or STRATEGIES) + (ABLATION if args.ablation else ())
     known = cases()
     if args.quick:
         known["default-run"] = Case(known["default-run"].scenario, "small")
@@ -215,16 +220,23 @@ def main() -> None:
     seeds = args.seeds or (2 if args.quick else 3)
     wall, cpu = time.monotonic(), time.process_time()
     for name in names:
-        report_case(known[name], realities(args.quick), seeds, args.budget, args.processes)
+        report_case(known[name], realities(args.quick), seeds, args.budget, args.processes, strategies)
     print(f"\nwall {time.monotonic() - wall:.0f} s, CPU (this process) {time.process_time() - cpu:.0f} s")
 
 
-def report_case(case: Case, worlds_of: list[Reality], seeds: int, budget: float, processes: int) -> None:
+def report_case(
+    case: Case,
+    worlds_of: list[Reality],
+    seeds: int,
+    budget: float,
+    processes: int,
+    strategies: tuple[str, ...],
+) -> None:
     results: dict[tuple[str, str], list[tuple[float, int, float, float]]] = {}
     for reality in worlds_of:
         world = build_world(case, reality, processes)
         budget_h = budget * world.tp
-        for strategy in STRATEGIES:
+        for strategy in strategies:
             for seed in range(seeds):
                 trace = run_strategy(strategy, world, seed, budget_h)
                 hit = trace.reached(world.truth.best)
@@ -237,7 +249,7 @@ def report_case(case: Case, worlds_of: list[Reality], seeds: int, budget: float,
     print(f"| strategy | realities | runs | {head} |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for group in ("identity", "tuned", "structural", "held-out"):
-        for strategy in STRATEGIES:
+        for strategy in strategies:
             rows = results.get((strategy, group))
             if rows:
                 print(_line(strategy, group, rows))

@@ -46,6 +46,7 @@ class ResidualModel:
     """A GP on log(measured / predicted) over config features (module docstring)."""
 
     noise: float = 0.03  # sd of a measurement's log value (its resolution)
+    scales: tuple[float, ...] = SCALES  # the local part's candidate sds (one tiny one: a bias-only model)
     scale: float = DEFAULT_SCALE
     lengthscale: float = DEFAULT_LENGTHSCALE
     _x: np.ndarray | None = None
@@ -57,8 +58,10 @@ class ResidualModel:
         and lengthscale by marginal likelihood once there are MIN_POINTS_TO_FIT of them."""
         x = np.asarray(features, dtype=float).reshape(len(residuals), -1)
         y = np.asarray(residuals, dtype=float)
+        if len(self.scales) == 1:
+            self.scale = self.scales[0]
         if len(y) >= MIN_POINTS_TO_FIT:
-            grid = itertools.product(SCALES, LENGTHSCALES)
+            grid = itertools.product(self.scales, LENGTHSCALES)
             self.scale, self.lengthscale = max(grid, key=lambda sl: self._likelihood(x, y, *sl))
         self._x = x
         if len(y):

@@ -28,13 +28,14 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.tune.guide import GuideTable, Prediction
-from autotune.tune.guide_residual import ResidualModel
+from autotune.tune.guide_residual import SCALES, ResidualModel
 from autotune.tune.objectives import Objective
 from autotune.tune.space import SearchSpace
 
 RESOLUTION = 0.03  # the capacity search's resolution: a gain below it is a tie (docs/guided-search.md)
 Z_UPPER = 1.645  # one-sided 95 % bound of the stop rule
 MIN_MEASURED = 2  # the defaults and the guide's first pick, at least, before the stop rule may end a run
+BIAS_ONLY_SCALE = 1e-3  # the local part of a bias-only residual model
 MIN_WEIGHT = 0.25  # the least weight a flag's feature gets (feature_weights)
 ATTR = "guide"  # the trial user attr with the guide's prediction when the trial was chosen
 
@@ -47,6 +48,7 @@ class GuidedOptions:
     resolution: float = RESOLUTION
     z: float = Z_UPPER
     first_trial_gpu_s: float | None = None  # expected cost of a trial before any is measured
+    local: bool = True  # False: the residual is one global bias (benchmarks/guided_search.py's ablation)
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,9 @@ class GuidedSearch:
         pairs = [o for o in observed if o.predicted is not None and o.measured is not None]
         residuals = [math.log(o.measured / o.predicted) for o in pairs]  # type: ignore[operator]
         noise = math.log1p(self.options.resolution)
-        return ResidualModel(noise=noise).fit([self.features(o.params) for o in pairs], residuals)
+        scales = SCALES if self.options.local else (BIAS_ONLY_SCALE,)
+        features = [self.features(o.params) for o in pairs]
+        return ResidualModel(noise=noise, scales=scales).fit(features, residuals)
 
     # -- choosing and stopping ------------------------------------------------------------------------
     def step(self, study: optuna.Study, busy: Collection[str] = ()) -> str | None:
