@@ -55,7 +55,8 @@ TRIAL_GPU_MIN = 20.0
 STARTUP_GPU_MIN = 2.0
 MAX_TRIALS = 50
 STRATEGIES = ("auto", "random", "guide-only", "stack-rank", "guided")
-ABLATION = ("guided-bias",)  # --ablation: the residual as one global bias (no local part)
+# --ablation: the residual as one global bias (no local part); over the flags alone (no operating point)
+ABLATION = ("guided-bias", "guided-flags")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -130,7 +131,7 @@ def run_strategy(name: str, world: World, seed: int, budget_h: float) -> Trace:
     space = world.case.space()
     base_key = config_key(space.config(world.baseline))
     if name.startswith("guided"):
-        return _guided(world, trace, rng, budget_h, local=name == "guided")
+        return _guided(world, trace, rng, budget_h, name)
     trace.add(world, base_key, cost_h(world, base_key), rng)
     if name in ("guide-only", "stack-rank"):
         ranked = [p.key for p in world.guide.table.ranking(OBJECTIVE) if p.key != base_key]
@@ -164,10 +165,12 @@ def run_strategy(name: str, world: World, seed: int, budget_h: float) -> Trace:
     return trace
 
 
-def _guided(world: World, trace: Trace, rng: random.Random, budget_h: float, local: bool) -> Trace:
+def _guided(world: World, trace: Trace, rng: random.Random, budget_h: float, name: str) -> Trace:
     guide = world.guide
     first_s = TRIAL_GPU_MIN * 60 * world.tp
-    guide.options = GuidedOptions(gpu_hours=budget_h, first_trial_gpu_s=first_s, local=local)
+    local, flags_only = name != "guided-bias", name == "guided-flags"
+    options = GuidedOptions(budget_h, first_trial_gpu_s=first_s, local=local, operating_point=not flags_only)
+    guide.options = options
     space = world.case.space()
     study = optuna.create_study(direction="maximize")
     study.enqueue_trial(dict(world.baseline), user_attrs={"baseline": True})

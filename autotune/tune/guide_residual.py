@@ -28,7 +28,7 @@ BIAS = 0.35  # prior sd of the global log bias: the simulator's real errors reac
 # 5-8 %, p90 11-22 %: docs/simulator.md "Guide"), before any real-vs-simulated error: with less, a few
 # alike residuals from one corner of the space would vouch for every other corner.
 SCALES = (0.1, 0.15, 0.25)
-LENGTHSCALES = (0.25, 0.5, 1.0)  # in weighted grid-range units (tune/guided.py feature_weights)
+LENGTHSCALES = (0.25, 0.5)  # in weighted grid-range units (tune/guided.py feature_weights)
 DEFAULT_SCALE, DEFAULT_LENGTHSCALE = 0.15, 0.5
 MIN_POINTS_TO_FIT = 4  # below this the marginal likelihood cannot tell the hyperparameters apart
 

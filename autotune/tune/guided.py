@@ -49,6 +49,7 @@ class GuidedOptions:
     z: float = Z_UPPER
     first_trial_gpu_s: float | None = None  # expected cost of a trial before any is measured
     local: bool = True  # False: the residual is one global bias (benchmarks/guided_search.py's ablation)
+    operating_point: bool = True  # the residual also varies with the predicted batch and step time
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,8 @@ class GuidedSearch:
         self.sign = 1.0 if objective.maximize else -1.0
         self.candidates = [p for p in table.predictions if self.raw(p) is not None]
         self.weights = self.feature_weights()
-        self._features = np.array([self.features(p.params) for p in self.candidates]).reshape(
-            len(self.candidates), -1
-        )
+        self._op_range = _ranges([_operating_point(p) for p in self.candidates])
+        self._features: dict[bool, np.ndarray] = {}  # by options.operating_point
         self.stop_reason: str | None = None
 
     # -- what the guide knows -------------------------------------------------------------------------
@@ -101,14 +101,28 @@ class GuidedSearch:
         """The guide's prediction of a config (a grid point, or one of `extra`)."""
         return self.table.lookup(key) or self.extra.get(key)
 
-    def features(self, params: Mapping[str, Any]) -> list[float]:
+    def features(self, params: Mapping[str, Any], prediction: Prediction | None = None) -> list[float]:
         """Each tuned flag's position in its grid range, 0..1 (log scale for a log range), times its
-        weight (`feature_weights`)."""
+        weight (`feature_weights`); then, when `options.operating_point`, where the guide predicts the
+        config runs at its capacity (`_operating_point`, 0..1 over the candidates; 0.5 unknown)."""
         out = []
         for p in self.space.params:
             values, value = self.grid.get(p.name, []), params.get(p.name)
             out.append(_position(values, value, p.log) * self.weights.get(p.name, 1.0))
+        if self.options.operating_point:
+            point = _operating_point(prediction) if prediction is not None else None
+            for i, (lo, hi) in enumerate(self._op_range):
+                known = point is not None and hi > lo
+                out.append(min(max((point[i] - lo) / (hi - lo), 0.0), 1.0) if known else 0.5)  # type: ignore[index]
         return out
+
+    def candidate_features(self) -> np.ndarray:
+        """The candidates' features, one row each (made once per feature set)."""
+        op = self.options.operating_point
+        if op not in self._features:
+            rows = [self.features(p.params, p) for p in self.candidates]
+            self._features[op] = np.array(rows, dtype=float).reshape(len(self.candidates), -1)
+        return self._features[op]
 
     def feature_weights(self) -> dict[str, float]:
         """How much each flag moves the guide's predictions: the spread of the mean log predicted value
@@ -154,7 +168,7 @@ class GuidedSearch:
         residuals = [math.log(o.measured / o.predicted) for o in pairs]  # type: ignore[operator]
         noise = math.log1p(self.options.resolution)
         scales = SCALES if self.options.local else (BIAS_ONLY_SCALE,)
-        features = [self.features(o.params) for o in pairs]
+        features = [self.features(o.params, self.prediction(o.key)) for o in pairs]
         return ResidualModel(noise=noise, scales=scales).fit(features, residuals)
 
     # -- choosing and stopping ------------------------------------------------------------------------
@@ -212,13 +226,29 @@ class GuidedSearch:
         self, observed: Sequence[Observation], indices: Sequence[int]
     ) -> tuple[np.ndarray, np.ndarray]:
         """Sign-adjusted log of the corrected prediction (higher is better) and its sd, per candidate."""
-        posterior = self.model(observed).predict(self._features[list(indices)])
+        posterior = self.model(observed).predict(self.candidate_features()[list(indices)])
         raw = np.log([self.raw(self.candidates[i]) for i in indices])
         return self.sign * (raw + posterior.mean), posterior.sd
 
     def _best(self, observed: Sequence[Observation]) -> float | None:
         values = [self.sign * math.log(o.measured) for o in observed if o.measured is not None]
         return max(values) if values else None
+
+
+def _operating_point(prediction: Prediction) -> tuple[float, float]:
+    """Where the guide predicts a config runs at its capacity: log of its requests in flight (Little's
+    law: request rate x mean E2E latency) and of its step time (median ITL). What the model lacks acts
+    through these (a cost per request in the batch, per step), whatever flags set them."""
+    m = prediction.metrics
+    running = m.get("request_throughput", 0.0) * m.get("mean_e2el_ms", 0.0) / 1000
+    return math.log(max(running, 1e-3)), math.log(max(m.get("median_itl_ms", 0.0), 1e-3))
+
+
+def _ranges(points: Sequence[tuple[float, ...]]) -> list[tuple[float, float]]:
+    """Per coordinate, the lowest and highest value of `points`."""
+    if not points:
+        return []
+    return [(min(c), max(c)) for c in zip(*points, strict=True)]
 
 
 def _expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
