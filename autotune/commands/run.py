@@ -322,9 +322,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
         if per_replica:
             print(f"autotune: {per_replica}", file=sys.stderr)
         estimate = print_estimate(args, s, executor.capacity) if args.backend != "sim" else None
-        guide = None
-        if s.guide_calibration is not None:
-            guide = make_guided(args, s, estimate.baseline_gpu_s if estimate is not None else None)
+        guide = make_guided(args, s, estimate)  # None: not a guided run
         screen = (
             None if args.no_screen else make_screen(s.space.model, s.space.gpu, calibration=s.calibration)
         )
@@ -355,8 +353,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
             guide=guide,
         )
         summary = run_end.run_tuner(tuner, study, s.run_dir)
-        if guide is not None:
-            finish_guided(guide, study, s.run_dir, summary.stop_reason, s.guide_calibration)
+        finish_guided(guide, study, s.run_dir, summary.stop_reason, s.guide_calibration)
     except RunFailure as exc:
         if isinstance(exc, ClusterLost):  # the storage is fine: the results are written as after Ctrl-C
             run_end.write_results(study, s, args, context, note, lease, dashboard)

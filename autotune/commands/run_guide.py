@@ -72,14 +72,18 @@ def check_guide_options(args: argparse.Namespace, workload: Any) -> Any:
     return calibration_option(args.guide_calibration)
 
 
-def make_guided(args: argparse.Namespace, s: Any, first_trial_gpu_s: float | None) -> Any:
+def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
     """The guided search of the run set up in `s` (run._Setup): the guide's table of the whole space
-    (cached in <runs-dir>/guide/) and its prediction of vLLM's defaults."""
+    (cached in <runs-dir>/guide/) and its prediction of vLLM's defaults; None when the run is not
+    guided. `estimate`: the pre-run estimate (its baseline trial's GPU time is the first trial's cost)."""
     from autotune.tune.guide import predict_points, predict_space
     from autotune.tune.guided import GuidedOptions, GuidedSearch
     from autotune.tune.study import config_key
 
     cal = s.guide_calibration
+    if cal is None:
+        return None
+    first_trial_gpu_s = estimate.baseline_gpu_s if estimate is not None else None
     print(
         "autotune: guide: predicting the whole space on the simulated engine ...", file=sys.stderr, flush=True
     )
@@ -122,9 +126,12 @@ def budget_text(budget_h: float | None, trial_gpu_s: float | None) -> str:
 
 def finish_guided(
     search: Any, study: Any, run_dir: Path, stop_reason: str | None, calibration: Any
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """Write guide.json (predicted vs measured per trial, spend, why it stopped) and calibration.yaml
-    (the guide's calibration with the measured speed factor); print the table. Returns guide.json's data."""
+    (the guide's calibration with the measured speed factor); print the table. Returns guide.json's data
+    (None, and nothing written, when `search` is None: the run was not guided)."""
+    if search is None:
+        return None
     from autotune.core.atomic import atomic_write_text
     from autotune.outputs.guide_view import GUIDE_FILE
     from autotune.sim.calibration import calibration_yaml
