@@ -214,6 +214,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--strategies", nargs="*", default=None, help=f"default: {' '.join(STRATEGIES)}")
     parser.add_argument("--ablation", action="store_true", help=f"also {', '.join(ABLATION)}")
+    parser.add_argument("--realities", nargs="*", default=None, help="names (default: all, or --quick's)")
     args = parser.parse_args()
     strategies = tuple(args.strategies or STRATEGIES) + (ABLATION if args.ablation else ())
     known = cases()
@@ -223,7 +224,8 @@ def main() -> None:
     seeds = args.seeds or (2 if args.quick else 3)
     wall, cpu = time.monotonic(), time.process_time()
     for name in names:
-        report_case(known[name], realities(args.quick), seeds, args.budget, args.processes, strategies)
+        chosen = [r for r in realities(args.quick) if not args.realities or r.name in args.realities]
+        report_case(known[name], chosen, seeds, args.budget, args.processes, strategies)
     print(f"\nwall {time.monotonic() - wall:.0f} s, CPU (this process) {time.process_time() - cpu:.0f} s")
 
 

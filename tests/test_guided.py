@@ -147,3 +147,14 @@ def test_reality_only_mechanisms_are_off_by_default_and_never_fitted() -> None:
     points = [{"kind": "serve"}, {"kind": "step"}, {"kind": "memory"}]
     names = {i.name for i in candidates(points, DEFAULT_CALIBRATION.replace(reality_seq_pair_s=1e-8))}
     assert not any(name.startswith("reality_") for name in names)
+
+
+def test_the_guide_is_on_by_default_on_real_backends_and_off_on_the_simulated_one() -> None:
+    import argparse
+
+    from autotune.commands.run_guide import guide_on
+
+    for backend, guide, on in [("vllm", None, True), ("docker", None, True), ("sim", None, False)]:
+        assert guide_on(argparse.Namespace(backend=backend, guide=guide)) is on
+    assert guide_on(argparse.Namespace(backend="sim", guide="sim"))
+    assert not guide_on(argparse.Namespace(backend="vllm", guide="none"))
