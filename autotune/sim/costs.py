@@ -52,6 +52,8 @@ class CostModel:
         self._half_m = cal.gemm_half_m
         self._step_base_s = cal.step_base_s
         self._per_seq_s = cal.per_seq_s
+        self._seq_pair_s = cal.reality_seq_pair_s
+        self._attn_per_seq = cal.reality_attn_per_seq
         if tp > 1:
             ring = 2 * (tp - 1) / tp
             self._allreduce_per_token = (
@@ -86,6 +88,7 @@ class CostModel:
                 self.prefill_attention_s(prefill_pairs, prefill_context)
                 + self.decode_attention_s(decode_context)
             )
+            * (1.0 + self._attn_per_seq * num_seqs)
             + self.comm_s(num_tokens)
             + self.cpu_s(num_tokens, num_seqs)
         )
@@ -116,7 +119,7 @@ class CostModel:
 
     def cpu_s(self, num_tokens: int, num_seqs: int) -> float:
         """The CPU side: a fixed base, a part per scheduled request, the launch penalty past CUDA graphs."""
-        cpu = self._step_base_s + num_seqs * self._per_seq_s
+        cpu = self._step_base_s + num_seqs * self._per_seq_s + num_seqs * num_seqs * self._seq_pair_s
         if num_tokens > MAX_CUDA_GRAPH_SIZE:
             cpu += self._eager_s
         return cpu
