@@ -219,6 +219,9 @@ class GuidedSearch:
         corrected = math.exp(self.sign * mean[at])
         attrs = {"predicted": round(corrected, 4), "raw": round(self.raw(chosen) or 0.0, 4)}
         attrs["sd"] = round(float(sd[at]), 4)
+        if self.objective.maximize and chosen.capacity_rate > 0:
+            # the corrected capacity: a throughput scales with the rate (a capacity search's hint_rate)
+            attrs["rate"] = round(chosen.capacity_rate * corrected / (self.raw(chosen) or corrected), 4)
         study.enqueue_trial(dict(chosen.params), user_attrs={ATTR: attrs}, skip_if_exists=False)
         return None
 
