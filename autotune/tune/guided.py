@@ -50,6 +50,7 @@ class GuidedOptions:
     first_trial_gpu_s: float | None = None  # expected cost of a trial before any is measured
     local: bool = True  # False: the residual is one global bias (benchmarks/guided_search.py's ablation)
     operating_point: bool = True  # the residual also varies with the predicted batch and step time
+    bracket: bool = True  # a trial's capacity search starts from the corrected predicted capacity
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,12 @@ class GuidedSearch:
         scales = SCALES if self.options.local else (BIAS_ONLY_SCALE,)
         features = [self.features(o.params, self.prediction(o.key)) for o in pairs]
         return ResidualModel(noise=noise, scales=scales).fit(features, residuals)
+
+    def hint_rate(self, trial: optuna.Trial) -> float | None:
+        """The capacity (req/s) the guide predicted, corrected, when it chose `trial`: its capacity
+        search brackets it (CapacitySearch.hint_rate). None: not the guide's pick, or bracketing off."""
+        rate = (trial.user_attrs.get(ATTR) or {}).get("rate") if self.options.bracket else None
+        return float(rate) if rate else None
 
     # -- choosing and stopping ------------------------------------------------------------------------
     def step(self, study: optuna.Study, busy: Collection[str] = ()) -> str | None:
