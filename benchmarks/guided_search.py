@@ -260,15 +260,15 @@ def report_case(
         for (strategy, _), trace in traces.items():
             hit = trace.reached(truth, best, budget_h)
             row = (*(hit or (math.inf, 10**6)), trace.regret(truth, best, budget_h), trace.gpu_h[-1])
-            row += (statistics.fmean(trace.probes),)
+            row += (statistics.fmean(trace.probes), len(trace.gpu_h), 60 * trace.gpu_h[-1] / len(trace.gpu_h))
             results.setdefault((strategy, reality.group), []).append(row)
         note = f"  {case.name}: {reality.name} done ({len(truth)} configs in its truth)"
         print(note, file=sys.stderr, flush=True)
     budget_h = budget * (2 if "tp2" in case.name else 1)
     print(f"\n## {case.name} (budget {budget_h:g} GPU-h; {seeds} seeds)")
     head = "GPU-h to 3 % med | p90 | trials med | p90 | regret med | p90 | regret <= 3 % | GPU-h spent med"
-    print(f"| strategy | realities | runs | {head} | probes/trial |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| strategy | realities | runs | {head} | trials run med | probes/trial | GPU-min/trial |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for group in ("identity", "tuned", "structural", "held-out"):
         for strategy in strategies:
             rows = results.get((strategy, group))
@@ -277,7 +277,8 @@ def report_case(
 
 
 def _line(strategy: str, group: str, rows: list[tuple[float, ...]]) -> str:
-    hours, trials, regret, spent, probes = (np.array(col, dtype=float) for col in zip(*rows, strict=True))
+    columns = (np.array(c, dtype=float) for c in zip(*rows, strict=True))
+    hours, trials, regret, spent, probes, ran, per_trial = columns
 
     def q(x: np.ndarray, p: float, fmt: str) -> str:
         value = float(np.percentile(x, p, method="higher"))
@@ -287,7 +288,8 @@ def _line(strategy: str, group: str, rows: list[tuple[float, ...]]) -> str:
     return (
         f"| {strategy} | {group} | {len(rows)} | {q(hours, 50, '.2f')} | {q(hours, 90, '.2f')} | "
         f"{q(trials, 50, '.0f')} | {q(trials, 90, '.0f')} | {np.median(regret):.1%} | "
-        f"{np.percentile(regret, 90):.1%} | {ok:.0%} | {np.median(spent):.2f} | {np.mean(probes):.1f} |"
+        f"{np.percentile(regret, 90):.1%} | {ok:.0%} | {np.median(spent):.2f} | {np.median(ran):.0f} | "
+        f"{np.mean(probes):.1f} | {np.mean(per_trial):.1f} |"
     )
 
 
