@@ -6,7 +6,7 @@ A real trial of a grid config is the capacity search a trial runs (trial/capacit
 engine with the reality's calibration and 2 % noise; it costs the simulated GPU time that search
 charges (startup, saturation, probes; x TP). Ground truth: the same search, noise off, on the union of
 every config any strategy measured and the reality's own top 50 by its fast estimate (not the whole
-grid: see benchmarks/guided_search_trials.py). Searches are cached in runs/guided_search/trials/.
+grid: see benchmarks/guided_search_trials.py). Searches are cached in runs/guided_search/trials/<code>/.
 Configs the guide's memory model predicts not to start are not launched by any strategy (the run's
 startup screen).
 
@@ -43,7 +43,7 @@ from guided_search_realities import Reality, realities  # noqa: E402
 from guided_search_trials import TRUTH_TOP, Trials  # noqa: E402
 
 from autotune.catalog.gpus import get_gpu  # noqa: E402
-from autotune.tune.guide import predict_points, predict_space  # noqa: E402
+from autotune.tune.guide import code_digest, predict_points, predict_space  # noqa: E402
 from autotune.tune.guided import ATTR, GuidedOptions, GuidedSearch  # noqa: E402
 from autotune.tune.objectives import Objective  # noqa: E402
 from autotune.tune.samplers import make_sampler  # noqa: E402
@@ -124,7 +124,8 @@ def build_world(case: Case, reality: Reality, processes: int) -> World:
     table = predict_space(space, workload, slos, calibration=cal, runs_dir=RUNS, processes=processes)
     guide = GuidedSearch(guide_table, space, OBJECTIVE, extra={p.key: p for p in guide_extra.predictions})
     slug = "".join(c if c.isalnum() else "-" for c in reality.name)
-    trials = Trials(RUNS / "trials" / case.name / f"{slug}.json", case, cal, OBJECTIVE)
+    # keyed by the simulator's code as the guide's tables are: a changed model measures anew
+    trials = Trials(RUNS / "trials" / code_digest() / case.name / f"{slug}.json", case, cal, OBJECTIVE)
     world = World(case, reality, guide, trials, baseline, guide_table.tensor_parallel_size)
     world.grid_keys = {p.key: p.params for p in [*guide_table.predictions, *guide_extra.predictions]}
     world.launchable = {p.key for p in [*guide_table.predictions, *guide_extra.predictions] if p.starts}
