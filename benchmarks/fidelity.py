@@ -3,7 +3,9 @@
 Reads benchmarks/fidelity_points.yaml (sources, setups, measured values, train/validation split) and
 prints, per point and metric, the simulated value, the measured value and the signed error
 (simulated / measured - 1), then the median |error| per split and metric class (throughput, latency,
-memory). tests/test_fidelity.py bounds the validation medians.
+memory), then the ranking checks: the gain between two points that differ in the flags a tuner searches
+(TP, token budget, max_num_seqs), simulated against measured. tests/test_fidelity.py bounds the
+validation medians and the ranking checks.
 
     python benchmarks/fidelity.py [--points benchmarks/fidelity_points.yaml] [--split validation]
 """
@@ -35,6 +37,7 @@ from autotune.workloads.spec import Request
 POINTS = Path(__file__).with_name("fidelity_points.yaml")
 THROUGHPUT = ("request_throughput", "output_throughput", "total_token_throughput")
 CLASSES = ("throughput", "latency", "memory")
+RANKING_BOUND = 0.10  # |simulated gain / measured gain - 1| a ranking check must stay within
 
 
 @dataclass(frozen=True)
@@ -62,9 +65,60 @@ class Error:
         return "latency" if self.metric.endswith("_ms") else "memory"
 
 
+@dataclass(frozen=True)
+class Ranking:
+    """One ranking check: the measured and simulated gain of one point over another."""
+
+    check: str
+    split: str
+    flags: str
+    simulated: float  # simulated numerator / simulated denominator
+    measured: float
+
+    @property
+    def error(self) -> float:
+        """simulated gain / measured gain - 1."""
+        return self.simulated / self.measured - 1.0
+
+    @property
+    def sign_agrees(self) -> bool:
+        """Both gains on the same side of 1 (a config the tuner should prefer stays preferred)."""
+        return (self.simulated - 1.0) * (self.measured - 1.0) > 0
+
+    @property
+    def passes(self) -> bool:
+        """The sign agrees and the size is within RANKING_BOUND."""
+        return self.sign_agrees and abs(self.error) <= RANKING_BOUND
+
+
 def load_points(path: Path = POINTS) -> list[dict[str, Any]]:
     """The points of the data file."""
     return list(yaml.safe_load(path.read_text())["points"])
+
+
+def load_rankings(path: Path = POINTS) -> list[dict[str, Any]]:
+    """The ranking checks of the data file."""
+    return list(yaml.safe_load(path.read_text()).get("rankings", []))
+
+
+def rankings(checks: Iterable[dict[str, Any]], errors: Iterable[Error]) -> list[Ranking]:
+    """Each check's simulated and measured gain, from the evaluated points' errors."""
+    by_key = {(e.point, e.metric): e for e in errors}
+    out = []
+    for check in checks:
+        num = by_key[(check["numerator"], check["metric"])]
+        den = by_key[(check["denominator"], check["metric"])]
+        split = "validation" if "validation" in (num.split, den.split) else "train"
+        out.append(
+            Ranking(
+                check["id"],
+                split,
+                check.get("flags", ""),
+                num.simulated / den.simulated,
+                num.measured / den.measured,
+            )
+        )
+    return out
 
 
 def _config(point: dict[str, Any]) -> EngineConfig:
@@ -175,8 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--points", type=Path, default=POINTS)
     parser.add_argument("--split", choices=("train", "validation"), default=None)
     args = parser.parse_args(argv)
-    points = [p for p in load_points(args.points) if args.split in (None, p["split"])]
+    points = load_points(args.points)
+    checks = load_rankings(args.points)
+    needed = {c[k] for c in checks for k in ("numerator", "denominator")}
+    points = [p for p in points if args.split in (None, p["split"]) or p["id"] in needed]
     errors = evaluate(points)
+    ranks = [r for r in rankings(checks, errors) if args.split in (None, r.split)]
+    errors = [e for e in errors if args.split in (None, e.split)]
     print(f"{'point':34} {'split':10} {'metric':20} {'simulated':>11} {'measured':>11} {'error':>8}")
     for e in errors:
         print(
@@ -188,7 +247,26 @@ def main(argv: list[str] | None = None) -> int:
         bound = 0.10 if cls == "throughput" else 0.20
         within = sum(abs(e.signed) <= bound for e in group)
         print(f"  {split:10} {cls:10} {value:6.1%}  ({within}/{len(group)} within {bound:.0%})")
+    print_rankings(ranks)
     return 0
+
+
+def print_rankings(ranks: list[Ranking]) -> None:
+    """The ranking checks: simulated and measured gain, the ratio's error, pass/fail."""
+    if not ranks:
+        return
+    print(f"\n{'ranking check':34} {'split':10} {'simulated':>9} {'measured':>9} {'error':>8}  flags")
+    for r in ranks:
+        mark = "ok" if r.passes else ("SIGN" if not r.sign_agrees else "FAIL")
+        print(
+            f"{r.check:34} {r.split:10} {r.simulated:9.3f} {r.measured:9.3f} {r.error:+8.1%}  {mark:4} {r.flags}"
+        )
+    for split in ("train", "validation"):
+        group = [r for r in ranks if r.split == split]
+        if group:
+            med = statistics.median(abs(r.error) for r in group)
+            ok = sum(r.passes for r in group)
+            print(f"  {split:10} ranking  median |error| {med:6.1%}  ({ok}/{len(group)} pass: sign and within {RANKING_BOUND:.0%})")
 
 
 if __name__ == "__main__":
