@@ -8,8 +8,12 @@ A step runs every scheduled token through the model once. Its GPU time is, per r
              + decodes: the same max over their one query per context token (memory-bound: the KV read)
   TP         2 all-reduces per layer of tokens x hidden bf16: ring 2(TP-1)/TP x bytes / link + latency
 
-plus the CPU side of a step (scheduler, input preparation, sampling, kernel launches): a fixed base,
-a per-request part, and a launch penalty per layer when the batch is too large for CUDA graphs.
+plus, per layer, the kernels whose time does not shrink with the batch (norms, rotary embedding,
+activation, the attention launch: a few microseconds each even at one token), and the CPU side of a
+step (scheduler, input preparation, sampling): a fixed base, a per-request part, and a launch penalty
+per layer when the batch has more tokens than the largest captured CUDA graph (vLLM captures
+`min(2 * max_num_seqs, 512)` tokens at most; beyond that the model runs eagerly, its kernels launched
+from Python one by one, `vllm/v1/worker/gpu_model_runner.py`).
 The prefill and decode parts of attention are added, not overlapped: the decodes' KV reads do not hide
 behind the chunks' FLOPs (GPUStack's Qwen3-14B runs at 4K context are 10-18 % slower than the
 overlapped form gives; docs/simulator.md). The efficiency factors are fitted on the train split of
@@ -26,15 +30,23 @@ GEMM_EFF = 0.60  # achieved / peak bf16 for large GEMMs (prefill)
 GEMM_HALF_M = 32  # tokens at which a GEMM reaches half of GEMM_EFF (tile and wave quantization)
 ATTN_EFF = 0.60  # FlashAttention prefill achieved / peak
 BW_EFF = 0.80  # achieved / peak HBM bandwidth for weight and KV streaming
-STEP_BASE_S = 2.5e-3  # scheduler + input prep + sampling + output processing per step
-PER_SEQ_S = 10e-6  # per scheduled request: block tables, sampling metadata, output processing
-EAGER_PER_LAYER_S = 30e-6  # kernel-launch cost per layer when the batch exceeds the CUDA-graph sizes
+PER_LAYER_S = 20e-6  # per layer and step: the kernels whose time does not shrink with the batch
+STEP_BASE_S = 2.2e-3  # scheduler + input prep + sampling + output processing per step
+PER_SEQ_S = 6.5e-6  # per scheduled request: block tables, sampling metadata, output processing
+EAGER_PER_LAYER_S = 40e-6  # kernel-launch cost per layer when the batch exceeds the CUDA-graph sizes
 
 
 class CostModel:
     """Step durations for one model on one GPU type at one TP size (coefficients precomputed)."""
 
-    def __init__(self, model: ModelSpec, gpu: GpuSpec, tp: int, kv_bytes_per_token: int) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        tp: int,
+        kv_bytes_per_token: int,
+        max_graph_tokens: int = MAX_CUDA_GRAPH_SIZE,
+    ) -> None:
         peak = gpu.bf16_flops * gpu.compute_scale
         bw = gpu.hbm_bytes_per_s * BW_EFF
         layer_params = model.num_layers * model.layer_params
@@ -56,6 +68,8 @@ class CostModel:
             self._allreduce_per_token = 0.0
             self._allreduce_fixed = 0.0
         self._eager_s = model.num_layers * EAGER_PER_LAYER_S
+        self._layers_s = model.num_layers * PER_LAYER_S
+        self._max_graph_tokens = max_graph_tokens
 
     def step_time(
         self,
@@ -109,8 +123,8 @@ class CostModel:
         return num_tokens * self._allreduce_per_token + self._allreduce_fixed
 
     def cpu_s(self, num_tokens: int, num_seqs: int) -> float:
-        """The CPU side: a fixed base, a part per scheduled request, the launch penalty past CUDA graphs."""
-        cpu = STEP_BASE_S + num_seqs * PER_SEQ_S
-        if num_tokens > MAX_CUDA_GRAPH_SIZE:
+        """Fixed costs: per-layer small kernels, a base, a part per scheduled request, eager launches."""
+        cpu = self._layers_s + STEP_BASE_S + num_seqs * PER_SEQ_S
+        if num_tokens > self._max_graph_tokens:
             cpu += self._eager_s
         return cpu

@@ -45,7 +45,11 @@ class SimEngine:
         )
         self.memory: MemoryPlan = plan_memory(self.config, self.model, self.gpu)
         self.costs = CostModel(
-            self.model, self.gpu, self.config.tensor_parallel_size, self.memory.kv_bytes_per_token
+            self.model,
+            self.gpu,
+            self.config.tensor_parallel_size,
+            self.memory.kv_bytes_per_token,
+            self.memory.cuda_graph_sizes[-1],
         )
         self.noise = noise  # None: every step takes exactly its modelled time
         self.now = 0.0
@@ -112,7 +116,7 @@ class SimEngine:
 
     def finished_records(self) -> dict[int, RequestRecord]:
         """The record of every finished request, by request id."""
-        times = np.asarray(self.step_times)
+        times = np.asarray(self.frontend.delivery())
         return {rid: self.record(rid, times) for rid in self._done}
 
     @property
@@ -128,19 +132,23 @@ class SimEngine:
     def record(self, request_id: int, times: np.ndarray | None = None) -> RequestRecord:
         """The client-side record of a finished request (times from its token-emission steps).
 
-        `times` is `np.asarray(step_times)`, passed in when building many records.
+        `times` is when each step's tokens reached the client (`frontend.delivery()`), passed in when
+        building many records. Tokens delivered together went out as one chunk: one ITL gap.
         """
         req = self._done[request_id]
         if times is None:
-            times = np.asarray(self.step_times)
+            times = np.asarray(self.frontend.delivery())
         parts = [times[a : b + 1] for a, b in req.segments]
         emitted = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        gaps = emitted[1:] - emitted[:-1]
+        if not gaps.all():
+            gaps = gaps[gaps > 0]  # tokens delivered together: one chunk, one gap
         return RequestRecord(
             prompt_len=req.prompt_len,
             output_len=int(emitted.size),
             start_time=req.send_time,
             ttft=float(emitted[0] - req.send_time),
-            itl=np.diff(emitted).tolist(),
+            itl=gaps.tolist(),
             latency=float(emitted[-1] - req.send_time),
         )
 
@@ -154,7 +162,7 @@ class SimEngine:
                 "completion). Please reduce the length of the messages or completion."
             )
         r = EngineRequest(request, send_time, self._bs)
-        r.ready = self.frontend.ready_time(send_time, chat)
+        r.wave, r.latency = self.frontend.take_in(send_time, chat)
         self._waiting.append(r)
 
     def _step(self, emit: bool) -> StepOutput:
@@ -204,11 +212,10 @@ class SimEngine:
         )
         if self.noise is not None:
             duration *= self.noise.factor()
-        # The API server streams the previous step's tokens while the core runs this one; the core
-        # hands this step's output over only once the server has taken the last (frontend.py).
-        duration = max(duration, self.frontend.streamed_at() - self.now)
         self.now += duration
-        self.frontend.stream(self.now, num_decode + len(completing))
+        # The core hands the step's outputs to the API server and goes on: the server delays what the
+        # client sees, never the next step (frontend.py).
+        self.frontend.stream(step, self.now, num_decode + len(completing))
         self.step_times.append(self.now)
         # -- effects ------------------------------------------------------------------------------
         self._decode_context += num_decode
