@@ -41,7 +41,8 @@ def simulate(
     A request is sent once it has arrived and (with max_concurrency) a slot is free; its record's
     start_time is that send time, so TTFT excludes the wait for a slot, as in vLLM's client. A finished
     request's successor is sent when the client sees it finish (the API server's delivery of that
-    step, frontend.py), so (as over HTTP) it cannot join the step that starts when it ended. `api` "chat" prices the chat API's extra frontend work.
+    step, frontend.py), so (as over HTTP) it cannot join the step that starts when it ended. `api`
+    "chat" prices the chat API's extra frontend work.
     """
     chat = api == "chat"
     engine = SimEngine(config, gpu, noise)
