@@ -57,6 +57,8 @@ from capacity_runs import (  # noqa: E402
 
 from autotune.backends.sim import SimBackend  # noqa: E402
 from autotune.core.config import EngineConfig  # noqa: E402
+from autotune.measure.capacity_report import CapacityReport  # noqa: E402
+from autotune.measure.result import TrialResult  # noqa: E402
 from autotune.measure.slo import parse_slos  # noqa: E402
 from autotune.sim.noise import NoiseModel  # noqa: E402
 from autotune.trial.capacity import CapacitySearch, find_capacity  # noqa: E402
@@ -197,23 +199,26 @@ def _measure(job: Job) -> dict:
         cpu_s = time.process_time() - started
         if default.failure is not None and default.benchmark is None:
             return {**out, "error": f"{default.failure}: {default.message[:80]}"}
-        rate = default.info["capacity_rate"]
+        capacity = _capacity(default)
+        rate = capacity.rate
         seeds = [CHECK_SEED + k * SEARCH_SEED_STEP + j for j in range(CHECK_SEEDS)]
         checks = [check(backend, config, workload, slos, rate, seed) for seed in seeds] if rate > 0 else []
         out["searches"].append(
             {
                 "rate": rate,
-                "probes": len(default.info["capacity_probes"]),
+                "probes": len(capacity.probes),
                 "gpu_s": default.gpu_seconds,
                 "cpu_s": cpu_s,
-                "saturation": default.info["saturation_throughput"],
+                "saturation": capacity.saturation_throughput,
                 "checks": checks,
             }
         )
     references = [
-        find_capacity(
-            backend, config, workload, slos, seed=REFERENCE_SEED + j * SEARCH_SEED_STEP, search=REFERENCE
-        ).info["capacity_rate"]
+        _capacity(
+            find_capacity(
+                backend, config, workload, slos, seed=REFERENCE_SEED + j * SEARCH_SEED_STEP, search=REFERENCE
+            )
+        ).rate
         for j in range(job.reference_runs)
     ]
     out["references"] = references
@@ -246,6 +251,12 @@ def _measure(job: Job) -> dict:
         for i, f in enumerate(LONG_RUN_FACTORS)
     }
     return out
+
+
+def _capacity(result: TrialResult) -> CapacityReport:
+    """The capacity report of a search's result (find_capacity always makes one)."""
+    assert result.capacity is not None
+    return result.capacity
 
 
 def _label(params: dict) -> str:
@@ -343,8 +354,8 @@ def main() -> int:
 
 
 def _per_scenario(rows: list[dict]) -> None:
-    """Each scenario's capacities and GPU time per trial, over its configs and search seeds (the README's
-    cost table)."""
+    """Each scenario's capacities and GPU time per trial, over its configs and search seeds (docs/evidence.md,
+    "GPU time of a capacity trial")."""
     print("\nper scenario, over configs x search seeds: capacity (req/s), GPU-minutes per capacity search")
     for case in dict.fromkeys(r["case"] for r in rows if "error" not in r):
         searches = [s for r in rows if r["case"] == case and "error" not in r for s in r["searches"]]

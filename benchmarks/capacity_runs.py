@@ -50,7 +50,8 @@ def check(
 ) -> tuple[float, bool]:
     """A 4,000-request Poisson run at `rate`, as a user would verify it: (served share, SLOs met)."""
     run = poisson_run(backend, config, workload, slos, rate, seed, CHECK_REQUESTS)
-    served = run.info.get("served_rate", 0.0) / max(run.info.get("offered_rate", 1e-9), 1e-9)
+    steady = run.load.steady if run.load is not None else None
+    served = steady.served_rate / max(steady.offered_rate, 1e-9) if steady is not None else 0.0
     # As a user would verify it: served >= 95 % of the offered rate, every SLO met.
     met = run.ok and served >= CHECK_SERVED and all(s.margin(run.benchmark) <= 0 for s in slos)
     return served, met
@@ -63,8 +64,8 @@ def shares(
     measured after LONG_RUN_WARMUP requests."""
     run = poisson_run(backend, config, workload, slos, rate, seed, LONG_RUN_REQUESTS, LONG_RUN_WARMUP)
     allowed = {s.name: s.allowed_share for s in slos}
-    evidence = run.info.get("slo_evidence") or {}
-    return {name: margin + allowed[name] for name, (margin, _, _) in evidence.items() if allowed[name]}
+    evidence = (run.load.slo_evidence if run.load is not None else None) or ()
+    return {c.name: c.margin + allowed[c.name] for c in evidence if allowed[c.name]}
 
 
 def print_band(rows: list[dict], n: int) -> None:

@@ -9,6 +9,7 @@ code that measures, so each strategy looks results up instead of simulating.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import pickle
 from collections.abc import Sequence
@@ -33,12 +34,11 @@ from autotune.tune.study import config_key
 
 TARGETS = (0.95, 0.98, 1.0)  # shares of the oracle's best feasible throughput a run is timed to
 WORKLOAD_SEED = 0  # every trial replays the same requests (as `autotune run --seed 0` does)
-# What a cached result keeps of a trial's info: what the constraints read (keeping up) and the capacity.
-KEPT_INFO = ("backlog_growth", "backlog_allowed", "kept_up", "capacity_rate", "capacity_resolution")
 MEASURING = (
     "trial/capacity.py", "trial/probe.py", "measure/steady_state.py", "measure/metrics.py",
     "measure/early_abort.py", "measure/evidence.py", "measure/slo.py", "tune/objectives.py",
     "workloads/spec.py", "workloads/traces.py", "workloads/lengths.py", "core/config.py",
+    "measure/result.py", "measure/load_report.py", "measure/capacity_report.py",
 )  # fmt: skip
 HV_REF = 1.1  # reference point of the normalized costs (each in [0, 1] over the feasible grid)
 
@@ -99,8 +99,11 @@ def simulate(scenario: Scenario, config: EngineConfig) -> TrialResult:
         (),
         None,
     )
+    # What scoring reads: the metrics, keeping up (the constraints) and the capacity, not its probes.
     result.log_tail = ""
-    result.info = {k: v for k, v in result.info.items() if k in KEPT_INFO}
+    result.server = None
+    if result.capacity is not None:
+        result.capacity = dataclasses.replace(result.capacity, probes=())
     return result
 
 

@@ -103,7 +103,7 @@ def test_trial_in_a_container_over_real_http(
     assert result.ok, (result.failure, result.message, result.log_tail)
     assert result.benchmark.completed == 8 and result.benchmark.total_output_tokens == 8 * 8
     assert result.benchmark.server["num_gpu_blocks"] > 0
-    assert "--load-format dummy" in " ".join(result.info["command"])
+    assert "--load-format dummy" in " ".join(result.server.command)
     assert (tmp_path / "server.log").stat().st_size > 0  # the container's logs were captured
     assert _autotune_containers(docker) == []
 

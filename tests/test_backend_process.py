@@ -106,12 +106,13 @@ def test_ok_trial_over_real_http(tmp_path: Path) -> None:
     assert bench.request_goodput is not None and bench.request_goodput > 0
     # Server-side figures come from the server's own /metrics (vLLM's names).
     assert (
-        bench.server["num_gpu_blocks"] > 0 and result.info["num_gpu_blocks"] == bench.server["num_gpu_blocks"]
+        bench.server["num_gpu_blocks"] > 0
+        and result.server.engine.num_gpu_blocks == bench.server["num_gpu_blocks"]
     )
     assert bench.server["num_preemptions"] == 0
     assert 0 < bench.server["peak_kv_cache_usage"] <= 1
     assert result.startup_s > 0 and 0 < result.benchmark_s <= elapsed
-    assert result.info["server_log"] == str(tmp_path / "server.log")
+    assert result.server.log_path == str(tmp_path / "server.log")
     assert_cleaned_up(tmp_path)
 
 

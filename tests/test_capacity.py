@@ -15,10 +15,11 @@ from autotune.backends.sim import SimBackend
 from autotune.core.config import EngineConfig
 from autotune.core.errors import FailureKind
 from autotune.measure.evidence import FAIL, PASS, UNSURE, Criterion, judge, pool
+from autotune.measure.load_report import LoadReport, SteadyState
 from autotune.measure.metrics import RequestRecord, compute_metrics
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import parse_slos
-from autotune.measure.steady_state import relaxation_s
+from autotune.measure.steady_state import MAX_BACKLOG_GROWTH, relaxation_s
 from autotune.trial.capacity import (
     RELAXATIONS,
     CapacitySearch,
@@ -69,15 +70,15 @@ QUICK = CapacitySearch(min_warmup_s=1.0, min_window_s=10.0)
 def test_sim_capacity_pays_one_startup_and_every_run() -> None:
     backend = SimBackend("H100")
     result = find_capacity(backend, CONFIG, WORKLOAD, SLOS, search=QUICK)
-    assert result.ok and result.info["capacity_rate"] > 0
-    probes = result.info["capacity_probes"]
+    assert result.ok and result.capacity.rate > 0
+    probes = result.capacity.probes
     assert len(probes) >= 2
     alone = backend.evaluate(CONFIG, WORKLOAD, SLOS)
     assert result.startup_s == alone.startup_s > 0  # one startup for the saturation run and every probe
     # every run is accounted for: spent, or saved by the early abort of a probe that was lost; a probe
     # measured again ran a warm-up and a window each time
-    warmup, window = result.info["capacity_window_s"]
-    runs = sum(p["windows"] for p in probes)
+    warmup, window = result.capacity.window_s
+    runs = sum(p.windows for p in probes)
     assert runs > len(probes)  # some probe was measured again (see the test below)
     assert result.benchmark_s + result.saved_s > runs * (warmup + window) * 0.9
     assert result.saved_s > 0
@@ -87,32 +88,30 @@ def test_a_probe_too_close_to_call_is_measured_longer_and_counts_as_a_miss() -> 
     """Near the threshold a window's p99 cannot tell pass from fail: a second window is measured and
     pooled with the first; still unsure, the rate is not reported (another run at it could miss the SLO)."""
     result = find_capacity(SimBackend("H100"), CONFIG, WORKLOAD, SLOS, search=QUICK)
-    probes = result.info["capacity_probes"]
-    unsure = [p for p in probes if p["verdict"] == "unsure"]
-    assert unsure and all(p["windows"] == QUICK.max_windows for p in unsure)
-    assert all(not p["meets_slos"] for p in unsure)
-    assert all(p["rate"] > result.info["capacity_rate"] for p in unsure)
-    sure = [p for p in probes if p["verdict"] != "unsure"]
-    assert any(p["windows"] == 1 for p in sure)  # clear verdicts are not measured again
+    probes = result.capacity.probes
+    unsure = [p for p in probes if p.verdict == "unsure"]
+    assert unsure and all(p.windows == QUICK.max_windows for p in unsure)
+    assert all(not p.meets_slos for p in unsure)
+    assert all(p.rate > result.capacity.rate for p in unsure)
+    sure = [p for p in probes if p.verdict != "unsure"]
+    assert any(p.windows == 1 for p in sure)  # clear verdicts are not measured again
 
 
 def test_capacity_is_a_rate_the_config_sustains() -> None:
     """At the reported rate a 4x longer run keeps up and meets the SLO; at the bracket's top it does not."""
     backend = SimBackend("H100")
     result = find_capacity(backend, CONFIG, WORKLOAD, SLOS, search=QUICK)
-    low, high = result.info["capacity_bracket"]
-    top = [p for p in result.info["capacity_probes"] if p["rate"] == high]
+    low, high = result.capacity.bracket
+    top = [p for p in result.capacity.probes if p.rate == high]
     # within the resolution, or twice that when the rate above was too close to call
-    fine = QUICK.resolution if top[0]["verdict"] != "unsure" else (1 + QUICK.resolution) ** 2 - 1
-    assert low == result.info["capacity_rate"] and high / low - 1 <= fine + 1e-9
-    assert result.info["capacity_bound_measured"]  # the top was a probe that failed, not the estimate
-    long_run = WORKLOAD.with_load(
-        request_rate=low, num_requests=int(low * 4 * sum(result.info["capacity_window_s"]))
-    )
+    fine = QUICK.resolution if top[0].verdict != "unsure" else (1 + QUICK.resolution) ** 2 - 1
+    assert low == result.capacity.rate and high / low - 1 <= fine + 1e-9
+    assert result.capacity.bound_measured  # the top was a probe that failed, not the estimate
+    long_run = WORKLOAD.with_load(request_rate=low, num_requests=int(low * 4 * sum(result.capacity.window_s)))
     check = backend.evaluate(CONFIG, long_run, SLOS)
-    assert check.info["kept_up"] and meets(check, SLOS)
-    failing = [p for p in result.info["capacity_probes"] if not p["meets_slos"]]
-    assert failing and min(p["rate"] for p in failing) == high
+    assert check.kept_up and meets(check, SLOS)
+    failing = [p for p in result.capacity.probes if not p.meets_slos]
+    assert failing and min(p.rate for p in failing) == high
 
 
 @pytest.mark.parametrize("slo", ["itl_p99=1s", ""])
@@ -120,11 +119,11 @@ def test_capacity_is_bounded_without_a_ttft_slo(slo: str) -> None:
     """ITL-only or no SLO: the rate is bounded by what the server keeps up with, not by a probe limit."""
     slos = parse_slos(slo) if slo else []
     result = find_capacity(SimBackend("H100"), CONFIG, WORKLOAD, slos, search=QUICK)
-    saturation = result.info["saturation_throughput"]
-    assert 0 < result.info["capacity_rate"] <= 1.1 * saturation
-    over = [p for p in result.info["capacity_probes"] if not p["meets_slos"]]
+    saturation = result.capacity.saturation_throughput
+    assert 0 < result.capacity.rate <= 1.1 * saturation
+    over = [p for p in result.capacity.probes if not p.meets_slos]
     # what failed was keeping up: a growing backlog, or less than 96 % of the offered rate served
-    assert over and all(p["kept_up"] is False or p["served_rate"] < 0.96 * p["rate"] for p in over)
+    assert over and all(p.kept_up is False or p.served_rate < 0.96 * p.rate for p in over)
 
 
 def test_sim_capacity_of_a_config_that_cannot_start() -> None:
@@ -145,10 +144,10 @@ def test_capacity_over_http_starts_the_server_once(tmp_path: Path) -> None:
     result = find_capacity(backend, CONFIG, WORKLOAD, slos, trial_dir=tmp_path / "trial", search=search)
     assert result.ok, (result.failure, result.message, result.log_tail)
     assert launches.read_text().splitlines() == ["launch"]
-    probes = result.info["capacity_probes"]
-    assert len(probes) == 3 and result.info["saturation_throughput"] > 0
-    assert all(p["served_rate"] is not None for p in probes)  # steadiness measured over HTTP too
-    assert result.info["capacity_rate"] in [p["rate"] for p in probes]
+    probes = result.capacity.probes
+    assert len(probes) == 3 and result.capacity.saturation_throughput > 0
+    assert all(p.served_rate is not None for p in probes)  # steadiness measured over HTTP too
+    assert result.capacity.rate in [p.rate for p in probes]
     assert result.benchmark.latency_ms["ttft"]["p50"] <= 3000
     assert 0 < result.startup_s < result.benchmark_s
 
@@ -161,7 +160,7 @@ def test_a_server_that_dies_mid_search_ends_it_without_a_relaunch(tmp_path: Path
     )
     result = find_capacity(backend, CONFIG, WORKLOAD, SLOS, trial_dir=tmp_path / "trial", search=search)
     assert launches.read_text().splitlines() == ["launch"]
-    assert len(result.info["capacity_probes"]) == 1
+    assert len(result.capacity.probes) == 1
     assert result.failure is FailureKind.CRASHED and "server exited with code 1" in result.message
 
 
@@ -187,10 +186,10 @@ def test_far_below_saturation_a_ttft_tail_needs_no_long_window() -> None:
     assert window_requests(parse_slos("ttft_p99=2s,itl_p99=50ms"), queued=False) == 400
     assert window_requests(parse_slos("ttft_p99=2s,e2el_p99=20s"), queued=False) == 1000
     result = find_capacity(SimBackend("H100"), CONFIG, WORKLOAD, SLOS, search=QUICK)  # p99 TTFT 300 ms
-    loaded_from = QUICK.queue_free_below * result.info["saturation_throughput"]
-    probes = result.info["capacity_probes"]
-    loaded = [p["requests"] for p in probes if p["rate"] >= loaded_from]
-    light = [p["requests"] for p in probes if p["rate"] < loaded_from]
+    loaded_from = QUICK.queue_free_below * result.capacity.saturation_throughput
+    probes = result.capacity.probes
+    loaded = [p.requests for p in probes if p.rate >= loaded_from]
+    light = [p.requests for p in probes if p.rate < loaded_from]
     assert loaded and light  # the search probed on both sides
     # windows are sized for 1,000 or 400 arrivals; Poisson arrivals make the count a little off
     assert min(loaded) >= 900 and max(light) < 600 and min(light) >= 350
@@ -214,14 +213,22 @@ SATURATION = 100.0  # far above every probe below: no excursion scaling in the p
 
 def _window(rate: float, share_margin: float, error: float, samples: int = 1000) -> TrialResult:
     """A probe window at `rate` whose p99 TTFT criterion has this margin and error, and which kept up."""
-    info = {
-        "offered_rate": rate,
-        "served_rate": rate,
-        "kept_up": True,
-        "backlog_growth": 0.0,
-        "slo_evidence": {"ttft_p99": [share_margin, error, samples]},
-    }
-    return TrialResult(config=CONFIG, info=info)
+    steady = SteadyState(
+        offered_rate=rate,
+        served_rate=rate,
+        backlog_growth=0.0,
+        backlog_allowed=MAX_BACKLOG_GROWTH,
+        backlog_filling=0.0,
+        kept_up=True,
+    )
+    evidence = (Criterion("ttft_p99", share_margin, error, samples),)
+    return TrialResult(config=CONFIG, load=LoadReport(steady=steady, slo_evidence=evidence))
+
+
+def _steady(result: TrialResult, **changes: object) -> LoadReport:
+    """`result`'s load report with its window's steadiness changed."""
+    assert result.load is not None and result.load.steady is not None
+    return dataclasses.replace(result.load, steady=dataclasses.replace(result.load.steady, **changes))
 
 
 def _ran(window: TrialResult) -> TrialResult:
@@ -317,10 +324,10 @@ def test_below_saturation_only_a_gross_shortfall_fails_a_rate() -> None:
     for minutes near saturation, fails it only when it served less than 90 %. Above saturation the
     window must have kept up with the rate asked for, not with the arrivals it happened to draw."""
     wandering = _ran(_window(10.0, -0.005, 0.001))
-    wandering.info.update(served_rate=9.4, kept_up=False, backlog_growth=0.05)
+    wandering.load = _steady(wandering, served_rate=9.4, kept_up=False, backlog_growth=0.05)
     assert probe_verdict([wandering], SLOS, rate=10.0, saturation=11.0) == PASS
     assert probe_verdict([wandering], SLOS, rate=10.0, saturation=9.0) == FAIL
-    wandering.info.update(served_rate=8.8)
+    wandering.load = _steady(wandering, served_rate=8.8)
     assert probe_verdict([wandering], SLOS, rate=10.0, saturation=11.0) == FAIL
     # 5 % over saturation, 5 % fewer arrivals than asked for, all of them served: not kept up
     lucky = _window(9.5, -0.005, 0.001)
@@ -338,13 +345,13 @@ def test_a_queued_slo_is_judged_over_the_queues_relaxation_time() -> None:
     assert relaxation_s(10.0, 10.0) == relaxation_s(11.0, 10.0) == math.inf
     config = EngineConfig(model=LLAMA_8B, max_model_len=8192, max_num_seqs=64, max_num_batched_tokens=2048)
     result = find_capacity(SimBackend("H100"), config, load_workload("chat"), parse_slos("ttft_p99=2s"))
-    sat = result.info["saturation_throughput"]
-    probes = result.info["capacity_probes"]
-    assert max(p["rate"] for p in probes) < 0.96 * sat  # a queued SLO cannot be confirmed at saturation
-    settle = {p["rate"]: RELAXATIONS * p["rate"] * relaxation_s(p["rate"], sat) for p in probes}
-    near = [p for p in probes if settle[p["rate"]] > 1000]
+    sat = result.capacity.saturation_throughput
+    probes = result.capacity.probes
+    assert max(p.rate for p in probes) < 0.96 * sat  # a queued SLO cannot be confirmed at saturation
+    settle = {p.rate: RELAXATIONS * p.rate * relaxation_s(p.rate, sat) for p in probes}
+    near = [p for p in probes if settle[p.rate] > 1000]
     assert near  # the search went where the relaxation time, not 1,000 requests, sets the window
-    assert all(p["requests"] >= 0.9 * settle[p["rate"]] for p in near)
+    assert all(p.requests >= 0.9 * settle[p.rate] for p in near)
 
 
 def test_a_rate_that_passed_below_saturation_is_a_feasible_trial() -> None:
@@ -354,9 +361,9 @@ def test_a_rate_that_passed_below_saturation_is_a_feasible_trial() -> None:
     config = EngineConfig(model=LLAMA_8B, max_model_len=8192, max_num_seqs=256, max_num_batched_tokens=8192)
     slos = parse_slos("ttft_p99=2s")
     result = find_capacity(SimBackend("H100"), config, load_workload("chat"), slos)
-    assert result.info["kept_up"] is True and is_feasible(constraints(result, slos))
+    assert result.kept_up is True and is_feasible(constraints(result, slos))
     wandered = {"backlog_growth": 0.05, "backlog_allowed": 0.02}  # what such a window may show
-    result.info.update(wandered)
+    result.load = _steady(result, **wandered)
     assert constraints(result, slos)[KEPT_UP_KEY] <= 0 and is_feasible(constraints(result, slos))
-    fixed_load = dataclasses.replace(result, info={**wandered, "kept_up": False})
+    fixed_load = dataclasses.replace(result, capacity=None, load=_steady(result, **wandered, kept_up=False))
     assert constraints(fixed_load, slos)[KEPT_UP_KEY] > 0  # a fixed-load run is judged on its trend

@@ -3,12 +3,13 @@ the in-process executor of small simulated runs; joining an unreachable cluster.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,24 @@ from autotune.dispatch.executor import Executor, parse_gpus
 from autotune.dispatch.local import LocalExecutor
 from autotune.dispatch.ray_cluster import check_reachable, lost_node
 from autotune.measure.result import TrialResult
+from autotune.workloads.files import load_workload
 
 # Ray workers cannot import this test module: ship its classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+@dataclass
+class SleptResult(TrialResult):
+    """A result that also says when the trial ran, on which GPUs, in which process, and whether it met
+    the others (`SleepBackend.meet`)."""
+
+    start: float = 0.0
+    end: float = 0.0
+    seen_gpu_ids: list[int] = field(default_factory=list)
+    pid: int = 0
+    met: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -48,15 +62,21 @@ class SleepBackend:
         seed: int = 0,
         gpu_ids: Sequence[int] = (),
         trial_dir: Path | None = None,
-    ) -> TrialResult:
+    ) -> SleptResult:
         if self.boom:
             raise RuntimeError("backend bug")
         start = time.time()
         met = self._meet() if self.meet else None
         time.sleep(self.seconds)
-        info = {"start": start, "end": time.time(), "seen_gpu_ids": list(gpu_ids), "pid": os.getpid()}
-        info["met"] = met
-        return TrialResult(config=config, info=info, benchmark_s=self.seconds)
+        return SleptResult(
+            config=config,
+            benchmark_s=self.seconds,
+            start=start,
+            end=time.time(),
+            seen_gpu_ids=list(gpu_ids),
+            pid=os.getpid(),
+            met=met,
+        )
 
     def _meet(self) -> bool:
         """True once `meet_count` tasks were here at the same time: proof they ran at once, whatever
@@ -71,9 +91,7 @@ class SleepBackend:
         return False
 
 
-@dataclass(frozen=True)
-class FixedLoad:
-    load: str = "fixed"
+FIXED_LOAD = dataclasses.replace(load_workload("chat"), load="fixed")  # the sleeping backend ignores it
 
 
 def drain(executor: Executor, expected: int, limit_s: float = 60.0) -> dict[int, TrialResult]:
@@ -86,21 +104,21 @@ def drain(executor: Executor, expected: int, limit_s: float = 60.0) -> dict[int,
 
 
 def test_cpu_slots_run_trials_concurrently(tmp_path: Path) -> None:
-    executor = Executor(SleepBackend(0.1, meet=str(tmp_path)), FixedLoad(), [], cpu_slots=2)
+    executor = Executor(SleepBackend(0.1, meet=str(tmp_path)), FIXED_LOAD, [], cpu_slots=2)
     config = EngineConfig(model="m")
     executor.submit(0, config, 0, None)
     assert executor.can_start()
     executor.submit(1, config, 0, None)
     assert not executor.can_start()  # never more in flight than slots
     results = drain(executor, 2, limit_s=120)
-    a, b = (results[n].info for n in (0, 1))
-    assert a["met"] and b["met"]  # the two trials were running at the same time
-    assert a["pid"] != b["pid"]
+    a, b = (results[n] for n in (0, 1))
+    assert a.met and b.met  # the two trials were running at the same time
+    assert a.pid != b.pid
     assert executor.can_start()
 
 
 def test_ray_places_trials_by_tensor_parallel_size_and_the_backend_gets_its_devices(tmp_path: Path) -> None:
-    executor = Executor(SleepBackend(0.3), FixedLoad(), [], uses_gpus=True)
+    executor = Executor(SleepBackend(0.3), FIXED_LOAD, [], uses_gpus=True)
     assert executor.capacity == 2  # counted from the cluster's resources
     tp2 = EngineConfig(model="m", tensor_parallel_size=2)
     assert executor.fits(tp2) and not executor.fits(tp2.replace(tensor_parallel_size=4))
@@ -109,33 +127,33 @@ def test_ray_places_trials_by_tensor_parallel_size_and_the_backend_gets_its_devi
     )
     executor.submit(0, tp2, 0, None)
     assert not executor.can_start(EngineConfig(model="m"))  # both GPUs taken
-    info = drain(executor, 1)[0].info
-    assert info["gpu_ids"] == info["seen_gpu_ids"] == [0, 1]  # recorded = what the backend pinned
-    assert info["node_id"] == ray.get_runtime_context().get_node_id() and info["node_ip"]
+    result = drain(executor, 1)[0]
+    assert list(result.placement.gpu_ids) == result.seen_gpu_ids == [0, 1]  # recorded = what it pinned
+    assert result.placement.node_id == ray.get_runtime_context().get_node_id() and result.placement.node_ip
 
-    executor = Executor(SleepBackend(0.1, meet=str(tmp_path)), FixedLoad(), [], uses_gpus=True)
+    executor = Executor(SleepBackend(0.1, meet=str(tmp_path)), FIXED_LOAD, [], uses_gpus=True)
     one = EngineConfig(model="m")
     executor.submit(1, one, 0, None)
     executor.submit(2, one, 0, None)
     results = drain(executor, 2, limit_s=120)
-    a, b = (results[n].info for n in (1, 2))
-    assert a["met"] and b["met"]  # they ran at once...
-    assert sorted([a["seen_gpu_ids"][0], b["seen_gpu_ids"][0]]) == [0, 1]  # ...on a device each
+    a, b = (results[n] for n in (1, 2))
+    assert a.met and b.met  # they ran at once...
+    assert sorted([a.seen_gpu_ids[0], b.seen_gpu_ids[0]]) == [0, 1]  # ...on a device each
 
 
 def test_gpus_cap_the_trials_in_flight() -> None:
-    executor = Executor(SleepBackend(0.3), FixedLoad(), [], uses_gpus=True, gpu_cap=1)
+    executor = Executor(SleepBackend(0.3), FIXED_LOAD, [], uses_gpus=True, gpu_cap=1)
     assert executor.capacity == 1
     assert executor.misfit(EngineConfig(model="m", tensor_parallel_size=2)) == (
         "tensor_parallel_size 2 needs 2 GPUs; the pool has 1"
     )
     executor.submit(0, EngineConfig(model="m"), 0, None)
     assert not executor.can_start()
-    assert len(drain(executor, 1)[0].info["gpu_ids"]) == 1
+    assert len(drain(executor, 1)[0].placement.gpu_ids) == 1
 
 
 def test_deadline_cancels_and_reports_a_timeout() -> None:
-    executor = Executor(SleepBackend(60.0), FixedLoad(), [], cpu_slots=1, trial_timeout_s=0.5)
+    executor = Executor(SleepBackend(60.0), FIXED_LOAD, [], cpu_slots=1, trial_timeout_s=0.5)
     executor.submit(7, EngineConfig(model="m"), 0, None)
     start = time.monotonic()
     result = drain(executor, 1, limit_s=30)[7]
@@ -145,7 +163,7 @@ def test_deadline_cancels_and_reports_a_timeout() -> None:
 
 
 def test_backend_exception_is_a_failed_trial() -> None:
-    executor = Executor(SleepBackend(boom=True), FixedLoad(), [], cpu_slots=1)
+    executor = Executor(SleepBackend(boom=True), FIXED_LOAD, [], cpu_slots=1)
     executor.submit(0, EngineConfig(model="m"), 0, None)
     result = drain(executor, 1)[0]
     assert result.failure == FailureKind.ERROR and "backend bug" in result.message
@@ -153,7 +171,7 @@ def test_backend_exception_is_a_failed_trial() -> None:
 
 def test_more_gpus_than_the_cluster_is_an_error() -> None:
     with pytest.raises(AutotuneError, match="asks for 4 GPU"):
-        Executor(SleepBackend(), FixedLoad(), [], uses_gpus=True, gpu_cap=4)
+        Executor(SleepBackend(), FIXED_LOAD, [], uses_gpus=True, gpu_cap=4)
 
 
 def test_parse_gpus() -> None:
@@ -164,11 +182,11 @@ def test_parse_gpus() -> None:
 
 
 def test_local_executor_runs_a_trial_in_process() -> None:
-    executor = LocalExecutor(SleepBackend(0.0), FixedLoad(), [])
+    executor = LocalExecutor(SleepBackend(0.0), FIXED_LOAD, [])
     executor.submit(3, EngineConfig(model="m"), 0, None)
     assert not executor.can_start() and executor.in_flight() == [(3, EngineConfig(model="m"))]
     ((number, result),) = executor.wait(0.5)
-    assert number == 3 and result.info["pid"] == os.getpid()  # this process: no Ray worker
+    assert number == 3 and result.pid == os.getpid()  # this process: no Ray worker
     assert executor.can_start() and executor.wait(0.1) == []
 
 

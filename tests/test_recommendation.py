@@ -6,6 +6,7 @@ from pathlib import Path
 
 from test_study import OBJECTIVES, build_run, ok
 
+from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.result import TrialResult
 from autotune.tune.recommendation import decide
 from autotune.tune.study import records
@@ -16,7 +17,15 @@ MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
 def capacity(throughput: float, resolution: float, ttft_ms: float = 1500, itl_ms: float = 30) -> TrialResult:
     """A capacity trial's result: its value and how finely its bracket knows it."""
     result = ok(throughput, ttft_ms, itl_ms)
-    result.info = {"capacity_resolution": resolution, "capacity_bracket": [1.0, 1.0 + resolution]}
+    result.capacity = CapacityReport(
+        rate=1.0,
+        kept_up=True,
+        bracket=(1.0, 1.0 + resolution),
+        resolution=resolution,
+        bound_measured=True,
+        saturation_throughput=None,
+        goodput=None,
+    )
     return result
 
 

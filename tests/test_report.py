@@ -7,12 +7,27 @@ from pathlib import Path
 import optuna
 from test_study import OBJECTIVES, build_run, ok
 
+from autotune.measure.capacity_report import CapacityReport, ProbeSummary
 from autotune.outputs import report
 from autotune.outputs.cost import cost_view, sizing
 from autotune.outputs.outcome import fmt_number, outcome
 from autotune.tune.study import TrialRecord, records
 
 MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
+
+
+def capacity(rate: float, probes: tuple[ProbeSummary, ...]) -> CapacityReport:
+    """A capacity search's report: `rate` passed, with these probes (its other figures not known)."""
+    return CapacityReport(
+        rate=rate,
+        kept_up=True,
+        bracket=None,
+        resolution=None,
+        bound_measured=False,
+        saturation_throughput=None,
+        goodput=None,
+        probes=probes,
+    )
 
 
 def three_trials(tmp_path: Path) -> optuna.Study:
@@ -63,7 +78,7 @@ def test_cost_view_and_sizing(tmp_path: Path) -> None:
     recs[1].gpu_seconds = 1800.0
     recs[2].gpu_seconds = 120.0  # a launched config that failed to start
     screened = TrialRecord(**{**recs[2].__dict__, "number": 3, "gpu_seconds": 0.0})
-    screened.user_attrs = {**recs[2].user_attrs, "screened": True, "launched": False}
+    screened.screened, screened.launched = True, False
     view = cost_view([*recs, screened], simulated=False)
     assert (view.spent_h, view.saved_abort_h) == (5520 / 3600, 0.5)
     assert view.saved_screen_h == 120 / 3600  # the median launched startup failure, per screened config
@@ -106,7 +121,7 @@ def test_capacity_probes_are_plotted_when_trials_carry_them(tmp_path: Path) -> N
         }
         for r, t in ((8.0, 300.0), (16.0, 900.0), (32.0, 4000.0), (22.6, 1800.0))
     ]
-    out.best.user_attrs["info"] = {**out.best.user_attrs.get("info", {}), "capacity_probes": probes}
+    out.best.capacity = capacity(22.6, tuple(ProbeSummary(**p) for p in probes))
     assert top_probed(out) == [out.best]
     path = plot_probes(tmp_path / "probes.png", out)
     assert path is not None and path.stat().st_size > 10_000
@@ -115,8 +130,9 @@ def test_capacity_probes_are_plotted_when_trials_carry_them(tmp_path: Path) -> N
 
 
 def test_capacity_probes_survive_the_study_storage(tmp_path: Path) -> None:
-    probes = [{"rate": 8.0, "p99_ttft_ms": 300.0, "meets_slos": True, "failure": None}]
+    probes = (ProbeSummary(rate=8.0, p99_ttft_ms=300.0, meets_slos=True, failure=None),)
     result = ok(4000, 1500, 20)
-    result.info = {"capacity_rate": 8.0, "capacity_bracket": [8.0, 8.4], "capacity_probes": probes}
+    result.capacity = capacity(8.0, probes)
     (record,) = records(build_run(tmp_path, [({"max_num_seqs": 64, "baseline": True}, result)]))
-    assert record.user_attrs["info"]["capacity_probes"] == probes  # a list of dicts, not its str()
+    assert record.capacity.probes == probes  # stored as a list of dicts, not its str(), and read back
+    assert record.info["capacity_probes"][0]["p99_ttft_ms"] == 300.0

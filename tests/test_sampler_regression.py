@@ -2,9 +2,9 @@
 
 Uses benchmarks/sample_efficiency*.py on one small scenario (benchmarks/scenarios.py REGRESSION: 50 grid
 points, 10 of them rejected by vLLM's rules). The real tuner loop runs against the grid; only the
-executor is a lookup. Bounds come from the benchmark's measurements with margin (see the README's
-sample-efficiency section): the default reaches 98 % of the oracle's best feasible throughput in a
-median of ~4 trials here, random search in ~8.
+executor is a lookup. Bounds come from the benchmark's measurements with margin (docs/evidence.md,
+"Sample efficiency and the default sampler"): the default reaches 98 % of the oracle's best feasible
+throughput in a median of ~4 trials here, random search in ~8.
 """
 
 from __future__ import annotations

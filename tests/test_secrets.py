@@ -62,4 +62,4 @@ def test_a_server_echoing_its_secrets_leaves_none_on_disk(tmp_path: Path) -> Non
         assert secret not in stored
     assert "--api-key *** " in log and "env: ***" in log and "postgresql://u:***@h/db" in log
     assert "--max-num-batched-tokens 8192" in log and "--max-num-batched-tokens 8192" in result.log_tail
-    assert "8192" in result.info["command"]
+    assert "8192" in result.server.command

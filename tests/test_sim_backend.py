@@ -16,10 +16,11 @@ LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 
 @dataclass
 class TinyWorkload:
-    """The two attributes a backend uses of a WorkloadSpec."""
+    """What a backend uses of a WorkloadSpec (autotune.backends.base.Workload)."""
 
     n: int = 40
     max_concurrency: int | None = None
+    measure_from: float = 0.0
 
     def requests(self, seed: int = 0) -> list[Request]:
         return [Request(i, 200 + 37 * ((i + seed) % 11), 30 + 7 * (i % 5)) for i in range(self.n)]
@@ -35,9 +36,9 @@ def test_evaluate_returns_vllm_bench_metrics_and_server_figures() -> None:
     bench = result.benchmark
     assert bench is not None and bench.completed == 40 and bench.failed == 0
     assert 0 < bench.request_goodput < bench.request_throughput  # the ttft bound drops some requests
-    assert bench.server["num_gpu_blocks"] == result.info["num_gpu_blocks"] > 0
+    assert bench.server["num_gpu_blocks"] == result.server.engine.num_gpu_blocks > 0
     assert {"num_preemptions", "peak_kv_cache_usage"} <= set(bench.server)
-    assert result.info["resolved"]["max_num_seqs"] == 1024
+    assert result.server.resolved["max_num_seqs"] == 1024
     assert result.benchmark_s + result.saved_s == bench.duration and result.startup_s > 20
     assert "GPU KV cache size:" in result.log_tail
 

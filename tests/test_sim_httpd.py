@@ -120,7 +120,8 @@ def test_a_burst_of_requests_is_read_before_their_handlers_run() -> None:
     in its socket while earlier handlers work (time the client counts and the server's clock would not)."""
     import asyncio
 
-    from autotune.sim_server.httpd import DISPATCH_BATCH, HttpConnection, HttpRequest, start_http_server
+    from autotune.sim_server.http_messages import HttpRequest
+    from autotune.sim_server.httpd import DISPATCH_BATCH, HttpConnection, start_http_server
 
     burst = DISPATCH_BATCH + 4
     handled: list[tuple[float, float]] = []  # (read_at, handler start) per request

@@ -1,4 +1,7 @@
-"""Trends the simulator must share with vLLM (vllm-facts.md sections 3 and 7). Each can fail."""
+"""Trends the simulator must share with vLLM (docs/vllm.md, "Scheduler" and "Published measurements").
+
+Each can fail.
+"""
 
 from __future__ import annotations
 

@@ -44,10 +44,10 @@ def test_noise_on_a_short_window_is_not_a_growing_backlog() -> None:
 
 def test_fixed_load_runs_are_judged_after_two_lifetimes_or_not_at_all() -> None:
     over = records(10, 8, 60)
-    _, info = measure_window(over, 70.0, 0.0)
-    assert info["kept_up"] is False  # judged from 4 s (two 2 s lifetimes) to the last arrival
-    _, info = measure_window(records(10, 8, 6), 12.0, 0.0)
-    assert info == {}  # 6 s of arrivals, the batch only full after 4: too short to tell
+    _, report = measure_window(over, 70.0, 0.0)
+    assert report.kept_up is False  # judged from 4 s (two 2 s lifetimes) to the last arrival
+    _, report = measure_window(records(10, 8, 6), 12.0, 0.0)
+    assert report is None  # 6 s of arrivals, the batch only full after 4: too short to tell
 
 
 def test_window_follows_the_request_lifetime() -> None:

@@ -19,6 +19,7 @@ from autotune.measure.metrics import BenchmarkResult
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import parse_slos
 from autotune.outputs.export import RunInfo
+from autotune.tune.front import pareto_front, recommend
 from autotune.tune.objectives import FAILED_KEY, KEPT_UP_KEY, load_objectives
 from autotune.tune.progress import ProgressState
 from autotune.tune.samplers import GP_MODULES, auto_sampler, make_sampler
@@ -28,8 +29,6 @@ from autotune.tune.study import (
     config_key,
     connect_storage,
     open_study,
-    pareto_front,
-    recommend,
     records,
     sqlite_url,
     start_study,

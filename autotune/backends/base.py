@@ -12,11 +12,31 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from autotune.core.config import EngineConfig
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
+from autotune.workloads.spec import Request
+
+
+class Workload(Protocol):
+    """What a backend needs of a workload to run it (a WorkloadSpec is one): its requests for a seed,
+    the client's concurrency cap, and when the measured window starts (earlier requests are a warm-up)."""
+
+    @property
+    def max_concurrency(self) -> int | None:
+        """Requests in flight at most (None: no cap)."""
+        ...
+
+    @property
+    def measure_from(self) -> float:
+        """Seconds on the run's clock before which requests are sent but not measured."""
+        ...
+
+    def requests(self, seed: int = 0) -> list[Request]:
+        """The requests to send, the same list for the same seed."""
+        ...
 
 
 class Session(Protocol):
@@ -33,7 +53,7 @@ class Session(Protocol):
         """False once the server failed to start, died or hung."""
         ...
 
-    def measure(self, workload: Any, slos: Sequence[Slo] = (), seed: int = 0) -> TrialResult:
+    def measure(self, workload: Workload, slos: Sequence[Slo] = (), seed: int = 0) -> TrialResult:
         """Run `workload` on the running server (idle beforehand); a failure is the result, not raised."""
         ...
 
@@ -72,7 +92,7 @@ class Backend(ABC):
     def evaluate(
         self,
         config: EngineConfig,
-        workload: Any,
+        workload: Workload,
         slos: Sequence[Slo] = (),
         seed: int = 0,
         gpu_ids: Sequence[int] = (),

@@ -28,6 +28,7 @@ from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError
 from autotune.core.procs import pid_alive
 from autotune.core.secrets import scrub, scrub_args, secret_args
+from autotune.measure.server_report import ServerReport
 
 CONTAINER_PORT = 8000
 CONTAINER_HF_CACHE = "/root/.cache/huggingface"
@@ -105,10 +106,10 @@ class DockerBackend(Backend):
                 return self._launch(client, config, port, gpu_ids, log_path)
 
             command = self.command(config, CONTAINER_PORT)
-            info = {"image": self.image, "command": scrub_args(command)}
+            report = ServerReport(image=self.image, command=tuple(scrub_args(command)))
             env = {**os.environ, **(self.env or {})}
             secrets = secret_args(command)
-            with server_session(launch, config, self._limits, trial_dir, info, env, secrets) as session:
+            with server_session(launch, config, self._limits, trial_dir, report, env, secrets) as session:
                 yield session
         finally:
             client.close()

@@ -1,6 +1,6 @@
 """Why a real server failed: a FailureKind and a one-line message, from its exit code and its log.
 
-The patterns are vLLM's own messages (verbatim, see docs/vllm-facts.md section 2), so the study
+The patterns are vLLM's own messages (verbatim, see docs/vllm.md, "Startup errors"), so the study
 learns *why* a config failed (scheduler validation, no memory for KV, CUDA OOM...) and not just
 that it did. A pattern's match is the message itself, so the line stays vLLM's own wording even
 when vLLM wraps it in a log prefix or a pydantic ValidationError.

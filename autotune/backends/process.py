@@ -27,6 +27,7 @@ from autotune.backends.server import (
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError
 from autotune.core.secrets import scrub, scrub_args, secret_args
+from autotune.measure.server_report import ServerReport
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 COPIER_JOIN_S = 5.0
@@ -77,9 +78,9 @@ class ProcessBackend(Backend):
             return self._launch(config, port, gpu_ids, log_path)
 
         command = self.command(config, port=0)
-        info = {"command": scrub_args(command)}
+        report = ServerReport(command=tuple(scrub_args(command)))
         env = self._environment(gpu_ids)
-        return server_session(launch, config, self._limits, trial_dir, info, env, secret_args(command))
+        return server_session(launch, config, self._limits, trial_dir, report, env, secret_args(command))
 
     def command(self, config: EngineConfig, port: int) -> list[str]:
         """The server's argument list (never a shell string)."""

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
+from autotune.backends.base import Workload
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, FailureKind
 from autotune.measure.result import TrialResult
@@ -42,24 +42,16 @@ class RemoteServer:
         return str(models[0]["id"])
 
     def measure(
-        self, config: EngineConfig, workload: Any, slos: Sequence[Slo] = (), seed: int = 0
+        self, config: EngineConfig, workload: Workload, slos: Sequence[Slo] = (), seed: int = 0
     ) -> TrialResult:
         """One warm-up request, then the workload; the failure is the result when the server fails."""
-        from autotune.backends.server import (
-            WARMUP_OUTPUT_LEN,
-            WARMUP_PROMPT_LEN,
-            WARMUP_REQUEST_ID,
-        )
+        from autotune.backends.server_load import warmup_request
         from autotune.backends.server_metrics import scrape_metrics, server_figures
         from autotune.measure.loadgen import run_load
         from autotune.measure.metrics import compute_metrics
-        from autotune.workloads.spec import Request
 
         url = self.base_url.rstrip("/")
-        probe = Request(
-            request_id=WARMUP_REQUEST_ID, prompt_len=WARMUP_PROMPT_LEN, output_len=WARMUP_OUTPUT_LEN
-        )
-        warmup = asyncio.run(run_load(url, config.model, [probe]))
+        warmup = asyncio.run(run_load(url, config.model, [warmup_request()]))
         if not warmup.records or not warmup.records[0].success:
             error = warmup.records[0].error if warmup.records else "no answer"
             return TrialResult(
@@ -71,7 +63,7 @@ class RemoteServer:
                 url,
                 config.model,
                 workload.requests(seed),
-                max_concurrency=getattr(workload, "max_concurrency", None),
+                max_concurrency=workload.max_concurrency,
                 request_timeout_s=REQUEST_TIMEOUT_S,
             )
         )

@@ -14,16 +14,16 @@ import dataclasses
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
 
-from autotune.backends.base import Backend
-from autotune.backends.server import TrialLimits
+from autotune.backends.base import Backend, Workload
+from autotune.backends.server_load import TrialLimits
 from autotune.catalog.gpus import GIB, get_gpu
 from autotune.catalog.models import get_model
 from autotune.core.config import EngineConfig
 from autotune.core.errors import EngineStartupError, FailureKind
 from autotune.measure.early_abort import replay_abort_time
 from autotune.measure.result import TrialResult, requests_failed_message
+from autotune.measure.server_report import EngineFacts, ServerReport
 from autotune.measure.slo import Slo
 from autotune.measure.steady_state import load_kind, measure_window
 from autotune.sim.engine import SimEngine
@@ -106,7 +106,7 @@ class SimSession:
                 failure=kind,
                 message=str(exc),
                 log_tail="\n".join(log),
-                info={"resolved": resolved.params()},
+                server=ServerReport(resolved=resolved.params()),
             )
             self._startup_s = _FAILURE_PHASE_S.get(kind, lambda load: INIT_S)(load_s)
             return
@@ -119,16 +119,16 @@ class SimSession:
         """False when the config failed to start."""
         return self._failure is None
 
-    def measure(self, workload: Any, slos: Sequence[Slo] = (), seed: int = 0) -> TrialResult:
+    def measure(self, workload: Workload, slos: Sequence[Slo] = (), seed: int = 0) -> TrialResult:
         """Simulate `workload` (the startup failure instead, if any); only the first result has startup_s."""
         startup_s, self._startup_s = self._startup_s, 0.0
         if self._failure is not None:
-            return dataclasses.replace(self._failure, startup_s=startup_s, info=dict(self._failure.info))
+            return dataclasses.replace(self._failure, startup_s=startup_s)
         requests = workload.requests(seed)
         if self._noise is None:
             self._noise = self._noise_model.session(seed, str(self.config))
         run = simulate(self.config, self._gpu, requests, workload.max_concurrency, self._noise)
-        measure_from = getattr(workload, "measure_from", 0.0)
+        measure_from = workload.measure_from
         measured = [(rec, req.output_len) for rec, req in zip(run.records, requests, strict=True)]
         measured = [(rec, n) for rec, n in measured if rec.start_time >= measure_from]
         # The sim has the whole run anyway; GPU time is charged as the real path would spend it:
@@ -141,7 +141,7 @@ class SimSession:
             "kv_cache_tokens": run.memory.kv_cache_tokens,
             "peak_kv_cache_usage": run.stats.peak_kv_cache_usage,
         }
-        benchmark, load_info = measure_window(
+        benchmark, load = measure_window(
             run.records,
             run.duration,
             measure_from,
@@ -149,7 +149,6 @@ class SimSession:
             server,
             load_kind(requests, workload.max_concurrency),
         )
-        info = {**_info(self._resolved, run), **load_info}
         failed = [r for r in run.records if not r.success]
         return TrialResult(
             config=self.config,
@@ -163,21 +162,23 @@ class SimSession:
             benchmark_s=spent_s,
             # A real run stops at its benchmark time limit: an abort cannot spare more than that.
             saved_s=max(0.0, min(run.duration, _BENCHMARK_LIMIT_S) - spent_s),
-            info=info,
+            server=_report(self._resolved, run),
+            load=load,
         )
 
 
-def _info(resolved: EngineConfig, run: SimRun) -> dict[str, Any]:
+def _report(resolved: EngineConfig, run: SimRun) -> ServerReport:
+    """What the simulated server reports: its resolved flags and the engine's figures."""
     stats = run.stats
-    return {
-        "resolved": resolved.params(),
-        "num_gpu_blocks": run.memory.num_gpu_blocks,
-        "kv_cache_tokens": run.memory.kv_cache_tokens,
-        "num_preemptions": stats.num_preemptions,
-        "peak_kv_cache_usage": stats.peak_kv_cache_usage,
-        "prefix_cache_hit_rate": stats.prefix_cache_hits / max(stats.prefix_cache_queries, 1),
-        "num_steps": run.num_steps,
-    }
+    engine = EngineFacts(
+        num_gpu_blocks=run.memory.num_gpu_blocks,
+        kv_cache_tokens=run.memory.kv_cache_tokens,
+        num_preemptions=stats.num_preemptions,
+        peak_kv_cache_usage=stats.peak_kv_cache_usage,
+        prefix_cache_hit_rate=stats.prefix_cache_hits / max(stats.prefix_cache_queries, 1),
+        num_steps=run.num_steps,
+    )
+    return ServerReport(resolved=resolved.params(), engine=engine)
 
 
 def _log_lines(config: EngineConfig, gpu_name: str, memory: MemoryPlan | None) -> list[str]:

@@ -11,13 +11,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autotune.backends.factory import BACKENDS
+from autotune.commands.options import (
+    add_backend_option,
+    add_config_options,
+    add_seed_option,
+    add_server_options,
+    add_slo_option,
+)
 from autotune.core.config import ENGINE_FLAGS, EngineConfig, check_flags, parse_value
 from autotune.core.errors import AutotuneError
-from autotune.core.inputs import add_startup_timeout
-from autotune.sim.noise import add_noise_argument, noise_model
+from autotune.sim.noise import noise_model
+
+if TYPE_CHECKING:  # imported when a benchmark runs (`--help` stays quick)
+    from autotune.measure.slo import Slo
+    from autotune.workloads.spec import WorkloadSpec
 
 HELP = "Benchmark one vLLM config on one workload (simulated by default) and print the metrics."
 
@@ -26,14 +35,11 @@ TUNABLE = sorted(ENGINE_FLAGS)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `autotune bench` options."""
-    parser.add_argument("--backend", default="sim", choices=BACKENDS)
+    add_backend_option(parser)
     parser.add_argument(
         "--url", help="benchmark the OpenAI-compatible server already running there (nothing is launched)"
     )
-    parser.add_argument("--space", default="vllm", help="search space whose fixed flags apply (as in run)")
-    parser.add_argument("--model", help="model (default: the space's; with --url: the server's first model)")
-    parser.add_argument("--gpu", help="GPU type (default: the space's; sim: from the catalog)")
-    parser.add_argument("--workload", default="chat", help="workload YAML file or a name in workloads/")
+    add_config_options(parser, url=True)
     parser.add_argument(
         "--set",
         dest="settings",
@@ -42,13 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=VALUE",
         help=f"a vLLM flag in snake_case (repeatable): {', '.join(TUNABLE)}",
     )
-    parser.add_argument("--slo", action="append", default=[], help="SLOs for goodput, e.g. ttft_p99=2s")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--serve-cmd", default="vllm serve", help="vllm backend: the server command")
-    parser.add_argument("--image", default="vllm/vllm-openai:latest", help="docker backend: the image")
-    add_startup_timeout(parser)
+    add_slo_option(parser, "SLOs for goodput, e.g. ttft_p99=2s (repeatable)")
+    add_seed_option(parser, "workload seed (the requests' lengths and arrival times)")
+    add_server_options(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_noise_argument(parser)
 
 
 def parse_settings(settings: list[str]) -> dict[str, Any]:
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
 
-def _bench_url(args: argparse.Namespace, workload: Any, slos: list[Any]) -> int:
+def _bench_url(args: argparse.Namespace, workload: WorkloadSpec, slos: list[Slo]) -> int:
     from autotune.backends.remote import RemoteServer
 
     server = RemoteServer(args.url)

@@ -6,12 +6,23 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autotune.backends.factory import BACKENDS
 from autotune.commands import run_end
-from autotune.core.inputs import add_startup_timeout, positive_seconds
-from autotune.sim.noise import add_noise_argument, noise_model
+from autotune.commands.options import (
+    add_backend_option,
+    add_config_options,
+    add_seed_option,
+    add_server_options,
+    add_slo_option,
+)
+from autotune.core.inputs import positive_seconds
+from autotune.sim.noise import noise_model
+
+if TYPE_CHECKING:  # the modules a run needs are imported when it starts (`--help` stays quick)
+    from autotune.measure.slo import Slo
+    from autotune.tune.space import SearchSpace
+    from autotune.workloads.spec import WorkloadSpec
 
 HELP = "Tune vLLM launch flags with Optuna + Ray: SLOs as constraints, Pareto front, ready-to-paste flags."
 DEFAULT_TRIALS = 50
@@ -23,10 +34,7 @@ DEFAULT_REPEATS = 2  # seeds beyond the first: 3 paired measurements give a gain
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `autotune run` options."""
     what = parser.add_argument_group("what to tune")
-    what.add_argument("--space", default="vllm", help="search-space YAML (or a name in search_spaces/)")
-    what.add_argument("--model", help="override the space's model (default meta-llama/Llama-3.1-8B-Instruct)")
-    what.add_argument("--gpu", help="override the space's GPU type (default H100)")
-    what.add_argument("--workload", default="chat", help="workload YAML (or a name in workloads/)")
+    add_config_options(what)
     what.add_argument(
         "--load",
         choices=LOADS,
@@ -34,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="workload (default): what the workload file's `load:` says; capacity: measure each config at "
         "the highest request rate that meets the SLOs; fixed: at the file's rate/concurrency",
     )
-    what.add_argument("--slo", action="append", default=[], help="e.g. ttft_p99=2s,itl_p99=50ms (repeatable)")
+    add_slo_option(what, "e.g. ttft_p99=2s,itl_p99=50ms (repeatable)")
     what.add_argument("--objectives", default="default", help="objectives YAML (or a name in objectives/)")
     study = parser.add_argument_group("study")
     study.add_argument("--study", help="study name (default: from model, GPU and workload)")
@@ -53,20 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     study.add_argument(
         "--timeout", type=positive_seconds, help="stop asking for new trials after this many seconds"
     )
-    study.add_argument("--seed", type=int, default=0, help="sampler and workload seed (>= 0)")
+    add_seed_option(study, "sampler and workload seed (>= 0)")
     study.add_argument(
         "--no-screen",
         action="store_true",
         help="launch every valid config, also those the memory model predicts to fail to start",
     )
     where = parser.add_argument_group("where trials run")
-    where.add_argument(
-        "--backend",
-        default="sim",
-        choices=BACKENDS,
-        help="sim (default): the simulated engine in process; vllm: `vllm serve` subprocesses; docker: "
-        "vllm/vllm-openai containers",
-    )
+    add_backend_option(where)
     where.add_argument(
         "--gpus",
         help="GPUs to use: a count (4) or device ids (0,1,2,3); virtual ones for the simulator "
@@ -77,14 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--trial-timeout", type=positive_seconds, help="deadline per trial in seconds (forced cancel)"
     )
-    add_startup_timeout(where)
-    where.add_argument(
-        "--serve-cmd",
-        default="vllm serve",
-        help="vllm backend: the server command (default 'vllm serve'; 'autotune sim-server' needs no GPU)",
-    )
-    where.add_argument("--image", default="vllm/vllm-openai:latest", help="docker backend: the image")
-    add_noise_argument(where)
+    add_server_options(where)
     where.add_argument(
         "--repeats",
         type=int,
@@ -122,10 +117,10 @@ def run(args: argparse.Namespace) -> int:
 
 @dataclasses.dataclass
 class _Setup:
-    space: Any
+    space: SearchSpace
     objectives: Any
-    slos: list[Any]
-    workload: Any
+    slos: list[Slo]
+    workload: WorkloadSpec
     backend: Any
     gpu: Any
     max_position_embeddings: int | None
@@ -193,7 +188,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     )
 
 
-def _untuned_for(space: Any, workload: Any) -> tuple[Any, str | None]:
+def _untuned_for(space: SearchSpace, workload: WorkloadSpec) -> tuple[SearchSpace, str | None]:
     """The space without the parameters this workload cannot tell apart (at vLLM's defaults), and a
     line saying so (None when nothing changed).
 
@@ -213,7 +208,7 @@ def _untuned_for(space: Any, workload: Any) -> tuple[Any, str | None]:
     return space.fix(name, default), note
 
 
-def _check_tp_fits(space: Any) -> None:
+def _check_tp_fits(space: SearchSpace) -> None:
     """A model whose weights do not fit the space's largest TP: one clear error, not N startup failures."""
     from autotune.core.errors import AutotuneError
     from autotune.tune.screen import required_tp

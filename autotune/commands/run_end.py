@@ -64,6 +64,7 @@ def write_results(
     from autotune.outputs import report
     from autotune.outputs.outcome import outcome as read_outcome
     from autotune.store.storage import storage_error
+    from autotune.tune.remeasure import stored_repeats
     from autotune.tune.study import records
 
     out, problem = None, ""
@@ -80,7 +81,7 @@ def write_results(
                 context,
                 args.target_rate,
                 args.gpu_price,
-                study.user_attrs.get("remeasured"),
+                stored_repeats(study),
             )
             out = outcome, recs
             if recs:

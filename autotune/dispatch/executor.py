@@ -28,9 +28,11 @@ from autotune.backends.base import Backend
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, FailureKind
 from autotune.dispatch.ray_cluster import ClusterLost, Inventory, gcs_address, lost_node, tcp_reachable
+from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.trial.task import evaluate_trial, land, run_trial_task
+from autotune.workloads.spec import WorkloadSpec
 
 __all__ = ["ClusterLost", "Executor", "TrialExecutor", "evaluate_trial", "parse_gpus"]
 
@@ -84,7 +86,7 @@ class Executor:
     def __init__(
         self,
         backend: Backend,
-        workload: Any,
+        workload: WorkloadSpec,
         slos: Sequence[Slo],
         *,
         uses_gpus: bool = False,
@@ -272,11 +274,13 @@ class Executor:
             return TrialResult(config=job.config, failure=FailureKind.CRASHED, message=_one_line(exc))
         self._node_lost.add(job.number)
         message = f"{node.describe()} was lost mid-trial (its Ray node died); the run goes on without it"
-        info = {}
+        placement = None
         if node.node_id:  # else the inventory drops it once Ray marks it dead
             self._inventory.drop(node.node_id)
-            info = {"node_ip": node.ip, "node_id": node.node_id}
-        return TrialResult(config=job.config, failure=FailureKind.CRASHED, message=message, info=info)
+            placement = Placement(node.node_id, node.ip, gpu_ids=None)  # its devices died with it
+        return TrialResult(
+            config=job.config, failure=FailureKind.CRASHED, message=message, placement=placement
+        )
 
     def _timeout_result(self, job: Job) -> TrialResult:
         message = f"trial exceeded its deadline of {self.trial_timeout_s:g} s and was cancelled"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from autotune.backends.base import Backend
 from autotune.core.config import EngineConfig
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.trial.task import evaluate_trial
+from autotune.workloads.spec import WorkloadSpec
 
 
 class LocalExecutor:
@@ -23,7 +23,7 @@ class LocalExecutor:
 
     capacity = 1
 
-    def __init__(self, backend: Backend, workload: Any, slos: Sequence[Slo]) -> None:
+    def __init__(self, backend: Backend, workload: WorkloadSpec, slos: Sequence[Slo]) -> None:
         self.backend = backend
         self.workload = workload
         self.slos = list(slos)

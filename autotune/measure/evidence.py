@@ -65,8 +65,12 @@ class Criterion:
         return UNSURE
 
     def to_info(self) -> list[float]:
-        """[margin, error, samples], as the probe's info keeps it."""
+        """[margin, error, samples], as a trial stores it."""
         return [round(self.margin, 5), round(self.error, 5), self.samples]
+
+    def stored(self) -> Criterion:
+        """This criterion as a trial stores it (and the capacity search judges it): `to_info`'s rounding."""
+        return from_info({self.name: self.to_info()})[0]
 
 
 def judge(criteria: Sequence[Criterion], z: float = Z, fail_z: float | None = None) -> str:
@@ -122,7 +126,7 @@ def slo_criteria(records: Sequence[RequestRecord], slos: Sequence[Slo]) -> list[
 
 
 def from_info(info: Mapping[str, Sequence[float]]) -> list[Criterion]:
-    """The criteria a probe's info kept (see `Criterion.to_info`)."""
+    """The criteria a trial stored (see `Criterion.to_info`)."""
     return [Criterion(name, float(m), float(e), int(n)) for name, (m, e, n) in info.items()]
 
 

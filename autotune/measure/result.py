@@ -1,14 +1,24 @@
-"""The record a trial's measurement produces: a benchmark, or a failure with its reason."""
+"""The record a trial's measurement produces: a benchmark, or a failure with its reason.
+
+Beside the metrics it carries typed parts, each filled by the layer that knows it: what the server
+reported (the backend), how the load went (the steady-state judgement), the capacity search's outcome
+(autotune/trial/capacity.py) and where the trial ran (autotune/trial/task.py). The study stores them
+in the trial's `info` attr (autotune/tune/result_attrs.py).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from autotune.core.config import EngineConfig
 from autotune.core.errors import FailureKind
+from autotune.measure.capacity_report import CapacityReport
+from autotune.measure.load_report import LoadReport
 from autotune.measure.metrics import BenchmarkResult
+from autotune.measure.placement import Placement
+from autotune.measure.server_report import ServerReport
 
 
 @dataclass
@@ -23,12 +33,25 @@ class TrialResult:
     startup_s: float = 0.0  # GPU seconds spent starting the server (simulated for the sim backend)
     benchmark_s: float = 0.0  # GPU seconds spent running the load
     saved_s: float = 0.0  # GPU seconds early abort spared (an estimate: see where it is set)
-    info: dict[str, Any] = field(default_factory=dict)  # e.g. num_gpu_blocks, resolved flags
+    server: ServerReport | None = None  # what the server reported (None: no server, e.g. not launched)
+    load: LoadReport | None = None  # how the load went (None: not judged, e.g. a closed loop)
+    capacity: CapacityReport | None = None  # a capacity search's outcome (None: a fixed load)
+    placement: Placement | None = None  # where it ran (None: in the driver's process)
+    # The server had failed in an earlier measurement of its session: this one ran no load.
+    failed_in_earlier_measurement: bool = False
 
     @property
     def ok(self) -> bool:
         """True when the benchmark ran to the end (an early abort is not ok but keeps metrics)."""
         return self.failure is None and self.benchmark is not None
+
+    @property
+    def kept_up(self) -> bool | None:
+        """Whether the server kept up with the load: the capacity search's verdict at its rate, else the
+        window's (None: not judged)."""
+        if self.capacity is not None:
+            return self.capacity.kept_up
+        return self.load.kept_up if self.load is not None else None
 
     @property
     def gpu_seconds(self) -> float:

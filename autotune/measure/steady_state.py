@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from autotune.measure.evidence import slo_criteria
+from autotune.measure.load_report import DIGITS, LoadReport, Saturation, SteadyState
 from autotune.measure.metrics import BenchmarkResult, RequestRecord, compute_metrics
 from autotune.measure.slo import Slo, goodput_bounds
 
@@ -41,16 +42,6 @@ WARMUP_RESIDENCES = 2.0  # warm-up: two request lifetimes, so the running batch 
 WINDOW_RESIDENCES = 4.0  # window: four more, so a queue growing by a few % shows in TTFT and the backlog
 MIN_WARMUP_S = 10.0
 MIN_WINDOW_S = 30.0  # at least 30 s of arrivals: p99 over several hundred requests at typical rates
-LOAD_KEYS = (
-    "offered_rate",
-    "served_rate",
-    "backlog_growth",
-    "backlog_allowed",
-    "backlog_filling",
-    "kept_up",
-    "saturation",
-    "slo_evidence",
-)
 
 
 @dataclass(frozen=True)
@@ -102,16 +93,16 @@ class Steadiness:
         """The requests in the server did not grow by more than the allowed share of those offered."""
         return self.backlog_growth <= self.allowed_growth
 
-    def to_info(self) -> dict[str, Any]:
-        """The user attrs a trial carries for it."""
-        return {
-            "offered_rate": round(self.offered_rate, 4),
-            "served_rate": round(self.served_rate, 4),
-            "backlog_growth": round(self.backlog_growth, 4),
-            "backlog_allowed": round(self.allowed_growth, 4),
-            "backlog_filling": round(self.filling, 4),
-            "kept_up": self.kept_up,
-        }
+    def stored(self) -> SteadyState:
+        """The record a trial's result carries: rounded as stored, with the verdict judged before."""
+        return SteadyState(
+            offered_rate=round(self.offered_rate, DIGITS),
+            served_rate=round(self.served_rate, DIGITS),
+            backlog_growth=round(self.backlog_growth, DIGITS),
+            backlog_allowed=round(self.allowed_growth, DIGITS),
+            backlog_filling=round(self.filling, DIGITS),
+            kept_up=self.kept_up,
+        )
 
 
 def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
@@ -184,7 +175,7 @@ def lifetime(records: Sequence[RequestRecord]) -> float:
     return float(np.mean(done)) if done else 0.0
 
 
-def saturation(records: Sequence[RequestRecord]) -> dict[str, float] | None:
+def saturation(records: Sequence[RequestRecord]) -> Saturation | None:
     """Throughput and request lifetime of an all-at-once run (None with fewer than 8 completions).
 
     Throughput is the completion rate between the 25th and 75th percentile completion: the batch is
@@ -198,7 +189,7 @@ def saturation(records: Sequence[RequestRecord]) -> dict[str, float] | None:
     q1, q3 = np.percentile(ends, [25, 75])
     middle = int(np.count_nonzero((ends >= q1) & (ends <= q3)))
     throughput = middle / (q3 - q1) if q3 > q1 else len(done) / max(float(ends[-1]), 1e-9)
-    return {"throughput": round(float(throughput), 4), "lifetime_s": round(lifetime(done), 4)}
+    return Saturation(round(float(throughput), DIGITS), round(lifetime(done), DIGITS))
 
 
 def load_kind(requests: Sequence[Any], max_concurrency: int | None) -> str:
@@ -215,13 +206,14 @@ def measure_window(
     slos: Sequence[Slo] = (),
     server: Mapping[str, Any] | None = None,
     kind: str = "open",
-) -> tuple[BenchmarkResult, dict[str, Any]]:
+) -> tuple[BenchmarkResult, LoadReport | None]:
     """The metrics of the requests sent from `measure_from` on, and what the run says about the load.
 
     With a warm-up (`measure_from` > 0) throughputs are over the window (its arrivals' span). The
-    dict has the steadiness keys and each SLO's evidence (autotune/measure/evidence.py) for an open-loop run,
-    the `saturation` figures for a burst, nothing for a closed loop (no offered rate to keep up with);
-    `kind` is `load_kind(...)` of the run. The SLOs also give the goodput's per-request bounds.
+    report has the steadiness and each SLO's evidence (autotune/measure/evidence.py) for an open-loop
+    run, the saturation figures for a burst, and there is none for a closed loop (no offered rate to
+    keep up with); `kind` is `load_kind(...)` of the run. The SLOs also give the goodput's per-request
+    bounds.
     """
     measured = [r for r in records if r.start_time >= measure_from] if measure_from > 0 else list(records)
     last_send = max((r.start_time for r in records), default=0.0)
@@ -229,16 +221,16 @@ def measure_window(
     span = window.length if measure_from > 0 else duration
     metrics = compute_metrics(measured, span, goodput_bounds(slos), server=server)
     if kind == "closed" or (kind == "open" and window.length <= 0):
-        return metrics, {}
+        return metrics, None
     if kind == "burst":
-        return metrics, {"saturation": saturation(records)}
+        return metrics, LoadReport(burst=True, saturation=saturation(records))
     if measure_from <= 0:
         # No warm-up: judge from two request lifetimes in, once the batch has filled.
         window = Window(WARMUP_RESIDENCES * lifetime(records), last_send)
         if window.length < 0.5 * last_send:
-            return metrics, {}  # too short to tell
-    evidence = {c.name: c.to_info() for c in slo_criteria(measured, slos)}
-    return metrics, {**steadiness(records, window).to_info(), "slo_evidence": evidence}
+            return metrics, None  # too short to tell
+    evidence = tuple(c.stored() for c in slo_criteria(measured, slos))
+    return metrics, LoadReport(steady=steadiness(records, window).stored(), slo_evidence=evidence)
 
 
 def relaxation_s(rate: float, saturation: float) -> float:

@@ -49,11 +49,9 @@ class CostView:
 def cost_view(records: Sequence[TrialRecord], simulated: bool) -> CostView:
     """Spent and saved GPU-hours of a study's records (duplicates cost nothing)."""
     launched_failures = [
-        r.gpu_seconds
-        for r in records
-        if r.failure in STARTUP_FAILURES and r.user_attrs.get("launched", True) and r.gpu_seconds > 0
+        r.gpu_seconds for r in records if r.failure in STARTUP_FAILURES and r.launched and r.gpu_seconds > 0
     ]
-    screened = sum(1 for r in records if r.user_attrs.get("screened"))
+    screened = sum(1 for r in records if r.screened)
     per_screened = statistics.median(launched_failures) if launched_failures else 0.0
     return CostView(
         spent_h=sum(r.gpu_seconds for r in records) / 3600,
@@ -89,9 +87,8 @@ class Sizing:
 
 def sizing(best: TrialRecord, target_rate: float, gpu_price: float | None = None) -> Sizing | None:
     """Replicas and GPUs to serve `target_rate` req/s with the recommended trial; None without a rate."""
-    info: dict[str, Any] = best.user_attrs.get("info", {})
-    capacity = info.get("capacity_rate") or best.user_attrs.get("served_rate")
-    known = bool(info.get("capacity_rate"))
+    capacity = best.capacity.rate if best.capacity is not None else None
+    known = bool(capacity)
     rate = float(capacity or best.metrics.get("request_throughput") or 0.0)
     if rate <= 0 or target_rate <= 0:
         return None

@@ -91,10 +91,11 @@ class StudyNote:
         from optuna_dashboard._custom_plot_data import SYSTEM_ATTR_PLOT_DATA, save_graph_object_json
 
         from autotune.outputs.outcome import outcome
+        from autotune.tune.remeasure import stored_repeats
         from autotune.tune.study import records
 
         slos = self.context.get("slos", [])
-        remeasured = self.study.user_attrs.get("remeasured")
+        remeasured = stored_repeats(self.study)
         out = outcome(
             records(self.study), self.names, self.maximize, slos, self.context, remeasured=remeasured
         )

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.outputs.cost import CostView, Sizing, cost_view, sizing
+from autotune.tune.front import baseline, pareto_front
 from autotune.tune.recommendation import Recommendation, decide, resolution_of
-from autotune.tune.study import TrialRecord, baseline, pareto_front
+from autotune.tune.study import TrialRecord
 
 
 @dataclass
@@ -76,8 +77,7 @@ class Outcome:
             resolution = resolution_of(self.best)
             if resolution:
                 out.append(f"capacity measured to within {resolution:.1%}")
-            info = self.best.user_attrs.get("info") or {}
-            if self.best.user_attrs.get("load_kept_up") is False or info.get("kept_up") is False:
+            if self.best.kept_up is False:
                 out.append("at the fixed load the recommended config did not keep up with the arrivals")
         return out
 

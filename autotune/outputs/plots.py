@@ -4,11 +4,12 @@ and the capacity probes of the top configs (request rate against p99 latency).""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.core.atomic import atomic_path
+from autotune.measure.capacity_report import ProbeSummary
 from autotune.measure.slo import Slo, parse_slos
 from autotune.tune.objectives import metric_label
 from autotune.tune.study import TrialRecord
@@ -17,7 +18,11 @@ if TYPE_CHECKING:
     from autotune.outputs.outcome import Outcome
 
 TOP_PROBED = 5  # configs whose capacity probes are drawn
-_PROBE_LATENCIES = (("p99_ttft_ms", "ttft_p99"), ("p99_itl_ms", "itl_p99"))
+# (the result key each panel plots, its value in a probe)
+_PROBE_LATENCIES: tuple[tuple[str, Callable[[ProbeSummary], float | None]], ...] = (
+    ("p99_ttft_ms", lambda p: p.p99_ttft_ms),
+    ("p99_itl_ms", lambda p: p.p99_itl_ms),
+)
 
 
 def _pyplot() -> Any:
@@ -100,13 +105,9 @@ def top_probed(out: Outcome, top: int = TOP_PROBED) -> list[TrialRecord]:
     return [r for r in ranked if capacity_probes(r)][:top]
 
 
-def capacity_probes(record: TrialRecord) -> list[dict[str, Any]]:
-    """The trial's capacity probes (in its `info` attr, or top level), [] when it has none."""
-    info = record.user_attrs.get("info")
-    probes = (info.get("capacity_probes") if isinstance(info, dict) else None) or record.user_attrs.get(
-        "capacity_probes"
-    )
-    return [p for p in probes or [] if isinstance(p, dict)]
+def capacity_probes(record: TrialRecord) -> list[ProbeSummary]:
+    """The trial's capacity probes, [] when it has none."""
+    return list(record.capacity.probes) if record.capacity is not None else []
 
 
 def plot_probes(path: Path, out: Outcome) -> Path | None:
@@ -121,9 +122,9 @@ def plot_probes(path: Path, out: Outcome) -> Path | None:
     limits = slo_limits(out.slos)
     fig, axes = plt.subplots(1, len(_PROBE_LATENCIES), figsize=(11, 4.4), dpi=100, squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (key, _name) in zip(axes[0], _PROBE_LATENCIES, strict=True):
+    for ax, (key, latency) in zip(axes[0], _PROBE_LATENCIES, strict=True):
         for color, record in zip(colors, configs, strict=False):
-            _probe_series(ax, record, key, color, starred=record is out.best)
+            _probe_series(ax, record, latency, color, starred=record is out.best)
         if key in limits:
             ax.axhline(limits[key], color="#c44e52", linestyle="--", linewidth=1.2, label="SLO limit")
         ax.set_xlabel("request rate (req/s)")
@@ -138,17 +139,19 @@ def plot_probes(path: Path, out: Outcome) -> Path | None:
     return path
 
 
-def _probe_series(ax: Any, record: TrialRecord, key: str, color: str, starred: bool) -> None:
-    probes = sorted(
-        (p for p in capacity_probes(record) if p.get(key) is not None),
-        key=lambda p: float(p.get("rate") or 0.0),
-    )
-    if not probes:
+def _probe_series(
+    ax: Any,
+    record: TrialRecord,
+    latency: Callable[[ProbeSummary], float | None],
+    color: str,
+    starred: bool,
+) -> None:
+    measured = [(p, value) for p in capacity_probes(record) if (value := latency(p)) is not None]
+    points = sorted(((float(p.rate or 0.0), float(v), p.meets_slos) for p, v in measured), key=lambda t: t[0])
+    if not points:
         return
-    rates = [float(p.get("rate") or 0.0) for p in probes]
-    values = [float(p[key]) for p in probes]
+    rates, values = [r for r, _, _ in points], [v for _, v, _ in points]
     label = f"#{record.number}" + (" (recommended)" if starred else "")
     ax.plot(rates, values, color=color, linewidth=2.2 if starred else 1.0, label=label)
-    for rate, value, probe in zip(rates, values, probes, strict=True):
-        met = bool(probe.get("meets_slos"))
+    for rate, value, met in points:
         ax.scatter([rate], [value], s=36, color=color if met else "white", edgecolors=color, zorder=4)

@@ -109,18 +109,29 @@ def _row(r: TrialRecord, out: Outcome) -> dict[str, Any]:
     for name, value in zip(out.objective_names, r.values or [None] * len(out.objective_names), strict=False):
         row[name] = value if r.failure is None or r.metrics else None
     row.update({f"margin_{k}": v for k, v in r.margins.items()})
+    fallback = _summary_fallbacks(r)
     for key in SUMMARY_METRICS:
-        value = r.metrics.get(key, r.user_attrs.get("info", {}).get(key))
+        value = r.metrics[key] if key in r.metrics else fallback.get(key)
         if value is not None:
             row[key] = value
     row["gpu_seconds"] = r.gpu_seconds
     row["gpu_seconds_saved"] = r.gpu_seconds_saved
     # where it ran (Ray's placement): the node and the devices it was pinned to, as CUDA_VISIBLE_DEVICES
-    row["node_ip"] = r.user_attrs.get("node_ip")
-    row["node_id"] = r.user_attrs.get("node_id")
-    gpu_ids = r.user_attrs.get("gpu_ids")
+    where = r.placement
+    row["node_ip"] = where.node_ip if where is not None else None
+    row["node_id"] = where.node_id if where is not None else None
+    gpu_ids = where.gpu_ids if where is not None else None
     row["gpu_ids"] = ",".join(map(str, gpu_ids)) if gpu_ids else None
     return row
+
+
+def _summary_fallbacks(r: TrialRecord) -> dict[str, Any]:
+    """The summary columns a trial's metrics may lack: its engine's preemptions, its capacity."""
+    engine = r.server.engine if r.server is not None else None
+    return {
+        "num_preemptions": engine.num_preemptions if engine is not None else None,
+        "capacity_rate": r.capacity.rate if r.capacity is not None else None,
+    }
 
 
 def _write_best(run_dir: Path, out: Outcome) -> Path:
@@ -155,7 +166,7 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
             "gain_vs_baseline": out.gain(out.best),
             "flags_to_know": out.flags(),
             "metrics": out.best.metrics,
-            "info": out.best.user_attrs.get("info", {}),
+            "info": out.best.info,
         }
     if out.baseline is not None:
         data["baseline"] = {

@@ -137,7 +137,7 @@ def _front(out: Outcome) -> str:
 def _front_row(out: Outcome, r: TrialRecord) -> tuple[str, list[str]]:
     recommended = out.best is not None and r.number == out.best.number
     gain = out.gain(r)
-    capacity = r.user_attrs.get("info", {}).get("capacity_rate")
+    capacity = r.capacity.rate if r.capacity is not None else None
     cells = [
         "★" if recommended else "",
         f"#{r.number}" + (" (baseline)" if r.baseline else ""),
@@ -168,14 +168,15 @@ def _failures(out: Outcome) -> str:
         return "<h2>Failures</h2><p>None: every config started and finished its benchmark.</p>"
     rows = []
     for kind, rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-        screened = sum(1 for r in rs if r.user_attrs.get("screened"))
-        rejected = sum(1 for r in rs if r.user_attrs.get("launched") is False) - screened
+        screened = sum(1 for r in rs if r.screened)
+        rejected = sum(1 for r in rs if not r.launched) - screened
         trials = ", ".join(f"#{r.number}" for r in rs[:12]) + (" ..." if len(rs) > 12 else "")
         notes = [f"{screened} predicted, not launched"] if screened else []
         notes += [f"{rejected} rejected before launch"] if rejected else []
         note = f" ({'; '.join(notes)})" if notes else ""
         counts = [r.message for r in rs if r.message]
-        messages = sorted(set(counts), key=lambda m: -counts.count(m))
+        # dict keeps first-seen order, so a tie goes to the earliest trial's message whatever the hash seed
+        messages = sorted(dict.fromkeys(counts), key=lambda m: -counts.count(m))
         rows.append(("", [kind, f"{len(rs)}{note}", trials, messages[0][:400] if messages else ""]))
     head = ["class", "trials", "which", "vLLM's message (most frequent)"]
     return "<h2>Failures by class</h2>" + _table(head, rows, left={0, 2, 3})

@@ -1,6 +1,6 @@
 """A discrete-event model of vLLM V1's engine: scheduler, paged KV cache, prefix cache, virtual clock.
 
-Scheduling follows `vllm/v1/core/sched/scheduler.py` (vllm-facts.md section 3): RUNNING requests
+Scheduling follows `vllm/v1/core/sched/scheduler.py` (docs/vllm.md, "Scheduler"): RUNNING requests
 first (decodes take one token each; at most one request is mid-prefill and it is the newest), then
 WAITING requests FCFS when no preemption happened this step, while running < max_num_seqs and the
 token budget lasts. KV blocks are allocated per block; when they run out the newest running request

@@ -5,7 +5,7 @@ Follows `vllm/v1/worker/gpu_worker.py` (determine_available_memory, compile_or_w
 free-memory check, weight loading, the profile run (forward at the token budget plus a dummy sampler
 run), KV sizing, then CUDA-graph capture and the sampler warm-up, which allocate on top of the
 `gpu_memory_utilization` budget and are where a utilization near 1.0 dies with a CUDA OOM.
-Every error message is vLLM's own (see docs/simulator.md and vllm-facts.md section 2).
+Every error message is vLLM's own (see docs/simulator.md and docs/vllm.md, "Startup errors").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The sim-server's /metrics: vLLM's V1 Prometheus metrics, rendered by `prometheus_client`.
 
-Names, label sets and types are vLLM's (vllm/v1/metrics/loggers.py; vllm-facts.md section 4), so
+Names, label sets and types are vLLM's (vllm/v1/metrics/loggers.py; docs/vllm.md, "Metrics"), so
 scrapers written for vLLM read the sim-server unchanged: gauges from the engine's stats, counters
 (`*_total`), the request histograms the API server keeps, and the `vllm:cache_config_info` info
 gauge. The histograms are counted here (cheap, on the engine loop's hot path) and handed to

@@ -15,52 +15,37 @@ away mid-response. Limits (HttpLimits): a request body larger than `max_body_byt
 413 as soon as its Content-Length (or the chunks read so far) says so, and a request not read whole
 within `read_timeout_s` of its first byte (a slow or half-sent one) gets 408; both answer JSON in
 vLLM's error shape and close the connection, whose state is then unknown. What it does not do: TLS,
-HTTP/2, upgrades, streamed request bodies.
+HTTP/2, upgrades, streamed request bodies. The requests' records and the responses' bytes:
+autotune/sim_server/http_messages.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from typing import Any, Protocol
 
 import httptools
 
+from autotune.sim_server.http_messages import (
+    HttpLimits,
+    HttpRequest,
+    bad_request,
+    chunk,
+    json_body,
+    refusal,
+    response_head,
+)
+
 KEEP_ALIVE_S = 5.0  # an idle keep-alive connection is closed after this long (uvicorn's default)
 BACKLOG = 2048  # pending connections the kernel queues: a burst of clients must not be refused
 DISPATCH_BATCH = 16  # requests handled per loop iteration before the loop reads sockets again
-MAX_BODY_BYTES = 16 * 1024**2  # a 128k-token prompt as JSON token ids is ~1 MiB
-READ_TIMEOUT_S = 30.0  # from a request's first byte to its last
-
-
-@dataclass(frozen=True)
-class HttpLimits:
-    """What one request may cost the server before it is refused."""
-
-    max_body_bytes: int = MAX_BODY_BYTES
-    read_timeout_s: float = READ_TIMEOUT_S
-
 
 log = logging.getLogger("autotune.sim_server.httpd")
-
-
-@dataclass
-class HttpRequest:
-    """One parsed request, body included."""
-
-    method: str
-    path: str
-    headers: dict[str, str]  # lower-case names
-    body: bytes
-    read_at: float  # perf_counter when its first bytes were read off the socket
-    keep_alive: bool
 
 
 class Exchange(Protocol):
@@ -96,7 +81,7 @@ class HttpConnection(asyncio.Protocol):
         handler: Handler,
         live: set[HttpConnection],
         dispatcher: _Dispatcher,
-        limits: HttpLimits = HttpLimits(),
+        limits: HttpLimits = HttpLimits(),  # noqa: B008 (frozen)
     ) -> None:
         self._handler = handler
         self._limits = limits
@@ -233,27 +218,26 @@ class HttpConnection(asyncio.Protocol):
         if content_type is not None:
             fields["content-type"] = content_type
         fields["content-length"] = str(len(body))
-        head = self._head(status, fields)
+        head = response_head(status, fields, close=not request.keep_alive)
         self.transport.write(head if request.method == "HEAD" else head + body)
         self._finish()
 
     def respond_json(self, status: int, content: Any, headers: dict[str, str] | None = None) -> None:
         """A JSON response, compact as Starlette's JSONResponse renders it."""
-        body = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-        self.respond(status, body, "application/json", headers)
+        self.respond(status, json_body(content), "application/json", headers)
 
     def start_stream(self, content_type: str, headers: dict[str, str], exchange: Exchange) -> None:
         """A 200 head for a chunked body; `send_chunk` writes the body, `exchange` hears of the client."""
         assert self.transport is not None
         fields = {**headers, "content-type": content_type, "transfer-encoding": "chunked"}
-        self.transport.write(self._head(200, fields))
+        closing = self._current is not None and not self._current.keep_alive
+        self.transport.write(response_head(200, fields, close=closing))
         self._exchange = exchange
 
     def send_chunk(self, data: bytes, last: bool = False) -> None:
         """One chunk of a streamed body (one transport write); `last` also ends the body and the response."""
         assert self.transport is not None
-        frame = b"%x\r\n%s\r\n" % (len(data), data) if data else b""
-        self.transport.write(frame + b"0\r\n\r\n" if last else frame)
+        self.transport.write(chunk(data, last))
         if last:
             self._finish()
 
@@ -302,25 +286,12 @@ class HttpConnection(asyncio.Protocol):
             return
         self.serve_queued()
 
-    def _head(self, status: int, fields: dict[str, str]) -> bytes:
-        """The status line and headers (with `connection: close` when this is the connection's last)."""
-        lines = [f"HTTP/1.1 {status} {_reason(status)}\r\n"]
-        lines += [f"{name}: {value}\r\n" for name, value in fields.items()]
-        if self._current is not None and not self._current.keep_alive:
-            lines.append("connection: close\r\n")
-        lines.append("\r\n")
-        return "".join(lines).encode("latin-1")
-
     def _reject_malformed(self, exc: Exception) -> None:
         """Bytes that are not HTTP: a plain 400 and the connection closes (its state is unknown)."""
         if self.transport is None:
             return
         if self._current is None:
-            body = f"Invalid HTTP request: {exc}".encode()
-            self.transport.write(
-                b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
-            )
+            self.transport.write(bad_request(exc))
         self.transport.close()
 
     def _refuse(self, status: int, message: str) -> None:
@@ -328,19 +299,7 @@ class HttpConnection(asyncio.Protocol):
         self._cancel_read_timer()
         if self.transport is None or self.transport.is_closing():
             return
-        error = {
-            "error": {
-                "message": message,
-                "type": _reason(status).replace(" ", ""),
-                "param": None,
-                "code": status,
-            }
-        }
-        body = json.dumps(error, separators=(",", ":")).encode()
-        self.transport.write(
-            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-            b"connection: close\r\n\r\n%s" % (status, _reason(status).encode(), len(body), body)
-        )
+        self.transport.write(refusal(status, message))
         self.transport.close()
 
     def _read_timed_out(self) -> None:
@@ -399,17 +358,11 @@ class _Dispatcher:
             self._scheduled = False
 
 
-@functools.cache
-def _reason(status: int) -> str:
-    """The reason phrase ("OK", "Not Found"; "" for codes outside the standard, like 499)."""
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return ""
-
-
 async def start_http_server(
-    host: str, port: int, handler: Handler, limits: HttpLimits = HttpLimits()
+    host: str,
+    port: int,
+    handler: Handler,
+    limits: HttpLimits = HttpLimits(),  # noqa: B008 (frozen)
 ) -> tuple[asyncio.Server, set[HttpConnection]]:
     """Listen on (host, port); returns the server and the live set of its open connections.
 

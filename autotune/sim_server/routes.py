@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 
 from autotune.sim_server.exposition import METRICS_CONTENT_TYPE, render_metrics
-from autotune.sim_server.httpd import HttpConnection, HttpRequest
+from autotune.sim_server.http_messages import HttpRequest
+from autotune.sim_server.httpd import HttpConnection
 from autotune.sim_server.parsing import BadRequest, error_body
 from autotune.sim_server.service import SimService
 from autotune.sim_server.sse import ChunkWriter, NeverAnswered, PlainAnswer, SseStream

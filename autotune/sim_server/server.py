@@ -1,7 +1,7 @@
 """`autotune sim-server`: the simulated engine behind an OpenAI-compatible HTTP server, like `vllm serve`.
 
-Endpoints and formats follow vLLM's OpenAI server (vllm-facts.md section 4). The pieces, one concept
-per module:
+Endpoints and formats follow vLLM's OpenAI server (vllm/entrypoints/openai/api_server.py; docs/vllm.md,
+"Endpoints"). The pieces, one concept per module:
 
   autotune.sim_server.parsing      request validation, prompt lengths without a tokenizer, shared prefixes
   autotune.sim_server.service      the engine stepped in real time and the requests in flight
@@ -37,7 +37,8 @@ import sys
 import time
 
 from autotune.core.config import EngineConfig
-from autotune.sim_server.httpd import HttpLimits, start_http_server
+from autotune.sim_server.http_messages import HttpLimits
+from autotune.sim_server.httpd import start_http_server
 from autotune.sim_server.process import SimServerProcess, free_port, start_sim_server
 from autotune.sim_server.routes import VLLM_VERSION, SimRoutes
 from autotune.sim_server.service import Pending, ServerOptions, SimService, vllm_log

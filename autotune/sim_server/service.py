@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.sim_server.exposition import ServerMetrics, metrics_registry
-from autotune.sim_server.httpd import MAX_BODY_BYTES, READ_TIMEOUT_S
+from autotune.sim_server.http_messages import MAX_BODY_BYTES, READ_TIMEOUT_S
 from autotune.sim_server.parsing import ParsedRequest, RequestParser
 from autotune.workloads.spec import Request
 

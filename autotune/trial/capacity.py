@@ -30,8 +30,8 @@ A probe that is clearly lost is cut short by the early abort (its SLO cannot be 
 server that dies or hangs ends the search: the rates that passed before still count.
 
 The trial's result is the window at the highest passing rate, with throughputs set to the sustained
-ones at that rate (rate x tokens per request); `info` carries the bracket, its resolution and every
-probe (rate, served rate, backlog growth, p99 TTFT/ITL, verdict), for the report and the
+ones at that rate (rate x tokens per request); its capacity report carries the bracket, its resolution
+and every probe (rate, served rate, backlog growth, p99 TTFT/ITL, verdict), for the report and the
 recommendation's tie rule.
 """
 
@@ -42,16 +42,19 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from autotune.backends.base import Backend, Session
 from autotune.core.config import EngineConfig
+from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.evidence import UNSURE, Z, sequential_z
+from autotune.measure.load_report import Saturation
 from autotune.measure.result import TrialResult
+from autotune.measure.server_report import EngineFacts, ServerReport
 from autotune.measure.slo import Slo
 from autotune.measure.steady_state import MIN_WARMUP_S, MIN_WINDOW_S, Window, plan_window, relaxation_s
 from autotune.trial.live import write_probe
 from autotune.trial.probe import MIN_SERVED, Probe, judge_probes
+from autotune.workloads.spec import WorkloadSpec
 
 MAX_PROBES = 8  # rate probes after the saturation run
 RESOLUTION = 0.03  # stop when high / low <= 1.03: below run-to-run noise on real GPUs (1-3 %) is wasted
@@ -77,7 +80,6 @@ MAX_WINDOWS = 3  # an unsure probe is measured again (other windows, pooled with
 QUEUE_METRICS = ("ttft", "e2el")  # the SLOs a waiting queue's slow build-up moves
 RELAXATIONS = 3.0  # a queued SLO's window: this many relaxation times (its warm-up: one)
 DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's largest per-GPU default, when the config leaves it unset
-SUSTAINED = ("request_throughput", "output_throughput", "total_token_throughput")
 
 
 @dataclass(frozen=True)
@@ -106,14 +108,15 @@ class CapacitySearch:
 def find_capacity(
     backend: Backend,
     config: EngineConfig,
-    workload: Any,
+    workload: WorkloadSpec,
     slos: Sequence[Slo],
     seed: int = 0,
     gpu_ids: Sequence[int] = (),
     trial_dir: Path | None = None,
     search: CapacitySearch = CapacitySearch(),  # noqa: B008  (frozen, so a shared default is safe)
 ) -> TrialResult:
-    """Search the highest sustained SLO-meeting rate for `config`: the result at it, the search in `info`.
+    """Search the highest sustained SLO-meeting rate for `config`: the result at it, the search in its
+    `capacity` report.
 
     Every rate is measured on one server (one backend session), so the trial pays one startup.
     """
@@ -124,7 +127,7 @@ def find_capacity(
 def _search(
     session: Session,
     config: EngineConfig,
-    workload: Any,
+    workload: WorkloadSpec,
     slos: Sequence[Slo],
     seed: int,
     search: CapacitySearch,
@@ -133,15 +136,15 @@ def _search(
     workload = workload.with_rate_arrivals()
     sat_runs = saturation_runs(session, config, workload, seed)
     sat_result = sat_runs[-1]
-    sat = sat_result.info.get("saturation")
-    if not sat_result.ok or not sat or sat["throughput"] <= 0:
+    sat = _saturation(sat_result)
+    if not sat_result.ok or not sat or sat.throughput <= 0:
         # Did not start, or could not serve at all: no rate will help, and the reason is the trial's.
         return _annotate(sat_result, [], sat_runs, None, None, 0.0)
-    window = plan_window(sat["lifetime_s"], search.window_scale, search.min_warmup_s, search.min_window_s)
-    top = SATURATION_MARGIN * sat["throughput"]
+    window = plan_window(sat.lifetime_s, search.window_scale, search.min_warmup_s, search.min_window_s)
+    top = SATURATION_MARGIN * sat.throughput
     queued_slos = any(s.metric in QUEUE_METRICS for s in slos)
     if queued_slos:
-        top = min(top, queue_ceiling(sat["throughput"], window, search))
+        top = min(top, queue_ceiling(sat.throughput, window, search))
 
     # Up to max_windows looks at a rate: each must clear a higher bar for the rate to pass with the
     # confidence `z` asks for (a miss is told at `z` itself: a false miss costs capacity, not a promise).
@@ -150,9 +153,9 @@ def _search(
     def measure(p: Probe) -> None:
         """Another window at the probe's rate (of other requests: seed), judged with its earlier ones."""
         write_probe(trial_dir, len(probes), search.max_probes, p.rate)  # for the progress line
-        queued = p.rate >= search.queue_free_below * sat["throughput"]
+        queued = p.rate >= search.queue_free_below * sat.throughput
         requests = window_requests(slos, search.min_window_requests, search.tail_samples, queued)
-        settle = relaxation_s(p.rate, sat["throughput"]) if queued_slos else 0.0
+        settle = relaxation_s(p.rate, sat.throughput) if queued_slos else 0.0
         plan = _probe_window(window, p.rate, search, requests, settle)
         load = workload.with_load(
             request_rate=p.rate, num_requests=max(1, math.ceil(p.rate * plan.end)), measure_from=plan.start
@@ -162,10 +165,10 @@ def _search(
         # held few long prompts; seven of eight others missed its SLO at 1.13), and the windows that
         # pool_nearby pools would not be independent.
         p.runs.append(session.measure(load, slos, seed + sum(q.windows for q in probes)))
-        judge_probes(probes, slos, sat["throughput"], pass_z, search.z, search.min_served)
+        judge_probes(probes, slos, sat.throughput, pass_z, search.z, search.min_served)
 
     probes: list[Probe] = []
-    rate: float | None = min(START_FRACTION * sat["throughput"], top)
+    rate: float | None = min(START_FRACTION * sat.throughput, top)
     while rate is not None and len(probes) < search.max_probes:
         probes.append(Probe(rate))
         measure(probes[-1])
@@ -178,12 +181,20 @@ def _search(
     low, high = _bracket(probes, top)
     best = low.result if low is not None else min(probes, key=lambda p: p.rate).result
     annotated = _annotate(best, probes, sat_runs, low, high, top)
+    stopped_by = None
     if not session.alive and probes[-1].result is not best:
         # Say why the search stopped short (e.g. an OOM under load at a higher rate).
         last = probes[-1].result
-        annotated.info["capacity_stopped_by"] = f"{last.failure}: {last.message}"
-    annotated.info["capacity_window_s"] = [round(window.start, 2), round(window.length, 2)]
+        stopped_by = f"{last.failure}: {last.message}"
+    window_s = (round(window.start, 2), round(window.length, 2))
+    assert annotated.capacity is not None
+    annotated.capacity = dataclasses.replace(annotated.capacity, stopped_by=stopped_by, window_s=window_s)
     return annotated
+
+
+def _saturation(result: TrialResult) -> Saturation | None:
+    """The saturation figures of a burst's result (None: too few completions, or not a burst)."""
+    return result.load.saturation if result.load is not None else None
 
 
 def _bracket(probes: Sequence[Probe], top: float) -> tuple[Probe | None, float]:
@@ -215,7 +226,9 @@ def _next_rate(
     return math.sqrt(low.rate * high)
 
 
-def saturation_runs(session: Session, config: EngineConfig, workload: Any, seed: int) -> list[TrialResult]:
+def saturation_runs(
+    session: Session, config: EngineConfig, workload: WorkloadSpec, seed: int
+) -> list[TrialResult]:
     """The all-at-once runs that measure saturation throughput: the last one is the measurement.
 
     The burst is four running batches, so that requests still wait until its 75th-percentile
@@ -239,11 +252,13 @@ def _batch_limit(result: TrialResult, seqs: int) -> int:
     """How many of the burst's requests the server can run at once: its max_num_seqs (the resolved
     one when the backend reports it), or fewer when its KV cache holds fewer (reported as tokens or
     blocks; unknown: max_num_seqs)."""
-    resolved = result.info.get("resolved") or {}
+    server = result.server or ServerReport()
+    engine = server.engine or EngineFacts()
+    resolved = server.resolved or {}
     seqs = int(resolved.get("max_num_seqs") or seqs)
-    kv_tokens = result.info.get("kv_cache_tokens")
-    if kv_tokens is None and result.info.get("num_gpu_blocks"):
-        kv_tokens = int(result.info["num_gpu_blocks"]) * int(resolved.get("block_size") or 16)
+    kv_tokens = engine.kv_cache_tokens
+    if kv_tokens is None and engine.num_gpu_blocks:
+        kv_tokens = int(engine.num_gpu_blocks) * int(resolved.get("block_size") or 16)
     bench = result.benchmark
     if not kv_tokens or bench is None or not bench.completed:
         return seqs
@@ -337,32 +352,31 @@ def _annotate(
     capacity = low.rate if low is not None else 0.0
     bench = best.benchmark
     goodput = bench.request_goodput if bench is not None else None
-    measured = {}
-    if bench is not None and capacity > 0 and bench.completed:
-        measured = {f"measured_{k}": round(getattr(bench, k), 4) for k in SUSTAINED}
-        per_request_out = bench.total_output_tokens / bench.completed
-        per_request_all = (bench.total_input_tokens + bench.total_output_tokens) / bench.completed
+    own = bench if bench is not None and capacity > 0 and bench.completed else None  # the window's
+    if own is not None:
+        per_request_out = own.total_output_tokens / own.completed
+        per_request_all = (own.total_input_tokens + own.total_output_tokens) / own.completed
         best.benchmark = dataclasses.replace(
-            bench,
+            own,
             request_throughput=capacity,
             output_throughput=capacity * per_request_out,
             total_token_throughput=capacity * per_request_all,
         )
-    sat_info = sat.info.get("saturation") or {}
-    bracket = [round(capacity, 4), round(high, 4)] if high else None
-    best.info = {
-        **best.info,
-        **measured,
-        "capacity_rate": round(capacity, 4),
+    saturation = _saturation(sat)
+    best.capacity = CapacityReport(
+        rate=round(capacity, 4),
         # The search's verdict at the reported rate, not its window's backlog trend alone: below the
         # saturation rate the saturation run is the evidence (probe_verdict). No rate: the lowest's.
-        "kept_up": True if capacity > 0 else best.info.get("kept_up"),
-        "capacity_bracket": bracket,
+        kept_up=True if capacity > 0 else best.kept_up,
+        bracket=(round(capacity, 4), round(high, 4)) if high else None,
         # How finely capacity is known: the bracket's width relative to its bottom (None: nothing passed).
-        "capacity_resolution": round(high / capacity - 1, 4) if high and capacity > 0 else None,
-        "capacity_bound_measured": bool(high is not None and high < top),
-        "saturation_throughput": sat_info.get("throughput"),
-        "capacity_goodput": round(goodput, 4) if goodput is not None else None,
-        "capacity_probes": [p.to_info() for p in probes],
-    }
+        resolution=round(high / capacity - 1, 4) if high and capacity > 0 else None,
+        bound_measured=bool(high is not None and high < top),
+        saturation_throughput=saturation.throughput if saturation is not None else None,
+        goodput=round(goodput, 4) if goodput is not None else None,
+        probes=tuple(p.summary() for p in probes),
+        measured_request_throughput=round(own.request_throughput, 4) if own else None,
+        measured_output_throughput=round(own.output_throughput, 4) if own else None,
+        measured_total_token_throughput=round(own.total_token_throughput, 4) if own else None,
+    )
     return best

@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
+from autotune.measure.capacity_report import ProbeSummary
 from autotune.measure.evidence import (
     CLUSTERED,
     FAIL,
@@ -23,7 +23,6 @@ from autotune.measure.evidence import (
     Z,
     episode_size,
     floored,
-    from_info,
     judge,
     pool,
 )
@@ -72,30 +71,31 @@ class Probe:
         """Whether the rate is sustained with every SLO met (with confidence)."""
         return self.verdict == PASS
 
-    def to_info(self) -> dict[str, Any]:
-        """What the trial's `capacity_probes` attr keeps of it (the report plots these)."""
+    def summary(self) -> ProbeSummary:
+        """What the trial's capacity report keeps of it (the report plots these)."""
         bench = self.result.benchmark
-        info = self.result.info
-        return {
-            "rate": round(self.rate, 4),
-            "served_rate": info.get("served_rate"),
-            "backlog_growth": info.get("backlog_growth"),
-            "backlog_filling": info.get("backlog_filling"),
-            "kept_up": info.get("kept_up"),
-            "p99_ttft_ms": round(bench.latency_ms["ttft"]["p99"], 2) if bench else None,
-            "p99_itl_ms": round(bench.latency_ms["itl"]["p99"], 2) if bench else None,
-            "meets_slos": self.passed,
-            "verdict": self.verdict,
-            "windows": self.windows,
-            "requests": bench.completed if bench else None,  # measured in its last window
-            "pooled_with": self.pooled or None,
-            "failure": str(self.result.failure) if self.result.failure else None,
-        }
+        load = self.result.load
+        steady = load.steady if load is not None else None
+        return ProbeSummary(
+            rate=round(self.rate, 4),
+            served_rate=steady.served_rate if steady else None,
+            backlog_growth=steady.backlog_growth if steady else None,
+            backlog_filling=steady.backlog_filling if steady else None,
+            kept_up=self.result.kept_up,
+            p99_ttft_ms=round(bench.latency_ms["ttft"]["p99"], 2) if bench else None,
+            p99_itl_ms=round(bench.latency_ms["itl"]["p99"], 2) if bench else None,
+            meets_slos=self.passed,
+            verdict=self.verdict,
+            windows=self.windows,
+            requests=bench.completed if bench else None,  # measured in its last window
+            pooled_with=tuple(self.pooled) or None,
+            failure=str(self.result.failure) if self.result.failure else None,
+        )
 
 
 def meets(result: TrialResult, slos: Sequence[Slo]) -> bool:
     """A complete benchmark that kept up with its load (when it had one) and met every SLO."""
-    if not result.ok or result.info.get("kept_up") is False:
+    if not result.ok or result.kept_up is False:
         return False
     return all(slo.margin(result.benchmark) <= 0 for slo in slos)  # type: ignore[arg-type]
 
@@ -124,29 +124,37 @@ def probe_verdict(
     from grow too)."""
     below = rate is not None and saturation is not None and rate <= saturation
     for result in runs:
-        if not result.ok or (not below and result.info.get("kept_up") is False):
+        if not result.ok or (not below and result.kept_up is False):
             return FAIL
-        info = result.info
-        served = info.get("served_rate")
-        if below and _served_share(info) < GROSS_SHORTFALL:
+        steady = result.load.steady if result.load is not None else None
+        if below and steady is not None and steady.served_share() < GROSS_SHORTFALL:
             return FAIL
-        if not below and served is not None and served < min_served * (rate or info.get("offered_rate") or 0):
+        if (
+            not below
+            and steady is not None
+            and steady.served_rate < min_served * (rate or steady.offered_rate)
+        ):
             return FAIL
-    evidence = [r.info.get("slo_evidence") for r in runs]
+    evidence = [_evidence(r) for r in runs]
     if any(e is None for e in evidence):
         return PASS if meets(runs[-1], slos) else FAIL
     allowed = {s.name: s.allowed_share for s in slos}
-    return judge(pool([_criteria(e, allowed, episodes) for e in evidence]), z, fail_z)  # type: ignore[arg-type]
+    return judge(pool([_criteria(e or (), allowed, episodes) for e in evidence]), z, fail_z)
+
+
+def _evidence(result: TrialResult) -> tuple[Criterion, ...] | None:
+    """A window's SLO evidence (None: its backend gave none, or it was not an open-loop window)."""
+    return result.load.slo_evidence if result.load is not None else None
 
 
 def _criteria(
-    evidence: Mapping[str, Sequence[float]],
+    evidence: Sequence[Criterion],
     allowed: Mapping[str, float | None],
     episodes: Mapping[str, float] | None,
 ) -> list[Criterion]:
     """A window's criteria, each clustered one floored by the episodes seen around it."""
     out = []
-    for c in from_info(evidence):
+    for c in evidence:
         share, size = allowed.get(c.name), (episodes or {}).get(c.name, 1.0)
         out.append(floored(c, share, size) if share is not None and size > 1 else c)
     return out
@@ -192,7 +200,7 @@ def _episodes(p: Probe, probes: Sequence[Probe], slos: Sequence[Slo], saturation
             for q in probes
             if p.rate <= q.rate <= p.rate * NEAR_SPAN
             for r in q.runs
-            for c in from_info(r.info.get("slo_evidence") or {})
+            for c in _evidence(r) or ()
             if c.name == slo.name and c.margin + allowed <= EPISODE_WINDOWS * allowed
         ]
         scaled = [max(1.0, episode_size(c, allowed) * _excursion(p.rate, q, saturation)) for q, c in windows]
@@ -205,15 +213,6 @@ def _excursion(rate: float, above: float, saturation: float) -> float:
     time each, see relaxation_s); 1 when `above` is not below saturation (no relaxation time there)."""
     slow = relaxation_s(above, saturation)
     return rate * relaxation_s(rate, saturation) / (above * slow) if math.isfinite(slow) else 1.0
-
-
-def _served_share(info: dict[str, Any]) -> float:
-    """The share of its arrivals a window served, counting what a server that keeps up still adds to
-    its requests as it fills as served (1.0 when the backend did not say)."""
-    offered, served = info.get("offered_rate"), info.get("served_rate")
-    if not offered or served is None:
-        return 1.0
-    return served / offered + (info.get("backlog_filling") or 0.0)
 
 
 def pool_nearby(probes: Sequence[Probe], slos: Sequence[Slo], saturation: float, z: float = Z) -> None:
@@ -236,13 +235,13 @@ def pool_nearby(probes: Sequence[Probe], slos: Sequence[Slo], saturation: float,
         if p.own != UNSURE:
             continue
         near = [q for q in probes if p.rate / NEAR_SPAN <= q.rate <= p.rate * NEAR_SPAN]
-        windows = [(q.rate, r.info.get("slo_evidence")) for q in near for r in q.runs]
+        windows = [(q.rate, _evidence(r)) for q in near for r in q.runs]
         if not any(q.rate > p.rate for q in near) or any(e is None for _, e in windows):
             continue
         episodes = _episodes(p, probes, slos, saturation)
         points: dict[str, list[tuple[float, Criterion]]] = {}
         for q, evidence in windows:
-            for c in _criteria(evidence, allowed, episodes):  # type: ignore[arg-type]
+            for c in _criteria(evidence or (), allowed, episodes):
                 points.setdefault(c.name, []).append((q, c))
         criteria = [_at(p.rate, pts, allowed.get(name)) for name, pts in points.items()]
         if judge(criteria, z) == PASS:

@@ -9,39 +9,28 @@ and returns their contents with the result, and the driver lands them in that sa
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from autotune.backends.base import Backend
 from autotune.core.config import EngineConfig
 from autotune.core.errors import FailureKind
+from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
+from autotune.workloads.spec import WorkloadSpec
 
 MAX_SHIPPED_BYTES = 16 << 20  # per file: the tail of a huge server log is the part that explains a failure
-PLACEMENT_ATTRS = ("node_ip", "node_id", "gpu_ids")  # trial user attrs (and trials.csv columns)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a trial ran: Ray's node id, the node's IP, the devices it was pinned to (empty: CPU slot)."""
-
-    node_id: str
-    node_ip: str
-    gpu_ids: tuple[int | str, ...] = ()
-
-    def attrs(self) -> dict[str, Any]:
-        """The trial user attrs that record it."""
-        return {"node_ip": self.node_ip, "node_id": self.node_id, "gpu_ids": list(self.gpu_ids)}
 
 
 @dataclass
 class TaskOutput:
-    """What the task sends back: the result, where it ran, and log files written away from the driver."""
+    """What the task sends back: the result, where and when it ran, and log files written away from the
+    driver."""
 
     result: TrialResult
     placement: Placement
@@ -51,7 +40,7 @@ class TaskOutput:
 def evaluate_trial(
     backend: Backend,
     config: EngineConfig,
-    workload: Any,
+    workload: WorkloadSpec,
     slos: Sequence[Slo],
     seed: int,
     gpu_ids: Sequence[int | str],
@@ -74,7 +63,7 @@ def evaluate_trial(
 def run_trial_task(
     backend: Backend,
     config: EngineConfig,
-    workload: Any,
+    workload: WorkloadSpec,
     slos: Sequence[Slo],
     seed: int,
     trial_dir: Path | None,
@@ -86,13 +75,13 @@ def run_trial_task(
     started = time.time()
     files: dict[str, bytes] = {}
     if trial_dir is None or placement.node_id == driver_node:
-        result = evaluate_trial(backend, config, workload, slos, seed, placement.gpu_ids, trial_dir)
+        result = evaluate_trial(backend, config, workload, slos, seed, placement.gpu_ids or (), trial_dir)
     else:
         with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
-            result = evaluate_trial(backend, config, workload, slos, seed, placement.gpu_ids, Path(tmp))
+            result = evaluate_trial(backend, config, workload, slos, seed, placement.gpu_ids or (), Path(tmp))
             files = _read_files(Path(tmp))
-    result.info["ran_at"] = [round(started, 3), round(time.time(), 3)]  # wall clock, for utilization
-    return TaskOutput(result, placement, files)
+    ran_at = (round(started, 3), round(time.time(), 3))  # wall clock, for utilization
+    return TaskOutput(result, dataclasses.replace(placement, ran_at=ran_at), files)
 
 
 def current_placement(uses_gpus: bool) -> Placement:
@@ -111,16 +100,17 @@ def current_placement(uses_gpus: bool) -> Placement:
 
 def land(output: TaskOutput, trial_dir: Path | None) -> TrialResult:
     """On the driver: write the shipped files into the trial folder, point the result at them, and
-    record the placement in the result's info."""
+    record where and when it ran in the result."""
     result = output.result
     if trial_dir is not None and output.files:
         trial_dir.mkdir(parents=True, exist_ok=True)
         for name, data in output.files.items():
             (trial_dir / name).write_bytes(data)
-        log = result.info.get("server_log")
-        if isinstance(log, str) and Path(log).name in output.files:
-            result.info["server_log"] = str(trial_dir / Path(log).name)
-    result.info.update(output.placement.attrs())
+        server = result.server
+        if server is not None and server.log_path and Path(server.log_path).name in output.files:
+            local = str(trial_dir / Path(server.log_path).name)
+            result.server = dataclasses.replace(server, log_path=local)
+    result.placement = output.placement
     return result
 
 

@@ -28,7 +28,6 @@ from autotune.core.inputs import read_yaml
 from autotune.measure.metrics import LATENCY_METRICS, PERCENTILES
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo, parse_slos
-from autotune.measure.steady_state import MAX_BACKLOG_GROWTH
 
 OBJECTIVES_DIR = Path(__file__).resolve().parents[2] / "objectives"
 DIRECTIONS = ("maximize", "minimize")
@@ -193,12 +192,13 @@ def constraints(result: TrialResult, slos: Sequence[Slo]) -> dict[str, float]:
         return values
     for slo in slos:
         values[slo.name] = float(slo.margin(result.benchmark))
-    if "capacity_rate" in result.info:  # a capacity search judged keeping up at its rate (capacity.py)
-        values[KEPT_UP_KEY] = 1.0 if result.info.get("kept_up") is False else 0.0
+    steady = result.load.steady if result.load is not None else None
+    if result.capacity is not None:  # a capacity search judged keeping up at its rate (capacity.py)
+        values[KEPT_UP_KEY] = 1.0 if result.capacity.kept_up is False else 0.0
+    elif steady is not None:
+        values[KEPT_UP_KEY] = float(steady.backlog_growth) - float(steady.backlog_allowed)
     else:
-        growth = result.info.get("backlog_growth")
-        allowed = result.info.get("backlog_allowed", MAX_BACKLOG_GROWTH)
-        values[KEPT_UP_KEY] = float(growth) - float(allowed) if growth is not None else 0.0
+        values[KEPT_UP_KEY] = 0.0
     aborted = result.failure == FailureKind.EARLY_ABORT and all(v <= 0 for v in values.values())
     values[FAILED_KEY] = 1.0 if result.failure not in (None, FailureKind.EARLY_ABORT) or aborted else 0.0
     return values

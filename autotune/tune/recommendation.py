@@ -21,7 +21,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autotune.tune.study import TIE_TOLERANCE, TrialRecord, baseline, recommend
+from autotune.tune.front import TIE_TOLERANCE, baseline, recommend
+from autotune.tune.study import TrialRecord
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,7 @@ def measure_gain(
 
 def resolution_of(record: TrialRecord) -> float:
     """The relative width of a trial's capacity bracket (0 for a fixed-load trial)."""
-    info = record.user_attrs.get("info", {})
-    value = info.get("capacity_resolution") if isinstance(info, dict) else None
+    value = record.capacity.resolution if record.capacity is not None else None
     return float(value) if isinstance(value, (int, float)) else 0.0
 
 

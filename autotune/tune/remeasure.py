@@ -19,9 +19,10 @@ from pathlib import Path
 import optuna
 
 from autotune.dispatch.executor import Executor
+from autotune.tune.front import baseline, pareto_front, recommend
 from autotune.tune.objectives import ObjectiveSet
 from autotune.tune.recommendation import resolution_of
-from autotune.tune.study import TrialRecord, baseline, pareto_front, recommend, records
+from autotune.tune.study import TrialRecord, records
 
 TOP_CANDIDATES = 3
 ATTR = "remeasured"
@@ -60,6 +61,11 @@ def targets(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> list[Trial
     return chosen
 
 
+def stored_repeats(study: optuna.Study) -> dict[str, dict[str, float]] | None:
+    """The repeats a study holds: trial number -> {repeat index: primary value} (None: none ran)."""
+    return study.user_attrs.get(ATTR)
+
+
 def remeasure(
     study: optuna.Study,
     executor: Executor,
@@ -72,7 +78,7 @@ def remeasure(
     """Run the repeats not yet in the study; returns how many ran. Raises KeyboardInterrupt when
     `interrupted()` turns true (what finished is already stored)."""
     maximize = [o.maximize for o in objectives.objectives]
-    done: dict[str, dict[str, float]] = {k: dict(v) for k, v in study.user_attrs.get(ATTR, {}).items()}
+    done: dict[str, dict[str, float]] = {k: dict(v) for k, v in (stored_repeats(study) or {}).items()}
     todo = [
         Repeat(trial, index)
         for trial in targets(records(study), maximize)

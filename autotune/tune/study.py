@@ -1,9 +1,11 @@
-"""The Optuna study of a tuning run: create or resume it, tell results, read the front.
+"""The Optuna study of a tuning run: create or resume it, tell results, read its records back.
 
 The driver is the only writer (ask/tell). Every trial carries user attrs that the report, the export
 and optuna-dashboard read: `config` (the flags), `config_key`, `feasible`, `failure`, `message`,
-`log_tail`, `margin_<slo>` (SLO margins), `metrics`, `gpu_seconds`, and `baseline` / `duplicate_of`.
-Feasibility is stored as a user attr too because optuna-dashboard 0.21 does not show 5.0 constraints.
+`log_tail`, `margin_<slo>` (SLO margins), `metrics`, `gpu_seconds`, `info` (the result's typed parts:
+autotune/tune/result_attrs.py), and `baseline` / `duplicate_of`. Feasibility is stored as a user attr
+too because optuna-dashboard 0.21 does not show 5.0 constraints. The front and the recommendation are
+read from the records by autotune/tune/front.py and autotune/tune/recommendation.py.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 import re
 import sys
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,19 +25,21 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError
 from autotune.core.secrets import masked
+from autotune.measure.capacity_report import CapacityReport
+from autotune.measure.load_report import LoadReport
+from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
+from autotune.measure.server_report import ServerReport
 from autotune.measure.slo import Slo
 from autotune.store.lease import fail_stale, refuse_live_driver
 from autotune.store.storage import check_sqlite_file, connect_storage
 from autotune.store.urls import sqlite_path
 from autotune.tune.objectives import ObjectiveSet, constraints, failed_values, is_feasible
+from autotune.tune.result_attrs import INFO_ATTR, info_attr, parse_info
 from autotune.tune.space import plain_params
 
 LOG_TAIL_CHARS = 2000
 SETTINGS_ATTR = "autotune"
-# Two configs whose primary objective is within this fraction are a tie, broken by the next objectives:
-# real measurements vary by a few percent run to run, so a 0.5% "win" is not a reason to pick a config.
-TIE_TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,21 @@ class TrialRecord:
     gpu_seconds: float = 0.0
     gpu_seconds_saved: float = 0.0  # what early abort spared this trial
     user_attrs: dict[str, Any] = field(default_factory=dict)
+    launched: bool = True  # False: told before launch (invalid, screened, or no longer fits the GPUs)
+    screened: bool = False  # predicted by the memory model to fail to start (not launched)
+    # The result's typed parts, parsed once from the attrs (autotune/tune/result_attrs.py).
+    server: ServerReport | None = None
+    load: LoadReport | None = None
+    capacity: CapacityReport | None = None
+    placement: Placement | None = None
+    info: dict[str, Any] = field(default_factory=dict)  # the `info` attr as stored (best.json copies it)
+
+    @property
+    def kept_up(self) -> bool | None:
+        """Whether the server kept up with the load: the capacity search's verdict, else the window's."""
+        if self.capacity is not None:
+            return self.capacity.kept_up
+        return self.load.kept_up if self.load is not None else None
 
     def engine_config(self) -> EngineConfig:
         """The trial's flags as an EngineConfig."""
@@ -243,8 +262,9 @@ def tell_result(
         attrs["log_tail"] = result.log_tail[-LOG_TAIL_CHARS:]
     if result.benchmark is not None:
         attrs["metrics"] = _jsonable(result.benchmark.to_dict())
-    if result.info:
-        attrs["info"] = _jsonable(result.info)
+    info = info_attr(result)
+    if info:
+        attrs[INFO_ATTR] = _jsonable(info)
     for name, value in attrs.items():
         trial.set_user_attr(name, value)
     if result.benchmark is None:
@@ -295,6 +315,7 @@ def records(study: optuna.Study) -> list[TrialRecord]:
             if t.state != TrialState.FAIL:
                 continue
             attrs = {"config": {"model": model, **plain_params(t.params)}, "failure": "interrupted", **attrs}
+        stored = parse_info(attrs)
         out.append(
             TrialRecord(
                 number=t.number,
@@ -312,85 +333,16 @@ def records(study: optuna.Study) -> list[TrialRecord]:
                 gpu_seconds=float(attrs.get("gpu_seconds", 0.0)),
                 gpu_seconds_saved=float(attrs.get("gpu_seconds_saved", 0.0)),
                 user_attrs=dict(attrs),
+                launched=bool(attrs.get("launched", True)),
+                screened=bool(attrs.get("screened")),
+                server=stored.server,
+                load=stored.load,
+                capacity=stored.capacity,
+                placement=stored.placement,
+                info=dict(attrs.get(INFO_ATTR) or {}),
             )
         )
     return out
-
-
-def pareto_front(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> list[TrialRecord]:
-    """The feasible, non-dominated trials (duplicates left out), best primary objective first."""
-    pool = [r for r in recs if r.feasible and r.duplicate_of is None and r.values]
-    signs = [-1.0 if m else 1.0 for m in maximize]
-
-    def cost(r: TrialRecord) -> list[float]:
-        return [s * v for s, v in zip(signs, r.values or [], strict=True)]
-
-    front = []
-    for r in pool:
-        c = cost(r)
-        dominated = any(
-            all(o <= m for o, m in zip(cost(other), c, strict=True)) and cost(other) != c for other in pool
-        )
-        if not dominated:
-            front.append(r)
-    return sorted(front, key=lambda r: cost(r))
-
-
-def recommend(
-    recs: Sequence[TrialRecord],
-    maximize: Sequence[bool],
-    resolution: Callable[[TrialRecord], float] = lambda r: 0.0,
-) -> TrialRecord | None:
-    """The best config found: best feasible primary objective; among its ties, the next objectives.
-
-    Only Pareto-optimal trials can win, and among near-ties on throughput the lower-latency one does,
-    so the recommendation never trades a lot of latency for noise-level throughput. A trial ties with
-    the best when its own measurement cannot tell them apart: its value is within TIE_TOLERANCE of the
-    best's, or its `resolution` (a capacity bracket's relative width: its true value lies up to that
-    much above it) reaches the best's value. Each trial is judged by its own bracket, so one coarse
-    trial does not make every trial a tie. The tie is broken by the next objectives together (the sum
-    of each one's ratio to the best among the tied), not one after the other: 3 % less TTFT does not
-    win over 35 % less ITL.
-    """
-    front = pareto_front(recs, maximize)
-    if not front:
-        return None
-    sign = 1.0 if maximize[0] else -1.0
-    best = max(sign * (r.values or [0])[0] for r in front)
-
-    def ties(r: TrialRecord) -> bool:
-        value = (r.values or [0])[0]
-        reach = max(TIE_TOLERANCE * abs(best), resolution(r) * abs(value))
-        return best - sign * value <= reach
-
-    near = [r for r in front if ties(r)]
-    return min(near, key=lambda r: _tie_cost(r, near, maximize[1:]))
-
-
-def _tie_cost(
-    r: TrialRecord, tied: Sequence[TrialRecord], maximize: Sequence[bool]
-) -> tuple[float, list[float]]:
-    """How far `r` is from the best of `tied` on the secondary objectives: the sum of ratios (1 = the
-    best on that objective), then the objectives in order for an exact tie."""
-    ratios, ordered = 0.0, []
-    for i, up in enumerate(maximize, start=1):
-        mine = _positive(r, i)
-        top = (max if up else min)(_positive(t, i) for t in tied)
-        ratios += top / mine if up else mine / top
-        ordered.append(-mine if up else mine)
-    return ratios, ordered
-
-
-def _positive(r: TrialRecord, i: int) -> float:
-    """Objective `i` of `r`, kept above 0 so that ratios are defined (latencies and throughputs are >= 0)."""
-    return max((r.values or [])[i], 1e-12)
-
-
-def baseline(recs: Sequence[TrialRecord]) -> TrialRecord | None:
-    """The trial of vLLM's default config (the first trial of the study; its measured one if the first
-    was interrupted)."""
-    measured = next((r for r in recs if r.baseline and r.state == "COMPLETE"), None)
-    return measured or next((r for r in recs if r.baseline), None)
 
 
 def _jsonable(data: Mapping[str, Any]) -> dict[str, Any]:

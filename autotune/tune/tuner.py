@@ -35,14 +35,15 @@ from autotune.dispatch.ray_cluster import ClusterLost
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.trial.live import read_probe
-from autotune.trial.task import PLACEMENT_ATTRS
 from autotune.tune.objectives import ObjectiveSet, metric_unit
 from autotune.tune.progress import Progress, ProgressState, running_params
 from autotune.tune.remeasure import TOP_CANDIDATES, remeasure
+from autotune.tune.result_attrs import PLACEMENT_ATTRS, placement_attr
 from autotune.tune.samplers import sampler_exhausted
 from autotune.tune.screen import MemoryScreen, Screening
 from autotune.tune.space import SearchSpace, violations
 from autotune.tune.study import config_key, fail_stale_trials, tell_duplicate, tell_result
+from autotune.tune.tally import Tally
 
 POLL_S = 0.5
 # Suggestions rejected before launch (vLLM's validity rules, startup screening) cost no GPU time and do
@@ -77,20 +78,6 @@ class RunSummary:
     repeated: int = 0  # re-measurements of the top candidates and the baseline (other seeds)
     duplicates: int = 0  # suggestions answered with an earlier result (free, not counted)
     converged: bool = False  # the run ended because the sampler only proposed measured configs
-
-
-@dataclass
-class _Counters:
-    done: int = 0  # trials that count toward n_trials
-    rejected: int = 0  # told before launch (invalid or screened)
-    duplicates: int = 0  # told an earlier result
-    duplicate_streak: int = 0  # duplicates since the last measured config
-    screened: int = 0
-    feasible: int = 0
-    failed: int = 0
-    best: float | None = None
-    baseline: float | None = None
-    last: str = ""
 
 
 @dataclass
@@ -130,7 +117,7 @@ class Tuner:
         self._known: dict[str, FrozenTrial] = {}
         self._running: dict[int, _Pending] = {}  # trial number -> its pending record
         self._queued: list[_Pending] = []  # asked, valid, waiting for enough free GPUs
-        self._counters = _Counters()
+        self._tally = Tally(maximize=objectives.objectives[0].maximize)
         self._told = 0
         self._interrupted = False  # Ctrl-C seen: stop at the next step
         self._started = time.monotonic()
@@ -151,14 +138,14 @@ class Tuner:
             if self.progress:
                 self.progress.close()
         return RunSummary(
-            completed=self._counters.done,
-            rejected=self._counters.rejected,
+            completed=self._tally.done,
+            rejected=self._tally.rejected,
             told=self._told,
-            screened=self._counters.screened,
+            screened=self._tally.screened,
             wall_s=time.monotonic() - start,
             timed_out=timed_out,
             repeated=repeated,
-            duplicates=self._counters.duplicates,
+            duplicates=self._tally.duplicates,
             converged=self._converged(),
         )
 
@@ -223,7 +210,7 @@ class Tuner:
 
     def _outstanding(self) -> int:
         """Measured configs plus the ones on their way (duplicates waiting on them are free)."""
-        return self._counters.done + len(self._running) + len(self._queued)
+        return self._tally.done + len(self._running) + len(self._queued)
 
     def _fill(self, timed_out: bool) -> None:
         """Start queued trials, then ask new ones while slots are free and the budget allows."""
@@ -285,10 +272,10 @@ class Tuner:
         )
 
     def _converged(self) -> bool:
-        return self._counters.duplicate_streak >= MAX_DUPLICATES_IN_A_ROW
+        return self._tally.duplicate_streak >= MAX_DUPLICATES_IN_A_ROW
 
     def _too_many_rejects(self) -> bool:
-        return self._counters.rejected > MAX_REJECTS_PER_TRIAL * self.options.n_trials
+        return self._tally.rejected > MAX_REJECTS_PER_TRIAL * self.options.n_trials
 
     def _pending_for(self, key: str) -> _Pending | None:
         return next((p for p in (*self._running.values(), *self._queued) if p.key == key), None)
@@ -304,9 +291,10 @@ class Tuner:
 
     def _finish(self, number: int, result: TrialResult) -> None:
         pending = self._running.pop(number)
-        for name in PLACEMENT_ATTRS:  # where it ran: Ray placed it (node, devices)
-            if name in result.info:
-                pending.trial.set_user_attr(name, result.info[name])
+        if result.placement is not None:  # where it ran: Ray placed it (node, devices)
+            for name, value in placement_attr(result.placement).items():
+                if name in PLACEMENT_ATTRS:
+                    pending.trial.set_user_attr(name, value)
         self._submitted.pop(number, None)
         frozen = self._tell(pending.trial, result, pending.key)
         for duplicate in pending.duplicates:
@@ -320,44 +308,11 @@ class Tuner:
         return frozen
 
     def _record(self, frozen: FrozenTrial) -> None:
-        """Update the counters the progress line shows."""
+        """Count a told trial for the progress line."""
         self._told += 1
-        c = self._counters
-        attrs = frozen.user_attrs
-        if "duplicate_of" in attrs:
-            c.duplicates += 1
-            c.duplicate_streak += 1
-        elif attrs.get("launched", True):
-            c.done += 1
-            c.duplicate_streak = 0
-        else:
-            c.rejected += 1
-            c.screened += bool(attrs.get("screened"))
-        value = frozen.values[0] if frozen.values else None
-        if attrs.get("feasible") and "duplicate_of" not in attrs:
-            c.feasible += 1
-            if value is not None and (c.best is None or self._better(value, c.best)):
-                c.best = value
-        failure = attrs.get("failure")
-        if failure and attrs.get("launched", True) and failure != FailureKind.EARLY_ABORT:
-            c.failed += 1
-        if attrs.get("baseline") and attrs.get("feasible"):
-            c.baseline = value
-        status = "feasible" if attrs.get("feasible") else attrs.get("failure") or "violates SLO"
-        info = attrs.get("info", {})
-        if info.get("kept_up") is False:
-            status = "did not keep up"
-            if "served_rate" in info and "offered_rate" in info:
-                status += f" (served {info['served_rate']:.1f} of {info['offered_rate']:.1f} req/s)"
-        if attrs.get("screened"):
-            status = f"screened ({status})"
-        shown = f" {value:,.0f}" if value is not None and attrs.get("feasible") else ""
-        c.last = f"#{frozen.number} {status}{shown}"
+        self._tally.record(frozen)
         if self.on_told is not None:
             self.on_told()
-
-    def _better(self, a: float, b: float) -> bool:
-        return a > b if self.objectives.objectives[0].maximize else a < b
 
     def _load_existing(self) -> None:
         """On resume: count the finished trials and remember their configs for dedupe."""
@@ -385,7 +340,7 @@ class Tuner:
     def _show(self) -> None:
         if not self.progress:
             return
-        c = self._counters
+        c = self._tally
         running = running_params(self.executor.in_flight(), self.space.names)
         now = time.monotonic()
         trial_dirs = {

@@ -1,0 +1,71 @@
+"""The options `autotune run` and `autotune bench` share, declared once: which config and workload
+(`--space`, `--model`, `--gpu`, `--workload`), the SLOs and the seed, and where a config runs
+(`--backend`, and for a launched server `--startup-timeout`, `--serve-cmd`, `--image`, `--noise`).
+
+Each function adds its options to a parser or an argument group, so a command keeps its own layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from autotune.backends.factory import BACKENDS
+from autotune.core.inputs import add_startup_timeout
+from autotune.sim.noise import add_noise_argument
+
+Parser = argparse.ArgumentParser | argparse._ArgumentGroup
+DEFAULT_SERVE_CMD = "vllm serve"
+DEFAULT_IMAGE = "vllm/vllm-openai:latest"
+
+
+def add_config_options(parser: Parser, url: bool = False) -> None:
+    """--space, --model, --gpu, --workload (`url`: the command can measure a running server instead,
+    which names its own model)."""
+    parser.add_argument(
+        "--space",
+        default="vllm",
+        help="search-space YAML (or a name in search_spaces/); its fixed flags apply to every config",
+    )
+    on_url = "; with --url: the server's first model" if url else ""
+    parser.add_argument(
+        "--model", help=f"override the space's model (default meta-llama/Llama-3.1-8B-Instruct{on_url})"
+    )
+    as_label = "; with --url: only a label in the output" if url else ""
+    parser.add_argument(
+        "--gpu", help=f"override the space's GPU type (default H100; sim: one of its catalog's{as_label})"
+    )
+    parser.add_argument("--workload", default="chat", help="workload YAML (or a name in workloads/)")
+
+
+def add_slo_option(parser: Parser, text: str) -> None:
+    """--slo (repeatable); `text` says what the command does with them."""
+    parser.add_argument("--slo", action="append", default=[], help=text)
+
+
+def add_seed_option(parser: Parser, text: str) -> None:
+    """--seed; `text` says what it seeds."""
+    parser.add_argument("--seed", type=int, default=0, help=text)
+
+
+def add_backend_option(parser: Parser) -> None:
+    """--backend."""
+    parser.add_argument(
+        "--backend",
+        default="sim",
+        choices=BACKENDS,
+        help="sim (default): the simulated engine in process; vllm: `vllm serve` subprocesses; docker: "
+        "vllm/vllm-openai containers",
+    )
+
+
+def add_server_options(parser: Parser) -> None:
+    """--startup-timeout, --serve-cmd, --image (a launched server), --noise (the simulated one)."""
+    add_startup_timeout(parser)
+    parser.add_argument(
+        "--serve-cmd",
+        default=DEFAULT_SERVE_CMD,
+        help=f"vllm backend: the server command (default '{DEFAULT_SERVE_CMD}'; 'autotune sim-server' "
+        "needs no GPU)",
+    )
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help="docker backend: the image")
+    add_noise_argument(parser)

@@ -1,0 +1,72 @@
+"""What a run has told so far: the counts the progress line and the run's summary show, the best
+feasible value, and a line on the last trial told (autotune/tune/tuner.py keeps one per run)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from optuna.trial import FrozenTrial
+
+from autotune.core.errors import FailureKind
+from autotune.tune.result_attrs import parse_info
+
+
+@dataclass
+class Tally:
+    """Counts of told trials, by what they were."""
+
+    maximize: bool  # the primary objective's direction: which value is the best
+    done: int = 0  # trials that count toward n_trials
+    rejected: int = 0  # told before launch (invalid or screened)
+    duplicates: int = 0  # told an earlier result
+    duplicate_streak: int = 0  # duplicates since the last measured config
+    screened: int = 0
+    feasible: int = 0
+    failed: int = 0
+    best: float | None = None
+    baseline: float | None = None
+    last: str = ""
+
+    def record(self, frozen: FrozenTrial) -> None:
+        """Count one told trial and describe it in `last`."""
+        attrs = frozen.user_attrs
+        if "duplicate_of" in attrs:
+            self.duplicates += 1
+            self.duplicate_streak += 1
+        elif attrs.get("launched", True):
+            self.done += 1
+            self.duplicate_streak = 0
+        else:
+            self.rejected += 1
+            self.screened += bool(attrs.get("screened"))
+        value = frozen.values[0] if frozen.values else None
+        if attrs.get("feasible") and "duplicate_of" not in attrs:
+            self.feasible += 1
+            if value is not None and (self.best is None or self._better(value, self.best)):
+                self.best = value
+        failure = attrs.get("failure")
+        if failure and attrs.get("launched", True) and failure != FailureKind.EARLY_ABORT:
+            self.failed += 1
+        if attrs.get("baseline") and attrs.get("feasible"):
+            self.baseline = value
+        shown = f" {value:,.0f}" if value is not None and attrs.get("feasible") else ""
+        self.last = f"#{frozen.number} {_status(attrs)}{shown}"
+
+    def _better(self, a: float, b: float) -> bool:
+        return a > b if self.maximize else a < b
+
+
+def _status(attrs: Mapping[str, Any]) -> str:
+    """A told trial in a few words: feasible, its failure, or that it did not keep up with its load."""
+    status = "feasible" if attrs.get("feasible") else attrs.get("failure") or "violates SLO"
+    stored = parse_info(attrs)
+    if stored.kept_up is False:
+        status = "did not keep up"
+        steady = stored.load.steady if stored.load is not None else None
+        if steady is not None:
+            status += f" (served {steady.served_rate:.1f} of {steady.offered_rate:.1f} req/s)"
+    if attrs.get("screened"):
+        status = f"screened ({status})"
+    return status
