@@ -21,6 +21,7 @@ COMMANDS = {
     "run": "autotune.commands.run",
     "bench": "autotune.commands.bench",
     "sim-server": "autotune.commands.sim_server",
+    "calibrate": "autotune.commands.calibrate",
     "export": "autotune.commands.export",
     "dashboard": "autotune.commands.dashboard",
 }

@@ -18,7 +18,7 @@ real forward pass, and no CPU launch gaps (as under vLLM's CUDA graphs).
 --compare prints, for the same shapes, what CostModel gives for the GEMM and attention terms on the
 simulator's H100 entry next to the measured times (ratios sim / measured): CostModel's own terms (the
 ones step_time adds), split per layer where a layer is measured. Only the GPU-kernel part of a step is
-compared: the simulator's step also holds the CPU side (STEP_BASE_S, PER_SEQ_S, the eager launch
+compared: the simulator's step also holds the CPU side (step_base_s, per_seq_s, the eager launch
 penalty), which plain kernels do not measure, and vLLM's fused kernels (FlashAttention 3, fused RMSNorm /
 SiLU / rotary) differ from plain torch.
 """

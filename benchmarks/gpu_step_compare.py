@@ -20,14 +20,16 @@ class SimTerms:
         from autotune.catalog.gpus import get_gpu
         from autotune.catalog.models import get_model
         from autotune.sim import costs
+        from autotune.sim.calibration import DEFAULT_CALIBRATION as cal
 
         self.model = model = get_model(name)
         self.gpu = gpu = get_gpu(gpu_name)
         self.tp = tp
         self.kv_bytes_per_token = model.kv_bytes_per_token(tp)
-        self.cost_model = costs.CostModel(model, gpu, tp, self.kv_bytes_per_token)
-        self.peak = gpu.bf16_flops * gpu.compute_scale
-        self.bw = gpu.hbm_bytes_per_s * costs.BW_EFF
+        self.cost_model = costs.CostModel(model, gpu, tp, self.kv_bytes_per_token, cal)
+        self.compute_scale = cal.compute_scale(gpu)
+        self.peak = gpu.bf16_flops * self.compute_scale
+        self.bw = gpu.hbm_bytes_per_s * cal.bw_eff
         self.layers = model.num_layers
 
     def layer_gemm_s(self, m: int) -> tuple[float, float]:
@@ -44,18 +46,18 @@ def fmt(x: float, width: int = 8, digits: int = 1) -> str:
 
 def compare(args: argparse.Namespace) -> None:
     from autotune.catalog.models import get_model
-    from autotune.sim import costs
+    from autotune.sim.calibration import DEFAULT_CALIBRATION as cal
 
     data = json.loads(Path(args.compare).read_text())
     head = data["header"]
     print(f"measured: {head['device']}, torch {head['torch']}, CUDA {head['cuda']}, {head['date']}")
     print(
-        f"simulator: GPU entry {args.gpu!r}; GEMM_EFF {costs.GEMM_EFF}, GEMM_HALF_M {costs.GEMM_HALF_M}, "
-        f"ATTN_EFF {costs.ATTN_EFF}, BW_EFF {costs.BW_EFF}"
+        f"simulator: GPU entry {args.gpu!r}; gemm_eff {cal.gemm_eff}, gemm_half_m {cal.gemm_half_m:g}, "
+        f"attn_eff {cal.attn_eff}, bw_eff {cal.bw_eff} (the built-in calibration)"
     )
     print(
         "Only the GPU-kernel part of a step is compared. CostModel's step time also holds the CPU side\n"
-        f"(STEP_BASE_S {costs.STEP_BASE_S * 1e3:.1f} ms + PER_SEQ_S per request + the eager launch penalty) "
+        f"(step_base_s {cal.step_base_s * 1e3:.1f} ms + per_seq_s per request + the eager launch penalty) "
         "and, at TP>1, the\nall-reduces, none of which is here. Measured: plain-torch kernels (cuBLAS GEMMs, "
         "torch SDPA, unfused\nnorms / rotary / SiLU) on random bf16 weights, one TP rank; vLLM's kernels "
         "(FlashAttention 3, fused\nelementwise ops) differ. Sim terms are CostModel's own (the ones its "
@@ -81,14 +83,14 @@ def compare(args: argparse.Namespace) -> None:
                 f"{name}: measured shapes {shape} differ from autotune/catalog/models.py {catalog}"
             )
         L = sim.layers  # noqa: N806
-        eff_tflops = sim.peak * costs.GEMM_EFF / 1e12
+        eff_tflops = sim.peak * cal.gemm_eff / 1e12
         print(f"=== {name}, TP={tp} (one rank), {L} layers")
         print(
-            f"sim: GEMMs at {sim.gpu.bf16_flops / 1e12:.0f} (peak) x {sim.gpu.compute_scale} "
-            "(compute_scale) x "
-            f"{costs.GEMM_EFF} (GEMM_EFF) = {eff_tflops:.0f} TFLOP/s, x M/(M+{costs.GEMM_HALF_M});\n"
+            f"sim: GEMMs at {sim.gpu.bf16_flops / 1e12:.0f} (peak) x {sim.compute_scale} "
+            f"(compute_scale_{sim.gpu.arch}) x "
+            f"{cal.gemm_eff} (gemm_eff) = {eff_tflops:.0f} TFLOP/s, x M/(M+{cal.gemm_half_m:g});\n"
             f"     weights and KV at {sim.bw / 1e9:.0f} GB/s; prefill attention at "
-            f"{sim.peak * costs.ATTN_EFF / 1e12:.0f} TFLOP/s"
+            f"{sim.peak * cal.attn_eff / 1e12:.0f} TFLOP/s"
         )
 
         print(

@@ -7,12 +7,12 @@ little headroom: a model change must not make them worse.
 from __future__ import annotations
 
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from autotune.calibrate.points import evaluate, load_points, medians
+from autotune.calibrate.rankings import load_rankings, rankings
 
-import fidelity  # noqa: E402
+POINTS = Path(__file__).resolve().parents[1] / "benchmarks" / "fidelity_points.yaml"
 
 # (split, metric class) -> median |error| bound. Measured at calibration on 88 validation metrics:
 # throughput 6.6% (19: GPUStack's Qwen3-14B A100 runs within 2-18%, PR 17885's 70B within 8%, the
@@ -30,18 +30,18 @@ RANKING_MEDIAN = 0.06
 
 
 def test_validation_medians_do_not_get_worse() -> None:
-    errors = fidelity.evaluate(p for p in fidelity.load_points() if p["split"] == "validation")
-    medians = fidelity.medians(errors)
+    errors = evaluate(p for p in load_points(POINTS) if p["split"] == "validation")
+    found = medians(errors)
     for key, bound in BOUNDS.items():
-        assert medians[key] <= bound, (key, medians[key])
+        assert found[key] <= bound, (key, found[key])
 
 
 def test_ranking_checks_do_not_get_worse() -> None:
     """Gains between configs a tuner compares: their sign and size, simulated against measured."""
-    checks = fidelity.load_rankings()
+    checks = load_rankings(POINTS)
     needed = {c[k] for c in checks for k in ("numerator", "denominator")}
-    errors = fidelity.evaluate(p for p in fidelity.load_points() if p["id"] in needed)
-    ranks = [r for r in fidelity.rankings(checks, errors) if r.split == "validation"]
+    errors = evaluate(p for p in load_points(POINTS) if p["id"] in needed)
+    ranks = [r for r in rankings(checks, errors) if r.split == "validation"]
     assert sum(r.passes for r in ranks) >= RANKINGS_PASSING, [(r.check, r.error) for r in ranks]
     assert statistics.median(abs(r.error) for r in ranks) <= RANKING_MEDIAN
     assert all(r.sign_agrees or abs(r.measured - 1) < 0.05 for r in ranks)  # no ranking flips
@@ -49,6 +49,6 @@ def test_ranking_checks_do_not_get_worse() -> None:
 
 def test_real_starts_are_simulated_starts() -> None:
     """A false "cannot start" is the worst error: every startup outcome in the data must match."""
-    memory = [p for p in fidelity.load_points() if p["kind"] == "memory"]
-    starts = [e for e in fidelity.evaluate(memory) if e.metric == "starts"]
+    memory = [p for p in load_points(POINTS) if p["kind"] == "memory"]
+    starts = [e for e in evaluate(memory) if e.metric == "starts"]
     assert starts and all(e.simulated == e.measured for e in starts)

@@ -20,6 +20,7 @@ LAYERS = (
     "sim",
     "sim_server",
     "backends",
+    "calibrate",
     "trial",
     "dispatch",
     "store",

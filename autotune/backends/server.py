@@ -121,6 +121,12 @@ class ServerSession:
         """False once the server failed to start, died or hung."""
         return self._failure is None
 
+    @property
+    def base_url(self) -> str | None:
+        """Where the running server answers (for clients of its own, e.g. autotune calibrate); None
+        once it failed."""
+        return self._handle.base_url if self._handle is not None and self.alive else None
+
     def start(self) -> None:
         """Launch the server and wait until it serves; a failure is kept for `measure` to return."""
         started = time.monotonic()

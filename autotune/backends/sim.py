@@ -26,6 +26,7 @@ from autotune.measure.result import TrialResult, requests_failed_message
 from autotune.measure.server_report import EngineFacts, ServerReport
 from autotune.measure.slo import Slo
 from autotune.measure.steady_state import load_kind, measure_window
+from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.engine import SimEngine
 from autotune.sim.memory import MemoryPlan
 from autotune.sim.noise import NoiseModel, StepNoise
@@ -33,26 +34,37 @@ from autotune.sim.replay import SimRun, simulate
 
 _BENCHMARK_LIMIT_S = TrialLimits().benchmark_timeout_s
 
-# Startup time model (seconds), from typical `vllm serve` logs on a warm compile cache.
-INIT_S = 12.0  # interpreter, imports, engine-core process, NCCL init
-LOAD_S_PER_GIB = 0.8  # weight loading from a local safetensors cache, per GiB per rank
-PROFILE_S = 8.0  # profile run and torch.compile (cached)
-GRAPH_CAPTURE_S = 0.25  # per captured CUDA-graph batch size
 
-_FAILURE_PHASE_S = {
-    FailureKind.INVALID_CONFIG: lambda load: INIT_S / 2,  # argument / config validation
-    FailureKind.KV_CACHE_OOM: lambda load: INIT_S + load + PROFILE_S,  # after the profile run
-    FailureKind.STARTUP_OOM: lambda load: INIT_S + load + PROFILE_S + 5.0,  # during capture/warm-up
-}
+def startup_seconds(cal: Calibration, load_s: float, graphs: int, failure: FailureKind | None) -> float:
+    """Simulated `vllm serve` startup (the Calibration's init_s, load_s_per_gib, profile_s,
+    graph_capture_s and failed_capture_s, from typical logs on a warm compile cache); a config that
+    fails stops at the phase that fails: validation halfway through init, KV sizing after the profile
+    run, OOM into CUDA-graph capture."""
+    if failure is None:
+        return cal.init_s + load_s + cal.profile_s + graphs * cal.graph_capture_s
+    if failure == FailureKind.INVALID_CONFIG:
+        return cal.init_s / 2
+    if failure == FailureKind.KV_CACHE_OOM:
+        return cal.init_s + load_s + cal.profile_s
+    if failure == FailureKind.STARTUP_OOM:
+        return cal.init_s + load_s + cal.profile_s + cal.failed_capture_s
+    return cal.init_s
 
 
 class SimBackend(Backend):
-    """The simulated engine as a Backend (picklable: it holds only the GPU name and the noise model)."""
+    """The simulated engine as a Backend (picklable: it holds the GPU name, the noise model and the
+    calibration, all plain records)."""
 
-    def __init__(self, gpu: str = "H100", noise: NoiseModel = NoiseModel()) -> None:  # noqa: B008 (frozen)
+    def __init__(
+        self,
+        gpu: str = "H100",
+        noise: NoiseModel = NoiseModel(),  # noqa: B008 (frozen)
+        calibration: Calibration = DEFAULT_CALIBRATION,
+    ) -> None:
         get_gpu(gpu)  # fail fast on an unknown GPU
         self.gpu = gpu
         self.noise = noise
+        self.calibration = calibration
 
     @property
     def simulated(self) -> bool:
@@ -73,7 +85,7 @@ class SimBackend(Backend):
         self, config: EngineConfig, gpu_ids: Sequence[int] = (), trial_dir: Path | None = None
     ) -> AbstractContextManager[SimSession]:
         """A simulated server for `config`: validated and memory-planned once (nothing to stop)."""
-        return contextlib.nullcontext(SimSession(config, self.gpu, self.noise))
+        return contextlib.nullcontext(SimSession(config, self.gpu, self.noise, self.calibration))
 
 
 class SimSession:
@@ -83,18 +95,25 @@ class SimSession:
     prompts share nothing with earlier ones (the real path salts its prompts for exactly that).
     """
 
-    def __init__(self, config: EngineConfig, gpu_name: str, noise: NoiseModel = NoiseModel()) -> None:  # noqa: B008
+    def __init__(
+        self,
+        config: EngineConfig,
+        gpu_name: str,
+        noise: NoiseModel = NoiseModel(),  # noqa: B008
+        calibration: Calibration = DEFAULT_CALIBRATION,
+    ) -> None:
         self.config = config
         self._gpu = get_gpu(gpu_name)
         self._noise_model = noise
+        self._calibration = cal = calibration
         self._noise: StepNoise | None = None  # drawn at the first measurement, from its seed
         model = get_model(config.model)
         gpu = self._gpu
         resolved = config.with_vllm_defaults(gpu.memory_gib, gpu.name, model.max_position_embeddings)
-        load_s = model.weight_bytes(config.tensor_parallel_size) / GIB * LOAD_S_PER_GIB
+        load_s = model.weight_bytes(config.tensor_parallel_size) / GIB * cal.load_s_per_gib
         self._failure: TrialResult | None = None
         try:
-            memory = SimEngine(config, self._gpu).memory
+            memory = SimEngine(config, self._gpu, calibration=cal).memory
         except EngineStartupError as exc:
             kind = FailureKind(exc.kind)
             log = _log_lines(resolved, self._gpu.name, None) + [
@@ -108,11 +127,11 @@ class SimSession:
                 log_tail="\n".join(log),
                 server=ServerReport(resolved=resolved.params()),
             )
-            self._startup_s = _FAILURE_PHASE_S.get(kind, lambda load: INIT_S)(load_s)
+            self._startup_s = startup_seconds(cal, load_s, 0, kind)
             return
         self._resolved = resolved
         self._log_tail = "\n".join(_log_lines(resolved, self._gpu.name, memory))
-        self._startup_s = INIT_S + load_s + PROFILE_S + memory.num_cuda_graphs * GRAPH_CAPTURE_S
+        self._startup_s = startup_seconds(cal, load_s, memory.num_cuda_graphs, None)
 
     @property
     def alive(self) -> bool:
@@ -127,7 +146,14 @@ class SimSession:
         requests = workload.requests(seed)
         if self._noise is None:
             self._noise = self._noise_model.session(seed, str(self.config))
-        run = simulate(self.config, self._gpu, requests, workload.max_concurrency, self._noise)
+        run = simulate(
+            self.config,
+            self._gpu,
+            requests,
+            workload.max_concurrency,
+            self._noise,
+            calibration=self._calibration,
+        )
         measure_from = workload.measure_from
         measured = [(rec, req.output_len) for rec, req in zip(run.records, requests, strict=True)]
         measured = [(rec, n) for rec, n in measured if rec.start_time >= measure_from]

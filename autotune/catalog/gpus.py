@@ -13,11 +13,6 @@ from dataclasses import dataclass
 from autotune.core.errors import AutotuneError
 
 GIB = 1024**3
-# Hopper reaches the same fraction of its datasheet bf16 peak as A100 / B200: cuBLAS runs vLLM's layer
-# GEMMs at 0.75-0.81 of an H100's peak (benchmarks/h100_step_kernels.json), and PR 18566's H100 chat
-# burst runs at that pace. GPUStack's H100 runs, 1.7-1.9x faster than its A100 where the peaks differ
-# 3.2x, are a machine below its datasheet and are not fitted (docs/simulator.md, "Fidelity").
-HOPPER_COMPUTE_SCALE = 1.0
 
 
 @dataclass(frozen=True)
@@ -31,9 +26,10 @@ class GpuSpec:
     interconnect_bytes_per_s: float  # per direction, for TP all-reduce
     interconnect_latency_s: float  # per all-reduce call (NVLink custom all-reduce vs NCCL over PCIe)
     cuda_context_gib: float = 0.61  # in use before vLLM allocates anything (seen on H100: 78.57/79.18 free)
-    # Achieved tensor throughput relative to the efficiencies fitted on A100 / B200 (costs.py): Hopper's
-    # datasheet peak is further from what vLLM's bf16 kernels reach (docs/simulator.md, "Fidelity").
-    compute_scale: float = 1.0
+    # The architecture: the simulator's calibration may scale its achieved tensor throughput
+    # (`compute_scale_<arch>` in autotune/sim/calibration.py: 1.0 for Hopper, which reaches the same
+    # fraction of its peak as A100 in cuBLAS, benchmarks/h100_step_kernels.json; docs/simulator.md).
+    arch: str = ""
     aliases: tuple[str, ...] = ()
 
     @property
@@ -55,7 +51,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=3.35e12,
         interconnect_bytes_per_s=450e9,
         interconnect_latency_s=8e-6,
-        compute_scale=HOPPER_COMPUTE_SCALE,
+        arch="hopper",
         aliases=("H100", "h100-80gb", "h100-sxm", "h100-80gb-sxm", "h100-sxm5"),
     ),
     GpuSpec(
@@ -65,7 +61,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=4.8e12,
         interconnect_bytes_per_s=450e9,
         interconnect_latency_s=8e-6,
-        compute_scale=HOPPER_COMPUTE_SCALE,
+        arch="hopper",
         aliases=("H200", "h200-141gb", "h200-sxm"),
     ),
     GpuSpec(
@@ -75,6 +71,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=8.0e12,
         interconnect_bytes_per_s=900e9,
         interconnect_latency_s=8e-6,
+        arch="blackwell",
         aliases=("B200", "b200-180gb"),
     ),
     GpuSpec(
@@ -84,6 +81,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=2.039e12,
         interconnect_bytes_per_s=300e9,
         interconnect_latency_s=10e-6,
+        arch="ampere",
         aliases=("A100", "A100-80GB", "a100-80gb-sxm", "A100-SXM4-80GB", "a100-80g"),
     ),
     GpuSpec(
@@ -93,6 +91,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=1.555e12,
         interconnect_bytes_per_s=300e9,
         interconnect_latency_s=10e-6,
+        arch="ampere",
         aliases=("A100-40GB", "a100-40gb-sxm", "A100-SXM4-40GB", "a100-40g"),
     ),
     GpuSpec(
@@ -102,6 +101,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=864e9,
         interconnect_bytes_per_s=25e9,
         interconnect_latency_s=30e-6,
+        arch="ada",
         aliases=("L40S", "l40s-48gb"),
     ),
     GpuSpec(
@@ -111,6 +111,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=300e9,
         interconnect_bytes_per_s=25e9,
         interconnect_latency_s=30e-6,
+        arch="ada",
         aliases=("L4", "l4-24gb"),
     ),
     GpuSpec(
@@ -120,6 +121,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=600e9,
         interconnect_bytes_per_s=25e9,
         interconnect_latency_s=30e-6,
+        arch="ampere",
         aliases=("A10G", "a10g-24gb"),
     ),
     GpuSpec(
@@ -132,7 +134,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         hbm_bytes_per_s=3.9e12,
         interconnect_bytes_per_s=300e9,  # NVLink bridge between pairs (600 GB/s both directions)
         interconnect_latency_s=8e-6,
-        compute_scale=HOPPER_COMPUTE_SCALE,
+        arch="hopper",
         aliases=("H100-NVL", "h100-nvl-94gb"),
     ),
 )

@@ -22,6 +22,7 @@ from autotune.commands.options import (
 )
 from autotune.core.config import ENGINE_FLAGS, EngineConfig, check_flags, parse_value
 from autotune.core.errors import AutotuneError
+from autotune.sim.calibration import calibration_option
 from autotune.sim.noise import noise_model
 
 if TYPE_CHECKING:  # imported when a benchmark runs (`--help` stays quick)
@@ -76,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
     slos = parse_slos(args.slo)
     workload = load_workload(args.workload)
+    calibration = calibration_option(args.sim_calibration)
     if args.url:
         return _bench_url(args, workload, slos)
     config, resolved, gpu = _config(args)
@@ -92,9 +94,12 @@ def run(args: argparse.Namespace) -> int:
         image=args.image,
         startup_timeout_s=args.startup_timeout,
         noise=noise_model(args.noise),
+        calibration=calibration,
     )
     result = backend.evaluate(config, workload, slos=slos, seed=args.seed)
     head = {"backend": args.backend, "model_id": config.model, "gpu": gpu}
+    if args.backend == "sim" and not calibration.is_default:
+        head["sim_calibration"] = calibration.changed()  # the constants that differ from the built-in ones
     return _print(
         args, result, {**head, "workload": workload.name, "num_prompts": workload.num_requests}, resolved
     )

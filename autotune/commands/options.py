@@ -1,6 +1,7 @@
 """The options `autotune run` and `autotune bench` share, declared once: which config and workload
 (`--space`, `--model`, `--gpu`, `--workload`), the SLOs and the seed, and where a config runs
-(`--backend`, and for a launched server `--startup-timeout`, `--serve-cmd`, `--image`, `--noise`).
+(`--backend`; `--startup-timeout`, `--serve-cmd`, `--image` for a launched server; `--noise`,
+`--sim-calibration` for the simulated one).
 
 Each function adds its options to a parser or an argument group, so a command keeps its own layout.
 """
@@ -11,6 +12,7 @@ import argparse
 
 from autotune.backends.factory import BACKENDS
 from autotune.core.inputs import add_startup_timeout
+from autotune.sim.calibration import add_calibration_argument
 from autotune.sim.noise import add_noise_argument
 
 Parser = argparse.ArgumentParser | argparse._ArgumentGroup
@@ -59,7 +61,8 @@ def add_backend_option(parser: Parser) -> None:
 
 
 def add_server_options(parser: Parser) -> None:
-    """--startup-timeout, --serve-cmd, --image (a launched server), --noise (the simulated one)."""
+    """--startup-timeout, --serve-cmd, --image (a launched server), --noise and --sim-calibration (the
+    simulated one)."""
     add_startup_timeout(parser)
     parser.add_argument(
         "--serve-cmd",
@@ -69,3 +72,4 @@ def add_server_options(parser: Parser) -> None:
     )
     parser.add_argument("--image", default=DEFAULT_IMAGE, help="docker backend: the image")
     add_noise_argument(parser)
+    add_calibration_argument(parser)

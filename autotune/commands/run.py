@@ -129,6 +129,7 @@ class _Setup:
     run_dir: Path
     storage: str
     untuned: str | None  # which flag is not tuned on this workload, and why
+    calibration: Any  # the simulator's constants (sim trials, the screen, a real run's estimate)
 
 
 def _prepare(args: argparse.Namespace) -> _Setup:
@@ -140,6 +141,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.core.inputs import check_gpus_text, check_runs_dir, serve_command
     from autotune.dispatch.executor import parse_gpus
     from autotune.measure.slo import parse_slos
+    from autotune.sim.calibration import calibration_option
     from autotune.store.storage import check_sqlite_file, preflight_storage
     from autotune.store.urls import absolute
     from autotune.tune.objectives import load_objectives
@@ -149,6 +151,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.workloads.spec import check_fits
 
     check_runs_dir(Path(args.runs_dir))
+    calibration = calibration_option(args.sim_calibration)
     space = load_space(args.space).with_overrides(model=args.model, gpu=args.gpu)
     objectives = load_objectives(args.objectives)
     slos = parse_slos(args.slo) if args.slo else list(objectives.slos)
@@ -170,6 +173,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
         image=args.image,
         startup_timeout_s=args.startup_timeout,
         noise=noise_model(args.noise),
+        calibration=calibration,
     )
     if hasattr(backend, "preflight"):
         backend.preflight()
@@ -184,7 +188,19 @@ def _prepare(args: argparse.Namespace) -> _Setup:
         check_sqlite_file(storage, resume=True)
         check_not_driven(name, storage)
     return _Setup(
-        space, objectives, slos, workload, backend, gpu, max_pos, gpu_ids, name, run_dir, storage, untuned
+        space,
+        objectives,
+        slos,
+        workload,
+        backend,
+        gpu,
+        max_pos,
+        gpu_ids,
+        name,
+        run_dir,
+        storage,
+        untuned,
+        calibration,
     )
 
 
@@ -239,6 +255,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         gpu=s.space.gpu,
         workload=s.workload.name,
         backend=args.backend,
+        sim_calibration=s.calibration.to_dict(),
     )
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
 
@@ -286,7 +303,9 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
         _announce(args, s, executor.describe(), study)
         if args.backend != "sim":
             _print_estimate(args, s, baseline, executor.capacity)
-        screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu)
+        screen = None
+        if not args.no_screen:
+            screen = make_screen(s.space.model, s.space.gpu, calibration=s.calibration)
         print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
         if s.untuned:
             print(f"autotune: {s.untuned}", file=sys.stderr)
@@ -365,7 +384,8 @@ def _print_estimate(args: argparse.Namespace, s: _Setup, baseline: dict[str, Any
     config = s.space.config(baseline)
     tp = max(1, config.tensor_parallel_size)
     try:
-        result = evaluate_trial(SimBackend(s.space.gpu), config, s.workload, s.slos, args.seed, (), None)
+        sim = SimBackend(s.space.gpu, calibration=s.calibration)
+        result = evaluate_trial(sim, config, s.workload, s.slos, args.seed, (), None)
     except Exception:  # noqa: BLE001  (an estimate must never stop the run)
         result = None
     source = "the baseline config replayed on the simulated engine"

@@ -11,6 +11,7 @@ import argparse
 import os
 
 from autotune.core.inputs import port_number
+from autotune.sim.calibration import add_calibration_argument
 
 HELP = "Serve the simulated vLLM engine as an OpenAI-compatible server (takes vllm serve's flags)."
 
@@ -39,6 +40,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=port_number, default=8000)
     parser.add_argument("--gpu", default=None, help="simulated GPU (default: $AUTOTUNE_SIM_GPU or H100)")
+    add_calibration_argument(parser)
+    parser.add_argument(
+        "--time-scale",
+        type=_time_scale,
+        default=1.0,
+        metavar="X",
+        help="run the simulated clock X times faster than real time (default 1): every latency a client "
+        "sees is divided by X, /metrics says X (autotune:sim_time_scale); for tests and calibration runs",
+    )
     parser.add_argument(
         "--max-request-bytes", type=int, default=None, metavar="N", help="larger request bodies get 413"
     )
@@ -64,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.catalog.gpus import get_gpu
     from autotune.core.config import ENGINE_FLAGS, EngineConfig
     from autotune.core.errors import AutotuneError
+    from autotune.sim.calibration import calibration_option
     from autotune.sim_server.server import ServerOptions, serve
 
     model = args.model_flag or args.model_tag
@@ -73,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     config = EngineConfig(model=model).replace(**values)
     gpu = args.gpu or os.environ.get("AUTOTUNE_SIM_GPU") or DEFAULT_GPU
     get_gpu(gpu)  # an unknown GPU is a usage error (one line), not a server that logs and then dies
+    calibration = calibration_option(args.sim_calibration)
     options = ServerOptions(
         host=args.host,
         port=args.port,
@@ -82,9 +94,22 @@ def run(args: argparse.Namespace) -> int:
         die_after=args.die_after,
         hang_after=args.hang_after,
         debug_timings=args.debug_timings,
+        calibration=calibration,
+        time_scale=args.time_scale,
         **_limits(args),
     )
     return serve(config, options)
+
+
+def _time_scale(text: str) -> float:
+    """argparse type: a finite factor >= 1 (the simulated clock never runs slower than real time)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 1.0 <= value <= 1000.0:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 1000, got {text!r}")
+    return value
 
 
 def _limits(args: argparse.Namespace) -> dict[str, int | float]:

@@ -69,7 +69,23 @@ def _header(name: str, out: Outcome) -> str:
         load += " (no SLO: each config's highest rate it keeps up with, served >= 98 % of offered)"
     backend = f"; backend {_e(ctx['backend'])}" if ctx.get("backend") else ""
     slos = _e(", ".join(out.slos) or "none")
-    return f"<h1>autotune: {_e(name)}</h1><p class='sub'>{what}{load}; SLO {slos}{backend}</p>"
+    calibration = _calibration_note(ctx.get("sim_calibration"))
+    return f"<h1>autotune: {_e(name)}</h1><p class='sub'>{what}{load}; SLO {slos}{backend}{calibration}</p>"
+
+
+def _calibration_note(values: dict[str, float] | None) -> str:
+    """Which simulator constants the run used, when they are not the built-in ones (run.json has all)."""
+    from autotune.sim.calibration import DEFAULT_CALIBRATION
+
+    if not values:
+        return ""
+    built_in = DEFAULT_CALIBRATION.to_dict()
+    changed = {k: v for k, v in values.items() if built_in.get(k) != v}
+    if not changed:
+        return ""
+    shown = ", ".join(f"{k} {v:g}" for k, v in list(changed.items())[:4])
+    more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+    return f"; simulator calibration: {_e(shown)}{more} (--sim-calibration)"
 
 
 def _recommendation(out: Outcome) -> str:

@@ -2,9 +2,9 @@
 
 A step runs every scheduled token through the model once. Its GPU time is, per rank,
 
-  GEMMs      max(2 * matmul_params/TP * tokens / (peak * GEMM_EFF), weights/TP / (bw * BW_EFF))
-  attention  prefill chunks: max(4 * layers * heads/TP * head_dim * (q x kv pairs) / (peak * ATTN_EFF),
-                                  their KV bytes / (bw * BW_EFF))
+  GEMMs      max(2 * matmul_params/TP * tokens / (peak * gemm_eff), weights/TP / (bw * bw_eff))
+  attention  prefill chunks: max(4 * layers * heads/TP * head_dim * (q x kv pairs) / (peak * attn_eff),
+                                  their KV bytes / (bw * bw_eff))
              + decodes: the same max over their one query per context token (memory-bound: the KV read)
   TP         2 all-reduces per layer of tokens x hidden bf16: ring 2(TP-1)/TP x bytes / link + latency
 
@@ -16,7 +16,9 @@ per layer when the batch has more tokens than the largest captured CUDA graph (v
 from Python one by one, `vllm/v1/worker/gpu_model_runner.py`).
 The prefill and decode parts of attention are added, not overlapped: the decodes' KV reads do not hide
 behind the chunks' FLOPs (GPUStack's Qwen3-14B runs at 4K context are 10-18 % slower than the
-overlapped form gives; docs/simulator.md). The efficiency factors are fitted on the train split of
+overlapped form gives; docs/simulator.md). The efficiency factors and fixed costs are the
+Calibration's (autotune/sim/calibration.py: gemm_eff, gemm_half_m, attn_eff, bw_eff, per_layer_s,
+step_base_s, per_seq_s, eager_per_layer_s, compute_scale_<arch>), fitted on the train split of
 benchmarks/fidelity_points.yaml (docs/simulator.md, "Fidelity").
 """
 
@@ -24,16 +26,8 @@ from __future__ import annotations
 
 from autotune.catalog.gpus import GpuSpec
 from autotune.catalog.models import ModelSpec
+from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.memory import MAX_CUDA_GRAPH_SIZE
-
-GEMM_EFF = 0.60  # achieved / peak bf16 for large GEMMs (prefill)
-GEMM_HALF_M = 32  # tokens at which a GEMM reaches half of GEMM_EFF (tile and wave quantization)
-ATTN_EFF = 0.60  # FlashAttention prefill achieved / peak
-BW_EFF = 0.80  # achieved / peak HBM bandwidth for weight and KV streaming
-PER_LAYER_S = 20e-6  # per layer and step: the kernels whose time does not shrink with the batch
-STEP_BASE_S = 2.2e-3  # scheduler + input prep + sampling + output processing per step
-PER_SEQ_S = 6.5e-6  # per scheduled request: block tables, sampling metadata, output processing
-EAGER_PER_LAYER_S = 40e-6  # kernel-launch cost per layer when the batch exceeds the CUDA-graph sizes
 
 
 class CostModel:
@@ -45,19 +39,24 @@ class CostModel:
         gpu: GpuSpec,
         tp: int,
         kv_bytes_per_token: int,
+        calibration: Calibration = DEFAULT_CALIBRATION,
         max_graph_tokens: int = MAX_CUDA_GRAPH_SIZE,
     ) -> None:
-        peak = gpu.bf16_flops * gpu.compute_scale
-        bw = gpu.hbm_bytes_per_s * BW_EFF
+        cal = calibration
+        peak = gpu.bf16_flops * cal.compute_scale(gpu)
+        bw = gpu.hbm_bytes_per_s * cal.bw_eff
         layer_params = model.num_layers * model.layer_params
         # Per scheduled token: every layer's matmuls; per sampled row: the lm_head.
-        self._s_per_token = 2 * layer_params / tp / (peak * GEMM_EFF)
-        self._s_per_sampled = 2 * model.vocab_size * model.hidden_size / tp / (peak * GEMM_EFF)
+        self._s_per_token = 2 * layer_params / tp / (peak * cal.gemm_eff)
+        self._s_per_sampled = 2 * model.vocab_size * model.hidden_size / tp / (peak * cal.gemm_eff)
         self._weights_s = model.weight_bytes(tp) / bw
         attn_flops_per_pair = 4 * model.num_layers * (model.num_attention_heads // tp) * model.head_dim
-        self._s_per_attn_pair = attn_flops_per_pair / (peak * ATTN_EFF)
+        self._s_per_attn_pair = attn_flops_per_pair / (peak * cal.attn_eff)
         self._s_per_kv_token = kv_bytes_per_token / bw
-        self._s_per_decode_pair = attn_flops_per_pair / (peak * GEMM_EFF)
+        self._s_per_decode_pair = attn_flops_per_pair / (peak * cal.gemm_eff)
+        self._half_m = cal.gemm_half_m
+        self._step_base_s = cal.step_base_s
+        self._per_seq_s = cal.per_seq_s
         if tp > 1:
             ring = 2 * (tp - 1) / tp
             self._allreduce_per_token = (
@@ -67,8 +66,8 @@ class CostModel:
         else:
             self._allreduce_per_token = 0.0
             self._allreduce_fixed = 0.0
-        self._eager_s = model.num_layers * EAGER_PER_LAYER_S
-        self._layers_s = model.num_layers * PER_LAYER_S
+        self._eager_s = model.num_layers * cal.eager_per_layer_s
+        self._layers_s = model.num_layers * cal.per_layer_s
         self._max_graph_tokens = max_graph_tokens
 
     def step_time(
@@ -107,7 +106,7 @@ class CostModel:
         """The matmuls' FLOP-bound time: every layer per token, the lm_head per sampled row."""
         # Small-M GEMMs (decode batches, short chunks) fall short of the large-GEMM efficiency.
         return (num_tokens * self._s_per_token + num_sampled * self._s_per_sampled) * (
-            1.0 + GEMM_HALF_M / max(num_tokens, 1)
+            1.0 + self._half_m / max(num_tokens, 1)
         )
 
     def prefill_attention_s(self, prefill_pairs: float, prefill_context: int) -> float:
@@ -124,7 +123,7 @@ class CostModel:
 
     def cpu_s(self, num_tokens: int, num_seqs: int) -> float:
         """Fixed costs: per-layer small kernels, a base, a part per scheduled request, eager launches."""
-        cpu = self._layers_s + STEP_BASE_S + num_seqs * PER_SEQ_S
+        cpu = self._layers_s + self._step_base_s + num_seqs * self._per_seq_s
         if num_tokens > self._max_graph_tokens:
             cpu += self._eager_s
         return cpu

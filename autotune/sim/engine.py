@@ -25,6 +25,7 @@ from autotune.catalog.gpus import GpuSpec, get_gpu
 from autotune.catalog.models import ModelSpec, get_model
 from autotune.core.config import EngineConfig
 from autotune.measure.metrics import RequestRecord
+from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.costs import CostModel
 from autotune.sim.frontend import FrontendModel
 from autotune.sim.kv_pool import BlockPool
@@ -35,25 +36,36 @@ from autotune.workloads.spec import Request
 
 
 class SimEngine:
-    """The simulated vLLM V1 engine with a virtual clock. Raises EngineStartupError like vLLM."""
+    """The simulated vLLM V1 engine with a virtual clock. Raises EngineStartupError like vLLM.
 
-    def __init__(self, config: EngineConfig, gpu: str | GpuSpec, noise: StepNoise | None = None) -> None:
+    Every fitted constant of its cost, memory and API-server models comes from `calibration`.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        gpu: str | GpuSpec,
+        noise: StepNoise | None = None,
+        calibration: Calibration = DEFAULT_CALIBRATION,
+    ) -> None:
+        self.calibration = calibration
         self.gpu: GpuSpec = get_gpu(gpu)
         self.model: ModelSpec = get_model(config.model)
         self.config: EngineConfig = config.with_vllm_defaults(
             self.gpu.memory_gib, self.gpu.name, self.model.max_position_embeddings
         )
-        self.memory: MemoryPlan = plan_memory(self.config, self.model, self.gpu)
+        self.memory: MemoryPlan = plan_memory(self.config, self.model, self.gpu, calibration)
         self.costs = CostModel(
             self.model,
             self.gpu,
             self.config.tensor_parallel_size,
             self.memory.kv_bytes_per_token,
+            calibration,
             self.memory.cuda_graph_sizes[-1],
         )
         self.noise = noise  # None: every step takes exactly its modelled time
         self.now = 0.0
-        self.frontend = FrontendModel()
+        self.frontend = FrontendModel.of(calibration)
         self.stats = EngineStats()
         self.step_times: list[float] = []  # end time of every step, indexed by step number
         self._bs = self.config.block_size

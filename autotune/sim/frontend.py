@@ -21,8 +21,9 @@ The API server is one asyncio process; what it does costs the client time, never
 `FrontendModel.take_in` puts a request in the current wave (its `ready` time follows the wave's
 end); `stream` hands over a step's outputs; `delivery` gives when each step's tokens reached the
 client. The output work is done promptly and also holds up the wave being taken in (one process).
-The constants are fitted on the train split of benchmarks/fidelity_points.yaml (docs/simulator.md,
-"Request intake and delivery").
+The constants are the Calibration's (completions_fixed_s, chat_extra_s, intake_per_request_s,
+chat_intake_extra_s, output_per_step_s, output_per_token_s, output_per_chunk_s), fitted on the train
+split of benchmarks/fidelity_points.yaml (docs/simulator.md, "Request intake and delivery").
 """
 
 from __future__ import annotations
@@ -30,18 +31,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-# Send -> schedulable for a lone request, beyond the server's own work: HTTP, the ZMQ hops, the engine
-# core's pick-up, first-step scheduling; and on the way back the output IPC (fitted).
-COMPLETIONS_FIXED_S = 0.006
-CHAT_EXTRA_S = 0.032  # the chat API's extra latency: message parsing, template rendering
-# Serial server work per request taken in (parsing, tokenization, the hand-off; chat renders the template).
-INTAKE_PER_REQUEST_S = 0.0036
-CHAT_INTAKE_EXTRA_S = 0.0034
-# Output work: per engine step (one ZMQ message, its decode), per token (detokenize, RequestOutput),
-# per SSE chunk (the request's generator: JSON, the socket write).
-OUTPUT_PER_STEP_S = 50e-6
-OUTPUT_PER_TOKEN_S = 10e-6
-OUTPUT_PER_CHUNK_S = 30e-6
+from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
+
 OUTPUT_SLICE = 128  # outputs the handler processes between yields (vLLM's VLLM_V1_OUTPUT_PROC_CHUNK_SIZE)
 
 
@@ -65,17 +56,31 @@ class _Output:
 class FrontendModel:
     """One API server: intake in waves, outputs delivered as the server gets to them."""
 
-    fixed_s: float = COMPLETIONS_FIXED_S
-    chat_extra_s: float = CHAT_EXTRA_S
-    per_request_s: float = INTAKE_PER_REQUEST_S
-    chat_intake_extra_s: float = CHAT_INTAKE_EXTRA_S
-    per_step_s: float = OUTPUT_PER_STEP_S
-    per_token_s: float = OUTPUT_PER_TOKEN_S
-    per_chunk_s: float = OUTPUT_PER_CHUNK_S
+    fixed_s: float  # send -> schedulable of a lone completions request, beyond the server's work
+    chat_extra_s: float  # the chat API's extra latency
+    per_request_s: float  # serial intake work per request
+    chat_intake_extra_s: float  # extra intake work per chat request (template rendering)
+    per_step_s: float  # output work per engine step (one ZMQ message)
+    per_token_s: float  # output work per token (detokenize, RequestOutput)
+    per_chunk_s: float  # output work per SSE chunk (the request's generator)
     delivered: list[float] = field(default_factory=list)  # by step: when its tokens reached the client
     _wave: Wave = field(default_factory=lambda: Wave(float("-inf")))
     _out_free: float = 0.0  # when the output handler is done with the outputs it has taken up
     _pending: deque[_Output] = field(default_factory=deque)  # outputs waiting for the handler
+
+    @classmethod
+    def of(cls, calibration: Calibration = DEFAULT_CALIBRATION) -> FrontendModel:
+        """The API server with `calibration`'s constants."""
+        cal = calibration
+        return cls(
+            fixed_s=cal.completions_fixed_s,
+            chat_extra_s=cal.chat_extra_s,
+            per_request_s=cal.intake_per_request_s,
+            chat_intake_extra_s=cal.chat_intake_extra_s,
+            per_step_s=cal.output_per_step_s,
+            per_token_s=cal.output_per_token_s,
+            per_chunk_s=cal.output_per_chunk_s,
+        )
 
     def take_in(self, send_time: float, chat: bool = False) -> tuple[Wave, float]:
         """The wave a request sent at `send_time` joins, and its latency after the wave's end.

@@ -16,6 +16,7 @@ from autotune.catalog.gpus import GIB, GpuSpec
 from autotune.catalog.models import ModelSpec
 from autotune.core.config import EngineConfig
 from autotune.core.errors import EngineStartupError, FailureKind
+from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 
 MIB = 1024**2
 BLOCK_SIZE_CHOICES = (1, 8, 16, 32, 64, 128, 256)  # vLLM's --block-size choices
@@ -23,22 +24,15 @@ CUDA_MAX_BLOCK_SIZE = 32
 KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # "auto" = the model's dtype
 MAX_CUDA_GRAPH_SIZE = 512
 
-# Calibrated against vLLM startup logs (docs/simulator.md, "Memory model"):
-NON_TORCH_BYTES_TP1 = int(0.13 * GIB)  # "non-torch memory" in vLLM's profile log, TP=1
-NON_TORCH_BYTES_TP = int(0.55 * GIB)  # with TP>1: NCCL and custom all-reduce buffers
-CUDA_GRAPH_BYTES_PER_LAYER = int(0.2 * MIB)  # per captured batch size and decoder layer
-# The profiled activation peak of vLLM's startup logs is ~4.8 GiB for Llama-3.1-8B (TP=1) and
-# Llama-3.3-70B (TP=2), ~5.6 GiB for Qwen3-0.6B and Qwen3-32B, whatever the model's width: it follows
-# the vocabulary, not the MLP. The profile's dummy sampler run (min(max_num_seqs, budget) rows of fp32
-# logits with top-k/top-p: logits, probabilities, sort values and int64 indices) dominates; the compiled
-# forward at the token budget reuses its buffers and adds a near-constant few hundred MiB. Fitted on
-# Llama-3.1-8B and Qwen3-0.6B (the train split of benchmarks/fidelity_points.yaml); Qwen3-32B and the
-# 70B are the validation.
-PROFILE_BASE_BYTES = int(0.43 * GIB)  # workspaces and the compiled forward's peak at the budget
-PROFILE_SAMPLER_BYTES_PER_LOGIT = 35  # the profile's sampler run, per (row x vocab) logit
-HIDDEN_BYTES_PER_TOKEN = 2  # one bf16 hidden-state row per budget token (residual stream)
-SAMPLER_BYTES_PER_LOGIT = 8  # the sampler warm-up after KV allocation: fp32 logits plus a working copy
-GRAPH_MLP_FACTOR = 14  # live elements per intermediate unit per token in the largest captured graph
+# The fitted terms (non-torch memory, the profiled activation peak, CUDA graphs, the sampler warm-up)
+# are the Calibration's (autotune/sim/calibration.py), calibrated against vLLM startup logs
+# (docs/simulator.md, "Memory model"). The profiled activation peak of vLLM's startup logs is ~4.8 GiB
+# for Llama-3.1-8B (TP=1) and Llama-3.3-70B (TP=2), ~5.6 GiB for Qwen3-0.6B and Qwen3-32B, whatever the
+# model's width: it follows the vocabulary, not the MLP. The profile's dummy sampler run (min(max_num_seqs,
+# budget) rows of fp32 logits with top-k/top-p: logits, probabilities, sort values and int64 indices)
+# dominates; the compiled forward at the token budget reuses its buffers and adds a near-constant few
+# hundred MiB. Fitted on Llama-3.1-8B and Qwen3-0.6B (the train split of
+# benchmarks/fidelity_points.yaml); Qwen3-32B and the 70B are the validation.
 
 
 @dataclass(frozen=True)
@@ -146,14 +140,18 @@ def validate_config(config: EngineConfig, model: ModelSpec) -> None:
     kv_dtype_bytes(config, model)
 
 
-def activation_bytes(model: ModelSpec, tp: int, num_tokens: int, num_sampled: int) -> int:
+def activation_bytes(
+    model: ModelSpec, tp: int, num_tokens: int, num_sampled: int, cal: Calibration = DEFAULT_CALIBRATION
+) -> int:
     """Profiled activation peak: one forward over `num_tokens` plus the dummy sampler over `num_sampled`."""
-    hidden = num_tokens * model.hidden_size * HIDDEN_BYTES_PER_TOKEN
-    sampler = num_sampled * model.vocab_size * PROFILE_SAMPLER_BYTES_PER_LOGIT
-    return PROFILE_BASE_BYTES + hidden + sampler
+    hidden = num_tokens * model.hidden_size * cal.profile_hidden_bytes
+    sampler = num_sampled * model.vocab_size * cal.profile_sampler_bytes_per_logit
+    return int(int(cal.profile_base_gib * GIB) + hidden + sampler)
 
 
-def graph_pool_bytes(model: ModelSpec, tp: int, num_tokens: int) -> int:
+def graph_pool_bytes(
+    model: ModelSpec, tp: int, num_tokens: int, cal: Calibration = DEFAULT_CALIBRATION
+) -> int:
     """The largest captured graph's intermediate buffers (kept in the graph pool after capture).
 
     Unlike the profiled peak, nothing newer calibrates this: it keeps the earlier per-token estimate
@@ -161,18 +159,21 @@ def graph_pool_bytes(model: ModelSpec, tp: int, num_tokens: int) -> int:
     failures at 0.98 on H100 and its neighbours where they were."""
     q_kv = (model.num_attention_heads + 2 * model.num_key_value_heads) * model.head_dim // tp
     per_token = model.dtype_bytes * (
-        4 * model.hidden_size + GRAPH_MLP_FACTOR * model.intermediate_size // tp + q_kv
+        4 * model.hidden_size + cal.graph_mlp_factor * model.intermediate_size // tp + q_kv
     )
-    return num_tokens * per_token
+    return int(num_tokens * per_token)
 
 
-def sampler_bytes(model: ModelSpec, num_sampled: int) -> int:
+def sampler_bytes(model: ModelSpec, num_sampled: int, cal: Calibration = DEFAULT_CALIBRATION) -> int:
     """Sampler warm-up: logits (gathered to the full vocab on every rank) and a working copy, fp32."""
-    return num_sampled * model.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    return int(num_sampled * model.vocab_size * cal.sampler_warmup_bytes_per_logit)
 
 
-def plan_memory(config: EngineConfig, model: ModelSpec, gpu: GpuSpec) -> MemoryPlan:
+def plan_memory(
+    config: EngineConfig, model: ModelSpec, gpu: GpuSpec, calibration: Calibration = DEFAULT_CALIBRATION
+) -> MemoryPlan:
     """Validate `config` (resolved) and size the KV cache; raise EngineStartupError like vLLM would."""
+    cal = calibration
     validate_config(config, model)
     assert config.max_model_len is not None and config.max_num_batched_tokens is not None
     assert config.max_num_seqs is not None
@@ -188,11 +189,11 @@ def plan_memory(config: EngineConfig, model: ModelSpec, gpu: GpuSpec) -> MemoryP
             FailureKind.INVALID_CONFIG.value,
         )
     weights = model.weight_bytes(tp)
-    non_torch = NON_TORCH_BYTES_TP1 if tp == 1 else NON_TORCH_BYTES_TP
+    non_torch = int((cal.non_torch_gib_tp1 if tp == 1 else cal.non_torch_gib_tp) * GIB)
     if weights + non_torch > free:
         raise _oom(weights, total, free - non_torch)
     num_sampled = min(config.max_num_seqs, config.max_num_batched_tokens)
-    activations = activation_bytes(model, tp, config.max_num_batched_tokens, num_sampled)
+    activations = activation_bytes(model, tp, config.max_num_batched_tokens, num_sampled, cal)
     if weights + non_torch + activations > free:
         raise _oom(activations, total, free - weights - non_torch)
     available = requested - weights - non_torch - activations
@@ -217,10 +218,9 @@ def plan_memory(config: EngineConfig, model: ModelSpec, gpu: GpuSpec) -> MemoryP
             FailureKind.KV_CACHE_OOM.value,
         )
     sizes = cuda_graph_sizes(config.max_num_seqs)
-    graphs = len(sizes) * model.num_layers * CUDA_GRAPH_BYTES_PER_LAYER + graph_pool_bytes(
-        model, tp, sizes[-1]
-    )
-    warmup = sampler_bytes(model, num_sampled)
+    per_graph_layer = int(cal.cuda_graph_mib_per_layer * MIB)
+    graphs = len(sizes) * model.num_layers * per_graph_layer + graph_pool_bytes(model, tp, sizes[-1], cal)
+    warmup = sampler_bytes(model, num_sampled, cal)
     headroom = free - requested  # what is physically left once the KV cache fills the budget
     if graphs > headroom:
         raise _oom(graphs, total, headroom)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from autotune.catalog.gpus import GpuSpec
 from autotune.core.config import EngineConfig
 from autotune.measure.metrics import RequestRecord
+from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.engine import SimEngine
 from autotune.sim.memory import MemoryPlan
 from autotune.sim.noise import StepNoise
@@ -35,6 +36,7 @@ def simulate(
     max_concurrency: int | None = None,
     noise: StepNoise | None = None,
     api: str | None = None,
+    calibration: Calibration = DEFAULT_CALIBRATION,
 ) -> SimRun:
     """Replay requests as `vllm bench serve` sends them (arrival times, optional concurrency cap).
 
@@ -42,10 +44,11 @@ def simulate(
     start_time is that send time, so TTFT excludes the wait for a slot, as in vLLM's client. A finished
     request's successor is sent when the client sees it finish (the API server's delivery of that
     step, frontend.py), so (as over HTTP) it cannot join the step that starts when it ended. `api`
-    "chat" prices the chat API's extra frontend work.
+    "chat" prices the chat API's extra frontend work. `calibration`: the engine model's constants
+    (default: the built-in ones).
     """
     chat = api == "chat"
-    engine = SimEngine(config, gpu, noise)
+    engine = SimEngine(config, gpu, noise, calibration)
     order = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
     slots = [0.0] * max_concurrency if max_concurrency else None  # times at which slots became free
     records: dict[int, RequestRecord] = {}

@@ -5,6 +5,10 @@ scrapers written for vLLM read the sim-server unchanged: gauges from the engine'
 (`*_total`), the request histograms the API server keeps, and the `vllm:cache_config_info` info
 gauge. The histograms are counted here (cheap, on the engine loop's hot path) and handed to
 `prometheus_client` as metric families at scrape time by a custom collector.
+
+One name is not vLLM's: a server started with `--time-scale` (simulated seconds per wall-clock second,
+not 1) adds the gauge `autotune:sim_time_scale`, so a client that times it (autotune calibrate) can
+put its wall-clock measurements back on the simulated clock. Without the option /metrics is vLLM's.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 
 LABELS = ("engine", "model_name")
+TIME_SCALE_METRIC = "autotune:sim_time_scale"
 _GAUGES = (
     ("vllm:num_requests_running", "Number of requests in model execution batches.", "num_running"),
     ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "num_waiting"),
@@ -97,11 +102,19 @@ class ServerMetrics:
 class SimCollector:
     """A prometheus_client collector reading the engine and the server's histograms at scrape time."""
 
-    def __init__(self, engine: Any, metrics: ServerMetrics, model_name: str, gpu_utilization: float) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        metrics: ServerMetrics,
+        model_name: str,
+        gpu_utilization: float,
+        time_scale: float = 1.0,
+    ) -> None:
         self.engine = engine
         self.metrics = metrics
         self.labels = ["0", model_name]
         self.gpu_utilization = gpu_utilization
+        self.time_scale = time_scale
 
     def collect(self) -> Iterator[Metric]:
         """Every metric family, in vLLM's order."""
@@ -128,6 +141,10 @@ class SimCollector:
             family.add_metric(self.labels, histogram.cumulative(), histogram.total)
             yield family
         yield self._cache_config_info()
+        if self.time_scale != 1.0:
+            scale = GaugeMetricFamily(TIME_SCALE_METRIC, "Simulated seconds per wall-clock second.")
+            scale.add_metric([], self.time_scale)
+            yield scale
 
     def _cache_config_info(self) -> GaugeMetricFamily:
         cfg = self.engine.config
@@ -147,11 +164,11 @@ class SimCollector:
 
 
 def metrics_registry(
-    engine: Any, metrics: ServerMetrics, model_name: str, gpu_utilization: float
+    engine: Any, metrics: ServerMetrics, model_name: str, gpu_utilization: float, time_scale: float = 1.0
 ) -> CollectorRegistry:
     """A private registry (no process or GC collectors: vLLM's names only) over this server's state."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SimCollector(engine, metrics, model_name, gpu_utilization))
+    registry.register(SimCollector(engine, metrics, model_name, gpu_utilization, time_scale))
     return registry
 
 

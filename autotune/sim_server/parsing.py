@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,11 +40,13 @@ class PrefixIndex:
     so any later prompt that shares its first block reuses the common part.
     """
 
-    def __init__(self, unit: int, capacity: int = PREFIX_GROUPS) -> None:
+    def __init__(self, unit: int, capacity: int = PREFIX_GROUPS, ids: Iterator[int] | None = None) -> None:
         self.unit = unit  # items per block (tokens, or characters for text)
         self.capacity = capacity
         self._groups: OrderedDict[Any, tuple[int, Sequence]] = OrderedDict()
-        self._ids = itertools.count()
+        # Indexes of one engine share their ids: the engine caches blocks by (prefix_id, i), so a text
+        # group and a token-id group with the same id would hit each other's blocks.
+        self._ids = ids if ids is not None else itertools.count()
 
     def match(self, items: Sequence) -> tuple[int | None, int]:
         """(prefix_id, shared items) for a prompt given as token ids or text."""
@@ -132,8 +134,9 @@ class RequestParser:
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
-        self._token_prefixes = PrefixIndex(block_size)
-        self._text_prefixes = PrefixIndex(block_size * CHARS_PER_TOKEN)
+        ids = itertools.count()
+        self._token_prefixes = PrefixIndex(block_size, ids=ids)
+        self._text_prefixes = PrefixIndex(block_size * CHARS_PER_TOKEN, ids=ids)
 
     def parse(self, body: Any, chat: bool) -> ParsedRequest:
         """Validate a request body the way vLLM does; BadRequest otherwise."""

@@ -79,7 +79,7 @@ class SimRoutes:
         except BadRequest as exc:
             conn.respond_json(exc.status, error_body(str(exc), exc.status, exc.kind))
             return
-        states = service.submit_choices(parsed, request.headers.get("x-request-id"))
+        states = service.submit_choices(parsed, request.headers.get("x-request-id"), request.read_at)
         first = states[0]
         writers = [ChunkWriter(service.model_name, chat, first)]
         for index, state in enumerate(states[1:], start=1):  # n > 1: choices share the id and time

@@ -73,10 +73,15 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
         "utils.py:326",
         f"non-default args: {config.params()} model={config.model!r} gpu={options.gpu!r}",
     )
+    if not options.calibration.is_default:
+        changed = ", ".join(f"{k}={v:g}" for k, v in options.calibration.changed().items())
+        vllm_log("INFO", "utils.py:327", f"simulator calibration: {changed}")
+    if options.time_scale != 1.0:
+        vllm_log("INFO", "utils.py:328", f"simulated clock {options.time_scale:g}x faster than real time")
     if options.startup_delay_s > 0:
         time.sleep(options.startup_delay_s)  # loading weights
     try:
-        engine = SimEngine(config, options.gpu)
+        engine = SimEngine(config, options.gpu, calibration=options.calibration)
     except EngineStartupError as exc:
         vllm_log("ERROR", "core.py:718", "EngineCore failed to start.")
         message = str(exc)

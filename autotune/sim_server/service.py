@@ -9,6 +9,13 @@ listeners (the HTTP responses, autotune.sim_server.sse) write their new tokens.
 
 vllm:request_queue_time_seconds is measured up to the start of the step that produced the first
 token (the simulated engine does not report when a prefill chunk was first scheduled).
+
+With a `time_scale` above 1 (`--time-scale`) the simulated clock runs that many times faster than
+the wall clock: a step of d simulated seconds is slept for d / time_scale, a wall-clock interval
+maps to time_scale times as much simulated time, and the latency histograms of /metrics are in
+simulated seconds. Clients see every latency divided by the scale (tests and calibration runs finish
+in seconds while the simulated GPU time is still what it would be); `autotune:sim_time_scale` on
+/metrics says so (autotune.sim_server.exposition).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import math
 import os
 import sys
 import time
@@ -25,12 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim_server.exposition import ServerMetrics, metrics_registry
 from autotune.sim_server.http_messages import MAX_BODY_BYTES, READ_TIMEOUT_S
 from autotune.sim_server.parsing import ParsedRequest, RequestParser
 from autotune.workloads.spec import Request
-
-CATCH_UP_S = 0.002  # a late step may start up to this much early to absorb sleep overshoot
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,8 @@ class ServerOptions:
     debug_timings: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
     read_timeout_s: float = READ_TIMEOUT_S
+    calibration: Calibration = DEFAULT_CALIBRATION  # the engine model's constants
+    time_scale: float = 1.0  # simulated seconds per wall-clock second
 
 
 def vllm_log(level: str, where: str, message: str) -> None:
@@ -90,8 +99,9 @@ class SimService:
         self.parser = RequestParser(model_name, self.max_model_len, vocab_size, engine.config.block_size)
         self.metrics = ServerMetrics()
         self.registry = metrics_registry(
-            engine, self.metrics, model_name, engine.config.gpu_memory_utilization
+            engine, self.metrics, model_name, engine.config.gpu_memory_utilization, options.time_scale
         )
+        self._scale = options.time_scale
         self.pending: dict[int, Pending] = {}
         self.history: list[Pending] = []  # finished requests, kept only with --debug-timings
         self.started = 0
@@ -101,6 +111,7 @@ class SimService:
         self._wake = asyncio.Event()
         self._t0 = time.perf_counter()
         self._step_end = 0.0  # perf_counter at which the running step's tokens appear
+        self._committed = -math.inf  # simulated start of the latest step computed (its idle wait included)
         self._loop_task: asyncio.Task | None = None
 
     # ---- lifecycle
@@ -122,17 +133,24 @@ class SimService:
         """Validate a request body the way vLLM does; BadRequest otherwise."""
         return self.parser.parse(body, chat)
 
-    def submit(self, parsed: ParsedRequest, rid: str | None = None) -> Pending:
-        """Hand a request to the engine; it joins the next engine step. `rid`: the client's request id."""
+    def submit(self, parsed: ParsedRequest, rid: str | None = None, read_at: float | None = None) -> Pending:
+        """Hand a request to the engine; it joins the next engine step. `rid`: the client's request id;
+        `read_at`: perf_counter when its first bytes were read (default: now). The engine takes it as
+        sent then: reading and parsing it here is the API server's work, which the engine's API-server
+        model prices, so this process's own speed at it does not add to the simulated latencies."""
         self.started += 1
         if self.options.hang_after is not None and self.started >= self.options.hang_after:
             self.hung = True
         key = next(self._ids)
         now = time.perf_counter()
+        at = now if read_at is None else min(read_at, now)
         prefix_id, prefix_len = parsed.prefix
-        self._sync_clock(now)
-        # Mid-step the virtual clock is at the running step's end; the request was sent before that.
-        sent = self.engine.now - max(0.0, self._step_end - now)
+        self._sync_clock(at)
+        # The simulated clock is anchored to the wall clock: this is when the request was sent on it (mid-step
+        # that is before the running step's end). A request read before the engine computed its latest step
+        # but handed over only after (the event loop ran the engine first) is sent after that step's start:
+        # the step was scheduled without it, as in process (simulate adds what was sent before each step).
+        sent = max((at - self._t0) * self._scale, math.nextafter(self._committed, math.inf))
         request = Request(
             request_id=key,
             prompt_len=parsed.prompt_tokens,
@@ -154,18 +172,20 @@ class SimService:
         self._wake.set()
         return state
 
-    def submit_choices(self, parsed: ParsedRequest, rid: str | None = None) -> list[Pending]:
+    def submit_choices(
+        self, parsed: ParsedRequest, rid: str | None = None, read_at: float | None = None
+    ) -> list[Pending]:
         """Hand a request with `n` choices to the engine: n requests sharing the prompt, as vLLM's
         parallel sampling fans them out (the prefix cache serves the prompt's KV to all but the first)."""
         if parsed.n == 1:
-            return [self.submit(parsed, rid)]
+            return [self.submit(parsed, rid, read_at)]
         prefix = parsed.prefix
         if prefix[1] < parsed.prompt_tokens:  # share the whole prompt among the choices
             # negative ids: apart from the parser's prefix groups (0, 1, ...)
             prefix = (-1 - next(self._choice_groups), parsed.prompt_tokens)
         shared = dataclasses.replace(parsed, prefix=prefix)
-        first = self.submit(shared, rid)
-        return [first] + [self.submit(shared, first.rid) for _ in range(parsed.n - 1)]
+        first = self.submit(shared, rid, read_at)
+        return [first] + [self.submit(shared, first.rid, read_at) for _ in range(parsed.n - 1)]
 
     def abort(self, state: Pending) -> None:
         """The client went away: drop its request from the engine, as vLLM does, so it stops using the batch.
@@ -178,18 +198,23 @@ class SimService:
     def _sync_clock(self, now: float) -> None:
         """While idle, the engine's virtual clock catches up with the wall clock (arrivals are stamped)."""
         if not self.engine.has_unfinished():
-            self.engine.now = max(self.engine.now, now - self._t0)
+            self.engine.now = max(self.engine.now, (now - self._t0) * self._scale)
 
     # ---- the engine loop
 
     async def _engine_loop(self) -> None:
-        """Step the engine in real time: each step's simulated duration is slept before its tokens appear."""
-        deadline = time.perf_counter()
+        """Step the engine in real time: a step's tokens appear when the wall clock reaches the step's end
+        on the simulated clock, which is anchored to the wall clock (t0 + now / time_scale).
+
+        An idle engine's clock jumps to the wall clock's when work arrives (`_sync_clock`), so it starts
+        then, not earlier. A loop that fell behind (a busy CPU, a slow write to many streams) runs its
+        next steps without sleeping until it is back on time: the server keeps the simulated rates
+        instead of drifting slower by every late wake-up.
+        """
         while True:
             if not self.engine.has_unfinished():
                 self._wake.clear()
                 await self._wake.wait()
-                deadline = time.perf_counter()  # an idle engine starts when work arrives, not earlier
             if self.options.die_after is not None and self.started >= self.options.die_after:
                 # The requests that started are streaming; the process vanishes under them.
                 vllm_log(
@@ -198,9 +223,10 @@ class SimService:
                 os._exit(1)
             while self.hung:
                 await asyncio.sleep(3600)
-            start = max(deadline, time.perf_counter() - CATCH_UP_S)
             output = self.engine.step()
-            deadline = start + output.duration
+            self._committed = self.engine.now - output.duration
+            deadline = self._t0 + self.engine.now / self._scale
+            start = deadline - output.duration / self._scale
             self._step_end = deadline
             delay = deadline - time.perf_counter()
             if delay > 0:
@@ -213,6 +239,7 @@ class SimService:
         """Account a step's tokens and finished requests, then let each touched request's response write."""
         firsts: dict[int, Pending] = {}  # got their first token in this step
         touched: dict[int, Pending] = {}  # the others with tokens or finished
+        scale = self._scale  # the histograms are in simulated seconds
         for key, n in output.new_tokens:
             state = self.pending.get(key)
             if state is None:
@@ -220,11 +247,11 @@ class SimService:
             if state.first_token is None:
                 state.first_token = now
                 state.first_step_start = step_start
-                self.metrics.ttft.observe(now - state.arrival)
-                self.metrics.queue.observe(max(step_start - state.arrival, 0.0))
+                self.metrics.ttft.observe((now - state.arrival) * scale)
+                self.metrics.queue.observe(max(step_start - state.arrival, 0.0) * scale)
                 firsts[key] = state
             else:
-                self.metrics.itl.observe(now - state.last_token)  # type: ignore[operator]
+                self.metrics.itl.observe((now - state.last_token) * scale)  # type: ignore[operator]
                 touched[key] = state
             state.last_token = now
             state.tokens += n
@@ -234,7 +261,7 @@ class SimService:
                 continue
             state.finished = True
             state.done_at = now
-            self.metrics.e2e.observe(now - state.arrival)
+            self.metrics.e2e.observe((now - state.arrival) * scale)
             self.metrics.success[state.finish_reason] += 1
             if self.options.debug_timings:
                 self.history.append(state)
@@ -264,6 +291,7 @@ class SimService:
                     "ttft": (s.first_token or s.arrival) - s.arrival,
                     "ttft_sent": (s.first_sent or s.arrival) - s.arrival,
                     "engine_ttft": self.engine.record(s.key).ttft,  # virtual: send -> first token
+                    "engine_sent": self.engine.record(s.key).start_time,  # virtual send time
                     "prompt_tokens": s.prompt_tokens,
                     "completion_tokens": s.tokens,
                 }

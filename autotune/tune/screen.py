@@ -36,6 +36,7 @@ from autotune.catalog.models import ModelSpec, get_model
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, EngineStartupError, FailureKind
 from autotune.measure.result import TrialResult
+from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.memory import MemoryPlan, plan_memory, validate_config
 
 PREFIX = "predicted by the memory model: "
@@ -74,12 +75,20 @@ class Screening:
 
 
 class MemoryScreen:
-    """Predicts startup-memory failures of configs of one model on one GPU type."""
+    """Predicts startup-memory failures of configs of one model on one GPU type (with the memory model's
+    constants of `calibration`)."""
 
-    def __init__(self, model: ModelSpec, gpu: GpuSpec, margins: Margins = DEFAULT_MARGINS) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        margins: Margins = DEFAULT_MARGINS,
+        calibration: Calibration = DEFAULT_CALIBRATION,
+    ) -> None:
         self.model = model
         self.gpu = gpu
         self.margins = margins
+        self.calibration = calibration
 
     def check(self, config: EngineConfig) -> Screening | None:
         """The predicted failure if `config` clearly fails to start on this GPU, else None (launch it)."""
@@ -91,7 +100,7 @@ class MemoryScreen:
         except EngineStartupError:
             return None  # an invalid flag, not memory: the validity rules or vLLM itself report it
         try:
-            plan_memory(resolved, self.model, self.gpu)
+            plan_memory(resolved, self.model, self.gpu, self.calibration)
         except EngineStartupError as exc:
             if self._clear_failure(resolved):
                 return Screening(kind=FailureKind(exc.kind), vllm_message=str(exc))
@@ -114,13 +123,19 @@ class MemoryScreen:
 
     def _needs(self, resolved: EngineConfig) -> MemoryPlan:
         roomy = dataclasses.replace(self.gpu, memory_gib=_ROOMY_GIB)
-        return plan_memory(resolved.replace(gpu_memory_utilization=_ROOMY_UTILIZATION), self.model, roomy)
+        roomy_config = resolved.replace(gpu_memory_utilization=_ROOMY_UTILIZATION)
+        return plan_memory(roomy_config, self.model, roomy, self.calibration)
 
 
-def make_screen(model: str, gpu: str, margins: Margins = DEFAULT_MARGINS) -> MemoryScreen | None:
+def make_screen(
+    model: str,
+    gpu: str,
+    margins: Margins = DEFAULT_MARGINS,
+    calibration: Calibration = DEFAULT_CALIBRATION,
+) -> MemoryScreen | None:
     """The screen for a model and GPU type, or None when either is outside the catalogs (no screening)."""
     try:
-        return MemoryScreen(get_model(model), get_gpu(gpu), margins)
+        return MemoryScreen(get_model(model), get_gpu(gpu), margins, calibration)
     except AutotuneError:
         return None
 

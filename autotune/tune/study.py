@@ -53,10 +53,13 @@ class StudySettings:
     gpu: str
     workload: str
     backend: str
+    # The simulator's constants (every value, not a file name): what a sim run's results came from,
+    # and what a real run's estimates and screen used.
+    sim_calibration: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, stored as a study user attr."""
-        return dict(self.__dict__)
+        return {**self.__dict__, "sim_calibration": dict(self.sim_calibration)}
 
 
 @dataclass
@@ -204,6 +207,21 @@ def check_resume(study: optuna.Study, settings: StudySettings) -> None:
             raise AutotuneError(
                 f"study {study.study_name!r} was run with {key} {stored[key]!r}, not "
                 f"{getattr(settings, key)!r}: resume with the same settings or pick another --study"
+            )
+    _check_same_calibration(study.study_name, stored.get("sim_calibration"), settings)
+
+
+def _check_same_calibration(name: str, stored: Mapping[str, float] | None, settings: StudySettings) -> None:
+    """A simulated study's results come from its calibration: resuming it with other constants would mix
+    two simulators. (Studies from before calibrations were recorded have none: nothing to compare.)"""
+    if not stored or settings.backend != "sim":
+        return
+    for key in sorted(set(stored) | set(settings.sim_calibration)):
+        old, new = stored.get(key), settings.sim_calibration.get(key)
+        if old != new:
+            raise AutotuneError(
+                f"study {name!r} was simulated with {key} = {old}, not {new}: resume with the same "
+                "--sim-calibration (run.json records its values) or pick another --study"
             )
 
 

@@ -1,0 +1,157 @@
+"""Running the designed set: on one server that is already running (`--url`), or on the configs a
+backend launches (`--backend vllm|docker`: vLLM's defaults, then another token budget and max_num_seqs,
+and with two GPUs a TP=2 config), each config measured on its own server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.calibrate.design import (
+    SECOND_CONFIG_RUNS,
+    ConfigUnderTest,
+    designed_points,
+    predicted_seconds,
+    second_config_flags,
+    sized,
+)
+from autotune.calibrate.measure import ServerInfo, measure_points, probe_server
+from autotune.catalog.models import get_model
+from autotune.core.config import EngineConfig
+from autotune.core.errors import AutotuneError, RunFailure
+from autotune.sim.calibration import Calibration
+
+Progress = Callable[[str], None]
+TP_CONFIG_RUNS = ("light-c1", "burst")
+SHARES = (0.6, 0.3, 0.1)  # of the GPU time: vLLM's defaults, the second config, the TP config
+
+
+@dataclass(frozen=True)
+class Target:
+    """What is calibrated: the model (a catalog name or a config.json), the GPU, the flags the server
+    was started with (`--set`: for --url what autotune cannot read from the server)."""
+
+    model: str | None
+    gpu: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Measured:
+    """The measured points and what they cost."""
+
+    points: list[dict[str, Any]]
+    gpu_seconds: float  # the runs' (simulated on a time-scaled sim-server)
+    startup_seconds: float = 0.0  # launching servers (backends only)
+    notes: list[str] = field(default_factory=list)
+
+
+def catalog_model(target: Target, info: ServerInfo) -> str:
+    """The model the simulator replays: --model, else the served one if the catalog knows it."""
+    name = target.model or info.model
+    try:
+        get_model(name)
+    except AutotuneError:
+        raise AutotuneError(
+            f"the server serves {info.model!r}, which the simulator's catalog does not know: pass --model "
+            "(a catalog name or the model's config.json)"
+        ) from None
+    return name
+
+
+def on_url(
+    info: ServerInfo, target: Target, gpu_minutes: float, prior: Calibration, say: Progress
+) -> Measured:
+    """The designed set on the server `info` describes (probe_server: checked before anything runs)."""
+    model = catalog_model(target, info)
+    flags = {**target.settings, **info.flags()}
+    max_len = info.max_model_len or get_model(model).max_position_embeddings
+    say(
+        f"server {info.url}: {info.model} on {target.gpu}; flags {_flags(flags)} (from /v1/models, /metrics "
+        "and --set; the rest: vLLM's defaults for the GPU)"
+    )
+    if info.time_scale != 1.0:
+        say(f"the server's simulated clock runs {info.time_scale:g}x real time: times are put back on it")
+    config = ConfigUnderTest("server", flags, max_len)
+    points = _sized(designed_points(model, target.gpu, [config]), gpu_minutes * 60, prior, say)
+    measured, gpu_s = measure_points(info, points, say)
+    notes = []
+    if info.kv_tokens is None:
+        notes.append(
+            "the server's /metrics has no vllm:cache_config_info: the memory terms stay at their prior"
+        )
+    notes.append(
+        "one config shows one token budget and max_num_seqs: --backend launches a second one to separate "
+        "the memory terms and the chunked-prefill costs"
+    )
+    return Measured(measured, gpu_s, notes=notes)
+
+
+def on_backend(
+    backend: Any,
+    target: Target,
+    gpu_ids: Sequence[int],
+    gpu_minutes: float,
+    prior: Calibration,
+    say: Progress,
+) -> Measured:
+    """The designed set on the configs the backend launches, one server each (stopped after)."""
+    if target.model is None:
+        raise AutotuneError("--backend needs --model: the model to launch")
+    model = target.model
+    max_len = int(target.settings.get("max_model_len") or get_model(model).max_position_embeddings)
+    configs = [
+        ConfigUnderTest("defaults", dict(target.settings), max_len),
+        ConfigUnderTest(
+            "budget",
+            {**target.settings, **second_config_flags(target.settings, model, target.gpu)},
+            max_len,
+            SECOND_CONFIG_RUNS,
+        ),
+    ]
+    if len(gpu_ids) >= 2:
+        configs.append(
+            ConfigUnderTest("tp2", {**target.settings, "tensor_parallel_size": 2}, max_len, TP_CONFIG_RUNS)
+        )
+    out = Measured([], 0.0)
+    for config, share in zip(configs, SHARES, strict=False):
+        points = _sized(designed_points(model, target.gpu, [config]), gpu_minutes * 60 * share, prior, say)
+        tp = int(config.flags.get("tensor_parallel_size", 1))
+        started = time.monotonic()
+        say(f"launching config {config.label}: {_flags(config.flags) or 'vLLM defaults'}")
+        with backend.session(
+            EngineConfig(model=model).replace(**config.flags), list(gpu_ids)[:tp]
+        ) as session:
+            out.startup_seconds += time.monotonic() - started
+            if not session.alive:
+                failed = session.measure(None)
+                raise RunFailure(f"config {config.label} did not start: {failed.failure}: {failed.message}")
+            info = probe_server(session.base_url)
+            flags = {**config.flags, **info.flags()}
+            points = [{**p, "flags": flags} for p in points]
+            measured, gpu_s = measure_points(info, points, say)
+        out.points += measured
+        out.gpu_seconds += gpu_s
+    return out
+
+
+def _sized(
+    points: list[dict[str, Any]], seconds: float, prior: Calibration, say: Progress
+) -> list[dict[str, Any]]:
+    out = sized(points, seconds, prior)
+    predicted = sum(predicted_seconds(out, prior))
+    runs = sum(p["kind"] == "serve" for p in out)
+    if predicted <= 0:
+        say(
+            f"designed set: {runs} runs at reference size (the prior calibration predicts that the config "
+            "does not start)"
+        )
+    else:
+        say(f"designed set: {runs} runs, {predicted / 60:.1f} GPU-minutes as the prior calibration predicts")
+    return out
+
+
+def _flags(flags: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in flags.items())

@@ -1,0 +1,192 @@
+"""Measuring designed points on a running OpenAI-compatible server (a real `vllm serve`, or the sim-server).
+
+What the server says about itself is read first: its model and context length from /v1/models, and
+from /metrics vLLM's `vllm:cache_config_info` (block size, memory utilization, KV cache dtype, prefix
+caching, the number of KV blocks it allocated: a memory point) where it is exposed. A sim-server run
+with `--time-scale X` says X on /metrics (`autotune:sim_time_scale`): arrivals are then sent X times
+faster and every measured time multiplied by X, so points are always on the simulated GPU's clock.
+
+Each serve point is one load-generator run of the point's own requests (point_requests: what its
+replay simulates), with a fresh prompt salt so that no run hits the prefix cache with another's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from autotune.backends.server_metrics import parse_prometheus
+from autotune.calibrate.points import point_requests
+from autotune.core.errors import AutotuneError, RunFailure
+from autotune.measure.loadgen import CHAT, COMPLETIONS, run_load
+from autotune.measure.metrics import RequestRecord, compute_metrics
+from autotune.sim_server.exposition import TIME_SCALE_METRIC
+from autotune.workloads.spec import Request
+
+Progress = Callable[[str], None]
+REQUEST_TIMEOUT_S = 600.0
+# What vllm:cache_config_info says, as the engine flags it maps to.
+_CACHE_FLAGS = {
+    "block_size": ("block_size", int),
+    "gpu_memory_utilization": ("gpu_memory_utilization", float),
+    "cache_dtype": ("kv_cache_dtype", str),
+    "enable_prefix_caching": ("enable_prefix_caching", lambda v: v.lower() == "true"),
+}
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What a server says about itself."""
+
+    url: str
+    model: str  # the served model name (what requests name)
+    max_model_len: int | None
+    cache: dict[str, str]  # the labels of vllm:cache_config_info ({} when not exposed)
+    time_scale: float = 1.0  # simulated seconds per wall-clock second (a sim-server with --time-scale)
+
+    def flags(self) -> dict[str, Any]:
+        """The engine flags the server reports (the rest is vLLM's defaults or what --set says)."""
+        out: dict[str, Any] = {}
+        if self.max_model_len:
+            out["max_model_len"] = self.max_model_len
+        for label, (flag, convert) in _CACHE_FLAGS.items():
+            if label in self.cache:
+                try:
+                    out[flag] = convert(self.cache[label])
+                except ValueError:
+                    continue
+        return out
+
+    @property
+    def kv_tokens(self) -> int | None:
+        """The KV cache the server allocated (num_gpu_blocks x block_size), None when not reported."""
+        try:
+            return int(float(self.cache["num_gpu_blocks"])) * int(self.cache["block_size"])
+        except (KeyError, ValueError):
+            return None
+
+
+def probe_server(url: str) -> ServerInfo:
+    """Read /v1/models and /metrics; AutotuneError (one line) when nothing or no OpenAI server answers."""
+    base = url.rstrip("/")
+    try:
+        response = httpx.get(base + "/v1/models", timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise AutotuneError(f"cannot reach {url}: {exc or type(exc).__name__}") from None
+    try:
+        models = response.json().get("data") if response.status_code == 200 else None
+    except (ValueError, AttributeError):
+        models = None
+    if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
+        raise AutotuneError(
+            f"{url} is not an OpenAI-compatible server: GET /v1/models answered {response.status_code} "
+            "without a model list"
+        )
+    card = models[0]
+    cache, scale = _metrics(base)
+    max_len = card.get("max_model_len")
+    return ServerInfo(base, str(card["id"]), int(max_len) if isinstance(max_len, int) else None, cache, scale)
+
+
+def _metrics(base: str) -> tuple[dict[str, str], float]:
+    """vllm:cache_config_info's labels and the sim-server's time scale (1 when absent)."""
+    try:
+        response = httpx.get(base + "/metrics", timeout=10.0)
+        samples = parse_prometheus(response.text) if response.status_code == 200 else []
+    except httpx.HTTPError:
+        samples = []
+    cache = next((s.labels for s in samples if s.name == "vllm:cache_config_info"), {})
+    scale = next((s.value for s in samples if s.name == TIME_SCALE_METRIC), 1.0)
+    return dict(cache), float(scale) if scale >= 1.0 else 1.0
+
+
+def measure_points(
+    info: ServerInfo, points: Sequence[dict[str, Any]], progress: Progress | None = None
+) -> tuple[list[dict[str, Any]], float]:
+    """The points with their measured values, and the GPU seconds the runs took (simulated seconds on a
+    time-scaled sim-server). Memory points take the server's KV size; RunFailure when a run fails."""
+    say = progress or (lambda line: None)
+    _warm_up(info)
+    measured, gpu_s = [], 0.0
+    serve = [p for p in points if p["kind"] == "serve"]
+    for point in points:
+        if point["kind"] == "memory":
+            kv = info.kv_tokens
+            if kv is not None:
+                measured.append({**point, "measured": {"kv_tokens": kv}})
+            continue
+        n = len(measured) - sum(p["kind"] == "memory" for p in measured) + 1
+        done, seconds = measure_serve(info, point, salt=n)
+        gpu_s += seconds
+        measured.append(done)
+        what = f"{point['requests']} requests, {seconds:.1f} GPU-s"
+        say(f"[{n}/{len(serve)}] {point['id']}: {what}; {_brief(done['measured'])}")
+    return measured, gpu_s
+
+
+def measure_serve(info: ServerInfo, point: dict[str, Any], salt: int) -> tuple[dict[str, Any], float]:
+    """The serve point measured (metrics on the simulated clock, the send times without a concurrency
+    cap) and its duration in GPU seconds."""
+    scale = info.time_scale
+    requests = [dataclasses.replace(r, arrival_time=r.arrival_time / scale) for r in point_requests(point)]
+    load = asyncio.run(
+        run_load(
+            info.url,
+            info.model,
+            requests,
+            max_concurrency=point.get("concurrency"),
+            endpoint=CHAT if point.get("api") == "chat" else COMPLETIONS,
+            request_timeout_s=REQUEST_TIMEOUT_S,
+            salt=salt,
+        )
+    )
+    failed = [r for r in load.records if not r.success]
+    if failed or len(load.records) < len(requests):
+        error = failed[0].error if failed else "requests went unanswered"
+        raise RunFailure(f"run {point['id']} failed ({len(failed)} of {len(requests)} requests): {error}")
+    records = [rescaled(r, scale) for r in load.records]
+    result = compute_metrics(records, load.duration * scale).to_dict()
+    out = {**point, "measured": {m: float(f"{result[m]:.5g}") for m in point["measured"]}}
+    if "concurrency" not in point:  # when the client really sent each request (the replay sends it then)
+        by_id = dict(zip(load.request_ids, records, strict=True))
+        first = min(r.start_time for r in records)
+        out["sent"] = [round(by_id[r.request_id].start_time - first, 5) for r in requests]
+    return out, load.duration * scale
+
+
+def rescaled(record: RequestRecord, scale: float) -> RequestRecord:
+    """A record timed on a server whose simulated clock runs `scale` x real time, on that clock."""
+    if scale == 1.0:
+        return record
+    return dataclasses.replace(
+        record,
+        start_time=record.start_time * scale,
+        ttft=record.ttft * scale,
+        itl=[gap * scale for gap in record.itl],
+        latency=record.latency * scale,
+    )
+
+
+def _warm_up(info: ServerInfo) -> None:
+    """One short request first (a server's first request pays one-time costs), as vllm bench does."""
+    probe = [Request(request_id=2**31 - 1, prompt_len=16, output_len=4)]
+    load = asyncio.run(run_load(info.url, info.model, probe, request_timeout_s=REQUEST_TIMEOUT_S, salt=10**6))
+    if not load.records or not load.records[0].success:
+        error = load.records[0].error if load.records else "no answer"
+        raise AutotuneError(f"{info.url}: the warm-up request failed: {error}")
+
+
+def _brief(values: dict[str, float]) -> str:
+    shown = []
+    for key, label in (("mean_ttft_ms", "TTFT"), ("mean_tpot_ms", "TPOT")):
+        if key in values:
+            shown.append(f"{label} {values[key]:.1f} ms")
+    for key in ("output_throughput", "total_token_throughput"):
+        if key in values:
+            shown.append(f"{values[key]:,.0f} tok/s")
+    return ", ".join(shown)

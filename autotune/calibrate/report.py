@@ -1,0 +1,100 @@
+"""The fit report: each constant's old and new value, each point's error before and after, warnings."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+
+from autotune.calibrate.fit import FitResult
+from autotune.calibrate.points import Error
+from autotune.sim.calibration import calibration_fields
+
+CLASS_BOUND = 0.20  # a class of metrics above this median |error| after the fit is worth a warning
+CLASS_ORDER = ("throughput", "ttft", "tpot/itl", "latency", "memory")
+
+
+def class_medians(errors: Iterable[Error]) -> dict[str, float]:
+    """Median |error| per metric class (throughput, ttft, tpot/itl, latency, memory); `starts` left out."""
+    groups: dict[str, list[float]] = {}
+    for e in errors:
+        if e.metric != "starts":
+            groups.setdefault(e.fit_class, []).append(abs(e.signed))
+    return {c: statistics.median(groups[c]) for c in CLASS_ORDER if c in groups}
+
+
+def warnings(result: FitResult) -> list[str]:
+    """What a user should know before trusting the fitted constants."""
+    out = []
+    for name in result.at_bound:
+        out.append(f"{name} ended at a bound of its range: the model cannot reach the data there")
+    for group in confounded_groups(result.confounded):
+        names = ", ".join(group[:-1]) + f" and {group[-1]}"
+        out.append(f"{names} move together in this data: only their combination is fitted")
+    if result.prior_bound:
+        names = ", ".join(result.prior_bound)
+        out.append(f"the data barely constrains {names}: they stay near their prior")
+    for cls, value in class_medians(result.after).items():
+        if value > CLASS_BOUND:
+            out.append(
+                f"{cls} points keep a {value:.0%} median error after the fit (above {CLASS_BOUND:.0%})"
+            )
+    out += result.notes
+    return out
+
+
+def confounded_groups(pairs: Sequence[tuple[str, str]]) -> list[list[str]]:
+    """The confounded pairs joined into groups (connected components), each in first-seen order."""
+    groups: list[list[str]] = []
+    for a, b in pairs:
+        joined = [g for g in groups if a in g or b in g]
+        merged = [n for g in joined for n in g]
+        merged += [n for n in (a, b) if n not in merged]
+        groups = [g for g in groups if g not in joined] + [merged]
+    return groups
+
+
+def constants_table(result: FitResult) -> list[str]:
+    """One line per constant the fit could move: prior, fitted, change."""
+    lines = [f"{'constant':34} {'prior':>12} {'fitted':>12} {'change':>8}  unit"]
+    units = {i.name: i.unit for i in calibration_fields()}
+    for name in result.free:
+        old, new = getattr(result.prior, name), getattr(result.fitted, name)
+        mark = "  (bound)" if name in result.at_bound else ""
+        lines.append(f"{name:34} {old:12.5g} {new:12.5g} {new / old - 1:+8.1%}  {units[name]}{mark}")
+    return lines
+
+
+def points_table(before: Sequence[Error], after: Sequence[Error]) -> list[str]:
+    """Each measured metric: measured value, signed error before and after the fit."""
+    lines = [f"{'point':30} {'metric':24} {'measured':>12} {'before':>8} {'after':>8}"]
+    for b, a in zip(before, after, strict=True):
+        if b.metric == "starts":
+            lines.append(
+                f"{b.point:30} {b.metric:24} {b.measured!s:>12} {b.simulated!s:>8} {a.simulated!s:>8}"
+            )
+            continue
+        lines.append(f"{b.point:30} {b.metric:24} {b.measured:12.4g} {b.signed:+8.1%} {a.signed:+8.1%}")
+    return lines
+
+
+def fit_report(result: FitResult, header: Sequence[str] = ()) -> str:
+    """The whole report as text (what `autotune calibrate` prints and writes next to the calibration)."""
+    before, after = class_medians(result.before), class_medians(result.after)
+    lines = [*header, ""]
+    lines.append(
+        f"fit: {len(result.free)} constants free, {result.evaluations} replays, {result.seconds:.1f} s"
+    )
+    lines += constants_table(result)
+    lines.append("")
+    lines.append(
+        "median |error| by class: " + ", ".join(f"{c} {before[c]:.1%} -> {after[c]:.1%}" for c in after)
+    )
+    unseen = ", ".join(result.unseen)
+    lines.append(f"stayed at their prior (no point depends on them): {unseen or 'none'}")
+    found = warnings(result)
+    if found:
+        lines.append("")
+        lines += [f"warning: {w}" for w in found]
+    lines.append("")
+    lines += points_table(result.before, result.after)
+    return "\n".join(lines) + "\n"

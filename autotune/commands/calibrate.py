@@ -1,0 +1,233 @@
+"""`autotune calibrate`: fit the simulator's constants to measurements, or print the built-in ones.
+
+    autotune calibrate --print-defaults > my.yaml             every constant, with unit, range, meaning
+    autotune calibrate --url http://host:8000 --gpu H100      the designed set on a running server
+    autotune calibrate --backend vllm --model M --gpu H100    the designed set on configs it launches
+    autotune calibrate --points measured.yaml                 refit earlier (or published) measurements
+
+It writes the fitted calibration (`-o FILE`, default runs/calibration-<what>/calibration.yaml), the
+report next to it (<stem>-report.txt) and, when it measured, the points (<stem>-points.yaml, refit
+with --points). Every input is checked before anything runs: a bad one is one line, exit 2, nothing
+written. `--sim-calibration FILE` starts (and pulls weakly toward) another calibration than the
+built-in one. The fitted file goes to `--sim-calibration` of run, bench and sim-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.sim.calibration import add_calibration_argument
+
+HELP = (
+    "Fit the simulator's constants to your GPU's measurements (a running server, launched configs, a file)."
+)
+DEFAULT_GPU_MINUTES = 10.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register `autotune calibrate` options."""
+    source = parser.add_argument_group("what to fit to (one of)")
+    source.add_argument(
+        "--print-defaults", action="store_true", help="print the built-in calibration as YAML"
+    )
+    source.add_argument(
+        "--points", metavar="FILE", help="measured points (benchmarks/fidelity_points.yaml's format)"
+    )
+    source.add_argument("--url", help="run the designed set on this running OpenAI-compatible server")
+    source.add_argument(
+        "--backend", choices=("vllm", "docker"), help="launch the configs the designed set needs"
+    )
+    server = parser.add_argument_group("the server")
+    server.add_argument(
+        "--model", help="the model (catalog name or config.json); --url: default the served one"
+    )
+    server.add_argument(
+        "--gpu", help="the GPU type the server runs on (e.g. H100); needed with --url/--backend"
+    )
+    server.add_argument(
+        "--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
+        help="a vLLM flag the server runs with (repeatable); --url: what /metrics does not say",
+    )  # fmt: skip
+    server.add_argument(
+        "--gpus", help="--backend: device ids (0,1) or a count; two or more add a TP=2 config"
+    )
+    server.add_argument("--serve-cmd", default="vllm serve", help="--backend vllm: the server command")
+    server.add_argument("--image", default="vllm/vllm-openai:latest", help="--backend docker: the image")
+    server.add_argument(
+        "--gpu-minutes", type=float, default=DEFAULT_GPU_MINUTES,
+        help=f"GPU time for the designed set's runs, as predicted (default {DEFAULT_GPU_MINUTES:g})",
+    )  # fmt: skip
+    fit = parser.add_argument_group("the fit")
+    fit.add_argument("--split", choices=("train", "validation"), help="--points: fit only this split")
+    add_calibration_argument(fit)
+    fit.add_argument("--prior-weight", type=float, default=0.1, help="pull toward the prior (default 0.1)")
+    fit.add_argument("--max-evaluations", type=int, default=30, help="least-squares evaluations (default 30)")
+    parser.add_argument("-o", "--output", metavar="FILE", help="where the calibration goes (must not exist)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the defaults, or measure (if asked), fit and write the calibration and its report."""
+    from autotune.sim.calibration import DEFAULT_CALIBRATION, calibration_option, calibration_yaml
+
+    if args.print_defaults:
+        header = (
+            "autotune simulator calibration: the built-in constants (autotune calibrate --print-defaults).\n"
+        )
+        header += "A file for --sim-calibration may name only some keys; the others keep these values."
+        print(calibration_yaml(DEFAULT_CALIBRATION, header), end="")
+        return 0
+    prior = calibration_option(args.sim_calibration)
+    job = _prepare(args)
+    say = (lambda line: None) if args.quiet else (lambda line: print(f"calibrate: {line}", file=sys.stderr))
+    return _fit_and_write(args, job, prior, say)
+
+
+def _prepare(args: argparse.Namespace) -> dict[str, Any]:
+    """Check every input before anything runs; the job's source, target and output paths."""
+    from autotune.calibrate.campaign import Target
+    from autotune.catalog.gpus import get_gpu
+    from autotune.commands.bench import parse_settings
+    from autotune.core.errors import AutotuneError
+
+    sources = [name for name in ("points", "url", "backend") if getattr(args, name)]
+    if len(sources) != 1:
+        raise AutotuneError(
+            "give one of --points FILE, --url URL or --backend vllm|docker (or --print-defaults)"
+        )
+    if not 0 < args.gpu_minutes <= 600:
+        raise AutotuneError(f"--gpu-minutes must be in (0, 600], got {args.gpu_minutes:g}")
+    if args.prior_weight <= 0 or args.max_evaluations < 1:
+        raise AutotuneError("--prior-weight must be > 0 and --max-evaluations >= 1")
+    job: dict[str, Any] = {"source": sources[0]}
+    if args.points:
+        from autotune.calibrate.points import load_points
+        from autotune.calibrate.rankings import unfitted_points
+
+        points = [p for p in load_points(args.points) if args.split in (None, p.get("split", "train"))]
+        unfitted = unfitted_points(args.points)  # sources marked `fitted: false` are reported, not fitted
+        points = [p for p in points if p["id"] not in unfitted]
+        if not points:
+            raise AutotuneError(f"points file {args.points}: no point in split {args.split}")
+        job["points"], job["name"] = points, Path(args.points).stem
+    else:
+        if not args.gpu:
+            raise AutotuneError("--gpu: which GPU the server runs on (e.g. H100)")
+        get_gpu(args.gpu)
+        job["target"] = Target(args.model, args.gpu, parse_settings(args.settings))
+        job["name"] = f"{(args.model or 'server').split('/')[-1]}-{args.gpu}".lower()
+        if args.model:
+            from autotune.catalog.models import get_model
+
+            get_model(args.model)
+    if args.url:
+        from autotune.calibrate.measure import probe_server
+
+        job["info"] = probe_server(args.url)
+    if args.backend:
+        job["backend"], job["gpu_ids"] = _backend(args)
+    job["output"] = _output(args, job["name"])
+    return job
+
+
+def _backend(args: argparse.Namespace) -> tuple[Any, list[int]]:
+    from autotune.backends.factory import make_backend
+    from autotune.core.inputs import check_gpus_text, serve_command
+    from autotune.dispatch.executor import parse_gpus
+
+    if not args.model:
+        from autotune.core.errors import AutotuneError
+
+        raise AutotuneError("--backend needs --model: the model to launch")
+    check_gpus_text(args.gpus)
+    backend = make_backend(args.backend, args.gpu, serve_cmd=serve_command(args.serve_cmd), image=args.image)
+    if hasattr(backend, "preflight"):
+        backend.preflight()
+    return backend, parse_gpus(args.gpus) or [0]
+
+
+def _output(args: argparse.Namespace, name: str) -> Path:
+    from autotune.core.errors import AutotuneError
+
+    path = (
+        Path(args.output)
+        if args.output
+        else Path("runs") / f"calibration-{re.sub(r'[^a-z0-9.]+', '-', name)}" / "calibration.yaml"
+    )
+    for target in (path, *_companions(path).values()):
+        if target.exists():
+            raise AutotuneError(f"{target} exists: pass another -o FILE (nothing is overwritten)")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise AutotuneError(f"cannot write {path}: {path.parent} is not a folder")
+    return path
+
+
+def _companions(path: Path) -> dict[str, Path]:
+    return {
+        "report": path.with_name(f"{path.stem}-report.txt"),
+        "points": path.with_name(f"{path.stem}-points.yaml"),
+    }
+
+
+def _fit_and_write(args: argparse.Namespace, job: dict[str, Any], prior: Any, say: Any) -> int:
+    from autotune.calibrate.fit import FitOptions, fit_calibration
+    from autotune.calibrate.points import points_yaml
+    from autotune.calibrate.report import fit_report
+    from autotune.core.atomic import atomic_write_text
+    from autotune.sim.calibration import calibration_yaml
+
+    output: Path = job["output"]
+    files = _companions(output)
+    header = [f"autotune calibrate ({time.strftime('%Y-%m-%d %H:%M')}): {_what(args, job)}"]
+    notes: list[str] = []
+    if job["source"] == "points":
+        points = job["points"]
+    else:
+        measured = _measure(args, job, prior, say)
+        points, notes = measured.points, measured.notes
+        header.append(
+            f"measured: {len(points)} points, {measured.gpu_seconds / 60:.2f} GPU-minutes of runs"
+            + (
+                f" + {measured.startup_seconds / 60:.2f} of server startup"
+                if measured.startup_seconds
+                else ""
+            )
+        )
+        output.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(files["points"], points_yaml(points, {"autotune-calibrate": " ".join(header)}))
+        say(f"measured points written to {files['points']}")
+    options = FitOptions(prior_weight=args.prior_weight, max_evaluations=args.max_evaluations)
+    result = fit_calibration(points, prior, options, say)
+    result.notes += notes
+    report = fit_report(result, header)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(files["report"], report)
+    atomic_write_text(
+        output, calibration_yaml(result.fitted, "\n".join([*header, f"report: {files['report'].name}"]))
+    )
+    print(report, end="")
+    print(f"calibration written to {output} (use it: --sim-calibration {output})", file=sys.stderr)
+    return 0
+
+
+def _measure(args: argparse.Namespace, job: dict[str, Any], prior: Any, say: Any) -> Any:
+    from autotune.calibrate.campaign import on_backend, on_url
+
+    if job["source"] == "url":
+        return on_url(job["info"], job["target"], args.gpu_minutes, prior, say)
+    return on_backend(job["backend"], job["target"], job["gpu_ids"], args.gpu_minutes, prior, say)
+
+
+def _what(args: argparse.Namespace, job: dict[str, Any]) -> str:
+    if job["source"] == "points":
+        return f"fitted to {args.points}" + (f" (split {args.split})" if args.split else "")
+    target = job["target"]
+    where = args.url if args.url else f"configs launched by the {args.backend} backend"
+    return (
+        f"fitted to the designed set on {where}; model {target.model or job['info'].model}, GPU {target.gpu}"
+    )
