@@ -55,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except AutotuneError as exc:
-        print(f"autotune {args.command}: error: {exc}", file=sys.stderr)
+        line = " ".join(str(exc).split("\n"))  # one line, even when a library's message had several
+        print(f"autotune {args.command}: error: {line}", file=sys.stderr)
         return int(getattr(exc, "exit_code", 2))
     except OSError as exc:
         # The environment failed (a full disk, a folder that went away): one line, not a traceback.

@@ -307,7 +307,8 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes]]] = [
 ]
 
 
-def _materialize(tmp: Path, files: dict[str, str | bytes]) -> None:
+def materialize(tmp: Path, files: dict[str, str | bytes]) -> None:
+    """Write the case's files under `tmp` (folders made as needed)."""
     for name, content in files.items():
         path = tmp / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -317,15 +318,16 @@ def _materialize(tmp: Path, files: dict[str, str | bytes]) -> None:
             path.write_text(content)
 
 
-@pytest.mark.parametrize(("argv", "files"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_one_line_exit_2_nothing_written(
+def assert_rejected(
     argv: list[str],
     files: dict[str, str | bytes],
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    _materialize(tmp_path, files)
+) -> str:
+    """Run the CLI in `tmp_path` on `argv`: exit 2, one error line on stderr (returned), nothing written
+    and no password shown."""
+    materialize(tmp_path, files)
     monkeypatch.chdir(tmp_path)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
@@ -337,11 +339,23 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
         code = main(args)
     except SystemExit as exc:  # argparse's own errors
         code = exc.code
-    assert code == 2
     out, err = capfd.readouterr()
     lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
     assert len(lines) == 1, err
     assert "error" in lines[0] and "Traceback" not in err
     assert "hunter2pass" not in out + err
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert after == before
+    return lines[0]
+
+
+@pytest.mark.parametrize(("argv", "files"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_nothing_written(
+    argv: list[str],
+    files: dict[str, str | bytes],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert_rejected(argv, files, tmp_path, capfd, monkeypatch)

@@ -176,7 +176,8 @@ def test_more_gpus_than_the_cluster_is_an_error() -> None:
 
 def test_parse_gpus() -> None:
     assert parse_gpus("3") == [0, 1, 2] and parse_gpus("2,5") == [2, 5] and parse_gpus(None) == []
-    for bad in ("0", "x", "1,1", "-1,2"):
+    assert parse_gpus("0") == [0]  # device 0, as CUDA_VISIBLE_DEVICES=0 (no GPUs at all runs nothing)
+    for bad in ("x", "1,1", "-1,2"):
         with pytest.raises(AutotuneError, match="bad --gpus"):
             parse_gpus(bad)
 

@@ -61,7 +61,7 @@ def test_vllm_yaml_config_file() -> None:
 def test_k8s_pod_spec_has_its_volumes_and_names_the_secret() -> None:
     spec = yaml.safe_load(render(CONFIG, "k8s", options=ExportOptions(secret="my-hf", secret_key="tok")))
     (container,) = spec["containers"]
-    assert container["image"] == "vllm/vllm-openai:latest"
+    assert container["image"] == "vllm/vllm-openai:v0.11.0"  # a pinned release, never latest
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
     assert container["env"][0]["valueFrom"]["secretKeyRef"] == {
         "name": "my-hf",

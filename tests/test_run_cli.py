@@ -34,7 +34,7 @@ SIM_SERVER = f"{sys.executable} -m autotune.cli sim-server"
         (["--gpus", "two"], "bad --gpus"),
         (["--objectives", "nope"], "objectives file not found"),
         (["--model", "meta-llama/Llama-3.1-70B-Instruct"], "use tensor parallelism (TP >= 2)"),
-        (["--target-rate", "0"], "--target-rate must be positive"),
+        (["--target-rate", "0"], "argument --target-rate: value must be positive"),
     ],
 )
 def test_bad_inputs_give_one_line_and_exit_2(
@@ -45,7 +45,11 @@ def test_bad_inputs_give_one_line_and_exit_2(
     malformed = tmp_path / "malformed.yaml"
     malformed.write_text("params: [unclosed\n")
     args = [a.format(bad_param=bad_param, malformed=malformed) for a in args]
-    assert main(["run", "--runs-dir", str(tmp_path / "runs"), *args]) == 2
+    try:
+        code = main(["run", "--runs-dir", str(tmp_path / "runs"), *args])
+    except SystemExit as exc:  # argparse's own (one-line) errors
+        code = exc.code
+    assert code == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
 

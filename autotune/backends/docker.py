@@ -24,7 +24,7 @@ from autotune.backends.server import (
     TrialLimits,
     server_session,
 )
-from autotune.core.config import EngineConfig
+from autotune.core.config import DEFAULT_IMAGE, EngineConfig
 from autotune.core.errors import AutotuneError
 from autotune.core.procs import pid_alive
 from autotune.core.secrets import scrub, scrub_args, secret_args
@@ -63,7 +63,7 @@ class DockerBackend(Backend):
     """
 
     gpu: str
-    image: str = "vllm/vllm-openai:latest"
+    image: str = DEFAULT_IMAGE
     startup_timeout_s: float = 600.0
     benchmark_timeout_s: float = 1800.0
     hf_cache: str | None = "~/.cache/huggingface"

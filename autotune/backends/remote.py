@@ -16,7 +16,8 @@ import httpx
 
 from autotune.backends.base import Workload
 from autotune.core.config import EngineConfig
-from autotune.core.errors import AutotuneError, FailureKind
+from autotune.core.errors import AutotuneError, FailureKind, one_line
+from autotune.core.secrets import masked
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo, goodput_bounds
 
@@ -31,14 +32,22 @@ class RemoteServer:
 
     def served_model(self) -> str:
         """The first model id of /v1/models; AutotuneError when the server does not answer."""
+        where = masked(self.base_url)
         try:
             response = httpx.get(self.base_url.rstrip("/") + "/v1/models", timeout=10.0)
-            response.raise_for_status()
-            models = response.json().get("data") or []
+            if response.is_error:
+                raise AutotuneError(
+                    f"no OpenAI-compatible server at {where}: GET /v1/models answered "
+                    f"{response.status_code} {response.reason_phrase}"
+                )
+            data = response.json()
         except (httpx.HTTPError, ValueError) as exc:
-            raise AutotuneError(f"no OpenAI-compatible server at {self.base_url}: {exc}") from exc
+            raise AutotuneError(f"no OpenAI-compatible server at {where}: {one_line(exc)}") from None
+        models = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(models, list) or not all(isinstance(m, dict) and "id" in m for m in models):
+            raise AutotuneError(f"no OpenAI-compatible server at {where}: /v1/models is not a model list")
         if not models:
-            raise AutotuneError(f"{self.base_url}/v1/models lists no model; pass --model")
+            raise AutotuneError(f"{where}/v1/models lists no model; pass --model")
         return str(models[0]["id"])
 
     def measure(

@@ -157,6 +157,11 @@ def known_gpus() -> list[str]:
     return [gpu.aliases[0] for gpu in _CATALOG]
 
 
+def known_gpus_text() -> str:
+    """The GPUs autotune knows, for --help."""
+    return f"known GPUs: {', '.join(known_gpus())}"
+
+
 def get_gpu(name: str | GpuSpec) -> GpuSpec:
     """A GPU by name or alias ("H100", "h100-80gb", "NVIDIA H100 80GB HBM3"); AutotuneError if unknown."""
     if isinstance(name, GpuSpec):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import AutotuneError
+from autotune.core.inputs import read_json
+from autotune.core.values import positive_int
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 
@@ -141,6 +142,14 @@ def known_models() -> list[str]:
     return [spec.name for spec in _CATALOG]
 
 
+def known_models_text() -> str:
+    """The models the simulator knows, for --help (not learnt only by typing a wrong name)."""
+    return (
+        f"simulated models: {', '.join(known_models())} (their -Instruct variants too), or a local folder "
+        "with a Hugging Face config.json; a real backend takes any model vLLM serves"
+    )
+
+
 def get_model(name_or_path: str) -> ModelSpec:
     """A model by HF id or short name, or from a local directory / config.json; AutotuneError if unknown."""
     path = Path(name_or_path).expanduser()
@@ -182,39 +191,40 @@ def _refuse_unmodelled(cfg: dict[str, Any], path: Path) -> None:
 
 
 def load_config_json(path: Path, name: str | None = None) -> ModelSpec:
-    """Build a ModelSpec from a Hugging Face config.json (Llama-like dense models)."""
-    try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AutotuneError(f"no config.json at {path}") from None
-    except (OSError, ValueError) as exc:
-        raise AutotuneError(f"cannot read model config {path}: {exc}") from None
+    """Build a ModelSpec from a Hugging Face config.json (Llama-like dense models); every shape must be
+    a whole number >= 1 (0 layers or a negative width is a broken file, not a model)."""
+    if not path.exists():
+        raise AutotuneError(f"no config.json at {path}")
+    cfg = read_json(path, "model config")
     if not isinstance(cfg, dict):
         raise AutotuneError(f"model config {path} is not a JSON object")
-    cfg = {**cfg.get("text_config", {}), **cfg}
+    text_config = cfg.get("text_config", {})
+    if not isinstance(text_config, dict):
+        raise AutotuneError(f"model config {path}: text_config must be a JSON object")
+    cfg = {**text_config, **cfg}
     _refuse_unmodelled(cfg, path)
-    try:
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        spec = ModelSpec(
-            name=name or str(path.parent),
-            num_layers=int(cfg["num_hidden_layers"]),
-            hidden_size=hidden,
-            num_attention_heads=heads,
-            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            intermediate_size=int(cfg["intermediate_size"]),
-            vocab_size=int(cfg["vocab_size"]),
-            max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
-            dtype_bytes=_DTYPE_BYTES.get(str(cfg.get("torch_dtype", "bfloat16")), 2),
-        )
-    except KeyError as exc:
-        raise AutotuneError(f"model config {path} lacks {exc.args[0]!r}") from None
-    except (TypeError, ValueError) as exc:
-        raise AutotuneError(f"model config {path} has a bad value: {exc}") from None
-    return spec
+
+    def shape(key: str, default: Any = None) -> int:
+        value = default if cfg.get(key) is None else cfg[key]
+        if value is None:
+            raise AutotuneError(f"model config {path} lacks {key!r}")
+        return positive_int(value, f"model config {path}: {key}")
+
+    heads, hidden = shape("num_attention_heads"), shape("hidden_size")
+    return ModelSpec(
+        name=name or str(path.parent),
+        num_layers=shape("num_hidden_layers"),
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=shape("num_key_value_heads", heads),
+        head_dim=shape("head_dim", hidden // heads),
+        intermediate_size=shape("intermediate_size"),
+        vocab_size=shape("vocab_size"),
+        max_position_embeddings=shape("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+        dtype_bytes=_DTYPE_BYTES.get(str(cfg.get("torch_dtype", "bfloat16")), 2),
+    )
 
 
 def load_model(name: str) -> ModelSpec:

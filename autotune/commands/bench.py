@@ -14,14 +14,18 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from autotune.commands.options import (
+    DEFAULT_SERVE_CMD,
     add_backend_option,
     add_config_options,
     add_seed_option,
     add_server_options,
     add_slo_option,
 )
-from autotune.core.config import ENGINE_FLAGS, EngineConfig, check_flags, parse_value
+from autotune.core import values
+from autotune.core.config import DEFAULT_IMAGE, ENGINE_FLAGS, EngineConfig, check_flags, parse_value
 from autotune.core.errors import AutotuneError
+from autotune.core.inputs import arg
+from autotune.core.secrets import masked
 from autotune.sim.calibration import calibration_option
 from autotune.sim.noise import noise_model
 
@@ -38,7 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `autotune bench` options."""
     add_backend_option(parser)
     parser.add_argument(
-        "--url", help="benchmark the OpenAI-compatible server already running there (nothing is launched)"
+        "--url",
+        type=arg(values.url),
+        help="benchmark the OpenAI-compatible server already running there (nothing is launched; the "
+        "options that launch one, --backend, --set, --space, --serve-cmd, --image, --startup-timeout and "
+        "--noise, do not apply)",
     )
     add_config_options(parser, url=True)
     parser.add_argument(
@@ -77,9 +85,10 @@ def run(args: argparse.Namespace) -> int:
 
     slos = parse_slos(args.slo)
     workload = load_workload(args.workload)
-    calibration = calibration_option(args.sim_calibration)
-    if args.url:
+    if args.url is not None:
+        _refuse_launch_options(args)
         return _bench_url(args, workload, slos)
+    calibration = calibration_option(args.sim_calibration)
     config, resolved, gpu = _config(args)
     from autotune.backends.factory import make_backend
     from autotune.catalog.models import known_max_model_len
@@ -105,15 +114,39 @@ def run(args: argparse.Namespace) -> int:
     )
 
 
+# What launches a server, as (option, its value in args, its default): none applies to --url.
+_LAUNCH_OPTIONS = (
+    ("--backend", "backend", "sim"),
+    ("--set", "settings", []),
+    ("--space", "space", "vllm"),
+    ("--serve-cmd", "serve_cmd", DEFAULT_SERVE_CMD),
+    ("--image", "image", DEFAULT_IMAGE),
+    ("--startup-timeout", "startup_timeout", None),
+    ("--noise", "noise", 0.0),
+    ("--sim-calibration", "sim_calibration", None),
+)
+
+
+def _refuse_launch_options(args: argparse.Namespace) -> None:
+    """--url measures a server as it runs: an option that would launch or configure one is an error,
+    not silently ignored."""
+    given = [flag for flag, name, default in _LAUNCH_OPTIONS if getattr(args, name) != default]
+    if given:
+        raise AutotuneError(
+            f"{', '.join(given)} cannot be used with --url: the server there is already running with its "
+            "own flags (nothing is launched)"
+        )
+
+
 def _bench_url(args: argparse.Namespace, workload: WorkloadSpec, slos: list[Slo]) -> int:
     from autotune.backends.remote import RemoteServer
 
     server = RemoteServer(args.url)
     model = args.model or server.served_model()
-    config = EngineConfig(model=model).replace(**parse_settings(args.settings))
+    config = EngineConfig(model=model)
     result = server.measure(config, workload, slos, args.seed)
-    head = {"backend": "url", "server": args.url, "model_id": model, "gpu": args.gpu or "unknown"}
-    # The server's own flags are not autotune's to know: only what --set claims is shown.
+    head = {"backend": "url", "server": masked(args.url), "model_id": model, "gpu": args.gpu or "unknown"}
+    # The server's own flags are not autotune's to know.
     return _print(
         args,
         result,

@@ -26,9 +26,10 @@ def run(args: argparse.Namespace) -> int:
     from autotune.store.urls import run_storage
 
     info = load_run(args.run_dir)
-    _write_note(info)
+    storage = run_storage(info)  # resolved against the run folder, wherever the command runs from
+    _write_note(info, storage)
     try:
-        server = start_dashboard(run_storage(info), port=args.port)
+        server = start_dashboard(storage, port=args.port)
     except OSError as exc:
         raise AutotuneError(f"cannot listen on 127.0.0.1:{args.port}: {exc.strerror or exc}") from exc
     print(f"optuna-dashboard for study {info.study}: {server.url}", flush=True)
@@ -42,16 +43,22 @@ def run(args: argparse.Namespace) -> int:
         server.stop()
 
 
-def _write_note(info: Any) -> None:
+def _write_note(info: Any, storage: str | None = None) -> None:
     """Refresh the study's note and feasibility figure (a study from before they existed gets them)."""
     import optuna
 
     from autotune.core.errors import AutotuneError
+    from autotune.core.secrets import masked
     from autotune.outputs.dashboard import StudyNote
+    from autotune.store.storage import storage_error
+    from autotune.store.urls import run_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = storage or run_storage(info)
     try:
-        study = optuna.load_study(study_name=info.study, storage=info.storage)
+        study = optuna.load_study(study_name=info.study, storage=storage)
     except Exception as exc:  # noqa: BLE001  (missing study or unreachable storage)
-        raise AutotuneError(f"cannot open study {info.study!r} in {info.storage}: {exc}") from exc
+        raise AutotuneError(
+            f"cannot open study {info.study!r} in {masked(storage)}: {storage_error(exc)}"
+        ) from None
     StudyNote(study, info.meta).update(force=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from autotune.core.config import VLLM_RELEASE
+
 HELP = (
     "Print a run's recommended (or any) config as flags, a command, docker run, vLLM YAML, a k8s pod spec "
     "or production-stack Helm values."
@@ -13,17 +15,34 @@ HELP = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `autotune export` options."""
+    from autotune.core.inputs import arg
+    from autotune.outputs import export
     from autotune.outputs.export import FORMATS
 
     parser.add_argument("run_dir", metavar="RUN", help="a run folder, e.g. runs/<study>")
     parser.add_argument("--trial", type=int, help="trial number (default: the recommended config)")
     parser.add_argument("--format", default="cmd", choices=FORMATS, help="output format (default cmd)")
-    parser.add_argument("--tag", default="latest", help="vllm/vllm-openai image tag for docker, k8s, helm")
+    parser.add_argument(
+        "--tag",
+        default=f"v{VLLM_RELEASE}",
+        help=f"vllm/vllm-openai image tag for docker, k8s, helm (default v{VLLM_RELEASE}, the vLLM release "
+        "autotune follows)",
+    )
     parser.add_argument(
         "--image", help="container image (default: the one the run was tuned with, else vllm/vllm-openai:TAG)"
     )
-    parser.add_argument("--secret", default="hf-token", help="k8s/helm: the Secret holding HF_TOKEN")
-    parser.add_argument("--secret-key", default="token", help="k8s/helm: the key of HF_TOKEN in that Secret")
+    parser.add_argument(
+        "--secret",
+        type=arg(export.secret_name),
+        default="hf-token",
+        help="k8s/helm: the Secret holding HF_TOKEN",
+    )
+    parser.add_argument(
+        "--secret-key",
+        type=arg(export.secret_key),
+        default="token",
+        help="k8s/helm: the key of HF_TOKEN in that Secret",
+    )
     parser.add_argument("--replicas", type=int, default=1, help="helm: replicaCount (default 1)")
 
 

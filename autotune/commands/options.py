@@ -11,13 +11,15 @@ from __future__ import annotations
 import argparse
 
 from autotune.backends.factory import BACKENDS
-from autotune.core.inputs import add_startup_timeout
+from autotune.catalog import known_gpus_text, known_models_text
+from autotune.core import values
+from autotune.core.config import DEFAULT_IMAGE
+from autotune.core.inputs import add_startup_timeout, arg
 from autotune.sim.calibration import add_calibration_argument
 from autotune.sim.noise import add_noise_argument
 
 Parser = argparse.ArgumentParser | argparse._ArgumentGroup
 DEFAULT_SERVE_CMD = "vllm serve"
-DEFAULT_IMAGE = "vllm/vllm-openai:latest"
 
 
 def add_config_options(parser: Parser, url: bool = False) -> None:
@@ -30,11 +32,16 @@ def add_config_options(parser: Parser, url: bool = False) -> None:
     )
     on_url = "; with --url: the server's first model" if url else ""
     parser.add_argument(
-        "--model", help=f"override the space's model (default meta-llama/Llama-3.1-8B-Instruct{on_url})"
+        "--model",
+        type=arg(values.text),
+        help=f"override the space's model (default meta-llama/Llama-3.1-8B-Instruct{on_url}); "
+        f"{known_models_text()}",
     )
     as_label = "; with --url: only a label in the output" if url else ""
     parser.add_argument(
-        "--gpu", help=f"override the space's GPU type (default H100; sim: one of its catalog's{as_label})"
+        "--gpu",
+        type=arg(values.text),
+        help=f"override the space's GPU type (default H100{as_label}); {known_gpus_text()}",
     )
     parser.add_argument("--workload", default="chat", help="workload YAML (or a name in workloads/)")
 
@@ -46,7 +53,7 @@ def add_slo_option(parser: Parser, text: str) -> None:
 
 def add_seed_option(parser: Parser, text: str) -> None:
     """--seed; `text` says what it seeds."""
-    parser.add_argument("--seed", type=int, default=0, help=text)
+    parser.add_argument("--seed", type=arg(values.seed), default=0, help=f"{text}; 0 to 2**32-1")
 
 
 def add_backend_option(parser: Parser) -> None:
@@ -70,6 +77,10 @@ def add_server_options(parser: Parser) -> None:
         help=f"vllm backend: the server command (default '{DEFAULT_SERVE_CMD}'; 'autotune sim-server' "
         "needs no GPU)",
     )
-    parser.add_argument("--image", default=DEFAULT_IMAGE, help="docker backend: the image")
+    parser.add_argument(
+        "--image",
+        default=DEFAULT_IMAGE,
+        help=f"docker backend: the image (default {DEFAULT_IMAGE}, the vLLM release autotune follows)",
+    )
     add_noise_argument(parser)
     add_calibration_argument(parser)

@@ -16,7 +16,8 @@ from autotune.commands.options import (
     add_server_options,
     add_slo_option,
 )
-from autotune.core.inputs import positive_seconds
+from autotune.core import values
+from autotune.core.inputs import arg, positive_seconds
 from autotune.sim.noise import noise_model
 
 if TYPE_CHECKING:  # the modules a run needs are imported when it starts (`--help` stays quick)
@@ -45,8 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slo_option(what, "e.g. ttft_p99=2s,itl_p99=50ms (repeatable)")
     what.add_argument("--objectives", default="default", help="objectives YAML (or a name in objectives/)")
     study = parser.add_argument_group("study")
-    study.add_argument("--study", help="study name (default: from model, GPU and workload)")
-    study.add_argument("--storage", help="Optuna storage URL (default: sqlite in runs/<study>/study.db)")
+    study.add_argument(
+        "--study", type=arg(values.file_name), help="study name (default: from model, GPU and workload)"
+    )
+    study.add_argument(
+        "--storage",
+        type=arg(values.text),
+        help="Optuna storage URL (default: sqlite in runs/<study>/study.db)",
+    )
     study.add_argument("--runs-dir", default="runs", help="where run folders go (default: runs)")
     study.add_argument("--resume", action="store_true", help="continue an existing study to --n-trials")
     study.add_argument(
@@ -71,8 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_backend_option(where)
     where.add_argument(
         "--gpus",
-        help="GPUs to use: a count (4) or device ids (0,1,2,3); virtual ones for the simulator "
-        "(--backend sim, or --serve-cmd 'autotune sim-server')",
+        help="GPUs to use: a count (4) or device ids (0,1,2,3; 0 alone is device 0); virtual ones for the "
+        "simulator (--backend sim, or --serve-cmd 'autotune sim-server')",
     )
     where.add_argument("--parallel", type=int, default=1, help="sim: trials at once on CPU slots (default 1)")
     where.add_argument("--ray-address", help="join an existing Ray cluster instead of starting one")
@@ -89,9 +96,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     cost = parser.add_argument_group("deployment cost (report)")
     cost.add_argument(
-        "--target-rate", type=float, help="req/s to serve: replicas and GPUs of the recommendation for it"
+        "--target-rate",
+        type=arg(values.positive_number),
+        help="req/s to serve: replicas and GPUs of the recommendation for it",
     )
-    cost.add_argument("--gpu-price", type=float, help="$ per GPU-hour: $/Mtok of the recommendation")
+    cost.add_argument(
+        "--gpu-price", type=arg(values.positive_number), help="$ per GPU-hour: $/Mtok of the recommendation"
+    )
     parser.add_argument("--dashboard", action="store_true", help="serve optuna-dashboard during the run")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
 
@@ -104,13 +115,8 @@ def run(args: argparse.Namespace) -> int:
         raise AutotuneError("--n-trials must be at least 1")
     if not 1 <= args.parallel <= MAX_PARALLEL:
         raise AutotuneError(f"--parallel must be between 1 and {MAX_PARALLEL}")
-    if args.seed < 0:
-        raise AutotuneError("--seed must be >= 0")
     if args.repeats < 0:
         raise AutotuneError("--repeats must be at least 0")
-    for name in ("target_rate", "gpu_price"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            raise AutotuneError(f"--{name.replace('_', '-')} must be positive")
     setup = _prepare(args)
     return _execute(args, setup)
 
@@ -137,7 +143,6 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.backends.factory import make_backend
     from autotune.catalog.gpus import get_gpu
     from autotune.catalog.models import known_max_model_len
-    from autotune.core.errors import AutotuneError
     from autotune.core.inputs import check_gpus_text, check_runs_dir, serve_command
     from autotune.dispatch.executor import parse_gpus
     from autotune.measure.slo import parse_slos
@@ -145,8 +150,14 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.store.storage import check_sqlite_file, preflight_storage
     from autotune.store.urls import absolute
     from autotune.tune.objectives import load_objectives
+    from autotune.tune.screen import check_tensor_parallel
     from autotune.tune.space import load_space
-    from autotune.tune.study import check_not_driven, default_study_name, sqlite_url
+    from autotune.tune.study import sqlite_url
+    from autotune.tune.study_checks import (
+        check_not_driven,
+        check_results_kept,
+        default_study_name,
+    )
     from autotune.workloads.files import load_workload
     from autotune.workloads.spec import check_fits
 
@@ -164,7 +175,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     max_pos = known_max_model_len(space.model, None, args.backend)
     check_fits(workload, args.seed, space.largest("max_model_len") or max_pos)
     check_gpus_text(args.gpus)
-    _check_tp_fits(space)
+    check_tensor_parallel(space)
     gpu_ids = parse_gpus(args.gpus)
     backend = make_backend(
         args.backend,
@@ -177,9 +188,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     )
     if hasattr(backend, "preflight"):
         backend.preflight()
-    name = args.study or default_study_name(space.model, space.gpu, workload.name)
-    if not all(c.isalnum() or c in "-_." for c in name) or name.strip(".") == "":
-        raise AutotuneError(f"bad --study {name!r}: use letters, digits, '-', '_' and '.'")
+    name = args.study or default_study_name(space.model, space.gpu, workload.name, [str(x) for x in slos])
     run_dir = Path(args.runs_dir) / name
     storage = absolute(args.storage) if args.storage else sqlite_url(run_dir)
     if args.storage:
@@ -187,6 +196,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     if args.resume:
         check_sqlite_file(storage, resume=True)
         check_not_driven(name, storage)
+    check_results_kept(name, storage, run_dir)
     return _Setup(
         space,
         objectives,
@@ -224,21 +234,6 @@ def _untuned_for(space: SearchSpace, workload: WorkloadSpec) -> tuple[SearchSpac
     return space.fix(name, default), note
 
 
-def _check_tp_fits(space: SearchSpace) -> None:
-    """A model whose weights do not fit the space's largest TP: one clear error, not N startup failures."""
-    from autotune.core.errors import AutotuneError
-    from autotune.tune.screen import required_tp
-
-    tp_param = next((p for p in space.params if p.name == "tensor_parallel_size"), None)
-    largest = max(tp_param.grid_values()) if tp_param else int(space.fixed.get("tensor_parallel_size", 1))
-    needed = required_tp(space.model, space.gpu, largest)
-    if needed is not None:
-        raise AutotuneError(
-            f"{space.model} does not fit on one {space.gpu} at tensor_parallel_size {largest}: use tensor "
-            f"parallelism (TP >= {needed}), e.g. --space tp"
-        )
-
-
 def _execute(args: argparse.Namespace, s: _Setup) -> int:
     from autotune.commands.run_executor import open_executor
     from autotune.core.errors import RunFailure
@@ -259,7 +254,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     )
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
 
-    executor, owns_ray = open_executor(args, s)  # Ray's start (if any) first: it has its SIGTERM handler
+    executor, session = open_executor(args, s)  # Ray's start (if any) first: it has its SIGTERM handler
     try:
         with sigterm_as_ctrl_c():
             try:
@@ -269,10 +264,8 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
                     f"the storage failed: {storage_error(exc)}; once fixed, {run_end.RESUME_HINT}"
                 ) from None
     finally:
-        if owns_ray:
-            import ray
-
-            ray.shutdown()
+        if session is not None:
+            session.close()
 
 
 def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, executor: Any) -> int:
@@ -281,7 +274,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
     from autotune.dispatch.ray_cluster import ClusterLost
     from autotune.outputs.dashboard import StudyNote
     from autotune.outputs.export import RunInfo
-    from autotune.store.lease import Lease
+    from autotune.store.lease import Lease, new_driver
     from autotune.store.urls import for_run_file
     from autotune.tune.progress import Progress
     from autotune.tune.screen import describe, make_screen
@@ -292,8 +285,9 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
     # half-made study that asks for --resume.
     s.run_dir.mkdir(parents=True, exist_ok=True)
     baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
-    study = start_study(s.study_name, s.storage, settings, sampler, args.resume, baseline, s.run_dir)
-    lease = Lease(study).start()
+    driver = new_driver()
+    study = start_study(s.study_name, s.storage, settings, sampler, args.resume, baseline, s.run_dir, driver)
+    lease = Lease(study, driver=driver).start()
     dashboard, note, context = None, None, {}
     try:
         RunInfo(study=s.study_name, storage=for_run_file(s.storage, s.run_dir), directory=s.run_dir).save(

@@ -11,8 +11,8 @@ SIM_TRIAL_TIMEOUT_S = 600.0
 REAL_TRIAL_TIMEOUT_S = 2700.0
 
 
-def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, bool]:
-    """(executor, whether this run started or joined Ray) for the checked inputs `s` (run._Setup): in
+def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, Any]:
+    """(executor, the RaySession to close, None without one) for the checked inputs `s` (run._Setup): in
     process for a small simulated run (no
     Ray start, no Ray notices), else Ray tasks on a local cluster or the one at --ray-address."""
     from autotune.core.errors import AutotuneError
@@ -22,7 +22,7 @@ def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, bool]:
 
     sim = args.backend == "sim"
     if sim and args.parallel == 1 and not s.gpu_ids and not args.ray_address:
-        return LocalExecutor(s.backend, s.workload, s.slos), False
+        return LocalExecutor(s.backend, s.workload, s.slos), None
     if args.ray_address and args.gpus and "," in args.gpus:
         raise AutotuneError(
             "--gpus with device ids picks devices of this machine; on a Ray cluster Ray assigns them: "
@@ -34,7 +34,7 @@ def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, bool]:
         fake_gpus = len(s.gpu_ids) or 1
     # A local cluster sees only the --gpus devices (a count N: devices 0..N-1), so Ray assigns those.
     devices = (s.gpu_ids or None) if uses_gpus else None
-    owns_ray = start_ray(args.ray_address, max(args.parallel, 1), fake_gpus, devices)
+    session = start_ray(args.ray_address, max(args.parallel, 1), fake_gpus, devices)
     timeout = args.trial_timeout or (SIM_TRIAL_TIMEOUT_S if sim else REAL_TRIAL_TIMEOUT_S)
     if s.workload.load == "capacity":
         from autotune.trial.capacity import MAX_PROBES, MAX_WINDOWS
@@ -54,9 +54,7 @@ def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, bool]:
         if uses_gpus and executor.capacity == 0:
             raise AutotuneError(f"the {args.backend} backend needs GPUs and the Ray cluster has none")
     except BaseException:
-        if owns_ray:
-            import ray
-
-            ray.shutdown()
+        if session is not None:
+            session.close()
         raise
-    return executor, owns_ray
+    return executor, session

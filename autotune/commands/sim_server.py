@@ -10,17 +10,22 @@ from __future__ import annotations
 import argparse
 import os
 
-from autotune.core.inputs import port_number
+from autotune.catalog import known_gpus_text, known_models_text
+from autotune.core import values
+from autotune.core.inputs import arg, port_number
 from autotune.sim.calibration import add_calibration_argument
 
 HELP = "Serve the simulated vLLM engine as an OpenAI-compatible server (takes vllm serve's flags)."
 
 DEFAULT_GPU = "H100"
+MAX_DELAY_S = 86_400.0  # a startup delay past a day is a typo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `vllm serve`'s tuned flags plus the server and fault-injection options."""
-    parser.add_argument("model_tag", nargs="?", help="the model (as `vllm serve MODEL`)")
+    parser.add_argument(
+        "model_tag", nargs="?", help=f"the model (as `vllm serve MODEL`); {known_models_text()}"
+    )
     parser.add_argument("--model", dest="model_flag", help="the model (alternative to the positional)")
     parser.add_argument("--max-num-seqs", type=int)
     parser.add_argument("--max-num-batched-tokens", type=int)
@@ -39,30 +44,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ignored.add_argument(flag, action="store_true")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=port_number, default=8000)
-    parser.add_argument("--gpu", default=None, help="simulated GPU (default: $AUTOTUNE_SIM_GPU or H100)")
+    parser.add_argument(
+        "--gpu", default=None, help=f"simulated GPU (default: $AUTOTUNE_SIM_GPU or H100); {known_gpus_text()}"
+    )
     add_calibration_argument(parser)
     parser.add_argument(
         "--time-scale",
-        type=_time_scale,
+        type=arg(values.finite_number, 1.0, 1000.0),
         default=1.0,
         metavar="X",
-        help="run the simulated clock X times faster than real time (default 1): every latency a client "
-        "sees is divided by X, /metrics says X (autotune:sim_time_scale); for tests and calibration runs",
+        help="run the simulated clock X times faster than real time (1 to 1000, default 1): every latency "
+        "a client sees is divided by X, /metrics says X (autotune:sim_time_scale); for tests and calibration",
     )
     parser.add_argument(
-        "--max-request-bytes", type=int, default=None, metavar="N", help="larger request bodies get 413"
+        "--max-request-bytes",
+        type=arg(values.positive_int),
+        default=None,
+        metavar="N",
+        help="larger request bodies get 413",
     )
     parser.add_argument(
-        "--request-read-timeout", type=float, default=None, metavar="S",
+        "--request-read-timeout", type=arg(values.positive_number), default=None, metavar="S",
         help="a request not read whole within S seconds of its first byte gets 408",
     )  # fmt: skip
     faults = parser.add_argument_group("fault injection (tests)")
     faults.add_argument(
-        "--startup-delay", type=float, default=0.0, metavar="S", help="seconds before serving"
+        "--startup-delay",
+        type=arg(values.finite_number, 0.0, MAX_DELAY_S),
+        default=0.0,
+        metavar="S",
+        help="seconds before serving",
     )
-    faults.add_argument("--die-after", type=int, metavar="N", help="exit abruptly once N requests started")
     faults.add_argument(
-        "--hang-after", type=int, metavar="N", help="stop producing tokens and answering /health"
+        "--die-after",
+        type=arg(values.positive_int),
+        metavar="N",
+        help="exit abruptly once N requests started",
+    )
+    faults.add_argument(
+        "--hang-after",
+        type=arg(values.positive_int),
+        metavar="N",
+        help="stop producing tokens and answering /health",
     )
     faults.add_argument(
         "--debug-timings", action="store_true", help="serve GET /debug/requests (exact server-side timings)"
@@ -72,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Build the engine config from the flags and serve; exit 1 when the engine refuses the config."""
     from autotune.catalog.gpus import get_gpu
-    from autotune.core.config import ENGINE_FLAGS, EngineConfig
+    from autotune.core.config import ENGINE_FLAGS, EngineConfig, check_flags
     from autotune.core.errors import AutotuneError
     from autotune.sim.calibration import calibration_option
     from autotune.sim_server.server import ServerOptions, serve
@@ -80,8 +103,9 @@ def run(args: argparse.Namespace) -> int:
     model = args.model_flag or args.model_tag
     if not model:
         raise AutotuneError("sim-server needs a model: autotune sim-server MODEL [flags]")
-    values = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
-    config = EngineConfig(model=model).replace(**values)
+    flags = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
+    check_flags(flags, "bad flag")  # what vLLM's own argument checks refuse: one line, not a traceback
+    config = EngineConfig(model=model).replace(**flags)
     gpu = args.gpu or os.environ.get("AUTOTUNE_SIM_GPU") or DEFAULT_GPU
     get_gpu(gpu)  # an unknown GPU is a usage error (one line), not a server that logs and then dies
     calibration = calibration_option(args.sim_calibration)
@@ -99,17 +123,6 @@ def run(args: argparse.Namespace) -> int:
         **_limits(args),
     )
     return serve(config, options)
-
-
-def _time_scale(text: str) -> float:
-    """argparse type: a finite factor >= 1 (the simulated clock never runs slower than real time)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 1.0 <= value <= 1000.0:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 1000, got {text!r}")
-    return value
 
 
 def _limits(args: argparse.Namespace) -> dict[str, int | float]:

@@ -7,8 +7,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.core import values
 from autotune.core.errors import AutotuneError
 
+# The vLLM release whose flags, checks and behaviour autotune follows; the docker backend and the export
+# default to its image (a pinned tag: `latest` moves under a tuned config).
+VLLM_RELEASE = "0.11.0"
+VLLM_IMAGE = "vllm/vllm-openai"
+DEFAULT_IMAGE = f"{VLLM_IMAGE}:v{VLLM_RELEASE}"
 # vLLM's batch defaults (vllm/engine/arg_utils.py get_batch_defaults, OpenAI API server usage context).
 LARGE_GPU_MIN_GIB = 70
 LARGE_GPU_DEFAULTS = (1024, 8192)  # (max_num_seqs, max_num_batched_tokens) on >= 70 GiB GPUs but A100
@@ -141,17 +147,28 @@ POSITIVE_INT_FLAGS = (
     "block_size",
     "max_model_len",
 )
+# Past an int32 no count is a setting: vLLM keeps sequence lengths, block tables and token positions in
+# int32 tensors (and 2**63 sequences or a 10**15-token budget only end in an allocation error).
+MAX_FLAG_INT = 2**31 - 1
+# vLLM's --block-size and --kv-cache-dtype choices (vllm/config/cache.py, BlockSize and CacheDType;
+# the KV dtypes are those the simulator models: auto is the model's dtype, fp8 variants one byte).
+BLOCK_SIZE_CHOICES = (1, 8, 16, 32, 64, 128, 256)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+_SCALARS = (str, int, float, bool)
 
 
 def flag_problem(name: str, value: Any) -> str | None:
     """Why `value` cannot be vLLM's `name` flag (as `vllm serve` would refuse it), or None when it can.
 
-    Only the flags autotune models are checked in depth; any other flag just needs a finite value.
+    Only the flags autotune models are checked in depth; any other flag needs a finite scalar value (or
+    a flat list of them, as for nargs="+" flags): a mapping or null is never a command-line value.
     """
-    shown = f"{name}={value!r}"
+    shown = f"{name}={values.shown(value)}"
     if name in POSITIVE_INT_FLAGS:
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            return f"{shown}: expected a whole number >= 1"
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_FLAG_INT:
+            return f"{shown}: expected a whole number from 1 to {MAX_FLAG_INT:,}"
+        if name == "block_size" and value not in BLOCK_SIZE_CHOICES:
+            return f"{shown}: vLLM's block sizes are {', '.join(map(str, BLOCK_SIZE_CHOICES))}"
     elif name == "gpu_memory_utilization":
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not number or not math.isfinite(value) or not 0 < value <= 1:
@@ -160,10 +177,14 @@ def flag_problem(name: str, value: Any) -> str | None:
         if not isinstance(value, bool):
             return f"{shown}: expected true or false"
     elif name == "kv_cache_dtype":
-        if not isinstance(value, str) or not value:
-            return f"{shown}: expected a dtype name such as auto or fp8"
-    elif isinstance(value, float) and not math.isfinite(value):
-        return f"{shown}: expected a finite number"
+        if value not in KV_CACHE_DTYPES:
+            return f"{shown}: expected one of {', '.join(KV_CACHE_DTYPES)}"
+    else:
+        items = value if isinstance(value, list) and value else [value]
+        if not all(isinstance(v, _SCALARS) for v in items):
+            return f"{shown}: expected a value (text, a number, true/false) or a list of them"
+        if any(isinstance(v, float) and not math.isfinite(v) for v in items):
+            return f"{shown}: expected a finite number"
     return None
 
 

@@ -7,6 +7,12 @@ class AutotuneError(Exception):
     """A user-facing error (bad input, missing file, unknown model...). Its message is one line."""
 
 
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception as one line of an error message: its first line (else its type), cut at `limit`."""
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:limit]
+
+
 class EngineStartupError(Exception):
     """The engine refused to start with this config; the message is vLLM's own (verbatim)."""
 

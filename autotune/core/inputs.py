@@ -7,29 +7,49 @@ the leftovers of a rejected one.
 from __future__ import annotations
 
 import argparse
-import math
+import json
 import os
 import shlex
+import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from autotune.core.errors import AutotuneError
+from autotune.core.values import positive_number
+
+T = TypeVar("T")
 
 # More GPUs than any node has: a count above this is a typo, not a cluster (and range(10**9) is 8 GB).
 MAX_GPUS = 4096
+# User files read whole (YAML, run.json, config.json): larger ones are not what autotune asks for.
+MAX_CONFIG_BYTES = 16 * 1024**2
+# Data files (a trace CSV, a JSONL of prompts): a million long prompts fit.
+MAX_DATA_BYTES = 4 * 1024**3
+# Nesting and size of what a user file parses to (aliases expanded): no autotune schema comes close.
+MAX_DEPTH = 64
+MAX_VALUES = 1_000_000
 # Defaults of the real backends' startup limit (vLLM loading a 70B model from a cold cache).
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 
 
+def arg(check: Callable[..., T], *bounds: Any) -> Callable[[str], T]:
+    """An argparse type from a checker of autotune.core.values (`arg(values.seed)`): the checker's
+    AutotuneError becomes argparse's one-line usage error (exit 2) before anything starts."""
+
+    def convert(text: str) -> T:
+        try:
+            return check(text, "value", *bounds)
+        except AutotuneError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = check.__name__  # argparse names the type in its messages
+    return convert
+
+
 def positive_seconds(text: str) -> float:
     """argparse type: a finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
+    return arg(positive_number)(text)
 
 
 def add_startup_timeout(parser: argparse.ArgumentParser | Any) -> None:
@@ -77,23 +97,89 @@ def check_runs_dir(path: Path) -> None:
         raise AutotuneError(f"bad --runs-dir {str(path)!r}: {existing} is not writable")
 
 
-def read_yaml(path: Path, what: str) -> Any:
-    """Parse a user's YAML file; unreadable, binary or malformed: one AutotuneError line."""
-    import yaml
-
+def regular_file(path: Path, what: str, max_bytes: int = MAX_CONFIG_BYTES) -> None:
+    """AutotuneError unless `path` is a regular file of at most `max_bytes`: a FIFO would never end
+    and /dev/zero never stop filling memory."""
     try:
-        text = path.read_text(encoding="utf-8")
+        info = path.stat()
+    except OSError as exc:
+        raise AutotuneError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise AutotuneError(f"{what} {path} is not a regular file (a folder, a FIFO or a device?)")
+    if info.st_size > max_bytes:
+        raise AutotuneError(f"{what} {path} is {info.st_size:,} bytes: at most {max_bytes:,}")
+
+
+def read_text(path: Path, what: str, max_bytes: int = MAX_CONFIG_BYTES) -> str:
+    """A user's text file, whole (`regular_file`, UTF-8); anything else is one AutotuneError line."""
+    regular_file(path, what, max_bytes)
+    try:
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise AutotuneError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise AutotuneError(f"{what} {path}: not a text (UTF-8) YAML file") from None
+        raise AutotuneError(f"{what} {path}: not a text (UTF-8) file") from None
+
+
+def read_yaml(path: Path, what: str) -> Any:
+    """Parse a user's YAML file; unreadable, binary, malformed, nested too deep or too large once its
+    aliases are expanded (an alias bomb): one AutotuneError line."""
+    import yaml
+
+    text = read_text(path, what)
     try:
-        return yaml.safe_load(text)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or type(exc).__name__
         raise AutotuneError(f"malformed YAML in {what} {path}{where}: {problem}") from None
+    except RecursionError:
+        raise AutotuneError(f"{what} {path}: nested more than {MAX_DEPTH} levels deep") from None
+    check_structure(data, f"{what} {path}")
+    return data
+
+
+def read_json(path: Path, what: str, max_bytes: int = MAX_CONFIG_BYTES) -> Any:
+    """A user's JSON file (run.json, a model's config.json), checked as `parse_json` does."""
+    return parse_json(read_text(path, what, max_bytes), f"{what} {path}")
+
+
+def parse_json(text: str, where: str) -> Any:
+    """JSON text -> data; malformed, nested too deep or too large: one AutotuneError line."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise AutotuneError(f"{where}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
+    except RecursionError:
+        raise AutotuneError(f"{where}: nested more than {MAX_DEPTH} levels deep") from None
+    check_structure(data, where)
+    return data
+
+
+def check_structure(data: Any, where: str) -> None:
+    """What a user file parsed to: at most MAX_DEPTH levels and MAX_VALUES values counted with their
+    aliases expanded (as every later step sees them), and text keys in every mapping.
+
+    Walked iteratively with those budgets, so a self-referencing alias or a billion-laughs file ends
+    here, not in a RecursionError or MemoryError later.
+    """
+    stack = [(data, 1)]
+    seen = 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise AutotuneError(f"{where}: more than {MAX_VALUES:,} values (aliases expanded)")
+        if depth > MAX_DEPTH:
+            raise AutotuneError(f"{where}: nested more than {MAX_DEPTH} levels deep")
+        if isinstance(node, dict):
+            bad = next((k for k in node if not isinstance(k, str)), None)
+            if bad is not None:
+                raise AutotuneError(f"{where}: key {bad!r} is not a name (keys are text)")
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
 
 
 def port_number(text: str) -> int:

@@ -8,8 +8,15 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
-# scheme://user:password@host: the password is what lies between ':' and the last '@' of the authority.
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^/\s:@]*:)(?P<password>[^\s/@]*)(?=@)")
+# scheme://user:password@host: the password runs from the user's ':' to the last '@' before a space, so
+# a password with '/' or '@' in it is hidden whole (a path with an '@' in it is hidden too: better more).
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^/\s:@]*:)(?P<password>\S*?)(?=@[^\s@]*(?:\s|$))")
+# ?password=... (libpq and SQLAlchemy take connection parameters in the query) and other secret parameters.
+_SECRET_PARAM = re.compile(
+    r"(?P<head>[?&](?:password|passwd|pwd|sslpassword|secret|token|access_token|api_key|apikey)=)"
+    r"(?P<value>[^&#\s]*)",
+    re.IGNORECASE,
+)
 
 # Environment variables whose values are secrets (HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY...).
 _SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
@@ -70,10 +77,16 @@ def scrub_args(args: Sequence[str]) -> list[str]:
 
 
 def masked(text: str) -> str:
-    """`text` with the password of every URL in it replaced by ***."""
-    return _URL_PASSWORD.sub(lambda m: m["head"] + "***" if m["password"] else m[0], text)
+    """`text` with the password of every URL in it, and its secret query parameters, replaced by ***."""
+    text = _URL_PASSWORD.sub(lambda m: m["head"] + "***" if m["password"] else m[0], text)
+    return _SECRET_PARAM.sub(lambda m: m["head"] + "***" if m["value"] else m[0], text)
 
 
 def without_password(url: str) -> str:
-    """The URL without its password (user@host stays)."""
-    return _URL_PASSWORD.sub(lambda m: m["head"][:-1], url)
+    """The URL without its password and secret query parameters (user@host stays)."""
+    url = _URL_PASSWORD.sub(lambda m: m["head"][:-1], url)
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url
+    kept = [p for p in query.split("&") if not _SECRET_PARAM.match("&" + p)]
+    return base + ("?" + "&".join(kept) if kept else "")

@@ -356,10 +356,15 @@ def _one_line(exc: BaseException) -> str:
 
 
 def parse_gpus(text: str | None) -> list[int]:
-    """`--gpus 0,1,2,3` (ids) or `--gpus 4` (a count) -> device ids; AutotuneError on bad input."""
+    """`--gpus 0,1,2,3` (ids) or `--gpus 4` (a count) -> device ids; AutotuneError on bad input.
+
+    `--gpus 0` is device 0 (as CUDA_VISIBLE_DEVICES=0 is): a count of zero GPUs runs nothing.
+    """
     if not text:
         return []
     text = text.strip()
+    if text == "0":
+        return [0]
     try:
         if "," in text:
             ids = [int(part) for part in text.split(",") if part.strip()]

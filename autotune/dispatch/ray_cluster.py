@@ -10,6 +10,7 @@ own assignment maps onto those devices (Ray respects a CUDA_VISIBLE_DEVICES its 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import socket
@@ -17,10 +18,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.core.errors import AutotuneError, RunFailure
+from autotune.core.errors import AutotuneError, RunFailure, one_line
+from autotune.dispatch.reaper import Reaper, start_reaper
 
 CONNECT_TIMEOUT_S = 3.0  # an unreachable --ray-address fails in this long, not after Ray's minutes of retries
 DEFAULT_GCS_PORT = 6379
+AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 _NODE_DIED = re.compile(r"Node IP: (?P<ip>[^,\s]+), node ID: (?P<id>[0-9a-f]+)")
 
 
@@ -99,21 +102,40 @@ def lost_node(exc: BaseException) -> LostNode | None:
     return LostNode(match["ip"], match["id"]) if match else LostNode()
 
 
+@dataclass
+class RaySession:
+    """This run's hold on Ray: `close()` disconnects, and stops what is left of a local cluster it
+    started (autotune.dispatch.reaper does that too if the driver is killed)."""
+
+    reaper: Reaper | None = None
+
+    def close(self) -> None:
+        """ray.shutdown(), then the reaper's sweep of the local cluster's processes."""
+        import ray
+
+        try:
+            ray.shutdown()
+        finally:
+            if self.reaper is not None:
+                self.reaper.stop()
+
+
 def start_ray(
     address: str | None,
     num_cpus: int,
     num_gpus: int | None = None,
     device_ids: Sequence[int] | None = None,
-) -> bool:
-    """Join the cluster at `address`, or start a local one; True when this call started or joined it.
+) -> RaySession | None:
+    """Join the cluster at `address`, or start a local one; the session to close when this call started
+    or joined it, None when it reused a Ray already initialized in this process.
 
     A local cluster gets `num_gpus` GPUs (fake ones for the simulator) and, with `device_ids`, sees only
-    those devices. A Ray already initialized in this process is reused (False).
+    those devices, with Ray's default token authentication.
     """
     import ray
 
     if ray.is_initialized():
-        return False
+        return None
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
     common: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address:
@@ -121,11 +143,21 @@ def start_ray(
         try:
             ray.init(address=address, **common)
         except Exception as exc:  # noqa: BLE001  (Ray raises ConnectionError, RuntimeError, ValueError...)
-            raise AutotuneError(f"cannot join the Ray cluster at {address}: {_first_line(exc)}") from exc
-        return True
-    with _visible_devices(device_ids):
-        ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, **common)
-    return True
+            raise AutotuneError(f"cannot join the Ray cluster at {address}: {one_line(exc)}") from exc
+        return RaySession()
+    # Ray's notice that it enabled token authentication (its default) would land in the run's output.
+    logging.getLogger(AUTH_LOGGER).setLevel(logging.ERROR)
+    session = RaySession(start_reaper())
+    try:
+        with _visible_devices(device_ids):
+            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, **common)
+    except BaseException:
+        session.close()
+        raise
+    if session.reaper is not None:
+        with contextlib.suppress(Exception):  # a private helper of Ray's: without it, the token alone
+            session.reaper.watch(ray._private.worker._global_node.get_session_dir_path())
+    return session
 
 
 @contextlib.contextmanager
@@ -198,8 +230,3 @@ def gcs_address() -> tuple[str, int] | None:
     with contextlib.suppress(Exception):
         return _host_port(ray.get_runtime_context().gcs_address)
     return None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]

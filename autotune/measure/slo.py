@@ -11,11 +11,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autotune.core.errors import AutotuneError
+from autotune.core.values import shown
 from autotune.measure.metrics import GOODPUT_METRICS, LATENCY_METRICS, BenchmarkResult
 
 STATS = ("mean", "median", "p50", "p90", "p95", "p99")
 _UNITS_MS = {"ms": 1.0, "s": 1000.0}
-_SLO_RE = re.compile(r"^(?P<metric>[a-z0-9]+)_(?P<stat>[a-z0-9]+)=(?P<num>[0-9]*\.?[0-9]+)(?P<unit>ms|s)$")
+_SLO_RE = re.compile(
+    r"^(?P<metric>[a-z0-9]+)_(?P<stat>[a-z0-9]+)=(?P<num>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)(?P<unit>ms|s)$"
+)
+# A limit below a microsecond or above a day cannot be a latency target (nor written back the same way).
+MIN_LIMIT_MS = 0.001
+MAX_LIMIT_MS = 86_400_000.0
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,8 @@ class Slo:
         return (result.get(self.key) - self.limit_ms) / self.limit_ms
 
     def __str__(self) -> str:
-        limit = f"{self.limit_ms / 1000:g}s" if self.limit_ms >= 1000 else f"{self.limit_ms:g}ms"
+        # 15 digits: parse_slo(str(slo)) is the same limit (a study's settings are these strings).
+        limit = f"{self.limit_ms / 1000:.15g}s" if self.limit_ms >= 1000 else f"{self.limit_ms:.15g}ms"
         return f"{self.name}={limit}"
 
 
@@ -78,16 +85,17 @@ def parse_slo(text: str) -> Slo:
     match = _SLO_RE.match(text.lower())
     if not match:
         raise AutotuneError(
-            f"bad SLO {text!r}: expected METRIC_STAT=VALUE with a unit, e.g. ttft_p99=2s or itl_p99=50ms"
+            f"bad SLO {shown(text, 60)}: expected METRIC_STAT=VALUE with a unit, e.g. ttft_p99=2s or "
+            "itl_p99=50ms"
         )
     metric, stat = match["metric"], match["stat"]
     if metric not in LATENCY_METRICS:
-        raise AutotuneError(f"bad SLO {text!r}: metric must be one of {', '.join(LATENCY_METRICS)}")
+        raise AutotuneError(f"bad SLO {shown(text, 60)}: metric must be one of {', '.join(LATENCY_METRICS)}")
     if stat not in STATS:
-        raise AutotuneError(f"bad SLO {text!r}: statistic must be one of {', '.join(STATS)}")
+        raise AutotuneError(f"bad SLO {shown(text, 60)}: statistic must be one of {', '.join(STATS)}")
     limit = float(match["num"]) * _UNITS_MS[match["unit"]]
-    if limit <= 0:
-        raise AutotuneError(f"bad SLO {text!r}: the limit must be positive")
+    if not MIN_LIMIT_MS <= limit <= MAX_LIMIT_MS:
+        raise AutotuneError(f"bad SLO {shown(text, 60)}: the limit must be between 1 microsecond and 1 day")
     return Slo(metric=metric, stat=stat, limit_ms=limit)
 
 

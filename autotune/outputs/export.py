@@ -18,11 +18,12 @@ from typing import Any
 import yaml
 
 from autotune.core.atomic import atomic_write_text
-from autotune.core.config import EngineConfig
+from autotune.core.config import DEFAULT_IMAGE, VLLM_IMAGE, VLLM_RELEASE, EngineConfig
 from autotune.core.errors import AutotuneError
+from autotune.core.inputs import read_json
 
 FORMATS = ("flags", "cmd", "docker", "yaml", "k8s", "helm")
-IMAGE = "vllm/vllm-openai"
+IMAGE = VLLM_IMAGE
 PORT = 8000
 MODEL_MOUNT = "/models"  # where a local model directory is mounted in a container
 # The host's Hugging Face cache, left to the user's shell to expand (so it is double-quoted, not single).
@@ -47,23 +48,62 @@ class RunInfo:
 
 
 def load_run(directory: str | Path) -> RunInfo:
-    """Read runs/<study>/run.json; AutotuneError when the folder is not a run."""
+    """Read runs/<study>/run.json; AutotuneError (one line) when the folder is not a run or its run.json
+    was edited into something else (a list, a number for the study, no storage)."""
     path = Path(directory)
     meta = path / RUN_FILE
     if not meta.is_file():
         if not path.exists():
             raise AutotuneError(f"run folder not found: {directory}")
         raise AutotuneError(f"{directory} is not an autotune run (no {RUN_FILE}); pass runs/<study>")
-    try:
-        data = json.loads(meta.read_text())
-        return RunInfo(study=data["study"], storage=data["storage"], directory=path, meta=data)
-    except (ValueError, KeyError) as exc:
-        raise AutotuneError(f"{meta}: unreadable run file") from exc
+    data = read_json(meta, "run file")
+    if not isinstance(data, dict):
+        raise AutotuneError(f"{meta}: unreadable run file (not a JSON object)")
+    for key, kind, required in RUN_FIELDS:
+        value = data.get(key)
+        if (value is None and required) or (value is not None and not kind(value)):
+            raise AutotuneError(f"{meta}: unreadable run file ({key!r} is {value!r})")
+    return RunInfo(study=data["study"], storage=data["storage"], directory=path, meta=data)
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+# What autotune reads back from run.json: (key, check, required).
+RUN_FIELDS = (
+    ("study", _text, True),
+    ("storage", _text, True),
+    ("image", _text, False),
+    ("slos", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), False),
+)
 
 
 def serve_flags(config: EngineConfig) -> list[str]:
     """The `vllm serve` flags of a config, without the model."""
     return config.to_args()[1:]
+
+
+# Kubernetes names (k8s.io/apimachinery validation): a Secret is a DNS-1123 subdomain, a key in it a
+# config key. Checked because they are written into the export, comments included: a newline in one
+# would add YAML of the user's making to a manifest.
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+K8S_NAME_CHARS = 253
+
+
+def secret_name(value: str, what: str = "--secret") -> str:
+    """A Kubernetes Secret's name (lowercase letters, digits, '-' and '.'); AutotuneError otherwise."""
+    if not _SECRET_NAME.fullmatch(value) or len(value) > K8S_NAME_CHARS:
+        raise AutotuneError(f"{what} {value!r} is not a Kubernetes Secret name (e.g. hf-token)")
+    return value
+
+
+def secret_key(value: str, what: str = "--secret-key") -> str:
+    """A key of a Kubernetes Secret (letters, digits, '-', '_' and '.'); AutotuneError otherwise."""
+    if not _SECRET_KEY.fullmatch(value) or len(value) > K8S_NAME_CHARS:
+        raise AutotuneError(f"{what} {value!r} is not a Kubernetes Secret key (e.g. token)")
+    return value
 
 
 @dataclass(frozen=True)
@@ -74,14 +114,14 @@ class ExportOptions:
     `--tag`; `secret` names the Kubernetes Secret (and key) holding HF_TOKEN: referenced, never written.
     """
 
-    image: str = f"{IMAGE}:latest"
+    image: str = DEFAULT_IMAGE
     secret: str = "hf-token"
     secret_key: str = "token"
     replicas: int = 1
 
 
 def render(
-    config: EngineConfig, fmt: str, image_tag: str = "latest", options: ExportOptions | None = None
+    config: EngineConfig, fmt: str, image_tag: str = f"v{VLLM_RELEASE}", options: ExportOptions | None = None
 ) -> str:
     """The config in one of FORMATS, as text ending with a newline."""
     opts = options or ExportOptions(image=f"{IMAGE}:{image_tag}")
@@ -121,7 +161,7 @@ def _container_model(config: EngineConfig) -> tuple[list[str], Path | None]:
     return ["--model", f"{MODEL_MOUNT}/{local.name}", "--served-model-name", config.model], local
 
 
-def docker_command(config: EngineConfig, image: str = f"{IMAGE}:latest") -> list[str]:
+def docker_command(config: EngineConfig, image: str = DEFAULT_IMAGE) -> list[str]:
     """`docker run` of vLLM's OpenAI image with this config (HF_TOKEN passed through by name)."""
     gpus = max(1, config.tensor_parallel_size)
     model_args, local = _container_model(config)

@@ -18,6 +18,7 @@ recovered at the end from the global step-time array and each request's [first, 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -78,6 +79,7 @@ class SimEngine:
         self._caching = self.config.enable_prefix_caching
         self._pool = BlockPool(self.memory.num_gpu_blocks)
         self._waiting: deque[EngineRequest] = deque()
+        self._last_added: EngineRequest | None = None  # its further choices share its intake wave
         self._running: dict[int, EngineRequest] = {}  # admission order; the last one is the newest
         self._prefilling: EngineRequest | None = None  # the running request mid-prefill (always the newest)
         self._block_events: dict[int, list[tuple[EngineRequest, int]]] = {}
@@ -87,32 +89,43 @@ class SimEngine:
         self._admitted = 0
 
     # -- public API ------------------------------------------------------------------------------
-    def add_request(self, request: Request, chat: bool = False, send_time: float | None = None) -> None:
+    def add_request(
+        self, request: Request, chat: bool = False, send_time: float | None = None, choice: bool = False
+    ) -> None:
         """Queue a request sent at `send_time` (default: now) through the API server (`chat`: chat API).
 
-        It joins the first step that starts once the frontend has handed it over (frontend.py).
+        It joins the first step that starts once the frontend has handed it over (frontend.py). A
+        `choice` is a further choice (n > 1) of the request added just before: the API server parsed
+        and tokenized that request once, so it is ready with it, at no intake cost of its own.
         ValueError (vLLM's HTTP 400 text) if it is too long.
         """
-        self._enqueue(request, self.now if send_time is None else send_time, chat)
+        self._enqueue(request, self.now if send_time is None else send_time, chat, choice)
 
     def abort_request(self, request_id: int) -> bool:
-        """Drop an unfinished request, as vLLM does when its HTTP client disconnects.
+        """Drop an unfinished request, as vLLM does when its HTTP client disconnects (`abort_requests`).
+        Returns False (and does nothing) when the request is unknown or already finished."""
+        return self.abort_requests([request_id]) == 1
 
-        Its KV blocks are freed (full blocks stay in the prefix cache, as for a finished request) and
-        the gauges are updated at once: an idle engine runs no further step to refresh them.
-        Returns False (and does nothing) when the request is unknown or already finished.
+    def abort_requests(self, request_ids: Iterable[int]) -> int:
+        """Drop unfinished requests in one pass (a client that left a request with n = 16384 choices);
+        how many there were. Their KV blocks are freed (full blocks stay in the prefix cache, as for a
+        finished request) and the gauges updated at once: an idle engine runs no further step for them.
         """
-        r = self._running.pop(request_id, None)
-        if r is not None:
+        wanted = set(request_ids)
+        aborted = [self._running.pop(rid) for rid in wanted & self._running.keys()]
+        for r in aborted:
             self._free(r, self._drop_running(r, len(self.step_times)) // self._bs)
-        else:
-            r = self._remove_waiting(request_id)
-            if r is None:
-                return False
-        r.gen += 1  # its pending block and finish events go stale
-        self.stats.num_aborted += 1
-        self._update_gauges()
-        return True
+        if len(aborted) < len(wanted) and self._waiting:
+            kept: deque[EngineRequest] = deque()
+            for r in self._waiting:
+                (aborted if r.rid in wanted else kept).append(r)
+            self._waiting = kept
+        for r in aborted:
+            r.gen += 1  # its pending block and finish events go stale
+        self.stats.num_aborted += len(aborted)
+        if aborted:
+            self._update_gauges()
+        return len(aborted)
 
     def has_unfinished(self) -> bool:
         """True while any request is waiting or running."""
@@ -165,7 +178,7 @@ class SimEngine:
         )
 
     # -- internals -------------------------------------------------------------------------------
-    def _enqueue(self, request: Request, send_time: float, chat: bool = False) -> None:
+    def _enqueue(self, request: Request, send_time: float, chat: bool = False, choice: bool = False) -> None:
         total = request.prompt_len + request.output_len
         if total > self._max_len:
             raise ValueError(
@@ -174,7 +187,12 @@ class SimEngine:
                 "completion). Please reduce the length of the messages or completion."
             )
         r = EngineRequest(request, send_time, self._bs)
-        r.wave, r.latency = self.frontend.take_in(send_time, chat)
+        last = self._last_added
+        if choice and last is not None:  # taken in with the request it is a choice of
+            r.wave, r.latency = last.wave, last.latency
+        else:
+            r.wave, r.latency = self.frontend.take_in(send_time, chat)
+        self._last_added = r
         self._waiting.append(r)
 
     def _step(self, emit: bool) -> StepOutput:
@@ -379,14 +397,6 @@ class SimEngine:
         first, _ = r.segments[-1]
         r.segments[-1] = (first, step - 1)
         return computed
-
-    def _remove_waiting(self, request_id: int) -> EngineRequest | None:
-        """Take a request out of the waiting queue (a linear scan: aborts are rare next to steps)."""
-        for i, r in enumerate(self._waiting):
-            if r.rid == request_id:
-                del self._waiting[i]
-                return r
-        return None
 
     def _update_gauges(self) -> None:
         pool, stats = self._pool, self.stats

@@ -14,14 +14,13 @@ from dataclasses import dataclass
 
 from autotune.catalog.gpus import GIB, GpuSpec
 from autotune.catalog.models import ModelSpec
-from autotune.core.config import EngineConfig
+from autotune.core.config import BLOCK_SIZE_CHOICES, KV_CACHE_DTYPES, EngineConfig
 from autotune.core.errors import EngineStartupError, FailureKind
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 
 MIB = 1024**2
-BLOCK_SIZE_CHOICES = (1, 8, 16, 32, 64, 128, 256)  # vLLM's --block-size choices
 CUDA_MAX_BLOCK_SIZE = 32
-KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # "auto" = the model's dtype
+KV_DTYPE_BYTES = {dtype: 1 for dtype in KV_CACHE_DTYPES if dtype != "auto"}  # auto: the model's dtype
 MAX_CUDA_GRAPH_SIZE = 512
 
 # The fitted terms (non-torch memory, the profiled activation peak, CUDA graphs, the sampler warm-up)
@@ -80,7 +79,7 @@ def kv_dtype_bytes(config: EngineConfig, model: ModelSpec) -> int:
     if config.kv_cache_dtype == "auto":
         return model.dtype_bytes
     if config.kv_cache_dtype not in KV_DTYPE_BYTES:
-        choices = ", ".join(["auto", *KV_DTYPE_BYTES])
+        choices = ", ".join(KV_CACHE_DTYPES)
         raise EngineStartupError(
             f"argument --kv-cache-dtype: invalid choice: '{config.kv_cache_dtype}' (choose from {choices})",
             FailureKind.INVALID_CONFIG.value,

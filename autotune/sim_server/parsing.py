@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ CHAT_TOKENS_PER_MESSAGE = 5  # role header and end-of-turn tokens of a typical c
 CHAT_TOKENS_FIXED = 4  # BOS plus the assistant header that starts the answer
 _INT_TYPES = frozenset((int, bool))
 PREFIX_GROUPS = 4096  # prefix groups remembered (LRU)
+DEFAULT_MAX_N = 16384  # vLLM's default VLLM_MAX_N_SEQUENCES
 
 
 class PrefixIndex:
@@ -93,9 +95,36 @@ def _chat_text(messages: Any) -> tuple[str, int]:
             raise ValueError("each message needs a role")
         content = message.get("content") or ""
         if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            texts = [p.get("text", "") for p in content if isinstance(p, dict)]
+            if not all(isinstance(t, str) for t in texts):
+                raise ValueError("the text of a content part must be a string")
+            content = "".join(texts)
         parts.append(str(content))
     return "".join(parts), CHAT_TOKENS_FIXED + CHAT_TOKENS_PER_MESSAGE * len(messages)
+
+
+def max_n() -> int:
+    """vLLM's bound on `n` (vllm/sampling_params.py, VLLM_MAX_N_SEQUENCES in vllm/envs.py): a huge
+    fan-out is refused, not queued."""
+    try:
+        return int(os.environ.get("VLLM_MAX_N_SEQUENCES", DEFAULT_MAX_N))
+    except ValueError:
+        return DEFAULT_MAX_N
+
+
+def _stream_options(options: Any, stream: bool) -> dict[str, Any]:
+    """`stream_options` checked as vLLM's request model does (a 400, never a 500): an object of booleans
+    (or nulls), and only with `stream: true`."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise BadRequest(f"stream_options: Input should be a valid dictionary, got {type(options).__name__}")
+    for key in ("include_usage", "continuous_usage_stats"):
+        if not isinstance(options.get(key), (bool, type(None))):
+            raise BadRequest(f"stream_options.{key}: Input should be a valid boolean")
+    if options and not stream:
+        raise BadRequest("Stream options can only be defined when `stream=True`.")
+    return options
 
 
 class BadRequest(Exception):
@@ -150,6 +179,11 @@ class RequestParser:
             n = 1
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise BadRequest(f"n must be at least 1, got {n}.")
+        if n > max_n():
+            raise BadRequest(
+                f"n must be at most {max_n()}, got {n}. To increase this limit, set the VLLM_MAX_N_SEQUENCES "
+                "environment variable."
+            )
         temperature = body.get("temperature")
         if isinstance(temperature, (int, float)) and temperature < 0:
             raise BadRequest(f"temperature must be non-negative, got {temperature}.")
@@ -179,13 +213,14 @@ class RequestParser:
             length, reason = min(DEFAULT_OUTPUT_TOKENS, room), "stop"
         else:
             length, reason = max_tokens, "length"
-        options = body.get("stream_options") or {}
+        stream = bool(body.get("stream", False))
+        options = _stream_options(body.get("stream_options"), stream)
         return ParsedRequest(
             prompt_tokens=prompt_tokens,
             prefix=prefix,
             max_tokens=length,
             finish_reason=reason,
-            stream=bool(body.get("stream", False)),
+            stream=stream,
             include_usage=bool(options.get("include_usage", False)),
             continuous_usage=bool(options.get("continuous_usage_stats", False)),
             chat=chat,

@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import Callable
 
+from autotune.core.config import VLLM_RELEASE
 from autotune.sim_server.exposition import METRICS_CONTENT_TYPE, render_metrics
 from autotune.sim_server.http_messages import HttpRequest
 from autotune.sim_server.httpd import HttpConnection
@@ -18,7 +19,7 @@ from autotune.sim_server.parsing import BadRequest, error_body
 from autotune.sim_server.service import SimService
 from autotune.sim_server.sse import ChunkWriter, NeverAnswered, PlainAnswer, SseStream
 
-VLLM_VERSION = "0.11.0+autotune.sim"  # the vLLM version whose behaviour the simulator follows
+VLLM_VERSION = f"{VLLM_RELEASE}+autotune.sim"  # the vLLM version whose behaviour the simulator follows
 SSE = "text/event-stream; charset=utf-8"
 Endpoint = Callable[[HttpConnection, HttpRequest], None]
 

@@ -29,7 +29,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,11 +133,18 @@ class SimService:
         """Validate a request body the way vLLM does; BadRequest otherwise."""
         return self.parser.parse(body, chat)
 
-    def submit(self, parsed: ParsedRequest, rid: str | None = None, read_at: float | None = None) -> Pending:
+    def submit(
+        self,
+        parsed: ParsedRequest,
+        rid: str | None = None,
+        read_at: float | None = None,
+        choice: bool = False,
+    ) -> Pending:
         """Hand a request to the engine; it joins the next engine step. `rid`: the client's request id;
         `read_at`: perf_counter when its first bytes were read (default: now). The engine takes it as
         sent then: reading and parsing it here is the API server's work, which the engine's API-server
-        model prices, so this process's own speed at it does not add to the simulated latencies."""
+        model prices, so this process's own speed at it does not add to the simulated latencies.
+        `choice`: a further choice (n > 1) of the request submitted just before."""
         self.started += 1
         if self.options.hang_after is not None and self.started >= self.options.hang_after:
             self.hung = True
@@ -159,7 +166,7 @@ class SimService:
             prefix_id=prefix_id,
             prefix_len=min(prefix_len, parsed.prompt_tokens),
         )
-        self.engine.add_request(request, chat=parsed.chat, send_time=sent)
+        self.engine.add_request(request, chat=parsed.chat, send_time=sent, choice=choice)
         state = Pending(
             key=key,
             rid=rid or uuid.uuid4().hex,
@@ -185,15 +192,18 @@ class SimService:
             prefix = (-1 - next(self._choice_groups), parsed.prompt_tokens)
         shared = dataclasses.replace(parsed, prefix=prefix)
         first = self.submit(shared, rid, read_at)
-        return [first] + [self.submit(shared, first.rid, read_at) for _ in range(parsed.n - 1)]
+        return [first] + [self.submit(shared, first.rid, read_at, choice=True) for _ in range(parsed.n - 1)]
 
-    def abort(self, state: Pending) -> None:
-        """The client went away: drop its request from the engine, as vLLM does, so it stops using the batch.
-
-        A request the engine already finished (its last tokens not delivered yet) ends normally.
-        """
-        if self.engine.abort_request(state.key):
-            self.pending.pop(state.key, None)
+    def abort(self, states: Sequence[Pending]) -> None:
+        """The client went away: drop its requests (every choice of it) from the engine in one pass, as
+        vLLM does, so they stop using the batch. A request the engine already finished (its last tokens
+        not delivered yet) ends normally."""
+        for state in states:
+            state.listener = None  # nothing is delivered to a response nobody reads
+        unfinished = [s for s in states if not s.finished]
+        if self.engine.abort_requests(s.key for s in unfinished):
+            for state in unfinished:
+                self.pending.pop(state.key, None)
 
     def _sync_clock(self, now: float) -> None:
         """While idle, the engine's virtual clock catches up with the wall clock (arrivals are stamped)."""

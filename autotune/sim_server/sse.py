@@ -150,8 +150,7 @@ class SseStream:
 
     def lost(self) -> None:
         """The client disconnected mid-stream: abort the requests, as vLLM does."""
-        for writer in self.writers.values():
-            _abandon(self.service, writer.state)
+        self.service.abort([w.state for w in self.writers.values()])
 
 
 class PlainAnswer:
@@ -182,8 +181,7 @@ class PlainAnswer:
 
     def lost(self) -> None:
         """The client gave up waiting: abort the requests (vLLM's 499, which nobody reads)."""
-        for writer in self.writers:
-            _abandon(self.service, writer.state)
+        self.service.abort([w.state for w in self.writers])
 
 
 class NeverAnswered:
@@ -194,13 +192,6 @@ class NeverAnswered:
 
     def lost(self) -> None:
         """Nothing to clean up."""
-
-
-def _abandon(service: SimService, state: Pending) -> None:
-    """Stop delivering to a response whose client left, and abort its request unless it finished."""
-    state.listener = None
-    if not state.finished:
-        service.abort(state)
 
 
 def full_response(writers: Sequence[ChunkWriter]) -> dict[str, Any]:

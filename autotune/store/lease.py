@@ -15,6 +15,7 @@ are all its own, since a second driver is refused. A second `autotune run --resu
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import threading
@@ -54,7 +55,11 @@ class Driver:
 
 def current_driver(study: optuna.Study) -> Driver | None:
     """The driver recorded on the study, or None."""
-    raw = study._storage.get_study_system_attrs(study._study_id).get(LEASE_KEY)
+    return _driver_of(study._storage.get_study_system_attrs(study._study_id).get(LEASE_KEY))
+
+
+def _driver_of(raw: object) -> Driver | None:
+    """A lease record as a Driver (None when there is none or it is unreadable)."""
     if not isinstance(raw, dict):
         return None
     try:
@@ -65,16 +70,68 @@ def current_driver(study: optuna.Study) -> Driver | None:
         return None
 
 
-def refuse_live_driver(study: optuna.Study, grace_s: float = GRACE_S) -> None:
-    """AutotuneError (one line) when another process is driving `study` right now."""
-    driver = current_driver(study)
-    if driver is not None and driver.alive(grace_s):
+def refuse_live_driver(study: optuna.Study, grace_s: float = GRACE_S, mine: str = "") -> None:
+    """AutotuneError (one line) when another process (not driver `mine`) is driving `study` right now."""
+    _refuse(current_driver(study), study.study_name, grace_s, mine)
+
+
+def _refuse(driver: Driver | None, name: str, grace_s: float, mine: str) -> None:
+    if driver is not None and driver.id != mine and driver.alive(grace_s):
         seen = max(0.0, time.time() - driver.renewed)
         raise AutotuneError(
-            f"study {study.study_name!r} is being run by another autotune process (pid {driver.pid} on "
+            f"study {name!r} is being run by another autotune process (pid {driver.pid} on "
             f"{driver.host}, alive {seen:.0f} s ago): one driver per study; wait for it or stop it, "
             "then the same command with --resume continues"
         )
+
+
+def claim(study: optuna.Study, driver: Driver, grace_s: float = GRACE_S) -> None:
+    """Make `driver` the study's driver, or refuse (AutotuneError) while another one lives: checked and
+    written in one transaction, so two runs started together cannot both take it.
+
+    The transaction's first statement is an UPDATE of the study's own row: it takes SQLite's write
+    lock (a second claimer waits for the commit, then reads the first one's lease) and the row's lock
+    on PostgreSQL and MySQL. A storage that is not an RDB (tests' in-memory ones) is checked then written.
+    """
+    rdb = _rdb(study._storage)
+    if rdb is None:
+        refuse_live_driver(study, grace_s, mine=driver.id)
+        study._storage.set_study_system_attr(study._study_id, LEASE_KEY, dict(driver.__dict__))
+        return
+    import sqlalchemy
+    from optuna.storages._rdb import models
+
+    study_id, session = study._study_id, rdb.scoped_session()
+    try:
+        row = models.StudyModel
+        session.execute(
+            sqlalchemy.update(row).where(row.study_id == study_id).values(study_name=row.study_name)
+        )
+        attrs = models.StudySystemAttributeModel
+        record = session.query(attrs).filter_by(study_id=study_id, key=LEASE_KEY).one_or_none()
+        _refuse(
+            _driver_of(json.loads(record.value_json)) if record else None,
+            study.study_name,
+            grace_s,
+            driver.id,
+        )
+        value = json.dumps(dict(driver.__dict__))
+        if record is None:
+            session.add(attrs(study_id=study_id, key=LEASE_KEY, value_json=value))
+        else:
+            record.value_json = value
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def _rdb(storage: object) -> optuna.storages.RDBStorage | None:
+    """The RDB storage behind a study's storage (Optuna wraps it in a cache), or None."""
+    storage = getattr(storage, "_backend", storage)
+    return storage if isinstance(storage, optuna.storages.RDBStorage) else None
 
 
 def fail_stale(study: optuna.Study) -> int:
@@ -96,20 +153,25 @@ def fail_stale(study: optuna.Study) -> int:
     return before
 
 
+def new_driver() -> Driver:
+    """This process as a study's driver (a fresh id)."""
+    return Driver(uuid.uuid4().hex, os.getpid(), socket.gethostname(), time.time())
+
+
 @dataclass
 class Lease:
     """This process's lease on a study; `release()` (or process death) ends it."""
 
     study: optuna.Study
     interval_s: float = HEARTBEAT_S
-    driver: Driver = field(
-        default_factory=lambda: Driver(uuid.uuid4().hex, os.getpid(), socket.gethostname(), time.time())
-    )
+    driver: Driver = field(default_factory=new_driver)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def start(self) -> Lease:
-        """Write the lease and renew it (plus the RUNNING trials' heartbeats) from a daemon thread."""
+        """Take the lease (`claim`: AutotuneError while another driver lives), then renew it (plus the
+        RUNNING trials' heartbeats) from a daemon thread."""
+        claim(self.study, self.driver)
         self._renew()
         self._thread = threading.Thread(target=self._run, name="autotune-lease", daemon=True)
         self._thread.start()

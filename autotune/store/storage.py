@@ -69,6 +69,16 @@ def preflight_storage(storage: str, resume: bool) -> None:
     this study's (not created yet: a run refused later leaves nothing); any other database reachable."""
     import sqlalchemy
 
+    authority = storage.partition("://")[2].partition("?")[0]
+    if authority.count("@") > 1:
+        # SQLAlchemy would end the password at its first '@' and take the rest for the host, and the
+        # driver's error would then show that part of the password: refused, the URL not shown.
+        raise AutotuneError("bad --storage: the password (or user) contains '@': write it URL-encoded (%40)")
+    if storage in ("sqlite://", "sqlite:///:memory:") or storage.startswith("sqlite:///:memory:?"):
+        raise AutotuneError(
+            "bad --storage: an in-memory SQLite database ends with the run, and the study with it: give a "
+            "file (sqlite:///path/study.db) or a database server"
+        )
     try:
         sqlalchemy.engine.make_url(storage).get_dialect()
     except Exception as exc:  # noqa: BLE001  (ArgumentError, NoSuchModuleError, a missing driver)

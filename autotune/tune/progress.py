@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 BAR_WIDTH = 20
+# Without a TTY (output to a file, a CI log), a line is also printed this often while trials run: a real
+# trial takes minutes, and a log that says nothing for that long reads as a hung run.
+PLAIN_EVERY_S = 60.0
 # Short names so several running configs fit on one line.
 SHORT = {
     "max_num_seqs": "seqs",
@@ -122,22 +126,30 @@ def render_lines(state: ProgressState, width: int | None = None) -> list[str]:
 class Progress:
     """Draws ProgressState on a stream: redrawn in place on a TTY, one line per change otherwise."""
 
-    def __init__(self, stream: TextIO | None = None, tty: bool | None = None) -> None:
+    def __init__(
+        self, stream: TextIO | None = None, tty: bool | None = None, every_s: float = PLAIN_EVERY_S
+    ) -> None:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
+        self.every_s = every_s  # plain mode: a line at least this often while trials run
         self._last_done = -1
+        self._last_line = time.monotonic()
         self._drawn = 0  # lines on screen (TTY)
 
     def show(self, state: ProgressState) -> None:
-        """Draw the state (plain mode prints only when a trial finished, so logs stay short)."""
+        """Draw the state (plain mode prints when a trial finished, and every `every_s` while trials
+        run, so logs stay short and still show a long trial is alive)."""
         if self.tty:
             width = shutil.get_terminal_size((120, 20)).columns - 1
             lines = render_lines(state, width=width)
             self._erase()
             self.stream.write("\n".join(lines))
             self._drawn = len(lines)
-        elif state.done != self._last_done:
+        elif state.done != self._last_done or (
+            state.running and time.monotonic() - self._last_line >= self.every_s
+        ):
             self.stream.write(render(state, bar=False) + "\n")
+            self._last_line = time.monotonic()
         self._last_done = state.done
         self.stream.flush()
 

@@ -29,6 +29,7 @@ save only what a real GPU would have spent on a config that truly fails to start
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autotune.catalog.gpus import GIB, GpuSpec, get_gpu
@@ -38,6 +39,7 @@ from autotune.core.errors import AutotuneError, EngineStartupError, FailureKind
 from autotune.measure.result import TrialResult
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.memory import MemoryPlan, plan_memory, validate_config
+from autotune.tune.space import SearchSpace
 
 PREFIX = "predicted by the memory model: "
 # A device large enough for any config: the memory plan on it gives a config's needs (weights,
@@ -108,7 +110,10 @@ class MemoryScreen:
 
     def _clear_failure(self, resolved: EngineConfig) -> bool:
         """Whether the predicted failure stays a failure within the margins."""
-        needs = self._needs(resolved)
+        try:
+            needs = self._needs(resolved)
+        except EngineStartupError:
+            return True  # it does not start even on the roomy GPU: no margin saves it
         total = self.gpu.memory_bytes
         requested = int(total * resolved.gpu_memory_utilization)
         free = total - int(self.gpu.cuda_context_gib * GIB)
@@ -150,6 +155,39 @@ def describe(screen: MemoryScreen | None, enabled: bool = True) -> str:
     return (
         f"startup screening on: configs the memory model predicts to fail to start are not launched "
         f"(margins: KV {m.kv_fraction:.0%} of GPU memory, CUDA graphs {m.capture_factor:.0%})"
+    )
+
+
+def check_tensor_parallel(space: SearchSpace) -> None:
+    """Every TP of the space must divide the model's heads, and the model's weights must fit the largest
+    TP: one clear AutotuneError, not N startup failures."""
+    tp_param = next((p for p in space.params if p.name == "tensor_parallel_size"), None)
+    tps = tp_param.grid_values() if tp_param else [int(space.fixed.get("tensor_parallel_size", 1))]
+    problem = indivisible_tp(space.model, tps)
+    if problem is not None:
+        raise AutotuneError(f"{space.model}: {problem}")
+    largest = max(tps)
+    needed = required_tp(space.model, space.gpu, largest)
+    if needed is not None:
+        raise AutotuneError(
+            f"{space.model} does not fit on one {space.gpu} at tensor_parallel_size {largest}: use tensor "
+            f"parallelism (TP >= {needed}), e.g. --space tp"
+        )
+
+
+def indivisible_tp(model: str, tps: Iterable[int]) -> str | None:
+    """vLLM's startup error for the first TP that does not divide the model's attention heads (every
+    config with it fails), or None when all do or the model is outside the catalogs."""
+    try:
+        heads = get_model(model).num_attention_heads
+    except AutotuneError:
+        return None
+    tp = next((tp for tp in tps if heads % tp), None)
+    if tp is None:
+        return None
+    return (
+        f"tensor_parallel_size {tp}: Total number of attention heads ({heads}) must be divisible by tensor "
+        f"parallel size ({tp})."
     )
 
 

@@ -67,6 +67,9 @@ OTHER_VLLM_FLAGS = frozenset(
 ENGINE_FIELDS = frozenset({"model", *ENGINE_FLAGS})
 KNOWN_FLAGS = ENGINE_FIELDS | OTHER_VLLM_FLAGS
 GRID_POINTS = 5  # values per continuous parameter when a grid is asked for
+# A stepped range with more values than this gets GRID_POINTS of them (a step of 1 up to 2**31 would be
+# 16 GiB of grid, built for every run since the sampler is chosen after it).
+MAX_GRID_STEPS = 1000
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,11 @@ class Param:
         if self.type in ("categorical", "bool"):
             return list(self.choices)
         low, high = float(self.low), float(self.high)
-        if self.step:
+        if self.step and (high - low) / self.step < MAX_GRID_STEPS:
             values = list(np.arange(low, high + self.step / 2, self.step))
+        elif self.step:  # every step would be millions of values: a few on the step lattice
+            steps = np.linspace(0, math.floor((high - low) / self.step), GRID_POINTS)
+            values = list(low + np.round(steps) * self.step)
         elif self.log and self.type == "int":
             values = [2**k for k in range(math.ceil(math.log2(low)), math.floor(math.log2(high)) + 1)]
             values = sorted({int(low), *values, int(high)})
@@ -311,7 +317,9 @@ def _check_value(name: str, value: Any, where: str) -> None:
         raise AutotuneError(f"{where}: {problem}")
 
 
-def _check_flag(name: str, source: str) -> None:
+def _check_flag(name: Any, source: str) -> None:
+    if not isinstance(name, str):
+        raise AutotuneError(f"search space {source}: {name!r} is not a flag name (vLLM flags are snake_case)")
     if name not in KNOWN_FLAGS:
         hint = " (vLLM flags are snake_case)" if "-" in name else ""
         raise AutotuneError(

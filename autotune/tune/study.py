@@ -11,7 +11,6 @@ read from the records by autotune/tune/front.py and autotune/tune/recommendation
 from __future__ import annotations
 
 import json
-import re
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
@@ -31,9 +30,8 @@ from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.measure.server_report import ServerReport
 from autotune.measure.slo import Slo
-from autotune.store.lease import fail_stale, refuse_live_driver
+from autotune.store.lease import Driver, claim, fail_stale, refuse_live_driver
 from autotune.store.storage import check_sqlite_file, connect_storage
-from autotune.store.urls import sqlite_path
 from autotune.tune.objectives import ObjectiveSet, constraints, failed_values, is_feasible
 from autotune.tune.result_attrs import INFO_ATTR, info_attr, parse_info
 from autotune.tune.space import plain_params
@@ -102,25 +100,9 @@ class TrialRecord:
         return config_from_attr(self.config)
 
 
-def default_study_name(model: str, gpu: str, workload: str) -> str:
-    """A readable study name, e.g. "llama-3.1-8b-instruct-h100-chat"."""
-    raw = f"{model.split('/')[-1]}-{gpu}-{workload}".lower()
-    return re.sub(r"[^a-z0-9.]+", "-", raw).strip("-")
-
-
 def sqlite_url(run_dir: Path) -> str:
     """The default storage of a run: runs/<study>/study.db."""
     return f"sqlite:///{(run_dir / 'study.db').resolve()}"
-
-
-def check_not_driven(name: str, storage: str) -> None:
-    """Before anything starts: refuse (one line) to --resume a study another process is running."""
-    path = sqlite_path(storage)
-    if path is not None and not path.is_file():
-        return  # nothing to resume yet (and connecting would create the file)
-    connected = connect_storage(storage, attempts=1)
-    if name in optuna.study.get_all_study_names(connected):
-        refuse_live_driver(optuna.load_study(study_name=name, storage=connected))
 
 
 def open_study(
@@ -130,12 +112,16 @@ def open_study(
     sampler: optuna.samplers.BaseSampler,
     resume: bool,
     results_dir: Path | None = None,
+    driver: Driver | None = None,
 ) -> optuna.Study:
     """Create a new study, or resume an existing one with the same settings.
 
     Resuming refuses while another process drives the study (autotune.store.lease) and fails only the
     trials nobody runs any more. `results_dir` (the run folder): with --resume and no study in the
-    storage, results there mean the study was lost, and nothing is overwritten.
+    storage, results there mean the study was lost, and nothing is overwritten; without --resume, they
+    mean the same (a run never overwrites another run's results). With `driver`, the study's lease is
+    taken for it (atomically: two runs started together cannot both have it) before any stale trial
+    is failed.
     """
     # Errors only: Optuna's warnings are about its internals (a locked SQLite read "falling back to a
     # slower alternative", multi-line): what the user must know, autotune says in its own one line.
@@ -149,7 +135,7 @@ def open_study(
             f"study {name!r} already exists in {where}: add --resume to continue it or pick --study"
         )
     if not exists:
-        if resume and results_dir is not None and (results_dir / "trials.csv").exists():
+        if results_dir is not None and (results_dir / "trials.csv").exists():
             raise AutotuneError(
                 f"no study {name!r} in {where}, but {results_dir} holds its results: the storage was lost "
                 "or moved; nothing was changed (pass its --storage, or remove the folder to start over)"
@@ -163,10 +149,15 @@ def open_study(
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(settings.objectives)
         study.set_user_attr(SETTINGS_ATTR, settings.to_dict())
+        if driver is not None:
+            claim(study, driver)
         return study
     study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     check_resume(study, settings)
-    refuse_live_driver(study)
+    if driver is not None:
+        claim(study, driver)
+    else:
+        refuse_live_driver(study)
     fail_stale(study)
     return study
 
@@ -179,13 +170,14 @@ def start_study(
     resume: bool,
     baseline: Mapping[str, Any],
     results_dir: Path | None = None,
+    driver: Driver | None = None,
 ) -> optuna.Study:
     """`open_study`, then a new study gets `baseline` (vLLM's default config) as its first trial.
 
     A resumed study already has its baseline (measured, or still queued): it is not enqueued again,
     unless it was interrupted before it was measured.
     """
-    study = open_study(name, storage, settings, sampler, resume, results_dir)
+    study = open_study(name, storage, settings, sampler, resume, results_dir, driver)
     # A baseline interrupted before it was measured (FAIL) is queued again: every result is compared to it.
     alive = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
     if not any(t.user_attrs.get("baseline") and t.state in alive for t in study.get_trials(deepcopy=False)):

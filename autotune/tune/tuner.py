@@ -17,9 +17,7 @@ land in a finalizer, where Python prints it and goes on, and the run would not s
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.config import EngineConfig
 from autotune.core.errors import FailureKind
+from autotune.core.interrupts import on_stop
 from autotune.dispatch.executor import TrialExecutor
 from autotune.dispatch.ray_cluster import ClusterLost
 from autotune.measure.result import TrialResult
@@ -189,22 +188,16 @@ class Tuner:
 
     @contextlib.contextmanager
     def _ctrl_c_between_steps(self) -> Iterator[None]:
-        """While the loop runs, a first Ctrl-C only sets a flag the loop reads; a second one raises."""
-        previous = signal.getsignal(signal.SIGINT)
-        if threading.current_thread() is not threading.main_thread() or previous is signal.SIG_IGN:
-            yield  # signals reach only the main thread; an ignored Ctrl-C stays ignored
-            return
+        """While the loop runs, a first stop (Ctrl-C, SIGTERM, SIGHUP: core/interrupts.py) only sets a
+        flag the loop reads; a second one raises."""
 
-        def on_ctrl_c(signum: int, frame: object) -> None:
+        def on_stop_signal() -> None:
             if self._interrupted:
                 raise KeyboardInterrupt
             self._interrupted = True
 
-        signal.signal(signal.SIGINT, on_ctrl_c)
-        try:
+        with on_stop(on_stop_signal):
             yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
 
     # -- asking and dispatching -------------------------------------------------------------------------
 

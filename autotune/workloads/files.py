@@ -13,7 +13,7 @@ from typing import Any
 import autotune
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import read_yaml
-from autotune.core.values import number, positive_int, whole_number
+from autotune.core.values import finite_number, positive_int, rate, seed, whole_number
 from autotune.workloads.lengths import DISTS, LengthDist
 from autotune.workloads.spec import MAX_REQUESTS, WorkloadSpec
 from autotune.workloads.traces import TRACES, TraceSource
@@ -72,10 +72,10 @@ def spec_from_dict(
         name=str(data.get("name") or default_name),
         description=str(data.get("description") or ""),
         num_requests=_bounded(positive_int(_required(data, "num_requests"), "num_requests"), "num_requests"),
-        seed=_non_negative(whole_number(data.get("seed", 0), "seed"), "seed"),
+        seed=seed(data.get("seed", 0), "seed"),
         load=str(data.get("load", "fixed")),
-        request_rate=number(data.get("request_rate", math.inf), "request_rate"),
-        burstiness=number(data.get("burstiness", 1.0), "burstiness"),
+        request_rate=rate(data.get("request_rate", math.inf), "request_rate"),
+        burstiness=finite_number(data.get("burstiness", 1.0), "burstiness", 1e-3, 1e3),
         max_concurrency=None if max_conc is None else positive_int(max_conc, "max_concurrency"),
         prompt_len=_length(data["prompt_len"], "prompt_len") if "prompt_len" in data else None,
         output_len=_length(data["output_len"], "output_len") if "output_len" in data else None,
@@ -98,11 +98,11 @@ def _length(value: Any, what: str) -> LengthDist:
     try:
         return LengthDist(
             dist=str(value["dist"]),
-            mean=number(value.get("mean", 0.0), f"{what}.mean"),
-            median=None if median is None else number(median, f"{what}.median"),
-            range_ratio=number(value.get("range_ratio", 0.0), f"{what}.range_ratio"),
-            std=number(value.get("std", 0.0), f"{what}.std"),
-            sigma=number(value.get("sigma", 0.0), f"{what}.sigma"),
+            mean=finite_number(value.get("mean", 0.0), f"{what}.mean"),
+            median=None if median is None else finite_number(median, f"{what}.median"),
+            range_ratio=finite_number(value.get("range_ratio", 0.0), f"{what}.range_ratio"),
+            std=finite_number(value.get("std", 0.0), f"{what}.std"),
+            sigma=finite_number(value.get("sigma", 0.0), f"{what}.sigma"),
             min=positive_int(value.get("min", 1), f"{what}.min"),
             max=None if value.get("max") is None else positive_int(value["max"], f"{what}.max"),
         )
@@ -121,8 +121,8 @@ def _trace(value: Any, base: Path) -> TraceSource:
     return TraceSource(
         name=name if name in TRACES else str(base / name),
         arrivals=str(value.get("arrivals", "trace")),
-        time_scale=number(value.get("time_scale", 1.0), "trace.time_scale"),
-        start=number(value.get("start", 0.0), "trace.start"),
+        time_scale=finite_number(value.get("time_scale", 1.0), "trace.time_scale", 1e-3, 1e3),
+        start=finite_number(value.get("start", 0.0), "trace.start"),
         max_len=None if max_len is None else positive_int(max_len, "trace.max_len"),
     )
 
@@ -139,12 +139,6 @@ def _check_keys(data: Mapping[str, Any], known: set[str], what: str) -> None:
         raise AutotuneError(
             f"unknown key(s) in {what}: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
         )
-
-
-def _non_negative(count: int, what: str) -> int:
-    if count < 0:
-        raise AutotuneError(f"{what} must be >= 0, got {count}")
-    return count
 
 
 def _bounded(count: int, what: str) -> int:

@@ -11,7 +11,6 @@ documented at the top of workloads/chat.yaml).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from autotune.core.errors import AutotuneError
+from autotune.core.inputs import MAX_DATA_BYTES, parse_json, read_text
 from autotune.core.values import positive_int
 from autotune.workloads.lengths import LengthDist, stratified_uniforms
 from autotune.workloads.traces import TraceSource
@@ -308,21 +308,13 @@ def read_jsonl(path: Path) -> list[tuple[int, int | None, str | None]]:
     A row is {"prompt": text, "output_len": n?} or {"prompt_len": n, "output_len": n?}; other keys are
     ignored. A text prompt's length is estimated as ceil(characters / 4) unless the row gives prompt_len.
     """
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise AutotuneError(f"cannot read JSONL file {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise AutotuneError(f"JSONL file {path} is not UTF-8 text") from None
+    lines = read_text(path, "JSONL file", MAX_DATA_BYTES).splitlines()
     rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise AutotuneError(f"{where}: not valid JSON ({exc.msg})") from None
+        row = parse_json(line, where)
         if not isinstance(row, dict):
             raise AutotuneError(f"{where}: each line must be a JSON object")
         text = row.get("prompt")

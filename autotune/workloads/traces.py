@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from autotune.core.errors import AutotuneError
+from autotune.core.inputs import MAX_DATA_BYTES, regular_file
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TRACES = ("conv", "code")  # the shipped Azure LLM inference traces (see data/AZURE_TRACE_README.md)
@@ -56,6 +57,7 @@ class TraceSource:
 
     def read(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(seconds since the first row, prompt lengths, output lengths), sorted by time, filtered."""
+        regular_file(self.path, "trace", MAX_DATA_BYTES)
         try:
             with self.path.open(newline="") as f:
                 rows = list(csv.reader(f))

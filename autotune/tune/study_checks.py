@@ -1,0 +1,61 @@
+"""Where a run's study lives and what is checked about it before anything starts: its default name and
+SQLite file, no other live driver (--resume), no results of a study the storage lost."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import optuna
+
+from autotune.core.errors import AutotuneError
+from autotune.core.secrets import masked
+from autotune.core.values import MAX_NAME_CHARS
+from autotune.store.lease import refuse_live_driver
+from autotune.store.storage import connect_storage
+from autotune.store.urls import sqlite_path
+
+
+def default_study_name(model: str, gpu: str, workload: str, slos: Sequence[str] = ()) -> str:
+    """A readable study name, e.g. "llama-3.1-8b-instruct-h100-chat-ttft-p99-2s".
+
+    The SLOs are part of it: a study keeps its SLOs, so another SLO on the same model, GPU and workload
+    is another study, not a refused --resume. A name past MAX_NAME_CHARS (a long local model path) is
+    cut and ends with a hash of the whole, so two such names stay apart.
+    """
+    raw = "-".join([model.rstrip("/").split("/")[-1], gpu, workload, *slos]).lower()
+    name = re.sub(r"[^a-z0-9.]+", "-", raw).strip("-.")
+    if len(name) > MAX_NAME_CHARS:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        name = f"{name[: MAX_NAME_CHARS - 9].rstrip('-.')}-{digest}"
+    return name
+
+
+def check_not_driven(name: str, storage: str) -> None:
+    """Before anything starts: refuse (one line) to --resume a study another process is running."""
+    connected = _existing(name, storage)
+    if connected is not None:
+        refuse_live_driver(optuna.load_study(study_name=name, storage=connected))
+
+
+def check_results_kept(name: str, storage: str, run_dir: Path) -> None:
+    """Before anything starts: refuse (one line) a run whose folder holds results of a study the storage
+    does not have (its study.db deleted or moved): starting over there would overwrite them."""
+    if (run_dir / "trials.csv").exists() and _existing(name, storage) is None:
+        raise AutotuneError(
+            f"{run_dir} holds the results of study {name!r}, which {masked(storage)} does not have (was "
+            "study.db deleted or moved?); nothing was changed: pass its --storage, or move the folder "
+            "away to start over"
+        )
+
+
+def _existing(name: str, storage: str) -> optuna.storages.BaseStorage | None:
+    """The storage, connected, when it holds study `name`; None otherwise (a missing SQLite file is
+    not created by asking)."""
+    path = sqlite_path(storage)
+    if path is not None and not path.is_file():
+        return None
+    connected = connect_storage(storage, attempts=1)
+    return connected if name in optuna.study.get_all_study_names(connected) else None

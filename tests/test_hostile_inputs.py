@@ -1,0 +1,426 @@
+"""The hostile try's bad inputs: NaN, inf, empty and huge values, flags vLLM refuses, files nested or
+aliased without end, special files, edited run.json files, `bench --url` and `sim-server` options.
+Each is one line on stderr, exit 2, nothing written (the table of test_bad_inputs.py, run the same way).
+
+Inputs that make the old code read forever (a FIFO, /dev/zero) or allocate gigabytes run as
+subprocesses under a 2 GiB address-space limit and a timeout, so that a regression fails, not hangs.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import resource
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_bad_inputs import HF_CONFIG, assert_rejected, materialize, space
+
+WORKLOAD = "num_requests: 4\nprompt_len: 64\noutput_len: 8\n"
+PARAM = "  max_num_seqs: {type: int, low: 16, high: 64}"
+DEEP = "[" * 5000 + "]" * 5000
+# 10 values, each level 10 aliases of the one before: 10**9 values once expanded ("billion laughs"),
+# anchored where each file allows a free value; `*i` is the whole.
+BOMB = (
+    "[&a [x, x, x, x, x, x, x, x, x, x], "
+    + ", ".join(f"&{c} [{', '.join([f'*{p}'] * 10)}]" for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+    + "]"
+)
+RUN_JSON = '{"study": "x", "storage": "sqlite:///study.db"}'
+MODEL_CONFIG = HF_CONFIG.replace(
+    '"num_hidden_layers": 32', '"num_hidden_layers": %s'
+)  # layers, heads, extra keys
+
+CASES: list[tuple[str, list[str], dict[str, str | bytes], str]] = [
+    # -- numbers and text on the command line -------------------------------------------------------
+    ("gpu-price-nan", ["run", "--gpu-price", "nan"], {}, "argument --gpu-price: value must be a number"),
+    (
+        "gpu-price-inf",
+        ["run", "--gpu-price", "inf"],
+        {},
+        "argument --gpu-price: value must be a finite number",
+    ),
+    (
+        "target-rate-nan",
+        ["run", "--target-rate", "nan"],
+        {},
+        "argument --target-rate: value must be a number",
+    ),
+    (
+        "target-rate-inf",
+        ["run", "--target-rate", "inf"],
+        {},
+        "argument --target-rate: value must be a finite number",
+    ),
+    ("seed-2^32", ["run", "--seed", "4294967296"], {}, "argument --seed: value must be <= 4,294,967,295"),
+    ("bench-seed-negative", ["bench", "--seed", "-1"], {}, "argument --seed: value must be >= 0"),
+    ("model-empty", ["run", "--model", ""], {}, "argument --model: value must not be empty"),
+    ("gpu-empty", ["run", "--gpu", ""], {}, "argument --gpu: value must not be empty"),
+    ("study-empty", ["run", "--study", ""], {}, "argument --study: value must not be empty"),
+    ("storage-empty", ["run", "--storage", ""], {}, "argument --storage: value must not be empty"),
+    ("study-300-chars", ["run", "--study", "x" * 300], {}, "300 characters, at most 100"),
+    (
+        "storage-in-memory",
+        ["run", "--storage", "sqlite://"],
+        {},
+        "in-memory SQLite database ends with the run",
+    ),
+    (
+        "slo-400-digits",
+        ["run", "--slo", "ttft_p99=" + "9" * 400 + "s"],
+        {},
+        "the limit must be between 1 microsecond and 1 day",
+    ),
+    (
+        "slo-1e-5ms",
+        ["run", "--slo", "ttft_p99=0.00001ms"],
+        {},
+        "the limit must be between 1 microsecond and 1 day",
+    ),
+    (
+        "slo-1e6s",
+        ["run", "--slo", "ttft_p99=1000000s"],
+        {},
+        "the limit must be between 1 microsecond and 1 day",
+    ),
+    (
+        "workload-rate-1e-300",
+        ["run", "--workload", "{tmp}/w.yaml"],
+        {"w.yaml": WORKLOAD + "request_rate: 1.0e-300\n"},
+        "request_rate must be between 0.001 and 1e+06",
+    ),
+    (
+        "workload-seed-2^32",
+        ["run", "--workload", "{tmp}/w.yaml"],
+        {"w.yaml": WORKLOAD + "seed: 4294967296\n"},
+        "seed must be <= 4,294,967,295",
+    ),
+    # -- flags vLLM refuses ----------------------------------------------------------------------------
+    (
+        "space-tp-3-of-32-heads",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space(PARAM, "  tensor_parallel_size: 3"),
+        "must be divisible by tensor parallel size (3)",
+    ),
+    (
+        "space-tp-choices-3",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space("  tensor_parallel_size: {type: categorical, choices: [1, 3]}"),
+        "must be divisible by tensor parallel size (3)",
+    ),
+    (
+        "space-block-7",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space(PARAM, "  block_size: 7"),
+        "block_size=7: vLLM's block sizes are",
+    ),
+    (
+        "space-kv-dtype-bogus",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space(PARAM, "  kv_cache_dtype: bogus"),
+        "kv_cache_dtype='bogus': expected one of auto",
+    ),
+    (
+        "space-dtype-mapping",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space(PARAM, "  dtype: {a: 1}"),
+        "dtype={'a': 1}: expected a value",
+    ),
+    (
+        "space-seqs-2^63",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space("  max_num_seqs: {type: int, low: 16, high: 9223372036854775808}"),
+        "max_num_seqs=9223372036854775808: expected a whole number from 1 to 2,147,483,647",
+    ),
+    (
+        "space-budget-1e15",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space(PARAM, "  max_num_batched_tokens: 1000000000000000"),
+        "max_num_batched_tokens=1000000000000000: expected a whole number",
+    ),
+    ("set-block-7", ["bench", "--set", "block_size=7"], {}, "bad --set: block_size=7"),
+    (
+        "set-kv-dtype-bogus",
+        ["bench", "--set", "kv_cache_dtype=bogus"],
+        {},
+        "bad --set: kv_cache_dtype='bogus'",
+    ),
+    (
+        "set-seqs-2^63",
+        ["bench", "--set", "max_num_seqs=9223372036854775808"],
+        {},
+        "bad --set: max_num_seqs=9223372036854775808",
+    ),
+    (
+        "set-budget-1e15",
+        ["bench", "--set", "max_num_batched_tokens=1000000000000000"],
+        {},
+        "bad --set: max_num_batched_tokens=1000000000000000",
+    ),
+    # -- files: nesting, aliases, keys, shapes ---------------------------------------------------------
+    (
+        "space-deep",
+        ["run", "--space", "{tmp}/s.yaml"],
+        {"s.yaml": f"params:\n{PARAM}\ndescription: {DEEP}\n"},
+        "nested more than 64 levels deep",
+    ),
+    (
+        "objectives-deep",
+        ["run", "--objectives", "{tmp}/o.yaml"],
+        {"o.yaml": f"objectives: {DEEP}\n"},
+        "nested more than 64 levels deep",
+    ),
+    (
+        "workload-deep",
+        ["run", "--workload", "{tmp}/w.yaml"],
+        {"w.yaml": f"{WORKLOAD}description: {DEEP}\n"},
+        "nested more than 64 levels deep",
+    ),
+    (
+        "space-self-alias",
+        ["run", "--space", "{tmp}/s.yaml"],
+        {"s.yaml": f"params:\n{PARAM}\ndescription: &a [*a]\n"},
+        "nested more than 64 levels deep",
+    ),
+    (
+        "space-int-keys",
+        ["run", "--space", "{tmp}/s.yaml"],
+        {"s.yaml": "params:\n  1: {type: int, low: 1, high: 4}\n"},
+        "key 1 is not a name",
+    ),
+    (
+        "model-zero-layers",
+        ["run", "--model", "{tmp}/m"],
+        {"m/config.json": MODEL_CONFIG % (0, 32, "")},
+        "num_hidden_layers must be >= 1, got 0",
+    ),
+    (
+        "model-negative-width",
+        ["run", "--model", "{tmp}/m"],
+        {"m/config.json": MODEL_CONFIG % (32, -32, "")},
+        "num_attention_heads must be >= 1, got -32",
+    ),
+    (
+        "model-config-deep",
+        ["run", "--model", "{tmp}/m"],
+        {"m/config.json": DEEP},
+        "nested more than 64 levels deep",
+    ),
+    # -- export and dashboard on edited run folders ------------------------------------------------------
+    (
+        "export-run-json-list",
+        ["export", "{tmp}/r"],
+        {"r/run.json": "[1, 2]"},
+        "unreadable run file (not a JSON object)",
+    ),
+    (
+        "export-run-json-ints",
+        ["export", "{tmp}/r"],
+        {"r/run.json": '{"study": 1, "storage": 2}'},
+        "unreadable run file ('study' is 1)",
+    ),
+    (
+        "export-run-json-null-storage",
+        ["export", "{tmp}/r"],
+        {"r/run.json": '{"study": "x", "storage": null}'},
+        "unreadable run file ('storage' is None)",
+    ),
+    (
+        "export-run-json-deep",
+        ["export", "{tmp}/r"],
+        {"r/run.json": "[" * 100_000 + "]" * 100_000},
+        "nested more than 64 levels deep",
+    ),
+    ("export-no-database", ["export", "{tmp}/r"], {"r/run.json": RUN_JSON}, "is missing"),
+    (
+        "dashboard-run-json-list",
+        ["dashboard", "{tmp}/r"],
+        {"r/run.json": "[1, 2]"},
+        "unreadable run file (not a JSON object)",
+    ),
+    (
+        "dashboard-run-json-null-storage",
+        ["dashboard", "{tmp}/r"],
+        {"r/run.json": '{"study": "x", "storage": null}'},
+        "unreadable run file ('storage' is None)",
+    ),
+    ("dashboard-no-database", ["dashboard", "{tmp}/r"], {"r/run.json": RUN_JSON}, "is missing"),
+    (
+        "dashboard-relative-run-no-database",
+        ["dashboard", "r"],
+        {"r/run.json": RUN_JSON},
+        "the study file of r is missing",
+    ),
+    # -- bench --url ---------------------------------------------------------------------------------------
+    ("url-empty", ["bench", "--url", ""], {}, "argument --url: value must not be empty"),
+    ("url-bad-ipv6", ["bench", "--url", "http://[::1"], {}, "Invalid IPv6 URL"),
+    ("url-not-http", ["bench", "--url", "ftp://127.0.0.1/"], {}, "expected http(s)://HOST[:PORT]"),
+    # -- sim-server options that would start a broken server (the old code served with them) -------------
+    (
+        "sim-server-seqs-0",
+        ["sim-server", "Qwen/Qwen3-0.6B", "--port", "0", "--max-num-seqs", "0"],
+        {},
+        "bad flag: max_num_seqs=0",
+    ),
+    (
+        "sim-server-gmu-nan",
+        ["sim-server", "Qwen/Qwen3-0.6B", "--port", "0", "--gpu-memory-utilization", "nan"],
+        {},
+        "bad flag: gpu_memory_utilization=nan",
+    ),
+]
+# Alias bombs: the old code expanded them (tens of GB); run as subprocesses under the memory limit.
+BOMB_CASES: list[tuple[str, list[str], dict[str, str | bytes], str]] = [
+    (
+        "space-alias-bomb",
+        ["run", "--space", "{tmp}/s.yaml"],
+        {"s.yaml": f"description: {BOMB}\nparams:\n{PARAM}\nfixed:\n  dtype: *i\n"},
+        "more than 1,000,000 values (aliases expanded)",
+    ),
+    (
+        "workload-alias-bomb",
+        ["run", "--workload", "{tmp}/w.yaml"],
+        {"w.yaml": f"{WORKLOAD}description: {BOMB}\n"},
+        "more than 1,000,000 values (aliases expanded)",
+    ),
+    (
+        "objectives-alias-bomb",
+        ["run", "--objectives", "{tmp}/o.yaml"],
+        {"o.yaml": f"description: {BOMB}\nobjectives: [{{metric: *i, direction: maximize}}]\n"},
+        "more than 1,000,000 values (aliases expanded)",
+    ),
+]
+# Accepted by the old code: it then served forever. Each runs as a subprocess with a timeout.
+SERVER_CASES = [
+    ("read-timeout-negative", ["--request-read-timeout", "-1"]),
+    ("read-timeout-nan", ["--request-read-timeout", "nan"]),
+    ("max-request-bytes-negative", ["--max-request-bytes", "-1"]),
+    ("startup-delay-nan", ["--startup-delay", "nan"]),
+    ("startup-delay-negative", ["--startup-delay", "-5"]),
+    ("die-after-negative", ["--die-after", "-1"]),
+]
+
+
+@pytest.mark.parametrize(("argv", "files", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_hostile_input_is_refused_for_what_it_is(
+    argv: list[str],
+    files: dict[str, str | bytes],
+    expected: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One line, exit 2, nothing written; and the line names the input (not another refusal)."""
+    line = assert_rejected(argv, files, tmp_path, capfd, monkeypatch)
+    assert expected in line, line
+
+
+def _limited() -> None:
+    """In the child: at most 2 GiB of address space (a 16 GiB grid or reading /dev/zero fails fast)."""
+    resource.setrlimit(resource.RLIMIT_AS, (2 * 1024**3, 2 * 1024**3))
+
+
+def _cli(argv: list[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "autotune.cli", *argv]
+    env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
+    return subprocess.run(
+        cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=_limited
+    )
+
+
+def _assert_one_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "files", "expected"), [c[1:] for c in BOMB_CASES], ids=[c[0] for c in BOMB_CASES]
+)
+def test_an_alias_bomb_is_refused_before_it_is_expanded(
+    argv: list[str], files: dict[str, str | bytes], expected: str, tmp_path: Path
+) -> None:
+    materialize(tmp_path, files)
+    proc = _cli([a.replace("{tmp}", str(tmp_path)) for a in argv] + ["--n-trials", "1", "--quiet"], tmp_path)
+    assert expected in _assert_one_line(proc)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "workload"),
+    [
+        ("trace-dev-zero", "num_requests: 4\ntrace: /dev/zero\n"),
+        ("jsonl-dev-zero", "num_requests: 4\njsonl: /dev/zero\noutput_len: 4\n"),
+        ("jsonl-fifo", "num_requests: 4\njsonl: p.jsonl\noutput_len: 4\n"),
+        ("trace-fifo", "num_requests: 4\ntrace: t.csv\n"),
+    ],
+)
+def test_special_files_are_refused_not_read(name: str, workload: str, tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "p.jsonl")  # nobody writes it: opening it would wait forever
+    os.mkfifo(tmp_path / "t.csv")
+    (tmp_path / "w.yaml").write_text(workload)
+    proc = _cli(["run", "--workload", "w.yaml", "--n-trials", "1", "--quiet"], tmp_path)
+    assert "not a regular file" in _assert_one_line(proc)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_stepped_range_of_two_billion_values_runs_in_little_memory(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text(
+        "params:\n  max_num_batched_tokens: {type: int, low: 1024, high: 2147483647, step: 1}\n"
+    )
+    proc = _cli(["run", "--space", "s.yaml", "--n-trials", "1", "--quiet", "--repeats", "0"], tmp_path, 120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("name", "extra"), SERVER_CASES, ids=[c[0] for c in SERVER_CASES])
+def test_sim_server_refuses_bad_limits(name: str, extra: list[str], tmp_path: Path) -> None:
+    proc = _cli(["sim-server", "Qwen/Qwen3-0.6B", "--port", "0", *extra], tmp_path, timeout=30)
+    assert _assert_one_line(proc).startswith("autotune sim-server: error: argument")
+
+
+class _NotOpenAI(http.server.BaseHTTPRequestHandler):
+    """A web server that is not an OpenAI-compatible one: 404 on every path, in HTML."""
+
+    def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+        self.send_error(404)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        return
+
+
+@pytest.fixture
+def not_openai() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotOpenAI)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_bench_url_of_a_server_that_is_not_openai_is_one_line(
+    not_openai: str, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = assert_rejected(["bench", "--url", not_openai], {}, tmp_path, capfd, monkeypatch)
+    assert "no OpenAI-compatible server" in line and "404" in line
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_gpus_0_is_device_0(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """`--gpus 0` is what CUDA_VISIBLE_DEVICES=0 means (a count of none would run nothing)."""
+    import optuna
+
+    from autotune.cli import main
+
+    (tmp_path / "w.yaml").write_text("num_requests: 8\nload: fixed\nprompt_len: 64\noutput_len: 8\n")
+    argv = ["run", "--gpus", "0", "--space", "small", "--workload", str(tmp_path / "w.yaml"), "--quiet"]
+    assert main([*argv, "--n-trials", "2", "--runs-dir", str(tmp_path), "--study", "g"]) == 0, (
+        capfd.readouterr()
+    )
+    study = optuna.load_study(study_name="g", storage=f"sqlite:///{tmp_path / 'g' / 'study.db'}")
+    assert {g for t in study.trials for g in t.user_attrs.get("gpu_ids", ())} == {0}
