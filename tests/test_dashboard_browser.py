@@ -88,3 +88,36 @@ def test_report_html_puts_the_recommendation_first_and_marks_its_row(study_dir: 
     assert '<tr class="rec">' in page and "★" in page
     assert "output_throughput (tok/s)" in page and "kv_cache_oom" in page
     assert "None" not in page.split("Failures by class")[0]  # no Python None in the tables
+
+
+# Text of the note (its rendered markdown: the parent of the "Recommendation" heading) that lies past the
+# window's right edge, or sits in a box narrower than its content (cut off, or behind a scroll bar).
+CUT_OFF = """(() => {
+  const heading = [...document.querySelectorAll("h3")].find(e => e.textContent.trim() === "Recommendation");
+  const note = heading.parentElement;
+  const width = document.documentElement.clientWidth;
+  const cut = [...note.querySelectorAll("*")].filter(e =>
+    (!e.children.length && e.textContent.trim() && e.getBoundingClientRect().right > width + 1) ||
+    e.scrollWidth > e.clientWidth + 1);
+  return {text: note.innerText, cut: cut.map(e => e.tagName + ": " + e.textContent.trim().slice(0, 60))};
+})()"""
+
+
+def test_the_dashboard_note_wraps_in_a_1400_px_window(study_dir: Path) -> None:
+    """The recommendation and its command are readable whole at 1,400 px (a one-line command in a
+    code block widened the note past the window and cut them off)."""
+    from browser import Browser
+
+    study = optuna.load_study(study_name="unit", storage=load_run(study_dir).storage)
+    server = start_dashboard(load_run(study_dir).storage)
+    browser = Browser(width=1400, height=900)
+    try:
+        browser.open(f"{server.url}studies/{study._study_id}/note")
+        assert browser.wait_for("document.body.innerText.includes('Failures by class')")
+        seen = browser.evaluate(CUT_OFF)
+    finally:
+        browser.close()
+        server.stop()
+    assert "vllm serve meta-llama/Llama-3.1-8B-Instruct" in seen["text"]
+    assert "--kv-cache-dtype" in seen["text"]
+    assert seen["cut"] == []

@@ -40,6 +40,7 @@ CAPACITY = [
     "capacity_goodput",
     "capacity_probes",
     "capacity_window_s",
+    "capacity_limited_by",
 ]
 
 

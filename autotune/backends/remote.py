@@ -1,89 +1,147 @@
-"""Benchmark an OpenAI-compatible server that is already running (`autotune bench --url`), as
-`vllm bench serve --base-url` does: nothing is launched or stopped.
+"""A server that is already running (`autotune bench --url`), measured as `vllm bench serve --base-url`
+measures one: nothing is launched or stopped.
 
-The load is the same as a trial's (token-id prompts, exact output lengths, timings as vllm bench serve
-takes them, server figures from two /metrics scrapes), so a deployment can be checked against the
-recommendation it came from. No early abort: every request of the workload is measured.
+`RemoteBackend` is a Backend whose session attaches to the server at `base_url` (it waits for /health and
+sends one warm-up request) instead of launching one, so everything a trial does runs against it
+unchanged: one measurement (the load, /metrics before and after, the KV-cache usage sampled during it,
+the steady-state judgement), or a whole capacity search (autotune/trial/capacity.py).
+
+`served_config` reads what the server says of its own flags: the labels of vLLM's
+`vllm:cache_config_info` gauge (CacheConfig.metrics_info in vllm/config/cache.py, every field as a string,
+exposed by vllm/v1/metrics/loggers.py) and /v1/models' `max_model_len`. The scheduler's flags
+(max_num_seqs, max_num_batched_tokens, chunked prefill) and the parallelism are in neither: they are
+reported as unknown, never filled with autotune's defaults.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import httpx
 
-from autotune.backends.base import Workload
+from autotune.backends.base import Backend
+from autotune.backends.server import ServerSession, TrialLimits, server_session
+from autotune.backends.server_metrics import Sample, scrape_metrics
 from autotune.core.config import EngineConfig
-from autotune.core.errors import AutotuneError, FailureKind, one_line
+from autotune.core.errors import AutotuneError, one_line
 from autotune.core.secrets import masked
-from autotune.measure.result import TrialResult
-from autotune.measure.slo import Slo, goodput_bounds
+from autotune.measure.server_report import ServerReport
 
-REQUEST_TIMEOUT_S = 600.0
+CACHE_INFO = "vllm:cache_config_info"
+CACHE_INFO_SOURCE = f"/metrics {CACHE_INFO}"
+MODELS_SOURCE = "/v1/models"
+# cache_config_info label -> (the vllm serve flag, how its string reads back)
+_CACHE_LABELS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "block_size": ("block_size", int),
+    "gpu_memory_utilization": ("gpu_memory_utilization", float),
+    "enable_prefix_caching": ("enable_prefix_caching", lambda text: text == "True"),
+    "cache_dtype": ("kv_cache_dtype", str),
+}
+# Flags a vLLM server exposes nowhere: the config a deployer checks must not claim them.
+UNREPORTED = ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
 
 
 @dataclass(frozen=True)
-class RemoteServer:
-    """An OpenAI-compatible server at `base_url` (e.g. http://10.0.0.5:8000)."""
+class ServedConfig:
+    """The flags a running server reports, and where each was read."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    num_gpu_blocks: int | None = None
+
+    @property
+    def unknown(self) -> list[str]:
+        """The tuned flags the server does not report."""
+        return [name for name in UNREPORTED if name not in self.values]
+
+
+def served_models(base_url: str) -> list[Mapping[str, Any]]:
+    """The entries of /v1/models; AutotuneError when no OpenAI-compatible server answers there."""
+    where = masked(base_url)  # a URL may carry a password
+    try:
+        response = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=10.0)
+        if response.is_error:
+            raise AutotuneError(
+                f"no OpenAI-compatible server at {where}: GET /v1/models answered "
+                f"{response.status_code} {response.reason_phrase}"
+            )
+        data = response.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        raise AutotuneError(f"no OpenAI-compatible server at {where}: {one_line(exc)}") from None
+    models = data.get("data") if isinstance(data, Mapping) else None
+    if not isinstance(models, list):
+        raise AutotuneError(f"no OpenAI-compatible server at {where}: /v1/models is not a model list")
+    return [m for m in models if isinstance(m, Mapping) and "id" in m]
+
+
+def served_config(base_url: str, model: Mapping[str, Any] | None) -> ServedConfig:
+    """What the server at `base_url` reports of its config (`model`: its /v1/models entry, if any)."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    labels = cache_config_labels(scrape_metrics(base_url.rstrip("/")))
+    for label, (flag, read) in _CACHE_LABELS.items():
+        with contextlib.suppress(KeyError, ValueError):
+            values[flag] = read(labels[label])
+            sources[flag] = CACHE_INFO_SOURCE
+    if model is not None and isinstance(model.get("max_model_len"), int):
+        values["max_model_len"] = model["max_model_len"]
+        sources["max_model_len"] = MODELS_SOURCE
+    blocks = None
+    with contextlib.suppress(KeyError, ValueError):
+        blocks = int(float(labels["num_gpu_blocks"]))
+    return ServedConfig(values, sources, blocks)
+
+
+def cache_config_labels(samples: Sequence[Sample]) -> dict[str, str]:
+    """The labels of the first `vllm:cache_config_info` sample ({} when the server has none)."""
+    return next((dict(s.labels) for s in samples if s.name == CACHE_INFO), {})
+
+
+@dataclass(frozen=True)
+class RemoteBackend(Backend):
+    """The server at `base_url` as a backend: a session attaches to it (nothing is launched or stopped).
+
+    `early_abort` False measures every request even once an SLO is lost (a deployer's benchmark wants
+    the whole picture; a capacity search wants the GPU time back).
+    """
+
+    base_url: str
+    startup_timeout_s: float = 60.0
+    benchmark_timeout_s: float = 1800.0
+    early_abort: bool = True
+
+    @property
+    def runs_servers(self) -> bool:
+        """Nothing is launched: there is nothing to tear down."""
+        return False
+
+    def session(
+        self, config: EngineConfig, gpu_ids: Sequence[int] = (), trial_dir: Path | None = None
+    ) -> AbstractContextManager[ServerSession]:
+        """The running server, for one or more measurements of `config.model` on it."""
+        handle = _Attached(self.base_url.rstrip("/"))
+        limits = TrialLimits(self.startup_timeout_s, self.benchmark_timeout_s, early_abort=self.early_abort)
+        return server_session(lambda port, log: handle, config, limits, trial_dir, ServerReport())
+
+
+@dataclass(frozen=True)
+class _Attached:
+    """A server someone else runs: it is not ours to stop, and its exit and log are not ours to see."""
 
     base_url: str
 
-    def served_model(self) -> str:
-        """The first model id of /v1/models; AutotuneError when the server does not answer."""
-        where = masked(self.base_url)
-        try:
-            response = httpx.get(self.base_url.rstrip("/") + "/v1/models", timeout=10.0)
-            if response.is_error:
-                raise AutotuneError(
-                    f"no OpenAI-compatible server at {where}: GET /v1/models answered "
-                    f"{response.status_code} {response.reason_phrase}"
-                )
-            data = response.json()
-        except (httpx.HTTPError, ValueError) as exc:
-            raise AutotuneError(f"no OpenAI-compatible server at {where}: {one_line(exc)}") from None
-        models = data.get("data") if isinstance(data, dict) else None
-        if not isinstance(models, list) or not all(isinstance(m, dict) and "id" in m for m in models):
-            raise AutotuneError(f"no OpenAI-compatible server at {where}: /v1/models is not a model list")
-        if not models:
-            raise AutotuneError(f"{where}/v1/models lists no model; pass --model")
-        return str(models[0]["id"])
+    def exit_code(self) -> int | None:
+        """Never known here."""
+        return None
 
-    def measure(
-        self, config: EngineConfig, workload: Workload, slos: Sequence[Slo] = (), seed: int = 0
-    ) -> TrialResult:
-        """One warm-up request, then the workload; the failure is the result when the server fails."""
-        from autotune.backends.server_load import warmup_request
-        from autotune.backends.server_metrics import scrape_metrics, server_figures
-        from autotune.measure.loadgen import run_load
-        from autotune.measure.metrics import compute_metrics
+    def log_text(self) -> str:
+        """Not readable from here."""
+        return ""
 
-        url = self.base_url.rstrip("/")
-        warmup = asyncio.run(run_load(url, config.model, [warmup_request()]))
-        if not warmup.records or not warmup.records[0].success:
-            error = warmup.records[0].error if warmup.records else "no answer"
-            return TrialResult(
-                config=config, failure=FailureKind.ERROR, message=f"warm-up request failed: {error}"
-            )
-        before = scrape_metrics(url)
-        load = asyncio.run(
-            run_load(
-                url,
-                config.model,
-                workload.requests(seed),
-                max_concurrency=workload.max_concurrency,
-                request_timeout_s=REQUEST_TIMEOUT_S,
-            )
-        )
-        server = server_figures(before, scrape_metrics(url), None)
-        metrics = compute_metrics(load.records, load.duration, goodput_bounds(slos), server=server)
-        failed = [r for r in load.records if not r.success]
-        if failed and not metrics.completed:
-            return TrialResult(
-                config=config,
-                benchmark=metrics,
-                failure=FailureKind.ERROR,
-                message=f"all {len(failed)} requests failed: {failed[0].error}",
-            )
-        return TrialResult(config=config, benchmark=metrics, benchmark_s=load.duration)
+    def stop(self) -> None:
+        """Left running."""

@@ -56,13 +56,14 @@ class ServerHandle(Protocol):
 
 @dataclass(frozen=True)
 class TrialLimits:
-    """How long a trial may take."""
+    """How long a trial may take, and whether a load that lost its SLOs ends early."""
 
     startup_timeout_s: float = 600.0
     benchmark_timeout_s: float = 1800.0
     # Before each measurement: how long the server may take to finish the previous load's requests
     # (vLLM aborts a request whose client left; a server that never gets idle counts as hung).
     idle_timeout_s: float = 300.0
+    early_abort: bool = True  # off: every request is measured even once an SLO cannot be met any more
 
 
 @dataclass
@@ -98,7 +99,7 @@ def benchmark(
     requests = workload.requests(seed)
     measure_from = workload.measure_from
     measured_lens = [r.output_len for r in requests if r.arrival_time >= measure_from]
-    guard = SloGuard.for_requests(slos, measured_lens) if slos else None
+    guard = SloGuard.for_requests(slos, measured_lens) if slos and limits.early_abort else None
     before = scrape_metrics(handle.base_url)
     sampler = KvSampler(handle.base_url)
     started = time.monotonic()
@@ -121,7 +122,7 @@ def benchmark(
         message = f"the benchmark did not finish within {limits.benchmark_timeout_s:g} s"
         return Measurement(failure=ServerFailure(FailureKind.BENCHMARK_TIMEOUT, message))
     after = scrape_metrics(handle.base_url)
-    server = server_figures(before, after, sampler.peak_kv)
+    server = server_figures(before, after, sampler.peak_kv, sampler.peak_running)
     duration = load.duration or (time.monotonic() - started)
     kind = load_kind(requests, workload.max_concurrency)
     metrics, report = measure_window(load.records, duration, measure_from, slos, server, kind)

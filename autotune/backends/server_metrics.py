@@ -1,7 +1,7 @@
 """A vLLM server's /metrics, as the real-server path reads it: Prometheus text parsed with
 prometheus_client's parser, the counters compared before and after a load (preemptions, prefix-cache
-hits), the KV-cache usage gauge sampled during it (its peak: the end misses it), and the startup's
-KV block count (`vllm:cache_config_info`)."""
+hits), the KV-cache usage and running-requests gauges sampled during it (their peaks: the end misses
+them), and the startup's KV block count (`vllm:cache_config_info`)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,19 @@ from typing import Any
 
 import httpx
 
-KV_SAMPLE_S = 0.25  # how often /metrics is sampled during the load (peak KV usage)
+KV_SAMPLE_S = 0.25  # how often /metrics is sampled during the load (peak KV usage, requests running)
+RUNNING = "vllm:num_requests_running"
 
 
 class KvSampler:
-    """Samples /metrics during the load to catch the peak KV-cache usage (a gauge: the end misses it)."""
+    """Samples /metrics during the load to catch the peak KV-cache usage (a gauge: the end misses it)
+    and the most requests the server ran at once (its batch: a server's max_num_seqs, or fewer when its
+    KV cache holds fewer, which a server that is not ours to configure reports nowhere else)."""
 
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url
         self.peak_kv: float | None = None
+        self.peak_running: int | None = None
 
     async def run(self) -> None:
         """Sample until cancelled (the load's end cancels it)."""
@@ -29,9 +33,13 @@ class KvSampler:
             while True:
                 with contextlib.suppress(httpx.HTTPError):
                     response = await client.get(self.base_url + "/metrics")
-                    usage = kv_usage(parse_prometheus(response.text))
+                    samples = parse_prometheus(response.text)
+                    usage = kv_usage(samples)
                     if usage is not None:
                         self.peak_kv = max(usage, self.peak_kv or 0.0)
+                    running = _total(samples, RUNNING)
+                    if running is not None:
+                        self.peak_running = max(int(running), self.peak_running or 0)
                 await asyncio.sleep(KV_SAMPLE_S)
 
 
@@ -84,9 +92,10 @@ def kv_usage(samples: Sequence[Sample]) -> float | None:
 
 
 def server_figures(
-    before: Sequence[Sample], after: Sequence[Sample], peak_kv: float | None
+    before: Sequence[Sample], after: Sequence[Sample], peak_kv: float | None, peak_running: int | None = None
 ) -> dict[str, Any]:
-    """Server-side figures of the run: preemptions, KV blocks, peak KV usage, prefix-cache hit rate."""
+    """Server-side figures of the run: preemptions, KV blocks, peak KV usage, prefix-cache hit rate, and
+    the most requests it ran at once (when sampled)."""
     out: dict[str, Any] = {}
 
     def delta(name: str) -> float | None:
@@ -107,4 +116,6 @@ def server_figures(
     queries, hits = delta("vllm:prefix_cache_queries"), delta("vllm:prefix_cache_hits")
     if queries and hits is not None:
         out["prefix_cache_hit_rate"] = hits / queries
+    if peak_running is not None:
+        out["peak_num_requests_running"] = peak_running
     return out

@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.core.errors import AutotuneError
     from autotune.core.secrets import masked
     from autotune.outputs import export
+    from autotune.outputs.outcome import SIMULATED_NOTE, is_simulated
     from autotune.store.storage import storage_error
     from autotune.store.urls import run_storage
     from autotune.tune.recommendation import decide
@@ -88,5 +89,8 @@ def run(args: argparse.Namespace) -> int:
     options = export.ExportOptions(
         image=image, secret=args.secret, secret_key=args.secret_key, replicas=args.replicas
     )
-    sys.stdout.write(export.render(chosen.engine_config(), args.format, options=options))
+    text = export.render(chosen.engine_config(), args.format, options=options)
+    if is_simulated(info.meta):
+        text = export.with_note(text, args.format, SIMULATED_NOTE)
+    sys.stdout.write(text)
     return 0

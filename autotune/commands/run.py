@@ -16,6 +16,7 @@ from autotune.commands.options import (
     add_server_options,
     add_slo_option,
 )
+from autotune.commands.run_estimate import print_estimate
 from autotune.core import values
 from autotune.core.inputs import arg, positive_seconds
 from autotune.sim.noise import noise_model
@@ -30,6 +31,7 @@ DEFAULT_TRIALS = 50
 LOADS = ("workload", "fixed", "capacity")
 MAX_PARALLEL = 256  # CPU slots for simulated trials: more than any host has cores
 DEFAULT_REPEATS = 2  # seeds beyond the first: 3 paired measurements give a gain an interval
+PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size")  # what sets a replica's GPU count
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -292,19 +294,24 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
     try:
         RunInfo(study=s.study_name, storage=for_run_file(s.storage, s.run_dir), directory=s.run_dir).save(
             {**settings.to_dict(), "space": s.space.source, "load": s.workload.load, **_image(args)}
+            | {"simulated": s.backend.simulated, "gpus": len(s.gpu_ids)}
         )
         progress = None if args.quiet else Progress()
         _announce(args, s, executor.describe(), study)
+        per_replica = _per_replica_note(s)
+        if per_replica:
+            print(f"autotune: {per_replica}", file=sys.stderr)
         if args.backend != "sim":
-            _print_estimate(args, s, baseline, executor.capacity)
-        screen = None
-        if not args.no_screen:
-            screen = make_screen(s.space.model, s.space.gpu, calibration=s.calibration)
+            print_estimate(args, s, executor.capacity)
+        screen = (
+            None if args.no_screen else make_screen(s.space.model, s.space.gpu, calibration=s.calibration)
+        )
         print(f"autotune: {describe(screen, enabled=not args.no_screen)}", file=sys.stderr)
         if s.untuned:
             print(f"autotune: {s.untuned}", file=sys.stderr)
         dashboard = _start_dashboard(s.storage) if args.dashboard else None
         context = {**settings.to_dict(), "load": s.workload.load, "simulated": s.backend.simulated}
+        context["gpus"] = len(s.gpu_ids)
         note = StudyNote(study, context)
         tuner = Tuner(
             study,
@@ -354,6 +361,20 @@ def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> No
     )
 
 
+def _per_replica_note(s: _Setup) -> str | None:
+    """When the space varies the GPUs a replica takes and the objective is a throughput per replica:
+    a config wins by taking more GPUs, which a deployer pays for; say so before the run."""
+    varied = next((p for p in s.space.params if p.name in PARALLEL_SIZES), None)
+    first = s.objectives.objectives[0]
+    if varied is None or not first.maximize or first.metric.endswith("_per_gpu"):
+        return None
+    values = ", ".join(str(v) for v in varied.grid_values())
+    return (
+        f"{varied.name} varies ({values}) and {first.metric} is per replica: a config wins by taking more "
+        "GPUs; to compare per GPU, pass --objectives per_gpu (output_throughput_per_gpu)"
+    )
+
+
 def _image(args: argparse.Namespace) -> dict[str, str]:
     """The image a docker run tuned with, for `autotune export` to deploy the same one."""
     return {"image": args.image} if args.backend == "docker" else {}
@@ -367,30 +388,6 @@ def _load_text(s: _Setup) -> str:
             "latency unbounded)"
         )
     return f"{s.workload.load} load"
-
-
-def _print_estimate(args: argparse.Namespace, s: _Setup, baseline: dict[str, Any], gpus: int) -> None:
-    """Before a real-GPU run: time and GPU-hours, from the baseline trial replayed on the simulator."""
-    from autotune.backends.sim import SimBackend
-    from autotune.dispatch.executor import evaluate_trial
-    from autotune.outputs.cost import estimate_run
-
-    config = s.space.config(baseline)
-    tp = max(1, config.tensor_parallel_size)
-    try:
-        sim = SimBackend(s.space.gpu, calibration=s.calibration)
-        result = evaluate_trial(sim, config, s.workload, s.slos, args.seed, (), None)
-    except Exception:  # noqa: BLE001  (an estimate must never stop the run)
-        result = None
-    source = "the baseline config replayed on the simulated engine"
-    estimate = estimate_run(result, args.n_trials, tp, gpus // tp, source) if result else None
-    if estimate is None:
-        print(
-            "autotune: no time estimate (the model or GPU is not in the simulator's catalogs)",
-            file=sys.stderr,
-        )
-    else:
-        print(f"autotune: {estimate.text()}", file=sys.stderr)
 
 
 def _start_dashboard(storage: str) -> Any:

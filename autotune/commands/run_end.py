@@ -64,7 +64,7 @@ def write_results(
     from autotune.outputs import report
     from autotune.outputs.outcome import outcome as read_outcome
     from autotune.store.storage import storage_error
-    from autotune.tune.remeasure import stored_repeats
+    from autotune.tune.remeasure import repeats_gpu_seconds, stored_repeats
     from autotune.tune.study import records
 
     out, problem = None, ""
@@ -82,6 +82,7 @@ def write_results(
                 args.target_rate,
                 args.gpu_price,
                 stored_repeats(study),
+                repeats_gpu_seconds(study),
             )
             out = outcome, recs
             if recs:

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# What limits a capacity when no SLO does: the server could not keep up with more arrivals (its
+# throughput), whatever the latencies at that rate.
+KEEPING_UP = "keeping up"
+
 
 @dataclass(frozen=True)
 class ProbeSummary:
@@ -23,6 +27,8 @@ class ProbeSummary:
     requests: int | None = None  # measured in its last window
     pooled_with: tuple[float, ...] | None = None  # the rates whose windows made it pass
     failure: str | None = None  # the failure kind of its last window
+    # what it did not meet (None: it passed): KEEPING_UP, the SLOs not met with confidence, or a failure
+    short_of: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -43,3 +49,6 @@ class CapacityReport:
     measured_total_token_throughput: float | None = None
     stopped_by: str | None = None  # why the search stopped short (the server died or hung)
     window_s: tuple[float, float] | None = None  # the planned warm-up and window (seconds)
+    # what keeps it from being higher: the rate above it fell short of these (KEEPING_UP, SLOs), or
+    # KEEPING_UP when above it lies only the saturation throughput; None: not known (an old study)
+    limited_by: tuple[str, ...] | None = None

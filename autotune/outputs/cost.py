@@ -1,5 +1,6 @@
-"""What a run cost and what its recommendation costs to deploy: GPU-hours spent and saved, replicas for
-a target request rate, $/Mtok at a GPU price, and the estimate shown before a real-GPU run.
+"""What a run cost and what its recommendation costs to deploy: GPU-hours spent and saved (a simulated
+run's also as time on the user's GPUs), replicas for a target request rate, $/Mtok at a GPU price (the
+estimate shown before a real-GPU run: autotune/outputs/estimate.py).
 
 GPU-hours saved are two estimates, each said as such:
 - early abort: per trial, the load time the abort spared (the arrival schedule left plus a median
@@ -15,7 +16,6 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from autotune.tune.progress import clock
 from autotune.tune.study import TrialRecord
@@ -33,6 +33,9 @@ class CostView:
     aborted: int  # trials stopped early
     screened: int  # configs not launched because they were predicted to fail to start
     simulated: bool
+    gpus: int = 0  # the GPUs the run was given (--gpus; 0: not given)
+    gpu: str = ""  # their type
+    repeats_h: float = 0.0  # of spent_h: re-measuring the top configs and the baseline
 
     def text(self) -> str:
         """One sentence for the run summary and the report."""
@@ -43,23 +46,40 @@ class CostView:
         if self.screened:
             saved.append(f"{self.saved_screen_h:.2f} h by screening ({self.screened} configs not launched)")
         tail = f"; saved about {' and '.join(saved)}" if saved else ""
-        return f"{kind}GPU time spent {self.spent_h:.2f} GPU-h{tail}."
+        repeats = f", {self.repeats_h:.2f} of them re-measuring the top configs" if self.repeats_h else ""
+        return f"{kind}GPU time spent {self.spent_h:.2f} GPU-h{repeats}{self._on_real_gpus()}{tail}."
+
+    def _on_real_gpus(self) -> str:
+        """A simulated run's GPU-hours as time on the user's GPUs (its --gpus, else one)."""
+        if not self.simulated:
+            return ""
+        gpus, kind = max(1, self.gpus), f" {self.gpu}" if self.gpu else ""
+        hint = "" if self.gpus else "; --gpus N: on N"
+        plural = "s" if gpus > 1 else ""
+        return f" (on real{kind} GPUs: about {clock(self.spent_h * 3600 / gpus)} on {gpus} GPU{plural}{hint})"
 
 
-def cost_view(records: Sequence[TrialRecord], simulated: bool) -> CostView:
-    """Spent and saved GPU-hours of a study's records (duplicates cost nothing)."""
+def cost_view(
+    records: Sequence[TrialRecord], simulated: bool, gpus: int = 0, gpu: str = "", repeats_s: float = 0.0
+) -> CostView:
+    """Spent and saved GPU-hours of a study's records (duplicates cost nothing) and its re-measurements
+    (`repeats_s`); `gpus` of type `gpu`: what the run was given, to say a simulated run's GPU-hours as
+    time on them."""
     launched_failures = [
         r.gpu_seconds for r in records if r.failure in STARTUP_FAILURES and r.launched and r.gpu_seconds > 0
     ]
     screened = sum(1 for r in records if r.screened)
     per_screened = statistics.median(launched_failures) if launched_failures else 0.0
     return CostView(
-        spent_h=sum(r.gpu_seconds for r in records) / 3600,
+        spent_h=(sum(r.gpu_seconds for r in records) + repeats_s) / 3600,
         saved_abort_h=sum(r.gpu_seconds_saved for r in records) / 3600,
         saved_screen_h=screened * per_screened / 3600,
         aborted=sum(1 for r in records if r.gpu_seconds_saved > 0),
         screened=screened,
         simulated=simulated,
+        gpus=gpus,
+        gpu=gpu,
+        repeats_h=repeats_s / 3600,
     )
 
 
@@ -73,11 +93,13 @@ class Sizing:
     gpus: int
     capacity_known: bool  # False: measured at a fixed load, so per_replica_rate is a lower bound
     usd_per_mtok: float | None = None  # output tokens, at the target rate
+    simulated: bool = False  # the per-replica rate comes from the simulated engine
 
     def text(self) -> str:
         """One sentence for the report."""
         bound = "" if self.capacity_known else " at most (measured at a fixed load, not at capacity)"
-        price = f"; ${self.usd_per_mtok:,.2f} per million output tokens" if self.usd_per_mtok else ""
+        sim = " (simulated: confirm the rate on a GPU)" if self.simulated else ""
+        price = f"; ${self.usd_per_mtok:,.2f} per million output tokens{sim}" if self.usd_per_mtok else sim
         return (
             f"{self.target_rate:g} req/s: {self.replicas} replicas{bound} x {self.gpus // self.replicas} "
             f"GPU = {self.gpus} GPUs (one replica serves {self.per_replica_rate:.2f} req/s within the SLOs)"
@@ -85,8 +107,11 @@ class Sizing:
         )
 
 
-def sizing(best: TrialRecord, target_rate: float, gpu_price: float | None = None) -> Sizing | None:
-    """Replicas and GPUs to serve `target_rate` req/s with the recommended trial; None without a rate."""
+def sizing(
+    best: TrialRecord, target_rate: float, gpu_price: float | None = None, simulated: bool = False
+) -> Sizing | None:
+    """Replicas and GPUs to serve `target_rate` req/s with the recommended trial; None without a rate
+    (`simulated`: its rate comes from the simulated engine, and the sizing says so)."""
     capacity = best.capacity.rate if best.capacity is not None else None
     known = bool(capacity)
     rate = float(capacity or best.metrics.get("request_throughput") or 0.0)
@@ -100,43 +125,4 @@ def sizing(best: TrialRecord, target_rate: float, gpu_price: float | None = None
     if gpu_price and completed and out_tokens:
         tokens_per_hour = target_rate * (out_tokens / completed) * 3600
         usd = gpu_price * replicas * tp / (tokens_per_hour / 1e6)
-    return Sizing(target_rate, rate, replicas, replicas * tp, known, usd)
-
-
-@dataclass(frozen=True)
-class RunEstimate:
-    """Before a real-GPU run: how long it may take and what it costs."""
-
-    per_trial_s: float  # GPU-seconds of one trial per GPU (startup + benchmarks)
-    gpus_per_trial: int
-    n_trials: int
-    parallel: int  # trials at once
-    source: str  # how per_trial_s was obtained
-
-    @property
-    def gpu_hours(self) -> float:
-        """Total GPU-hours of the run."""
-        return self.per_trial_s * self.gpus_per_trial * self.n_trials / 3600
-
-    @property
-    def wall_hours(self) -> float:
-        """Wall-clock hours with `parallel` trials at once."""
-        return self.per_trial_s * math.ceil(self.n_trials / max(1, self.parallel)) / 3600
-
-    def text(self) -> str:
-        """One line printed before the run starts."""
-        return (
-            f"estimate: about {clock(self.wall_hours * 3600)} and {self.gpu_hours:.2f} GPU-hours for "
-            f"{self.n_trials} trials ({clock(self.per_trial_s)} per trial on {self.gpus_per_trial} GPU(s), "
-            f"{self.parallel} at once; {self.source}). Early abort and screening make it less."
-        )
-
-
-def estimate_run(
-    result: Any, n_trials: int, gpus_per_trial: int, parallel: int, source: str
-) -> RunEstimate | None:
-    """A run's estimate from one trial's result (e.g. the baseline replayed on the simulator)."""
-    per_trial = float(result.startup_s + result.benchmark_s + getattr(result, "saved_s", 0.0))
-    if per_trial <= 0:
-        return None
-    return RunEstimate(per_trial, max(1, gpus_per_trial), n_trials, max(1, parallel), source)
+    return Sizing(target_rate, rate, replicas, replicas * tp, known, usd, simulated)

@@ -91,13 +91,19 @@ class StudyNote:
         from optuna_dashboard._custom_plot_data import SYSTEM_ATTR_PLOT_DATA, save_graph_object_json
 
         from autotune.outputs.outcome import outcome
-        from autotune.tune.remeasure import stored_repeats
+        from autotune.tune.remeasure import repeats_gpu_seconds, stored_repeats
         from autotune.tune.study import records
 
         slos = self.context.get("slos", [])
         remeasured = stored_repeats(self.study)
         out = outcome(
-            records(self.study), self.names, self.maximize, slos, self.context, remeasured=remeasured
+            records(self.study),
+            self.names,
+            self.maximize,
+            slos,
+            self.context,
+            remeasured=remeasured,
+            repeats_gpu_s=repeats_gpu_seconds(self.study),
         )
         save_note(self.study, note_markdown(self.study.study_name, out))
         figure = json.dumps(pareto_figure(out))
@@ -107,7 +113,7 @@ class StudyNote:
 
 def note_markdown(name: str, out: Any) -> str:
     """The study's note: what is tuned, how far the run is, what it recommends so far, what failed."""
-    from autotune.outputs.outcome import fmt_number
+    from autotune.outputs.outcome import SIMULATED_NOTE, fmt_number
 
     ctx = out.context
     told = len(out.records)
@@ -118,6 +124,7 @@ def note_markdown(name: str, out: Any) -> str:
         f"{ctx.get('model', '')} on {ctx.get('gpu', '')}, workload {ctx.get('workload', '')} at "
         f"{ctx.get('load', '?')} load, backend {ctx.get('backend', '?')}.",
         "",
+        *([f"> **{SIMULATED_NOTE[0].upper()}{SIMULATED_NOTE[1:]}.**", ""] if out.simulated else []),
         f"**SLOs:** {', '.join(out.slos) or 'none'}  ",
         f"**Trials:** {told} told, {feasible} feasible, {sum(failed.values())} failed or rejected "
         f"(updated {time.strftime('%H:%M:%S')})",
@@ -140,9 +147,11 @@ def note_markdown(name: str, out: Any) -> str:
     if out.decision.gain is not None and out.decision.gain.percent() not in out.verdict():
         lines.append(f"Gain: {out.gain_text()}")
     if out.best is not None:
-        from autotune.outputs.export import render
+        from autotune.outputs.export import command_lines
 
-        lines += ["", "```", render(out.best.engine_config(), "cmd").strip(), "```"]
+        # one flag a line: a code block does not wrap, and a one-line command widened the whole note
+        # past the window (its text cut off at 1,400 px)
+        lines += ["", "```", command_lines(out.best.engine_config()).strip(), "```"]
     if failed:
         lines += ["", "### Failures by class", "| class | trials | message |", "|---|---|---|"]
         for kind, count in failed.most_common():

@@ -141,6 +141,33 @@ def render(
     raise AutotuneError(f"unknown export format {fmt!r} (use {', '.join(FORMATS)})")
 
 
+def command_lines(config: EngineConfig) -> str:
+    """The `vllm serve` command with one flag a line (shell line continuations), for where a long line
+    does not wrap (a code block)."""
+    groups = _flag_groups(["vllm", "serve", *config.to_args()])
+    return " \\\n  ".join(shlex.join(group) for group in groups) + "\n"
+
+
+def _flag_groups(args: list[str]) -> list[list[str]]:
+    """`vllm serve MODEL --a 1 --b` -> [[vllm, serve, MODEL], [--a, 1], [--b]]: a flag with its value."""
+    groups: list[list[str]] = [[]]
+    for arg in args:
+        if arg.startswith("--"):
+            groups.append([])
+        groups[-1].append(arg)
+    return groups
+
+
+def with_note(text: str, fmt: str, note: str) -> str:
+    """`text` (a `render` output) with `note` as a comment valid in its format: a `#` line above a
+    command or a YAML document, and for `flags` a `#` comment ending their line (pasted after
+    `vllm serve MODEL`, a line of its own above them would run the command without them)."""
+    comment = "# " + " ".join(note.split())
+    if fmt == "flags":
+        return f"{text.rstrip()}  {comment}\n"
+    return f"{comment}\n{text}"
+
+
 def local_model_dir(model: str) -> Path | None:
     """The model as a local directory (`--model DIR`), or None for a Hugging Face id."""
     path = Path(model).expanduser()

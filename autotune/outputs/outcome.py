@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.measure.capacity_report import KEEPING_UP
+from autotune.measure.evidence import UNSURE
 from autotune.outputs.cost import CostView, Sizing, cost_view, sizing
-from autotune.tune.front import baseline, pareto_front
+from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, gpus_per_replica, pareto_front
+from autotune.tune.objectives import PER_GPU
 from autotune.tune.recommendation import Recommendation, decide, resolution_of
 from autotune.tune.study import TrialRecord
+
+# Said wherever a simulated run's results go (report, summary, best.json, exports, dashboard note).
+SIMULATED_NOTE = (
+    "simulated: these results come from autotune's simulated vLLM engine, not a GPU; confirm them on "
+    "one before you deploy (autotune bench --url against the deployment, --capacity for its capacity)"
+)
+
+
+def is_simulated(context: Mapping[str, Any]) -> bool:
+    """Whether a run's results come from the simulated engine (its context or run.json; a run.json from
+    before the mark existed: its backend)."""
+    return bool(context.get("simulated", context.get("backend") == "sim"))
 
 
 @dataclass
@@ -47,7 +63,76 @@ class Outcome:
             f"{name} {_change(new, old)}"
             for name, new, old in zip(self.objective_names, best.values or [], base.values, strict=False)
         )
-        return f"{text} Trial #{best.number} vs the defaults: {changes}."
+        return f"{text} Trial #{best.number} vs the defaults: {changes}.{self._per_gpu(best, base)}"
+
+    def _per_gpu(self, best: TrialRecord, base: TrialRecord) -> str:
+        """The verdict's per-GPU sentence when the two take different GPU counts and the objective is
+        per replica: a TP=4 replica doing 2.5x a TP=2 one's work is a 25 % gain per GPU, not 150 %."""
+        gain = self.gain_per_gpu(best)
+        mine, theirs = gpus_per_replica(best.config), gpus_per_replica(base.config)
+        if gain is None or mine == theirs:
+            return ""
+        new, old = (best.values or [0.0])[0] / mine, (base.values or [0.0])[0] / theirs
+        return (
+            f" Per GPU ({mine} GPUs per replica vs {theirs}): {self.objective_names[0]} "
+            f"{_change(new, old)} ({fmt_number(new)} vs {fmt_number(old)})."
+        )
+
+    def per_replica(self) -> bool:
+        """Whether the primary objective is a throughput per replica (not per GPU)."""
+        name = self.objective_names[0]
+        return self.maximize[0] and not name.endswith(PER_GPU) and not name.endswith("_ms")
+
+    def gain_per_gpu(self, record: TrialRecord) -> float | None:
+        """`gain` per GPU of each replica (None: the objective is not a throughput per replica)."""
+        base = self.baseline
+        if not self.per_replica() or base is None or not base.values or not record.values:
+            return None
+        theirs = base.values[0] / gpus_per_replica(base.config)
+        return record.values[0] / gpus_per_replica(record.config) / theirs - 1 if theirs else None
+
+    def multi_gpu(self) -> bool:
+        """Whether a config of the study takes more than one GPU per replica (a comparison of them must
+        say how many)."""
+        return any(gpus_per_replica(r.config) > 1 for r in self.records if r.config)
+
+    @property
+    def simulated(self) -> bool:
+        """Whether these results come from the simulated engine."""
+        return is_simulated(self.context)
+
+    def highest(self) -> TrialRecord | None:
+        """The best primary value measured (feasible, duplicates left out): the progress line's best."""
+        pool = [r for r in self.feasible() if r.values]
+        sign = 1.0 if self.maximize[0] else -1.0
+        return max(pool, key=lambda r: sign * (r.values or [0.0])[0], default=None)
+
+    def progress_note(self) -> str:
+        """One line when the verdict does not name the progress line's best as it showed it: a tie rule
+        gave another trial, or re-measurements changed its gain ("" when they agree)."""
+        top, candidate, gain = self.highest(), self.decision.candidate, self.decision.gain
+        if top is None or candidate is None:
+            return ""
+        shown = f"trial #{top.number} ({fmt_number((top.values or [0.0])[0])} {self.objective_names[0]}"
+        first = self.gain(top)
+        shown += f", {first * 100:+.1f}% vs the defaults)" if first is not None else ")"
+        if top.number != candidate.number:
+            n, bracket = candidate.number, resolution_of(candidate)
+            value, best = (candidate.values or [0.0])[0], (top.values or [0.0])[0]
+            if bracket and abs(value) * bracket >= abs(best - value):
+                why = f"#{n}'s capacity bracket, {bracket:.1%}, reaches it"
+            else:
+                why = f"they are within {TIE_TOLERANCE:.0%}"
+            return (
+                f"The progress line's best, {shown}, ties with trial #{n}: {why}, and a tie goes to the "
+                f"lowest latencies, #{n}'s."
+            )
+        if gain is not None and gain.how.endswith("paired runs") and first is not None:
+            return (
+                f"The progress line's best, {shown}, was its first measurement; with the re-measurements "
+                f"({gain.how}) its gain is {gain.percent()}."
+            )
+        return ""
 
     def feasible(self) -> list[TrialRecord]:
         """Feasible trials (duplicates left out)."""
@@ -60,12 +145,19 @@ class Outcome:
 
     def flags(self) -> list[str]:
         """What a deployer should know before acting: infeasible baseline, a gain within noise..."""
-        out = []
+        out = [SIMULATED_NOTE] if self.simulated else []
         if self.best is None:
             out.append("no config met the SLOs: relax them or widen the search space")
+        label = defaults_label(self.baseline)
+        if self.baseline is not None and label != "vLLM's defaults":
+            out.append(
+                f"the baseline is {label}: vLLM's own default, TP=1, is outside this space (the nearest "
+                "value it allows stands in)"
+            )
         if self.baseline is not None and not self.baseline.feasible:
             why = self.baseline.failure or "violates the SLOs"
-            out.append(f"vLLM's default config is infeasible here ({why})")
+            what = "vLLM's default config is" if label == "vLLM's defaults" else f"{label} are"
+            out.append(f"{what} infeasible here ({why})")
         gain = self.decision.gain
         if gain is not None and not gain.significant:
             found = self.decision.candidate.number if self.decision.candidate else "?"
@@ -91,12 +183,13 @@ def outcome(
     target_rate: float | None = None,
     gpu_price: float | None = None,
     remeasured: dict[str, list[float]] | None = None,
+    repeats_gpu_s: float = 0.0,
 ) -> Outcome:
     """Front, recommendation (with its gain), baseline and costs of a study's records."""
     decision = decide(records, maximize, objective_names, remeasured)
     best = decision.trial
     ctx = dict(context or {})
-    simulated = bool(ctx.get("simulated", ctx.get("backend") == "sim"))
+    simulated = is_simulated(ctx)
     return Outcome(
         records=records,
         front=pareto_front(records, maximize),
@@ -107,8 +200,10 @@ def outcome(
         slos=slos,
         decision=decision,
         context=ctx,
-        cost=cost_view(records, simulated),
-        sizing=sizing(best, target_rate, gpu_price) if best is not None and target_rate else None,
+        cost=cost_view(
+            records, simulated, int(ctx.get("gpus") or 0), str(ctx.get("gpu") or ""), repeats_gpu_s
+        ),
+        sizing=sizing(best, target_rate, gpu_price, simulated) if best is not None and target_rate else None,
     )
 
 
@@ -127,5 +222,48 @@ def _change(new: float, old: float) -> str:
     return f"{(new / old - 1) * 100:+.1f}%" if old else f"{new:,.4g} (baseline 0)"
 
 
-def _change(new: float, old: float) -> str:
-    return f"{(new / old - 1) * 100:+.1f}%" if old else f"{new:,.4g} (baseline 0)"
+def limited_by(record: TrialRecord) -> str:
+    """What limits a trial's capacity, in a few words ("" when it was not a capacity search, or its
+    study predates the record): the SLOs the rate above it missed, or keeping up."""
+    limits = record.capacity.limited_by if record.capacity is not None else None
+    return " and ".join(limits) if limits else ""
+
+
+def capacity_text(record: TrialRecord, slos: list[str]) -> str:
+    """One sentence: a trial's capacity, what limits it, and where its latencies sit at that rate
+    against their SLOs ("" without a capacity search)."""
+    c = record.capacity
+    if c is None or c.rate <= 0:
+        return ""
+    head = f"capacity {c.rate:.2f} req/s per replica"
+    limits = c.limited_by or ()
+    above = next((p for p in c.probes if c.bracket is not None and p.rate == c.bracket[1]), None)
+    if limits == (KEEPING_UP,):
+        bound = (
+            f"it fell behind at {above.rate:.2f} req/s"
+            if above is not None
+            else f"it serves at most {c.saturation_throughput:.2f} req/s (saturation)"
+            if c.saturation_throughput
+            else "above it lies its saturation throughput"
+        )
+        text = f"{head}, limited by keeping up with arrivals, not by an SLO: {bound}"
+    elif limits:
+        how = "not confirmed" if above is not None and above.verdict == UNSURE else "missed"
+        where = f" at {above.rate:.2f} req/s" if above is not None else ""
+        text = f"{head}, limited by {' and '.join(limits)}: {how}{where}"
+    else:
+        text = head
+    at = _slo_values(record, slos)
+    return f"{text}; at that rate {at}" if at else text
+
+
+def _slo_values(record: TrialRecord, slos: list[str]) -> str:
+    """Each SLO's value at the trial's rate against its limit, e.g. "p99_ttft_ms 593 of 2,000"."""
+    from autotune.measure.slo import parse_slos
+
+    parts = []
+    for slo in parse_slos(slos) if slos else []:
+        value = record.metrics.get(slo.key)
+        if isinstance(value, (int, float)):
+            parts.append(f"{slo.key} {fmt_number(float(value))} of {fmt_number(slo.limit_ms)}")
+    return ", ".join(parts)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.core.atomic import atomic_path
 from autotune.measure.capacity_report import ProbeSummary
 from autotune.measure.slo import Slo, parse_slos
+from autotune.outputs.outcome import limited_by
 from autotune.tune.objectives import metric_label
 from autotune.tune.study import TrialRecord
 
@@ -113,14 +114,17 @@ def capacity_probes(record: TrialRecord) -> list[ProbeSummary]:
 def plot_probes(path: Path, out: Outcome) -> Path | None:
     """Request rate against p99 TTFT and p99 ITL for the top configs' capacity probes; None without any.
 
-    A filled marker met the SLOs at that rate, a hollow one did not; the SLO limits are dashed lines.
+    Every probe is drawn: a filled marker passed, a hollow one did not (missed an SLO, did not keep up,
+    or too close to call), an x ended without latencies (drawn at the panel's top). A dotted line marks
+    each config's saturation throughput (the most it can serve); the legend says what limits each
+    config's capacity. The SLO limits are dashed lines.
     """
     configs = top_probed(out)
     if not configs:
         return None
     plt = _pyplot()
     limits = slo_limits(out.slos)
-    fig, axes = plt.subplots(1, len(_PROBE_LATENCIES), figsize=(11, 4.4), dpi=100, squeeze=False)
+    fig, axes = plt.subplots(1, len(_PROBE_LATENCIES), figsize=(11, 4.6), dpi=100, squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (key, latency) in zip(axes[0], _PROBE_LATENCIES, strict=True):
         for color, record in zip(colors, configs, strict=False):
@@ -131,12 +135,24 @@ def plot_probes(path: Path, out: Outcome) -> Path | None:
         ax.set_ylabel(metric_label(key))
         ax.grid(alpha=0.3)
     axes[0][0].legend(loc="best", fontsize=7)
-    fig.suptitle("Capacity probes of the top configs (filled: met the SLOs at that rate)", fontsize=10)
+    fig.suptitle(
+        "Capacity probes of the top configs (filled: passed; hollow: missed; x: failed, no latency; "
+        "dotted: saturation throughput)",
+        fontsize=9,
+    )
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
     return path
+
+
+def probe_points(
+    record: TrialRecord, latency: Callable[[ProbeSummary], float | None]
+) -> list[tuple[float, float | None, bool]]:
+    """(rate, latency or None, passed) of every probe of a trial, by rate: the failing ones too."""
+    points = [(float(p.rate or 0.0), latency(p), p.meets_slos) for p in capacity_probes(record)]
+    return sorted(points, key=lambda t: t[0])
 
 
 def _probe_series(
@@ -146,12 +162,20 @@ def _probe_series(
     color: str,
     starred: bool,
 ) -> None:
-    measured = [(p, value) for p in capacity_probes(record) if (value := latency(p)) is not None]
-    points = sorted(((float(p.rate or 0.0), float(v), p.meets_slos) for p, v in measured), key=lambda t: t[0])
-    if not points:
-        return
-    rates, values = [r for r, _, _ in points], [v for _, v, _ in points]
-    label = f"#{record.number}" + (" (recommended)" if starred else "")
-    ax.plot(rates, values, color=color, linewidth=2.2 if starred else 1.0, label=label)
-    for rate, value, met in points:
+    points = probe_points(record, latency)
+    measured = [(rate, value, met) for rate, value, met in points if value is not None]
+    limit = limited_by(record)
+    label = f"#{record.number}" + (" (recommended)" if starred else "") + (f": {limit}" if limit else "")
+    if measured:
+        rates, values = [r for r, _, _ in measured], [v for _, v, _ in measured]
+        ax.plot(rates, values, color=color, linewidth=2.2 if starred else 1.0, label=label)
+        label = None
+    for rate, value, met in measured:
         ax.scatter([rate], [value], s=36, color=color if met else "white", edgecolors=color, zorder=4)
+    lost = [rate for rate, value, _ in points if value is None]
+    if lost:  # at the top of the panel: no latency to place it by
+        top = ax.get_ylim()[1] if measured else 1.0
+        ax.scatter(lost, [top] * len(lost), marker="x", s=40, color=color, zorder=4, label=label)
+    saturation = record.capacity.saturation_throughput if record.capacity is not None else None
+    if saturation:
+        ax.axvline(saturation, color=color, linestyle=":", linewidth=1.0, alpha=0.8)

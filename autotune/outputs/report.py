@@ -16,9 +16,10 @@ from typing import Any
 
 from autotune.core.atomic import atomic_write_text
 from autotune.outputs.export import render, serve_flags
-from autotune.outputs.outcome import Outcome, fmt_number
+from autotune.outputs.outcome import SIMULATED_NOTE, Outcome, capacity_text, fmt_number, limited_by
 from autotune.outputs.plots import plot_pairs, plot_probes
 from autotune.outputs.report_html import write_html
+from autotune.tune.front import defaults_label, gpus_per_replica
 from autotune.tune.progress import short_params
 from autotune.tune.study import TrialRecord
 
@@ -26,28 +27,26 @@ SUMMARY_METRICS = ("request_throughput", "p99_tpot_ms", "p99_e2el_ms", "num_pree
 
 
 def front_table(out: Outcome, limit: int = 15) -> str:
-    """The feasible Pareto front as a text table, the recommendation marked with *."""
+    """The feasible Pareto front as a text table, the recommendation marked with *; GPUs per replica
+    when a config takes more than one, what limits capacity when trials searched it."""
     if not out.front:
         return "Pareto front: empty (no feasible trial)."
-    headers = ["", "trial", *out.objective_names, "vs baseline", "config"]
+    extra = _extra_columns(out)
+    headers = ["", "trial", *out.objective_names, "vs baseline", *extra, "config"]
     rows = []
     for r in out.front[:limit]:
         mark = "*" if out.best and r.number == out.best.number else ""
         values = [_fmt(v) for v in r.values or []]
         gain = out.gain(r)
-        rows.append(
-            [mark, f"#{r.number}", *values, _gain_text(gain) if gain is not None else "-", _params_text(r)]
-        )
-    if (
-        out.baseline
-        and out.baseline.values
-        and all(r.number != out.baseline.number for r in out.front[:limit])
-    ):
-        status = "feasible" if out.baseline.feasible else out.baseline.failure or "violates SLO"
-        values = [_fmt(v) for v in out.baseline.values]
-        rows.append(
-            ["", f"#{out.baseline.number}", *values, f"baseline ({status})", _params_text(out.baseline)]
-        )
+        gain_cell = _gain_text(gain) if gain is not None else "-"
+        cells = [f(r) for f in extra.values()]
+        rows.append([mark, f"#{r.number}", *values, gain_cell, *cells, _params_text(r)])
+    base = out.baseline
+    if base and base.values and all(r.number != base.number for r in out.front[:limit]):
+        status = "feasible" if base.feasible else base.failure or "violates SLO"
+        values = [_fmt(v) for v in base.values]
+        cells = [f(base) for f in extra.values()]
+        rows.append(["", f"#{base.number}", *values, f"baseline ({status})", *cells, _params_text(base)])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
     lines = [
         "  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
@@ -62,13 +61,20 @@ def front_table(out: Outcome, limit: int = 15) -> str:
 def summary_text(out: Outcome) -> str:
     """What `autotune run` prints at the end: the front, the verdict and the recommended flags."""
     parts = [front_table(out), "", out.verdict()]
+    if out.progress_note():
+        parts.append(f"  {out.progress_note()}")
     gain = out.decision.gain
     if gain is not None and gain.percent() not in out.verdict():
         parts.append(f"  gain: {out.gain_text()}")
     if out.best is not None:
         parts.append("  " + shlex.join(["vllm", "serve", *out.best.engine_config().to_args()]))
+        capacity = capacity_text(out.best, out.slos)
+        if capacity:
+            parts.append(f"  {capacity[0].upper()}{capacity[1:]}.")
     if out.sizing is not None:
         parts.append(f"  for {out.sizing.text()}")
+    if out.simulated:
+        parts.append(f"  {SIMULATED_NOTE[0].upper()}{SIMULATED_NOTE[1:]}.")
     return "\n".join(parts)
 
 
@@ -85,7 +91,7 @@ def write_all(run_dir: Path, out: Outcome) -> list[Path]:
     atomic_write_text(paths[1], front.to_csv(index=False))
     paths.append(_write_best(run_dir, out))
     if out.best is not None:
-        paths.append(_write_best_sh(run_dir, out.best))
+        paths.append(_write_best_sh(run_dir, out.best, out.simulated))
     paths.append(plot_pairs(run_dir / "pareto.png", out))
     probes = plot_probes(run_dir / "probes.png", out)
     if probes is not None:
@@ -114,6 +120,7 @@ def _row(r: TrialRecord, out: Outcome) -> dict[str, Any]:
         value = r.metrics[key] if key in r.metrics else fallback.get(key)
         if value is not None:
             row[key] = value
+    row["gpus_per_replica"] = gpus_per_replica(r.config) if r.config else None
     row["gpu_seconds"] = r.gpu_seconds
     row["gpu_seconds_saved"] = r.gpu_seconds_saved
     # where it ran (Ray's placement): the node and the devices it was pinned to, as CUDA_VISIBLE_DEVICES
@@ -123,6 +130,19 @@ def _row(r: TrialRecord, out: Outcome) -> dict[str, Any]:
     gpu_ids = where.gpu_ids if where is not None else None
     row["gpu_ids"] = ",".join(map(str, gpu_ids)) if gpu_ids else None
     return row
+
+
+def _extra_columns(out: Outcome) -> dict[str, Any]:
+    """The front table's optional columns, by header: GPUs per replica (when a config takes more than
+    one), what limits capacity (when trials searched it)."""
+    columns: dict[str, Any] = {}
+    if out.multi_gpu():
+        columns["GPUs"] = lambda r: str(gpus_per_replica(r.config))
+        if out.per_replica():
+            columns["per GPU vs baseline"] = lambda r: _gain_text(out.gain_per_gpu(r))
+    if any(r.capacity is not None for r in out.front):
+        columns["limited by"] = lambda r: limited_by(r) or "-"
+    return columns
 
 
 def _summary_fallbacks(r: TrialRecord) -> dict[str, Any]:
@@ -137,6 +157,9 @@ def _summary_fallbacks(r: TrialRecord) -> dict[str, Any]:
 def _write_best(run_dir: Path, out: Outcome) -> Path:
     path = run_dir / "best.json"
     data: dict[str, Any] = {"verdict": out.verdict(), "slos": out.slos, "objectives": out.objective_names}
+    data["simulated"] = out.simulated
+    if out.simulated:
+        data["simulated_note"] = SIMULATED_NOTE
     data["how"] = (
         f"highest feasible {out.objective_names[0]} on the Pareto front (ties within the capacity resolution "
         "go to the lowest latencies together); vLLM's defaults are kept unless the gain clears the "
@@ -144,6 +167,8 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
     )
     gain = out.decision.gain
     data["keeps_defaults"] = out.decision.keeps_defaults
+    if out.progress_note():
+        data["progress_note"] = out.progress_note()
     if out.decision.candidate is not None:
         data["best_found"] = out.decision.candidate.number
     if gain is not None:
@@ -163,11 +188,21 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
             "flags": serve_flags(config),
             "command": render(config, "cmd").strip(),
             "values": dict(zip(out.objective_names, out.best.values or [], strict=False)),
+            "gpus_per_replica": gpus_per_replica(out.best.config),
             "gain_vs_baseline": out.gain(out.best),
             "flags_to_know": out.flags(),
             "metrics": out.best.metrics,
             "info": out.best.info,
         }
+        if out.best.capacity is not None:
+            c = out.best.capacity
+            data["capacity"] = {
+                "rate": c.rate,
+                "bracket": c.bracket,
+                "saturation_throughput": c.saturation_throughput,
+                "limited_by": list(c.limited_by) if c.limited_by is not None else None,
+                "text": capacity_text(out.best, out.slos),
+            }
     if out.baseline is not None:
         data["baseline"] = {
             "trial": out.baseline.number,
@@ -175,6 +210,8 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
             "failure": out.baseline.failure,
             "config": out.baseline.config,
             "values": dict(zip(out.objective_names, out.baseline.values or [], strict=False)),
+            "gpus_per_replica": gpus_per_replica(out.baseline.config),
+            "label": defaults_label(out.baseline),
         }
     if out.sizing is not None:
         data["sizing"] = dataclasses.asdict(out.sizing)
@@ -184,13 +221,15 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
     return path
 
 
-def _write_best_sh(run_dir: Path, best: TrialRecord) -> Path:
+def _write_best_sh(run_dir: Path, best: TrialRecord, simulated: bool) -> Path:
     path = run_dir / "best.sh"
     command = render(best.engine_config(), "cmd").strip()
+    note = f"# {SIMULATED_NOTE}\n" if simulated else ""
     atomic_write_text(
         path,
         "#!/bin/sh\n"
         f"# autotune recommendation: trial #{best.number} of {run_dir.name}. Extra args are appended.\n"
+        f"{note}"
         f'exec {command} "$@"\n',
         mode=0o755,
     )

@@ -16,7 +16,8 @@ from typing import Any
 
 from autotune.core.atomic import atomic_write_text
 from autotune.outputs.export import render
-from autotune.outputs.outcome import Outcome, fmt_number
+from autotune.outputs.outcome import Outcome, capacity_text, fmt_number, limited_by
+from autotune.tune.front import defaults_label, gpus_per_replica
 from autotune.tune.objectives import metric_label
 from autotune.tune.progress import short_params
 from autotune.tune.study import TrialRecord
@@ -90,11 +91,16 @@ def _calibration_note(values: dict[str, float] | None) -> str:
 
 def _recommendation(out: Outcome) -> str:
     parts = ["<h2>Recommendation</h2><div class='box'>", f"<p><b>{_e(out.verdict())}</b></p>"]
+    if out.progress_note():
+        parts.append(f"<p>{_e(out.progress_note())}</p>")
     gain = out.decision.gain
     if gain is not None and gain.percent() not in out.verdict():
         parts.append(f"<p>Gain: {_e(out.gain_text())}</p>")
     if out.best is not None:
         parts.append(f"<pre>{_e(render(out.best.engine_config(), 'cmd').strip())}</pre>")
+        capacity = capacity_text(out.best, out.slos)
+        if capacity:
+            parts.append(f"<p>{_e(capacity[0].upper() + capacity[1:])}.</p>")
         parts.append(_changed_flags(out))
         parts.append("<p>Other forms: <code>autotune export RUN --format docker|k8s|helm|yaml</code></p>")
     parts.append("</div>")
@@ -139,13 +145,15 @@ def _front(out: Outcome) -> str:
         return "<h2>Feasible Pareto front</h2><p>Empty: no trial met the SLOs.</p>"
     sign = -1.0 if out.maximize[0] else 1.0
     rows = sorted(out.front, key=lambda r: sign * (r.values or [0.0])[0])
-    head = ["", "trial", *(metric_label(n) for n in out.objective_names), "vs baseline", "capacity (req/s)"]
-    head.append("config")
+    head = ["", "trial", "GPUs", *(metric_label(n) for n in out.objective_names), "vs baseline"]
+    head += ["per GPU vs baseline"] if _per_gpu_column(out) else []
+    head += ["capacity (req/s)", "limited by", "config"]
     body = [_front_row(out, r) for r in rows]
     order = "highest" if out.maximize[0] else "lowest"
     title = (
         f"<h2>Feasible Pareto front</h2><p class='sub'>{len(rows)} configs, {order} "
-        f"{_e(out.objective_names[0])} first; the recommended one is marked ★.</p>"
+        f"{_e(out.objective_names[0])} first; the recommended one is marked ★. GPUs: per replica "
+        f"(tensor x pipeline parallel size).</p>"
     )
     return title + _table(head, body, left={len(head) - 1})
 
@@ -156,13 +164,25 @@ def _front_row(out: Outcome, r: TrialRecord) -> tuple[str, list[str]]:
     capacity = r.capacity.rate if r.capacity is not None else None
     cells = [
         "★" if recommended else "",
-        f"#{r.number}" + (" (baseline)" if r.baseline else ""),
+        f"#{r.number}" + (f" ({defaults_label(r)})" if r.baseline else ""),
+        str(gpus_per_replica(r.config)),
         *(fmt_number(v) for v in r.values or []),
-        f"{gain * 100:+.1f}%" if gain is not None else "",
+        _pct(gain),
+        *([_pct(out.gain_per_gpu(r))] if _per_gpu_column(out) else []),
         fmt_number(capacity),
+        limited_by(r),
         short_params(r.params),
     ]
     return ("rec" if recommended else "", cells)
+
+
+def _per_gpu_column(out: Outcome) -> bool:
+    """Per-GPU gains are shown beside per-replica ones when configs take more than one GPU."""
+    return out.multi_gpu() and out.per_replica()
+
+
+def _pct(change: float | None) -> str:
+    return f"{change * 100:+.1f}%" if change is not None else ""
 
 
 def _table(head: list[str], rows: list[tuple[str, list[str]]], left: set[int] | None = None) -> str:

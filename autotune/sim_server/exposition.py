@@ -147,6 +147,8 @@ class SimCollector:
             yield scale
 
     def _cache_config_info(self) -> GaugeMetricFamily:
+        # vLLM's labels are CacheConfig's fields as str() (CacheConfig.metrics_info, vllm/config/cache.py):
+        # those a client reads the serving config from carry the engine's values (autotune bench --url)
         cfg = self.engine.config
         info = {
             "block_size": str(cfg.block_size),
@@ -154,7 +156,11 @@ class SimCollector:
             "enable_prefix_caching": str(cfg.enable_prefix_caching),
             "engine": "0",
             "gpu_memory_utilization": str(self.gpu_utilization),
+            "is_attention_free": "False",
             "num_gpu_blocks": str(self.engine.memory.num_gpu_blocks),
+            "num_gpu_blocks_override": "None",
+            "prefix_caching_hash_algo": "sha256",
+            "sliding_window": "None",
         }
         family = GaugeMetricFamily(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=list(info)

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from autotune.backends.base import Backend, Session
 from autotune.core.config import EngineConfig
-from autotune.measure.capacity_report import CapacityReport
+from autotune.measure.capacity_report import KEEPING_UP, CapacityReport
 from autotune.measure.evidence import UNSURE, Z, sequential_z
 from autotune.measure.load_report import Saturation
 from autotune.measure.result import TrialResult
@@ -249,17 +249,21 @@ def saturation_runs(
 
 
 def _batch_limit(result: TrialResult, seqs: int) -> int:
-    """How many of the burst's requests the server can run at once: its max_num_seqs (the resolved
-    one when the backend reports it), or fewer when its KV cache holds fewer (reported as tokens or
-    blocks; unknown: max_num_seqs)."""
+    """How many of the burst's requests the server can run at once: the most it was seen running when
+    that is fewer than the burst (a server whose flags are not ours to know, `bench --url`, says so in
+    /metrics), else its max_num_seqs (the resolved one when the backend reports it), or fewer when its
+    KV cache holds fewer (reported as tokens or blocks; unknown: max_num_seqs)."""
     server = result.server or ServerReport()
     engine = server.engine or EngineFacts()
     resolved = server.resolved or {}
+    bench = result.benchmark
+    running = bench.server.get("peak_num_requests_running") if bench is not None else None
+    if running and bench is not None and running < bench.completed:
+        return int(running)
     seqs = int(resolved.get("max_num_seqs") or seqs)
     kv_tokens = engine.kv_cache_tokens
     if kv_tokens is None and engine.num_gpu_blocks:
         kv_tokens = int(engine.num_gpu_blocks) * int(resolved.get("block_size") or 16)
-    bench = result.benchmark
     if not kv_tokens or bench is None or not bench.completed:
         return seqs
     per_request = (bench.total_input_tokens + bench.total_output_tokens) / bench.completed
@@ -378,5 +382,18 @@ def _annotate(
         measured_request_throughput=round(own.request_throughput, 4) if own else None,
         measured_output_throughput=round(own.output_throughput, 4) if own else None,
         measured_total_token_throughput=round(own.total_token_throughput, 4) if own else None,
+        limited_by=_limited_by(probes, low, high),
     )
     return best
+
+
+def _limited_by(probes: Sequence[Probe], low: Probe | None, high: float | None) -> tuple[str, ...] | None:
+    """What keeps capacity from being higher: what the lowest failed rate above it fell short of, or
+    keeping up when above it lies only the saturation throughput (the bracket's top is an estimate
+    from the saturation run, or the rate past which a queue cannot settle within a probe); without a
+    passing rate, what the lowest probe fell short of (None: nothing was probed)."""
+    if low is None:
+        lowest = min(probes, key=lambda p: p.rate, default=None)
+        return (lowest.short_of or (KEEPING_UP,)) if lowest is not None else None
+    above = next((p for p in probes if p.rate == high and not p.passed), None)
+    return (above.short_of or (KEEPING_UP,)) if above is not None else (KEEPING_UP,)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from autotune.measure.capacity_report import ProbeSummary
+from autotune.core.errors import FailureKind
+from autotune.measure.capacity_report import KEEPING_UP, ProbeSummary
 from autotune.measure.evidence import (
     CLUSTERED,
     FAIL,
@@ -55,6 +57,7 @@ class Probe:
     own: str = UNSURE  # the verdict on its own windows, pooled: PASS, FAIL or UNSURE (a miss)
     verdict: str = UNSURE  # `own`, or PASS on the evidence of the probes around it (pool_nearby)
     pooled: list[float] = field(default_factory=list)  # the rates whose windows made it pass
+    short_of: tuple[str, ...] = ()  # what it did not meet: KEEPING_UP, SLOs (str), or its failure
 
     @property
     def result(self) -> TrialResult:
@@ -90,6 +93,7 @@ class Probe:
             requests=bench.completed if bench else None,  # measured in its last window
             pooled_with=tuple(self.pooled) or None,
             failure=str(self.result.failure) if self.result.failure else None,
+            short_of=None if self.passed else self.short_of,
         )
 
 
@@ -100,7 +104,12 @@ def meets(result: TrialResult, slos: Sequence[Slo]) -> bool:
     return all(slo.margin(result.benchmark) <= 0 for slo in slos)  # type: ignore[arg-type]
 
 
-def probe_verdict(
+def probe_verdict(runs: Sequence[TrialResult], slos: Sequence[Slo], **options: Any) -> str:
+    """PASS, FAIL or UNSURE for a probe's runs at one rate: `judged`'s verdict (`options` are its)."""
+    return judged(runs, slos, **options)[0]
+
+
+def judged(
     runs: Sequence[TrialResult],
     slos: Sequence[Slo],
     z: float = Z,
@@ -109,12 +118,15 @@ def probe_verdict(
     saturation: float | None = None,
     fail_z: float | None = None,
     episodes: Mapping[str, float] | None = None,
-) -> str:
-    """PASS, FAIL or UNSURE for a probe's runs at one `rate`: in each the server must have kept up and
-    served `min_served` of the rate, and every SLO hold by `z` standard errors over their pooled
-    windows (a backend that gave no evidence is judged on the last run's point values); a miss needs
-    `fail_z` errors (default z), and a clustered SLO's windows are never surer than its `episodes`
-    (samples per tail event, see `judge_probes`) allow.
+) -> tuple[str, tuple[str, ...]]:
+    """PASS, FAIL or UNSURE for a probe's runs at one `rate`, and what it fell short of: KEEPING_UP when
+    the server did not keep up, else the SLOs not met with confidence (str, e.g. "ttft_p99=2s"), or
+    the failure of a window that ended without metrics (e.g. "crashed"); nothing when it passed.
+
+    In each run the server must have kept up and served `min_served` of the rate, and every SLO hold by
+    `z` standard errors over their pooled windows (a backend that gave no evidence is judged on the last
+    run's point values); a miss needs `fail_z` errors (default z), and a clustered SLO's windows are
+    never surer than its `episodes` (samples per tail event, see `judge_probes`) allow.
 
     A rate at or below the `saturation` throughput is known to be sustainable: its windows fail only on
     a gross shortfall (GROSS_SHORTFALL, counting what a filling server still adds as served). Above it
@@ -122,24 +134,47 @@ def probe_verdict(
     it happened to get (400 Poisson arrivals scatter by 5 %: a window 5 % over saturation that drew 5 %
     fewer looked kept up), with no credit for filling (in an overload the lifetimes it is computed
     from grow too)."""
-    below = rate is not None and saturation is not None and rate <= saturation
     for result in runs:
-        if not result.ok or (not below and result.kept_up is False):
-            return FAIL
-        steady = result.load.steady if result.load is not None else None
-        if below and steady is not None and steady.served_share() < GROSS_SHORTFALL:
-            return FAIL
-        if (
-            not below
-            and steady is not None
-            and steady.served_rate < min_served * (rate or steady.offered_rate)
-        ):
-            return FAIL
+        missed = _load_miss(result, slos, min_served, rate, saturation)
+        if missed:
+            return FAIL, missed
     evidence = [_evidence(r) for r in runs]
     if any(e is None for e in evidence):
-        return PASS if meets(runs[-1], slos) else FAIL
+        missed = _point_misses(runs[-1], slos)
+        return (FAIL, missed) if missed else (PASS, ())
     allowed = {s.name: s.allowed_share for s in slos}
-    return judge(pool([_criteria(e or (), allowed, episodes) for e in evidence]), z, fail_z)
+    criteria = pool([_criteria(e or (), allowed, episodes) for e in evidence])
+    verdict = judge(criteria, z, fail_z)
+    texts = {s.name: str(s) for s in slos}
+    unmet = tuple(texts.get(c.name, c.name) for c in criteria if c.verdict(z, fail_z) != PASS)
+    return verdict, () if verdict == PASS else unmet
+
+
+def _load_miss(
+    result: TrialResult, slos: Sequence[Slo], min_served: float, rate: float | None, saturation: float | None
+) -> tuple[str, ...]:
+    """Why one window fails its probe whatever the SLOs say: it ended without metrics (its failure; an
+    early abort: the SLOs it lost), or the server did not keep up (KEEPING_UP); () when neither."""
+    below = rate is not None and saturation is not None and rate <= saturation
+    if not result.ok:
+        if result.failure is FailureKind.EARLY_ABORT or result.failure is None:
+            return tuple(str(s) for s in slos if s.key in result.message) or (KEEPING_UP,)
+        return (str(result.failure),)
+    if not below and result.kept_up is False:
+        return (KEEPING_UP,)
+    steady = result.load.steady if result.load is not None else None
+    if below and steady is not None and steady.served_share() < GROSS_SHORTFALL:
+        return (KEEPING_UP,)
+    if not below and steady is not None and steady.served_rate < min_served * (rate or steady.offered_rate):
+        return (KEEPING_UP,)
+    return ()
+
+
+def _point_misses(result: TrialResult, slos: Sequence[Slo]) -> tuple[str, ...]:
+    """The SLOs a run's point values miss (no evidence to judge them by), or KEEPING_UP."""
+    if not result.ok or result.kept_up is False:
+        return (KEEPING_UP,)
+    return tuple(str(s) for s in slos if s.margin(result.benchmark) > 0)  # type: ignore[arg-type]
 
 
 def _evidence(result: TrialResult) -> tuple[Criterion, ...] | None:
@@ -181,7 +216,8 @@ def judge_probes(
     the tail is a standing queue). As probes arrive, an earlier verdict may change."""
     for p in probes:
         episodes = _episodes(p, probes, slos, saturation)
-        p.own = p.verdict = probe_verdict(p.runs, slos, z, min_served, p.rate, saturation, fail_z, episodes)
+        p.own, p.short_of = judged(p.runs, slos, z, min_served, p.rate, saturation, fail_z, episodes)
+        p.verdict = p.own
         p.pooled = []
     pool_nearby(probes, slos, saturation, z)
 
@@ -247,6 +283,7 @@ def pool_nearby(probes: Sequence[Probe], slos: Sequence[Slo], saturation: float,
         if judge(criteria, z) == PASS:
             p.verdict = PASS
             p.pooled = [round(q.rate, 4) for q in near if q is not p]
+            p.short_of = ()
 
 
 def _at(rate: float, points: Sequence[tuple[float, Criterion]], allowed: float | None) -> Criterion:

@@ -7,7 +7,8 @@ latencies together.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from autotune.tune.study import TrialRecord
 
@@ -90,3 +91,16 @@ def baseline(recs: Sequence[TrialRecord]) -> TrialRecord | None:
     was interrupted)."""
     measured = next((r for r in recs if r.baseline and r.state == "COMPLETE"), None)
     return measured or next((r for r in recs if r.baseline), None)
+
+
+def gpus_per_replica(config: Mapping[str, Any]) -> int:
+    """The GPUs one replica of a config takes: its tensor- times pipeline-parallel size."""
+    tp = int(config.get("tensor_parallel_size") or 1)
+    return tp * int(config.get("pipeline_parallel_size") or 1)
+
+
+def defaults_label(base: TrialRecord | None) -> str:
+    """What the baseline is: vLLM's defaults, "at TP=N" when the space moved its tensor parallelism off
+    vLLM's default of 1 (a 70B model does not fit one GPU: the space's nearest TP stands in)."""
+    tp = int(base.config.get("tensor_parallel_size") or 1) if base is not None else 1
+    return "vLLM's defaults" if tp == 1 else f"vLLM's defaults at TP={tp}"

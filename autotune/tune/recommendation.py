@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autotune.tune.front import TIE_TOLERANCE, baseline, recommend
+from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, recommend
 from autotune.tune.study import TrialRecord
 
 
@@ -64,6 +64,7 @@ def decide(
     base = baseline(recs)
     candidate = recommend(recs, maximize, resolution_of)
     name = objective_names[0]
+    defaults = defaults_label(base)
     if candidate is None:
         text = "No feasible config: every trial failed or violated the SLOs (see trials.csv for reasons)."
         return Recommendation(None, None, base, None, False, text)
@@ -73,30 +74,30 @@ def decide(
     if not base.feasible:
         why = base.failure or "violates the SLOs"
         text = (
-            f"Recommended: trial #{candidate.number}: vLLM's defaults (trial #{base.number}) do not meet the "
+            f"Recommended: trial #{candidate.number}: {defaults} (trial #{base.number}) do not meet the "
             f"SLOs ({why}); this config does."
         )
         return Recommendation(candidate, candidate, base, None, False, text)
     if candidate.number == base.number:
         text = (
-            f"Keep vLLM's defaults (trial #{base.number}): no config found beats their {name} by more than "
+            f"Keep {defaults} (trial #{base.number}): no config found beats their {name} by more than "
             "the measurement's resolution with lower latency."
         )
         return Recommendation(base, candidate, base, None, True, text)
     gain = measure_gain(candidate, base, maximize[0], name, remeasured or {})
     if gain.significant:
-        text = f"Recommended: trial #{candidate.number}: {name} {gain.percent()} vs vLLM's defaults."
+        text = f"Recommended: trial #{candidate.number}: {name} {gain.percent()} vs {defaults}."
         return Recommendation(candidate, candidate, base, gain, False, text)
     if gain.low < gain.high < 1:
         # Tied on its first run (picked for its latency), but every repeat measured it below the defaults.
         text = (
-            f"Keep vLLM's defaults (trial #{base.number}): no config found beats them. The lowest-latency "
+            f"Keep {defaults} (trial #{base.number}): no config found beats them. The lowest-latency "
             f"near-tie (trial #{candidate.number}) measured below them in every repeat: {name} "
             f"{gain.percent()}."
         )
     else:
         text = (
-            f"Keep vLLM's defaults (trial #{base.number}): the best config found (trial "
+            f"Keep {defaults} (trial #{base.number}): the best config found (trial "
             f"#{candidate.number}) differs by {gain.percent()}, within the measurement's margin of "
             f"{gain.margin:.1%}: a tie, not a gain."
         )

@@ -26,6 +26,7 @@ from autotune.tune.study import TrialRecord, records
 
 TOP_CANDIDATES = 3
 ATTR = "remeasured"
+GPU_ATTR = "remeasured_gpu_seconds"  # what the repeats cost, all of their GPUs (the run's GPU time spent)
 POLL_S = 0.5
 
 
@@ -66,6 +67,11 @@ def stored_repeats(study: optuna.Study) -> dict[str, dict[str, float]] | None:
     return study.user_attrs.get(ATTR)
 
 
+def repeats_gpu_seconds(study: optuna.Study) -> float:
+    """The GPU-seconds the study's repeats spent (0: none ran, or a study from before they were kept)."""
+    return float(study.user_attrs.get(GPU_ATTR) or 0.0)
+
+
 def remeasure(
     study: optuna.Study,
     executor: Executor,
@@ -104,5 +110,7 @@ def remeasure(
             value = objectives.objectives[0].value(result)
             done.setdefault(str(repeat.trial.number), {})[str(repeat.index)] = value
             study.set_user_attr(ATTR, done)
+            gpus = max(1, repeat.trial.engine_config().tensor_parallel_size)
+            study.set_user_attr(GPU_ATTR, repeats_gpu_seconds(study) + result.gpu_seconds * gpus)
             ran += 1
     return ran

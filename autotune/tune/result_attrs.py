@@ -116,12 +116,18 @@ def _capacity_attr(c: CapacityReport) -> dict[str, Any]:
         out["capacity_stopped_by"] = c.stopped_by
     if c.window_s is not None:
         out["capacity_window_s"] = list(c.window_s)
+    if c.limited_by is not None:
+        out["capacity_limited_by"] = list(c.limited_by)
     return out
 
 
 def _probe_attr(p: ProbeSummary) -> dict[str, Any]:
     out = {name: getattr(p, name) for name in _PROBE_KEYS}
-    return out | {"pooled_with": list(p.pooled_with) if p.pooled_with is not None else None}
+    return out | {name: _list(getattr(p, name)) for name in ("pooled_with", "short_of")}
+
+
+def _list(values: tuple[Any, ...] | None) -> list[Any] | None:
+    return list(values) if values is not None else None
 
 
 # --- reading back --------------------------------------------------------------------------------------
@@ -214,16 +220,22 @@ def _capacity(info: Mapping[str, Any]) -> CapacityReport | None:
         measured_total_token_throughput=info.get("measured_total_token_throughput"),
         stopped_by=info.get("capacity_stopped_by"),
         window_s=_pair(info.get("capacity_window_s")),
+        limited_by=_tuple(info.get("capacity_limited_by")),
     )
 
 
 def _probe(p: Mapping[str, Any]) -> ProbeSummary:
-    pooled = p.get("pooled_with")
     fields = {k: p.get(k) for k in _PROBE_KEYS}
     fields["rate"] = float(p.get("rate") or 0.0)
     fields["meets_slos"] = bool(p.get("meets_slos"))
-    fields["pooled_with"] = tuple(pooled) if isinstance(pooled, list) else None
+    fields["pooled_with"] = _tuple(p.get("pooled_with"))
+    fields["short_of"] = _tuple(p.get("short_of"))
     return ProbeSummary(**fields)
+
+
+def _tuple(value: Any) -> tuple[Any, ...] | None:
+    """A stored list as a tuple (None: not stored)."""
+    return tuple(value) if isinstance(value, list) else None
 
 
 def _placement(attrs: Mapping[str, Any], info: Mapping[str, Any]) -> Placement | None:

@@ -1,0 +1,102 @@
+"""`autotune bench --capacity`'s progress: a line on stderr as each measurement of the search starts and
+ends (on a real GPU the search takes minutes), from a backend wrapper, so the search runs unchanged."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.backends.base import Backend, Session, Workload
+from autotune.core.config import EngineConfig
+from autotune.measure.result import TrialResult
+from autotune.measure.slo import Slo
+from autotune.tune.progress import clock
+
+
+def _to_stderr(line: str) -> None:
+    print(f"autotune bench: {line}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Narrated(Backend):
+    """`inner`, saying each measurement as it starts and ends."""
+
+    inner: Backend
+    say: Callable[[str], None] = field(default=_to_stderr)
+
+    @property
+    def simulated(self) -> bool:
+        """As the inner backend."""
+        return self.inner.simulated
+
+    @property
+    def runs_servers(self) -> bool:
+        """As the inner backend."""
+        return self.inner.runs_servers
+
+    def session(
+        self, config: EngineConfig, gpu_ids: Sequence[int] = (), trial_dir: Path | None = None
+    ) -> AbstractContextManager[Session]:
+        """The inner backend's session, narrated."""
+
+        @contextlib.contextmanager
+        def narrated() -> Iterator[Session]:
+            with self.inner.session(config, gpu_ids, trial_dir) as session:
+                yield _NarratedSession(session, self.say, time.monotonic())
+
+        return narrated()
+
+
+@dataclass
+class _NarratedSession:
+    inner: Session
+    say: Callable[[str], None]
+    started: float
+
+    @property
+    def alive(self) -> bool:
+        return self.inner.alive
+
+    def measure(self, workload: Workload, slos: Sequence[Slo] = (), seed: int = 0) -> TrialResult:
+        self.say(f"{self._clock()} {describe(workload)}")
+        result = self.inner.measure(workload, slos, seed)
+        self.say(f"{self._clock()}   {outcome(result)}")
+        return result
+
+    def _clock(self) -> str:
+        return f"[{clock(time.monotonic() - self.started)}]"
+
+
+def describe(workload: Any) -> str:
+    """What a measurement is about to send: a burst (saturation) or a window at a rate."""
+    n = getattr(workload, "num_requests", None)
+    rate = getattr(workload, "request_rate", math.inf)
+    if math.isinf(rate):
+        return f"saturation: {n} requests at once"
+    warmup = getattr(workload, "measure_from", 0.0)
+    return f"probe at {rate:.2f} req/s: {n} requests, the first {warmup:.0f} s of them a warm-up"
+
+
+def outcome(result: TrialResult) -> str:
+    """A measurement's result in a few words."""
+    bench = result.benchmark
+    parts = []
+    if bench is not None:
+        steady = result.load.steady if result.load is not None else None
+        if steady is not None:
+            behind = "" if steady.kept_up else " (fell behind)"
+            parts.append(f"served {steady.served_rate:.2f} of {steady.offered_rate:.2f} req/s{behind}")
+        else:
+            parts.append(f"{bench.request_throughput:.2f} req/s")
+        ttft, itl = bench.latency_ms["ttft"]["p99"], bench.latency_ms["itl"]["p99"]
+        parts.append(f"p99 TTFT {ttft:.0f} ms, p99 ITL {itl:.0f} ms")
+    if result.failure is not None:
+        parts.append(f"{result.failure}: {result.message}")
+    return "; ".join(parts) or "no result"

@@ -1,0 +1,156 @@
+"""The estimate printed before a run on a real backend: its GPU-hours and time, from the same model that
+charges a simulated study's GPU time (the startup of autotune/backends/sim.py, every saturation run and
+capacity probe of autotune/trial/capacity.py, early abort).
+
+One trial is not the study: the baseline's capacity search is one of the cheaper ones (a large batch,
+a high rate, short windows), while the sampler spends most trials on other configs (a small batch
+serves fewer requests per second, and a probe needs the same number of requests, so it runs longer).
+So the estimate simulates a sample of the space as well, drawn as a study's first trials are (Optuna's
+random sampler, seeded), each checked against vLLM's rules and the startup screen as the tuner checks
+it (a config rejected before launch costs nothing and is not a trial), and run as a trial on the
+simulated engine, failures included (a config that fails to start still pays its startup). The run's
+trials cost the baseline's plus the sample's mean for each other trial; on a noisy backend the top
+configs and the baseline are measured again (autotune/tune/remeasure.py), each repeat a trial's cost.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.tune.progress import clock
+
+SAMPLE = 8  # configs simulated besides the baseline (about 2 CPU-seconds each for an 8B chat trial)
+SAMPLE_TRIES = 10  # suggestions per sampled config at most (the rest being rejected before launch)
+
+
+@dataclass(frozen=True)
+class RunEstimate:
+    """Before a real-GPU run: its GPU-hours (a TP=4 trial's hour is 4) and its time on the GPUs."""
+
+    baseline_gpu_s: float  # the baseline trial's GPU-seconds, all of its GPUs
+    per_trial_gpu_s: float  # the sampled configs' mean (the baseline's when none launched)
+    n_trials: int
+    repeats: int  # re-measurements after the search (0 on a backend without noise)
+    gpus: int  # GPUs the run may use at once
+    sampled: int  # configs simulated besides the baseline
+    spread: tuple[float, float]  # the cheapest and dearest simulated trial (GPU-seconds)
+
+    @property
+    def trials_gpu_h(self) -> float:
+        """GPU-hours of the study's trials."""
+        others = max(0, self.n_trials - 1)
+        return (self.baseline_gpu_s + others * self.per_trial_gpu_s) / 3600
+
+    @property
+    def repeats_gpu_h(self) -> float:
+        """GPU-hours of the re-measurements (each a trial of the mean cost)."""
+        return self.repeats * self.per_trial_gpu_s / 3600
+
+    @property
+    def gpu_hours(self) -> float:
+        """GPU-hours of the whole run."""
+        return self.trials_gpu_h + self.repeats_gpu_h
+
+    @property
+    def wall_hours(self) -> float:
+        """Hours on `gpus` GPUs kept busy (trials at once as they fit; the last ones may run alone)."""
+        return self.gpu_hours / max(1, self.gpus)
+
+    def text(self) -> str:
+        """What `autotune run` prints before it starts."""
+        low, high = self.spread
+        repeats = (
+            f", plus {self.repeats_gpu_h:.2f} for re-measuring the top configs and the baseline "
+            f"({self.repeats} more trials)"
+            if self.repeats
+            else ""
+        )
+        return (
+            f"estimate: about {self.trials_gpu_h:.2f} GPU-hours for {self.n_trials} trials{repeats}: "
+            f"about {clock(self.wall_hours * 3600)} on {self.gpus} GPU(s). Per trial "
+            f"{clock(self.per_trial_gpu_s)} of GPU time on average (from {clock(low)} to {clock(high)} "
+            f"over the baseline and {self.sampled} configs of the space simulated; early abort counted)."
+        )
+
+
+def estimate_run(
+    space: Any,
+    workload: Any,
+    slos: Sequence[Any],
+    n_trials: int,
+    gpus: int,
+    repeats: int = 0,
+    seed: int = 0,
+    screen: Any = None,
+    max_position_embeddings: int | None = None,
+    sample: int = SAMPLE,
+    calibration: Any = None,
+) -> RunEstimate | None:
+    """The run's estimate from its baseline and `sample` configs of `space` run as trials on the simulated
+    engine (`repeats`: re-measurement trials after the search); None when the baseline cannot be
+    simulated (a model or GPU outside the catalogs). `calibration`: the simulator's constants (None: the
+    built-in ones)."""
+    from autotune.backends.sim import SimBackend
+    from autotune.trial.task import evaluate_trial
+
+    sim = SimBackend(space.gpu) if calibration is None else SimBackend(space.gpu, calibration=calibration)
+
+    def cost(config: Any) -> float:
+        result = evaluate_trial(sim, config, workload, slos, seed, (), None)
+        return result.gpu_seconds * max(1, config.tensor_parallel_size)
+
+    gpu = _gpu(space.gpu)
+    if gpu is None:
+        return None
+    baseline = space.config(space.baseline_params(gpu.memory_gib, max_position_embeddings))
+    base = cost(baseline)
+    if base <= 0:
+        return None
+    costs = [cost(c) for c in sample_configs(space, sample, seed, screen, max_position_embeddings)]
+    per_trial = statistics.fmean(costs) if costs else base
+    spread = (min([base, *costs]), max([base, *costs]))
+    return RunEstimate(base, per_trial, n_trials, repeats, max(1, gpus), len(costs), spread)
+
+
+def sample_configs(
+    space: Any, n: int, seed: int, screen: Any = None, max_position_embeddings: int | None = None
+) -> list[Any]:
+    """`n` configs of `space` that the tuner would launch: drawn by Optuna's random sampler, those that
+    break vLLM's rules or that the startup screen rejects left out, as the tuner leaves them out."""
+    import optuna
+
+    from autotune.tune.space import violations
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    configs: list[Any] = []
+    for _ in range(n * SAMPLE_TRIES):
+        if len(configs) == n:
+            break
+        config = space.config(space.suggest(study.ask()))
+        if violations(config, max_position_embeddings):
+            continue
+        if screen is not None and screen.check(config) is not None:
+            continue
+        configs.append(config)
+    return configs
+
+
+def _gpu(name: str) -> Any:
+    from autotune.catalog.gpus import get_gpu
+    from autotune.core.errors import AutotuneError
+
+    try:
+        return get_gpu(name)
+    except AutotuneError:
+        return None
+
+
+def remeasure_trials(repeats: int, noisy: bool) -> int:
+    """How many re-measurement trials a run adds: the top configs and the baseline, `repeats` each."""
+    from autotune.tune.remeasure import TOP_CANDIDATES
+
+    return (TOP_CANDIDATES + 1) * repeats if noisy else 0

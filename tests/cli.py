@@ -1,0 +1,15 @@
+"""`autotune` as a user runs it in the tests: a process in a folder of their files (relative paths)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def autotune(
+    folder: Path, *args: str, check: bool = True, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """`autotune ARGS` as a process in `folder` (stdout and stderr captured as text)."""
+    command = [sys.executable, "-m", "autotune.cli", *args]
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout, check=check)

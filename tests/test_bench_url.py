@@ -1,0 +1,94 @@
+"""`autotune bench --url`, a deployer's check of a running deployment: a real `autotune sim-server`
+subprocess started with non-default flags, measured by the `autotune` command run as a process from the
+folder that holds the workload file (a relative path).
+
+It must show the server's own config (what /metrics and /v1/models say), never autotune's defaults; KV
+usage from the server's metrics; the load asked for (--rate); a verdict per SLO; and with --capacity,
+the capacity search a trial runs, against the live server, with a line per measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from cli import autotune
+from pytest import approx
+
+from autotune.sim_server.process import start_sim_server
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+WORKLOAD = """name: check
+num_requests: 24
+load: fixed
+request_rate: 50
+prompt_len: {dist: fixed, mean: 64}
+output_len: {dist: fixed, mean: 48}
+"""
+# How the deployment was launched: none of these is autotune's (or vLLM's) default.
+SERVER_FLAGS = ["--no-enable-chunked-prefill", "--block-size", "32", "--gpu-memory-utilization", "0.84"]
+SERVER_FLAGS += ["--max-model-len", "4096"]
+
+
+def bench(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`autotune bench ARGS` as a process in `folder` (a failed check is a result, not an error)."""
+    return autotune(folder, "bench", *args, check=False, timeout=240)
+
+
+def test_bench_url_reports_the_servers_config_its_kv_usage_and_a_verdict_per_slo(tmp_path: Path) -> None:
+    (tmp_path / "check.yaml").write_text(WORKLOAD)
+    with start_sim_server([MODEL, *SERVER_FLAGS, "--max-num-seqs", "64"]) as server:
+        slos = ["--slo", "ttft_p99=30s", "--slo", "itl_p50=0.001ms"]
+        args = ["--url", server.base_url, "--workload", "check.yaml", "--rate", "8", *slos, "--json"]
+        done = bench(tmp_path, *args)
+        assert server.process.poll() is None  # still running: a check does not own the server
+    report = json.loads(done.stdout or "{}")
+    assert "config" in report, done.stderr
+    config = report["config"]
+    assert config == {
+        "block_size": 32,
+        "gpu_memory_utilization": 0.84,
+        "enable_prefix_caching": True,
+        "kv_cache_dtype": "auto",
+        "max_model_len": 4096,
+    }
+    # what no vLLM server reports is said to be unknown, not filled with defaults (chunked prefill on)
+    assert set(report["config_unknown"]) == {
+        "enable_chunked_prefill",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "tensor_parallel_size",
+    }
+    assert report["config_sources"]["block_size"] == "/metrics vllm:cache_config_info"
+    assert report["peak_kv_cache_usage"] > 0  # sampled during the load, not read once it drained
+    # --rate 8, not the file's 50: the last of 24 Poisson arrivals is at 24 / 8 s
+    assert report["request_rate"] == 8 and report["duration"] >= 24 / 8
+    # whether the server kept up with the rate is judged (on a starved 2-core machine it may not have)
+    assert report["load_verdict"]["offered_rate"] > 0 and "kept_up" in report["load_verdict"]
+    assert "backlog_growth" in report["load_verdict"]
+    verdicts = {v["slo"]: v["met"] for v in report["slo_verdicts"]}
+    assert verdicts == {"ttft_p99=30s": True, "itl_p50=0.001ms": False}
+    assert done.returncode == 1, done.stderr  # a verdict failed: the check fails
+
+
+def test_bench_url_capacity_searches_the_running_server(tmp_path: Path) -> None:
+    (tmp_path / "check.yaml").write_text(WORKLOAD)
+    # 16 sequences at a time: a capacity of a few dozen requests per second, probed in seconds (an ITL
+    # SLO: a TTFT one would wait for the queue to settle near saturation, a minute per probe).
+    quick = ["--max-probes", "3", "--min-window", "1.5", "--min-window-requests", "20"]
+    with start_sim_server([MODEL, *SERVER_FLAGS, "--max-num-seqs", "16"]) as server:
+        args = ["--url", server.base_url, "--workload", "check.yaml", "--capacity", "--slo", "itl_p99=1s"]
+        done = bench(tmp_path, *args, *quick, "--json")
+        assert server.process.poll() is None
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    capacity = report["capacity"]
+    probes = capacity["probes"]
+    assert 1 <= len(probes) <= 3 and capacity["saturation_throughput"] > 0
+    assert capacity["rate"] in [p["rate"] for p in probes if p["verdict"] == "pass"]
+    assert capacity["limited_by"]  # what keeps it from being higher (keeping up, with a 1 s ITL limit)
+    assert report["request_throughput"] == approx(capacity["rate"], rel=1e-4)  # the window at that rate
+    assert report["slo_verdicts"][0]["met"] is True
+    # progress: the saturation burst and each probe, as they ran
+    assert "saturation:" in done.stderr and done.stderr.count("probe at") == sum(p["windows"] for p in probes)

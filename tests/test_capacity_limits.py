@@ -1,0 +1,72 @@
+"""What limits each config's capacity, said wherever the results go: a capacity search records it (an
+SLO the rate above missed, or keeping up with arrivals), the study keeps it, and report.html, best.json,
+the summary and the probe plot show it; the plot draws every probe, passing and failing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from test_capacity import CONFIG, QUICK, WORKLOAD
+from test_study import OBJECTIVES, build_run
+
+from autotune.backends.sim import SimBackend
+from autotune.measure.capacity_report import KEEPING_UP, ProbeSummary
+from autotune.measure.slo import parse_slos
+from autotune.outputs import report
+from autotune.outputs.outcome import outcome
+from autotune.outputs.plots import _PROBE_LATENCIES, probe_points
+from autotune.trial.capacity import find_capacity
+from autotune.tune.study import records
+
+MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
+TIGHT = "ttft_p99=300ms"  # binds below what the tiny config keeps up with (about 16 req/s)
+LOOSE = "ttft_p99=60s"  # never binds: only keeping up does
+
+
+def test_a_search_records_what_limits_capacity() -> None:
+    sim = SimBackend("H100")
+    bound = find_capacity(sim, CONFIG, WORKLOAD, parse_slos(TIGHT), search=QUICK).capacity
+    free = find_capacity(sim, CONFIG, WORKLOAD, parse_slos(LOOSE), search=QUICK).capacity
+    assert bound.limited_by == (TIGHT,) and free.limited_by == (KEEPING_UP,)
+    assert bound.rate < free.rate
+    # each failed or unsure probe says what it fell short of; a passed one, nothing
+    for probe in (*bound.probes, *free.probes):
+        assert (probe.short_of is None) == (probe.verdict == "pass")
+    above = next(p for p in free.probes if p.rate == free.bracket[1])
+    assert above.short_of == (KEEPING_UP,) and above.p99_ttft_ms < 60_000  # not its latency
+
+
+def test_the_results_say_what_limits_each_config(tmp_path: Path) -> None:
+    sim = SimBackend("H100")
+    slos = parse_slos(TIGHT)
+    limited = find_capacity(sim, CONFIG, WORKLOAD, slos, search=QUICK)
+    roomy = find_capacity(sim, CONFIG.replace(max_num_seqs=8), WORKLOAD, slos, search=QUICK)
+    trials = [({"max_num_seqs": 2, "baseline": True}, limited), ({"max_num_seqs": 8}, roomy)]
+    study = build_run(tmp_path, trials)
+    out = outcome(records(study), OBJECTIVES.names, MAXIMIZE, [TIGHT])
+    report.write_all(tmp_path, out)
+    by_trial = {r.number: r.capacity.limited_by for r in out.records}
+    assert by_trial[0] == (TIGHT,)  # read back from the study as the search recorded it
+
+    html = (tmp_path / "report.html").read_text()
+    assert "<th>limited by</th>" in html and f"<td>{TIGHT}</td>" in html
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["capacity"]["limited_by"] == list(out.best.capacity.limited_by)
+    assert "limited by" in best["capacity"]["text"] and "p99_ttft_ms" in best["capacity"]["text"]
+    summary = report.summary_text(out)
+    assert "limited by" in summary.splitlines()[1]  # the front table's header: a column
+    assert f"Capacity {out.best.capacity.rate:.2f} req/s per replica, limited by" in summary
+
+
+def test_the_probe_plot_draws_every_probe_failing_ones_too(tmp_path: Path) -> None:
+    result = find_capacity(SimBackend("H100"), CONFIG, WORKLOAD, parse_slos(TIGHT), search=QUICK)
+    crashed = ProbeSummary(rate=30.0, failure="crashed", short_of=("crashed",))  # no latencies
+    result.capacity = dataclasses.replace(result.capacity, probes=(*result.capacity.probes, crashed))
+    (record,) = records(build_run(tmp_path, [({"max_num_seqs": 2, "baseline": True}, result)]))
+    for _, latency in _PROBE_LATENCIES:
+        points = probe_points(record, latency)
+        assert [rate for rate, _, _ in points] == sorted(p.rate for p in record.capacity.probes)
+        assert any(not passed for _, value, passed in points if value is not None)  # a missed rate
+        assert (30.0, None, False) in points  # and the one that ended without latencies

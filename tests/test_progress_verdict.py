@@ -1,0 +1,101 @@
+"""The progress line's "best" and the final verdict agree, and where they cannot (the tie rule gives
+another trial, re-measurements change the gain) the summary says why in one line.
+
+The case from the issue: an ITL-bound run whose progress line showed "best 986 tok/s (+4.9 %)" for
+minutes, then a verdict naming another trial at +1.0 % and keeping the defaults, with nothing saying why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from test_study import OBJECTIVES, build_run, ok
+
+from autotune.measure.capacity_report import CapacityReport
+from autotune.measure.result import TrialResult
+from autotune.outputs import report
+from autotune.outputs.outcome import outcome
+from autotune.tune.progress import ProgressState, render
+from autotune.tune.study import records
+from autotune.tune.tally import Tally
+
+MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
+
+
+def searched(throughput: float, ttft_ms: float, itl_ms: float, resolution: float) -> TrialResult:
+    """A capacity trial whose value is known to within `resolution` (its bracket's width)."""
+    result = ok(throughput, ttft_ms, itl_ms)
+    rate = throughput / 250
+    result.capacity = CapacityReport(
+        rate=rate,
+        kept_up=True,
+        bracket=(rate, rate * (1 + resolution)),
+        resolution=resolution,
+        bound_measured=True,
+        saturation_throughput=None,
+        goodput=None,
+    )
+    return result
+
+
+def progress_line(study) -> str:  # noqa: ANN001
+    """The line `autotune run` showed once every trial was told."""
+    tally = Tally(maximize=True)
+    for trial in study.trials:
+        tally.record(trial)
+    state = ProgressState(done=tally.done, total=3, feasible=tally.feasible, best=tally.best)
+    state.baseline = tally.baseline
+    return render(state, bar=False)
+
+
+def test_a_tie_rule_verdict_says_why_it_is_not_the_progress_lines_best(tmp_path: Path) -> None:
+    study = build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, searched(940, 500, 40, 0.03)),
+            ({"max_num_seqs": 512}, searched(986, 900, 48, 0.01)),  # the highest value measured
+            ({"max_num_seqs": 256}, searched(950, 450, 35, 0.04)),  # its bracket reaches 986
+        ],
+    )
+    assert "best 986 tok/s (+4.9% vs baseline)" in progress_line(study)
+    out = outcome(records(study), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    assert out.decision.candidate.number == 2 and out.decision.keeps_defaults
+    summary = report.summary_text(out).splitlines()
+    verdict = next(i for i, line in enumerate(summary) if line.startswith("Keep vLLM's defaults"))
+    # the next line, right under the verdict: which trial the progress line showed, and why not it
+    assert summary[verdict + 1] == (
+        "  The progress line's best, trial #1 (986 output_throughput, +4.9% vs the defaults), ties with "
+        "trial #2: #2's capacity bracket, 4.0%, reaches it, and a tie goes to the lowest latencies, #2's."
+    )
+
+
+def test_a_re_measured_gain_says_the_progress_line_showed_a_first_measurement(tmp_path: Path) -> None:
+    study = build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, searched(940, 500, 40, 0.01)),
+            ({"max_num_seqs": 512}, searched(986, 450, 35, 0.01)),
+        ],
+    )
+    assert "best 986 tok/s (+4.9% vs baseline)" in progress_line(study)
+    repeats = {"0": {"1": 1000.0, "2": 990.0}, "1": {"1": 1005.0, "2": 995.0}}  # +0.5 % each
+    out = outcome(records(study), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"], remeasured=repeats)
+    assert out.decision.keeps_defaults
+    note = out.progress_note()
+    assert note.startswith(
+        "The progress line's best, trial #1 (986 output_throughput, +4.9% vs the defaults)"
+    )
+    assert "3 paired runs" in note and out.decision.gain.percent() in note
+    assert note in report.summary_text(out)
+
+
+def test_nothing_is_added_when_they_agree(tmp_path: Path) -> None:
+    study = build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, searched(940, 500, 40, 0.01)),
+            ({"max_num_seqs": 512}, searched(1200, 450, 35, 0.01)),
+        ],
+    )
+    out = outcome(records(study), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    assert out.decision.trial.number == 1 and out.progress_note() == ""
