@@ -3,7 +3,11 @@
 Target (issue 2): a 1,000-request chat workload (~1k-token prompts, ~250-token outputs, rate inf) at
 saturation on Llama-3.1-8B / H100 with vLLM's defaults simulates in under 1 s on one core.
 
-    python benchmarks/sim_speed.py [--requests 1000] [--repeat 3]
+    python benchmarks/sim_speed.py [--requests 1000] [--repeat 3] [--cpu]
+
+`--cpu` times the process's CPU time instead of wall time (steadier on a shared machine). To compare
+two trees side by side, run this script against each, alternately: `PYTHONPATH=OTHER_TREE python
+benchmarks/sim_speed.py --cpu` imports that tree's simulator.
 """
 
 from __future__ import annotations
@@ -36,23 +40,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cpu", action="store_true", help="CPU time (time.process_time), not wall time")
     args = parser.parse_args()
     workload = dataclasses.replace(load_workload("chat"), num_requests=args.requests, seed=0)
     requests = workload.with_load(request_rate=math.inf).requests(seed=0)
     mean_prompt = sum(r.prompt_len for r in requests) / len(requests)
     mean_output = sum(r.output_len for r in requests) / len(requests)
     print(f"{len(requests)} requests, mean prompt {mean_prompt:.0f}, mean output {mean_output:.0f}, rate inf")
+    clock_name = "cpu s" if args.cpu else "wall s"
     header = (
-        f"{'case':34} {'wall s':>7} {'req/s':>9} {'steps':>6} {'steps/s':>9} {'preempt':>7} {'1s/wall':>8}"
+        f"{'case':34} {clock_name:>7} {'req/s':>9} {'steps':>6} {'steps/s':>9} {'preempt':>7} {'1s/wall':>8}"
     )
     print(header)
+    clock = time.process_time if args.cpu else time.perf_counter
     for label, model, gpu, flags in CASES:
         config = EngineConfig(model=model).replace(**flags)
         best = math.inf
         for _ in range(args.repeat):
-            start = time.perf_counter()
+            start = clock()
             run = simulate(config, gpu, requests)
-            best = min(best, time.perf_counter() - start)
+            best = min(best, clock() - start)
         print(
             f"{label:34} {best:7.3f} {len(requests) / best:9.0f} {run.num_steps:6d} "
             f"{run.num_steps / best:9.0f} {run.stats.num_preemptions:7d} {TARGET_S / best:7.1f}x"
