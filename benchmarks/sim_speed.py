@@ -3,19 +3,29 @@
 Target (issue 2): a 1,000-request chat workload (~1k-token prompts, ~250-token outputs, rate inf) at
 saturation on Llama-3.1-8B / H100 with vLLM's defaults simulates in under 1 s on one core.
 
-    python benchmarks/sim_speed.py [--requests 1000] [--repeat 3] [--cpu]
+`--rate R` sends the requests as Poisson arrivals at R req/s instead (a capacity probe's load).
+`--before REV` compares with another revision side by side: each case's best process CPU time (not wall:
+the machine is shared) of --repeat runs, alternately in a child process on REV's code (a temporary git
+worktree) and on this tree's, with the ratio, and whether both simulated the same run (steps,
+preemptions and every request's token times: an engine speed-up must not change a run).
 
-`--cpu` times the process's CPU time instead of wall time (steadier on a shared machine). To compare
-two trees side by side, run this script against each, alternately: `PYTHONPATH=OTHER_TREE python
-benchmarks/sim_speed.py --cpu` imports that tree's simulator.
+    python benchmarks/sim_speed.py [--requests 1000] [--repeat 3] [--rate 13] [--before REV]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import json
 import math
+import subprocess
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
+
+from revisions import checkout, environment
 
 from autotune.core.config import EngineConfig
 from autotune.sim.replay import simulate
@@ -40,30 +50,75 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--cpu", action="store_true", help="CPU time (time.process_time), not wall time")
+    parser.add_argument("--rate", type=float, default=math.inf, help="req/s (default inf: all at once)")
+    parser.add_argument("--before", help="a git revision to compare with (CPU time, side by side)")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)  # one case, as JSON (--before)
     args = parser.parse_args()
-    workload = dataclasses.replace(load_workload("chat"), num_requests=args.requests, seed=0)
-    requests = workload.with_load(request_rate=math.inf).requests(seed=0)
+    requests = _requests(args.requests, args.rate)
+    if args.child is not None:
+        print(json.dumps(_time_case(CASES[args.child], requests, args.repeat, time.process_time)))
+        return
     mean_prompt = sum(r.prompt_len for r in requests) / len(requests)
     mean_output = sum(r.output_len for r in requests) / len(requests)
-    print(f"{len(requests)} requests, mean prompt {mean_prompt:.0f}, mean output {mean_output:.0f}, rate inf")
-    clock_name = "cpu s" if args.cpu else "wall s"
+    lengths = f"mean prompt {mean_prompt:.0f}, mean output {mean_output:.0f}"
+    print(f"{len(requests)} requests, {lengths}, rate {args.rate:g}")
+    if args.before:
+        _compare(args)
+        return
     header = (
-        f"{'case':34} {clock_name:>7} {'req/s':>9} {'steps':>6} {'steps/s':>9} {'preempt':>7} {'1s/wall':>8}"
+        f"{'case':34} {'wall s':>7} {'req/s':>9} {'steps':>6} {'steps/s':>9} {'preempt':>7} {'1s/wall':>8}"
     )
     print(header)
-    clock = time.process_time if args.cpu else time.perf_counter
-    for label, model, gpu, flags in CASES:
-        config = EngineConfig(model=model).replace(**flags)
-        best = math.inf
-        for _ in range(args.repeat):
-            start = clock()
-            run = simulate(config, gpu, requests)
-            best = min(best, clock() - start)
+    for case in CASES:
+        t = _time_case(case, requests, args.repeat, time.perf_counter)
+        best = t["best_s"]
         print(
-            f"{label:34} {best:7.3f} {len(requests) / best:9.0f} {run.num_steps:6d} "
-            f"{run.num_steps / best:9.0f} {run.stats.num_preemptions:7d} {TARGET_S / best:7.1f}x"
+            f"{case[0]:34} {best:7.3f} {len(requests) / best:9.0f} {t['steps']:6d} "
+            f"{t['steps'] / best:9.0f} {t['preemptions']:7d} {TARGET_S / best:7.1f}x"
         )
+
+
+def _requests(n: int, rate: float) -> list:
+    workload = dataclasses.replace(load_workload("chat"), num_requests=n, seed=0)
+    return workload.with_load(request_rate=rate).requests(seed=0)
+
+
+def _time_case(case: tuple, requests: list, repeat: int, clock: Callable[[], float]) -> dict:
+    """Best time of `repeat` simulations of the case, its steps and preemptions."""
+    _, model, gpu, flags = case
+    config = EngineConfig(model=model).replace(**flags)
+    best = math.inf
+    for _ in range(repeat):
+        start = clock()
+        run = simulate(config, gpu, requests)
+        best = min(best, clock() - start)
+    records = hashlib.sha256(
+        repr([(r.start_time, r.ttft, list(r.itl), r.latency) for r in run.records]).encode()
+    )
+    return {
+        "best_s": best,
+        "steps": run.num_steps,
+        "preemptions": run.stats.num_preemptions,
+        "records": records.hexdigest(),
+    }
+
+
+def _compare(args: argparse.Namespace) -> None:
+    """Each case in a child process on --before's code and on this tree's, alternately."""
+    print(f"{'case':34} {'before s':>8} {'after s':>8} {'after/before':>12} {'same run':>8}")
+    here = Path(__file__).resolve()
+    with checkout(args.before) as before:
+        for i, case in enumerate(CASES):
+            times = {}
+            for label, tree in (("before", before), ("after", here.parent.parent)):
+                cmd = [sys.executable, str(here), "--child", str(i), "--requests", str(args.requests)]
+                cmd += ["--repeat", str(args.repeat), "--rate", str(args.rate)]
+                out = subprocess.run(cmd, env=environment(tree), capture_output=True, text=True, check=True)
+                times[label] = json.loads(out.stdout.splitlines()[-1])
+            b, a = times["before"], times["after"]
+            same = all(b[k] == a[k] for k in ("steps", "preemptions", "records"))
+            ratio = a["best_s"] / b["best_s"]
+            print(f"{case[0]:34} {b['best_s']:8.3f} {a['best_s']:8.3f} {ratio:12.2f} {same!s:>8}")
 
 
 if __name__ == "__main__":

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ctrl_c_enabled() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt here and in the runs the tests start, as in a terminal: a suite
+    started in the background (`pytest &` from a script) inherits SIGINT ignored, and the Ctrl-C tests
+    would then test the shell, not autotune."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, FailureKind
 from autotune.dispatch.executor import Executor, parse_gpus
 from autotune.dispatch.local import LocalExecutor
+from autotune.dispatch.processes import ProcessExecutor
 from autotune.dispatch.ray_cluster import check_reachable, lost_node
 from autotune.measure.result import TrialResult
 from autotune.workloads.files import load_workload
@@ -191,6 +192,44 @@ def test_local_executor_runs_a_trial_in_process() -> None:
     assert executor.can_start() and executor.wait(0.1) == []
 
 
+@dataclass(frozen=True)
+class SizedSleep(SleepBackend):
+    """Sleeps max_num_seqs / 100 s (after meeting the others): a larger config finishes later."""
+
+    def evaluate(self, config: EngineConfig, *args: Any, **kwargs: Any) -> SleptResult:
+        sized = SleepBackend((config.max_num_seqs or 0) / 100, meet=self.meet, meet_count=self.meet_count)
+        return sized.evaluate(config, *args, **kwargs)
+
+
+def test_worker_processes_run_trials_at_once_and_hand_them_back_in_submission_order(tmp_path: Path) -> None:
+    executor = ProcessExecutor(SizedSleep(meet=str(tmp_path)), FIXED_LOAD, [], in_flight=2, processes=2)
+    try:
+        executor.submit(5, EngineConfig(model="m", max_num_seqs=150), 0, None)  # finishes last
+        executor.submit(6, EngineConfig(model="m", max_num_seqs=1), 0, None)
+        assert not executor.can_start() and [n for n, _ in executor.in_flight()] == [5, 6]
+        order: list[tuple[int, TrialResult]] = []
+        deadline = time.monotonic() + 120
+        while len(order) < 2 and time.monotonic() < deadline:
+            order += executor.wait(0.2)
+        assert [n for n, _ in order] == [5, 6]  # submission order, though #6 ended first
+        first, second = (result for _, result in order)
+        assert isinstance(first, SleptResult) and isinstance(second, SleptResult)
+        assert first.met and second.met and second.end < first.end
+        assert first.pid != second.pid and os.getpid() not in (first.pid, second.pid)
+        assert executor.can_start()
+    finally:
+        executor.close()
+
+
+def test_cancelling_worker_processes_ends_a_running_trial_at_once(tmp_path: Path) -> None:
+    executor = ProcessExecutor(SizedSleep(), FIXED_LOAD, [], in_flight=2, processes=1)
+    executor.submit(1, EngineConfig(model="m", max_num_seqs=6000), 0, None)  # a minute of "simulation"
+    assert executor.wait(1.0) == []
+    start = time.monotonic()
+    assert executor.cancel_all() == [1]
+    assert time.monotonic() - start < 10 and executor.in_flight() == [] and executor.can_start()
+
+
 def test_an_unreachable_cluster_fails_in_seconds() -> None:
     port = free_port()  # nothing listens there
     start = time.monotonic()
@@ -202,7 +241,8 @@ def test_an_unreachable_cluster_fails_in_seconds() -> None:
 
 
 def test_a_small_simulated_run_does_not_start_ray(tmp_path: Path) -> None:
-    """`--backend sim --parallel 1` runs its trials in process: no Ray start, none of Ray's notices."""
+    """A simulated run on this host (default --parallel 2) runs its trials on worker processes: no Ray
+    start, none of Ray's notices."""
     script = (
         "import sys; from autotune.cli import main; "
         f"code = main(['run', '--space', 'small', '--n-trials', '3', '--slo', 'ttft_p99=2s', '--quiet', "
@@ -212,7 +252,8 @@ def test_a_small_simulated_run_does_not_start_ray(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "no ray"
-    assert "1 trial at a time in process (no Ray)" in done.stderr
+    where = "2 trials at a time on 2 worker process(es), told in the order they started (no Ray)"
+    assert where in done.stderr
     assert "Ray" not in done.stderr.replace("(no Ray)", ""), done.stderr  # no token-auth notice either
     assert (tmp_path / "small" / "trials.csv").stat().st_size > 0
 

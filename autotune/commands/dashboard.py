@@ -45,20 +45,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _write_note(info: Any, storage: str | None = None) -> None:
     """Refresh the study's note and feasibility figure (a study from before they existed gets them)."""
-    import optuna
-
-    from autotune.core.errors import AutotuneError
-    from autotune.core.secrets import masked
     from autotune.outputs.dashboard import StudyNote
-    from autotune.store.storage import storage_error
+    from autotune.store.storage import open_study
     from autotune.store.urls import run_storage
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = storage or run_storage(info)
-    try:
-        study = optuna.load_study(study_name=info.study, storage=storage)
-    except Exception as exc:  # noqa: BLE001  (missing study or unreachable storage)
-        raise AutotuneError(
-            f"cannot open study {info.study!r} in {masked(storage)}: {storage_error(exc)}"
-        ) from None
+    study = open_study(info.study, storage or run_storage(info))
     StudyNote(study, info.meta).update(force=True)

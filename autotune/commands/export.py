@@ -51,10 +51,9 @@ def run(args: argparse.Namespace) -> int:
     import optuna
 
     from autotune.core.errors import AutotuneError
-    from autotune.core.secrets import masked
     from autotune.outputs import export
     from autotune.outputs.outcome import SIMULATED_NOTE, is_simulated
-    from autotune.store.storage import storage_error
+    from autotune.store.storage import open_study
     from autotune.store.urls import run_storage
     from autotune.tune.recommendation import decide
     from autotune.tune.remeasure import stored_repeats
@@ -62,13 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     info = export.load_run(args.run_dir)
     storage = run_storage(info)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        study = optuna.load_study(study_name=info.study, storage=storage)
-    except Exception as exc:  # noqa: BLE001  (missing study or unreachable storage)
-        raise AutotuneError(
-            f"cannot open study {info.study!r} in {masked(storage)}: {storage_error(exc)}"
-        ) from None
+    study = open_study(info.study, storage)
     recs = records(study)
     if args.trial is not None:
         chosen = next((r for r in recs if r.number == args.trial), None)

@@ -30,6 +30,10 @@ HELP = "Tune vLLM launch flags with Optuna + Ray: SLOs as constraints, Pareto fr
 DEFAULT_TRIALS = 50
 LOADS = ("workload", "fixed", "capacity")
 MAX_PARALLEL = 256  # CPU slots for simulated trials: more than any host has cores
+# Simulated trials in flight: a fixed number, not the host's cores, so that a seeded run proposes the same
+# configs on any machine. Two halve the default run's wall time on two cores; TPE's constant liar keeps
+# the two apart (see the run's docs in docs/simulator.md, "Speed").
+DEFAULT_PARALLEL = 2
 DEFAULT_REPEATS = 2  # seeds beyond the first: 3 paired measurements give a gain an interval
 PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size")  # what sets a replica's GPU count
 
@@ -83,7 +87,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="GPUs to use: a count (4) or device ids (0,1,2,3; 0 alone is device 0); virtual ones for the "
         "simulator (--backend sim, or --serve-cmd 'autotune sim-server')",
     )
-    where.add_argument("--parallel", type=int, default=1, help="sim: trials at once on CPU slots (default 1)")
+    where.add_argument(
+        "--parallel",
+        type=int,
+        default=DEFAULT_PARALLEL,
+        help=f"sim: trials in flight at once (default {DEFAULT_PARALLEL}), on this host's cores (told in "
+        "the order they started, so a seeded run is reproducible; 1: in process) or on Ray with "
+        "--ray-address/--gpus",
+    )
     where.add_argument("--ray-address", help="join an existing Ray cluster instead of starting one")
     where.add_argument(
         "--trial-timeout", type=positive_seconds, help="deadline per trial in seconds (forced cancel)"
@@ -266,6 +277,8 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
                     f"the storage failed: {storage_error(exc)}; once fixed, {run_end.RESUME_HINT}"
                 ) from None
     finally:
+        if hasattr(executor, "close"):  # worker processes of a simulated run
+            executor.close()
         if session is not None:
             session.close()
 

@@ -12,17 +12,21 @@ REAL_TRIAL_TIMEOUT_S = 2700.0
 
 
 def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, Any]:
-    """(executor, the RaySession to close, None without one) for the checked inputs `s` (run._Setup): in
-    process for a small simulated run (no
-    Ray start, no Ray notices), else Ray tasks on a local cluster or the one at --ray-address."""
+    """(executor, the RaySession to close, None without one) for the checked inputs `s` (run._Setup): a
+    simulated run on this host runs its trials in process (--parallel 1) or on worker processes (no Ray
+    start, no Ray notices); one with GPUs (virtual ones too) or --ray-address runs Ray tasks on a local
+    cluster or the one at --ray-address."""
     from autotune.core.errors import AutotuneError
     from autotune.dispatch.executor import Executor
     from autotune.dispatch.local import LocalExecutor
+    from autotune.dispatch.processes import ProcessExecutor
     from autotune.dispatch.ray_cluster import start_ray
 
     sim = args.backend == "sim"
-    if sim and args.parallel == 1 and not s.gpu_ids and not args.ray_address:
-        return LocalExecutor(s.backend, s.workload, s.slos), None
+    if sim and not s.gpu_ids and not args.ray_address:
+        if args.parallel == 1:
+            return LocalExecutor(s.backend, s.workload, s.slos), None
+        return ProcessExecutor(s.backend, s.workload, s.slos, in_flight=args.parallel), None
     if args.ray_address and args.gpus and "," in args.gpus:
         raise AutotuneError(
             "--gpus with device ids picks devices of this machine; on a Ray cluster Ray assigns them: "

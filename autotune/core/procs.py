@@ -1,8 +1,11 @@
-"""Processes on this host: is an owner (a driver, a worker) still alive?"""
+"""Processes on this host: is an owner (a driver, a worker) still alive? Worker pools for simulations."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 
@@ -28,3 +31,27 @@ def pid_alive(text: str) -> bool:
     except (OSError, IndexError):
         return True
     return state not in ("Z", "X")
+
+
+def worker_pool(processes: int) -> ProcessPoolExecutor:
+    """Worker processes for CPU-bound work (simulations). Spawned, not forked: the driver has threads
+    (a study's lease) whose locks a fork would copy. They ignore Ctrl-C: the driver takes it and ends
+    them (`end_workers`)."""
+    return ProcessPoolExecutor(
+        max(1, processes), mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_ctrl_c
+    )
+
+
+def end_workers(pool: ProcessPoolExecutor) -> None:
+    """Stop `pool` now: pending work is dropped and running work killed (its own shutdown would wait
+    for the running tasks to finish)."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in workers:
+        process.terminate()
+    for process in workers:
+        process.join(timeout=5)
+
+
+def _ignore_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -29,7 +29,7 @@ from autotune.measure.metrics import RequestRecord
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.costs import CostModel
 from autotune.sim.frontend import FrontendModel
-from autotune.sim.kv_pool import BlockPool
+from autotune.sim.kv_pool import ANONYMOUS, BlockPool
 from autotune.sim.memory import MemoryPlan, plan_memory
 from autotune.sim.noise import StepNoise
 from autotune.sim.state import EngineRequest, EngineStats, StepOutput, by_admission
@@ -148,6 +148,13 @@ class SimEngine:
     def num_free_blocks(self) -> int:
         """KV blocks not referenced by any request (cached-but-free blocks count as free, as in vLLM)."""
         return self._pool.num_free
+
+    @property
+    def min_free_blocks(self) -> int:
+        """The fewest free KV blocks there were at any point so far: a run never short of blocks (this
+        at least the blocks one request can ask for at once) would have run the same on any pool with
+        at least num_gpu_blocks - min_free_blocks blocks (autotune/tune/guide_estimate.py uses it)."""
+        return self._pool.low
 
     @property
     def num_steps(self) -> int:
@@ -281,8 +288,18 @@ class SimEngine:
             return False
         running = self._running
         live = [r for r, gen in events if r.gen == gen and r.rid in running]
-        live.sort(key=by_admission)
         pool = self._pool
+        if pool.num_free >= len(live) and not (self._caching and any(r.preempted for r in live)):
+            # Nothing to preempt and nothing to cache (only a preempted request's decode blocks are
+            # registered, see _cache): one allocation takes the blocks one by one would, in any order.
+            pool.allocate(len(live))
+            events_at, later = self._block_events, step + self._bs
+            for r in live:
+                r.blocks.append(ANONYMOUS)
+                if later <= r.finish_step:
+                    events_at.setdefault(later, []).append((r, r.gen))
+            return False
+        live.sort(key=by_admission)
         preempted = False
         for r in live:
             if r.rid not in running:
@@ -296,7 +313,7 @@ class SimEngine:
                 continue
             r.blocks.extend(pool.allocate(1))
             if self._caching:
-                pool.register(r, len(r.blocks) - 1)
+                self._cache(r, len(r.blocks) - 1)
             self._schedule_block_event(r, step + self._bs)
         return preempted
 
@@ -308,7 +325,7 @@ class SimEngine:
         if need > 0:
             r.blocks.extend(self._pool.allocate(need))
         if self._caching:
-            self._pool.register(r, num_tokens // self._bs)
+            self._cache(r, num_tokens // self._bs)
         return True
 
     def _admit(self, budget: int, chunks: list[tuple[EngineRequest, int]]) -> int:
@@ -342,7 +359,7 @@ class SimEngine:
             r.cached_upto = len(hits)
             r.computed = cached
             if self._caching:
-                pool.register(r, (cached + chunk) // bs)
+                self._cache(r, (cached + chunk) // bs)
             self._admitted += 1
             r.seq = self._admitted
             running[r.rid] = r
@@ -379,9 +396,23 @@ class SimEngine:
         self._done[r.rid] = r
         return r.rid
 
+    def _cache(self, r: EngineRequest, upto: int) -> None:
+        """Register r's full blocks below `upto` in the prefix cache, as vLLM does once a block is full.
+
+        Only blocks someone can look up are registered: its shared-prefix blocks, and once it has been
+        preempted (it looks its own blocks up when re-admitted) all of them. Until then its own blocks'
+        keys are unique to it and it never looks them up, so registering them changes no run; at its
+        first preemption `_free` registers them all, as they would have been. That bookkeeping was
+        half of a saturation run's time (benchmarks/sim_speed.py, prefix caching on and off).
+        """
+        if not r.preempted:
+            upto = min(upto, r.prefix_blocks)
+        if upto > r.cached_upto:
+            self._pool.register(r, upto)
+
     def _free(self, r: EngineRequest, full_blocks: int) -> None:
         if self._caching:
-            self._pool.register(r, min(full_blocks, len(r.blocks)))
+            self._cache(r, min(full_blocks, len(r.blocks)))
         self._pool.release(r.blocks)
         r.blocks = []
         r.cached_upto = 0
@@ -410,6 +441,7 @@ class SimEngine:
         """Recompute preemption of the newest running request: to the front of the waiting queue."""
         rid = next(reversed(self._running))
         r = self._running.pop(rid)
+        r.preempted = True
         self._free(r, self._drop_running(r, step) // self._bs)
         r.computed = 0
         r.decode_start = -1

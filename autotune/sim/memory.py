@@ -23,15 +23,9 @@ CUDA_MAX_BLOCK_SIZE = 32
 KV_DTYPE_BYTES = {dtype: 1 for dtype in KV_CACHE_DTYPES if dtype != "auto"}  # auto: the model's dtype
 MAX_CUDA_GRAPH_SIZE = 512
 
-# The fitted terms (non-torch memory, the profiled activation peak, CUDA graphs, the sampler warm-up)
-# are the Calibration's (autotune/sim/calibration.py), calibrated against vLLM startup logs
-# (docs/simulator.md, "Memory model"). The profiled activation peak of vLLM's startup logs is ~4.8 GiB
-# for Llama-3.1-8B (TP=1) and Llama-3.3-70B (TP=2), ~5.6 GiB for Qwen3-0.6B and Qwen3-32B, whatever the
-# model's width: it follows the vocabulary, not the MLP. The profile's dummy sampler run (min(max_num_seqs,
-# budget) rows of fp32 logits with top-k/top-p: logits, probabilities, sort values and int64 indices)
-# dominates; the compiled forward at the token budget reuses its buffers and adds a near-constant few
-# hundred MiB. Fitted on Llama-3.1-8B and Qwen3-0.6B (the train split of
-# benchmarks/fidelity_points.yaml); Qwen3-32B and the 70B are the validation.
+# The fitted terms (non-torch memory, the profiled activation peak, CUDA graphs, the sampler warm-up) are
+# the Calibration's (sim/calibration.py); why the activation peak follows the vocabulary, not the MLP:
+# docs/simulator.md, "Memory model".
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ class SimRun:
     stats: EngineStats
     memory: MemoryPlan
     num_steps: int
+    min_free_blocks: int  # the fewest free KV blocks at any point of the run (SimEngine.min_free_blocks)
 
 
 def simulate(
@@ -90,4 +91,5 @@ def simulate(
         stats=engine.stats,
         memory=engine.memory,
         num_steps=engine.num_steps,
+        min_free_blocks=engine.min_free_blocks,
     )

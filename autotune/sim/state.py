@@ -41,7 +41,7 @@ class EngineRequest:
     __slots__ = (
         "rid", "prompt_len", "output_len", "prefix_id", "prefix_blocks", "send_time", "outputs",
         "computed", "blocks", "cached_upto", "gen", "decode_start", "decode_outputs", "finish_step",
-        "segments", "prompt_counted", "seq", "wave", "latency",
+        "segments", "prompt_counted", "seq", "wave", "latency", "preempted",
     )  # fmt: skip
 
     def __init__(self, request: Request, send_time: float, block_size: int) -> None:
@@ -66,6 +66,7 @@ class EngineRequest:
         self.seq = 0  # admission sequence number: running order
         self.wave = Wave(send_time)  # the API server's intake wave it is in (frontend.py)
         self.latency = 0.0  # from the wave's end to schedulable
+        self.preempted = False  # once preempted, its own blocks may be looked up when it is re-admitted
 
     @property
     def ready(self) -> float:

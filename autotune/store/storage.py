@@ -52,6 +52,17 @@ def connect_storage(
     raise AutotuneError(f"cannot open storage {masked(storage)}: {storage_error(error)}") from None
 
 
+def open_study(name: str, storage: str) -> optuna.Study:
+    """The existing study `name` in `storage`; one AutotuneError line when it is missing or unreachable."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except Exception as exc:  # noqa: BLE001  (missing study or unreachable storage)
+        raise AutotuneError(
+            f"cannot open study {name!r} in {masked(storage)}: {storage_error(exc)}"
+        ) from None
+
+
 def storage_error(error: BaseException | None) -> str:
     """One line for a storage exception (SQLAlchemy's carry the SQL and a link on further lines).
 

@@ -1,38 +1,10 @@
 """Capacity: the highest Poisson request rate a config sustains while it meets the SLOs.
 
-With `load: capacity` a trial is a short search per config, on one started server (one startup):
-1. Saturation: every request at t=0, four times the running batch (a first burst of 256 requests
-   reports the KV cache, which may hold fewer than max_num_seqs). Its mid-run
-   completion rate is what the config can serve at most, so rates above it (plus a margin for the
-   estimate) are never probed: it is the bracket's top. Its requests' decode time at full batch is the
-   config's request lifetime, which sets how long each probe is (autotune/measure/steady_state.py).
-2. Probes: Poisson load at a rate, with an unmeasured warm-up and a measured window of several request
-   lifetimes and at least 400 requests (1,000 for a p99 TPOT/E2EL SLO, and for p99 TTFT above half the
-   saturation rate, see `window_requests`). With a TTFT or E2EL SLO the warm-up also lasts one
-   relaxation time of the queue at that rate and the window `relaxations` of them (`relaxation_s`:
-   near saturation a waiting queue takes minutes to show its tail), and rates whose relaxation would
-   not fit a probe are not tried (`queue_ceiling`). Each window is of other requests (its own seed).
-   A rate passes when the server kept up, which bounds capacity for every SLO set, ITL-only and none
-   included: at or below the saturation throughput only a gross shortfall fails it (the saturation
-   run is the evidence; a window's count wanders too slowly to tell 2 %), above it the requests in
-   the server must not have grown by more than 2 % of the window's arrivals (or the count's noise)
-   and it must have served 96 % of the rate; and when every SLO holds with 95 % confidence
-   (autotune/measure/evidence.py), so that another run at the reported rate meets them too. A window too
-   short to tell either way is measured again, up to `max_windows` in all (windows of other requests,
-   their evidence pooled: one window that much longer, without more warm-ups; each look must clear
-   Pocock's bar, `sequential_z`, so that looking three times is not three chances to pass by luck);
-   still unsure, it passes if the windows of the probes around it, a line through their margins read
-   at its rate, do (`pool_nearby`), else the rate counts as a miss, and once the bracket is within
-   twice the resolution the search ends (the threshold lies within the noise there). The first probe is at
-   90 % of saturation; while probes fail the rate steps down by 0.7x (further when an ITL/TPOT SLO
-   was missed by a wide margin), then geometric bisection until the bracket is within `resolution`.
-A probe that is clearly lost is cut short by the early abort (its SLO cannot be met any more). A
-server that dies or hangs ends the search: the rates that passed before still count.
-
-The trial's result is the window at the highest passing rate, with throughputs set to the sustained
-ones at that rate (rate x tokens per request); its capacity report carries the bracket, its resolution
-and every probe (rate, served rate, backlog growth, p99 TTFT/ITL, verdict), for the report and the
-recommendation's tie rule.
+With `load: capacity` a trial is a short search on one started server: a saturation burst bounds the rate
+and sets the config's request lifetime, then Poisson probes (an unmeasured warm-up, a measured window of
+several lifetimes) step down from 90 % of saturation and bisect until the bracket is within `resolution`.
+A rate passes when the server kept up and every SLO holds with 95 % confidence (trial/probe.py). The
+rules and why each is there: docs/measurement.md, "Load level: capacity or fixed".
 """
 
 from __future__ import annotations
@@ -48,6 +20,7 @@ from autotune.core.config import EngineConfig
 from autotune.measure.capacity_report import KEEPING_UP, CapacityReport
 from autotune.measure.evidence import UNSURE, Z, sequential_z
 from autotune.measure.load_report import Saturation
+from autotune.measure.metrics import BenchmarkResult
 from autotune.measure.result import TrialResult
 from autotune.measure.server_report import EngineFacts, ServerReport
 from autotune.measure.slo import Slo
@@ -71,10 +44,8 @@ SIZING_REQUESTS = 256  # the first burst: it saturates a batch that KV memory li
 MAX_PROBE_REQUESTS = 6000  # per probe (x window scale): a very fast config gets a shorter window
 MIN_WINDOW_REQUESTS = 400
 TAIL_SAMPLES = 10  # a window must hold this many requests over a percentile SLO's limit at its threshold
-# Below half the saturation rate a server rarely queues for long: a TTFT tail there is seen in 400
-# requests. The RAG-prompt and A100 chat configs the accuracy benchmark tries are ITL-bound at 10-20 % of
-# saturation: 400-request windows halved their searches' GPU time, every 4,000-request check still passed,
-# and the RAG-prompt ones moved from 5-6 % to 9-12 % under the reference (their ITL tail stays unsure longer).
+# Below half the saturation rate a server rarely queues for long: a TTFT tail there shows in 400 requests
+# (docs/evidence.md, "Capacity accuracy").
 QUEUE_FREE_BELOW = 0.5
 MAX_WINDOWS = 3  # an unsure probe is measured again (other windows, pooled with the first), twice
 QUEUE_METRICS = ("ttft", "e2el")  # the SLOs a waiting queue's slow build-up moves
@@ -160,10 +131,8 @@ def _search(
         load = workload.with_load(
             request_rate=p.rate, num_requests=max(1, math.ceil(p.rate * plan.end)), measure_from=plan.start
         )
-        # Every window gets other requests: the same ones at each rate would make every probe as
-        # lucky as the first (a 70B config passed 1.21 req/s on the one sequence whose 1,000 requests
-        # held few long prompts; seven of eight others missed its SLO at 1.13), and the windows that
-        # pool_nearby pools would not be independent.
+        # Every window gets other requests: the same ones at each rate would make every probe as lucky as
+        # the first, and the windows that pool_nearby pools would not be independent.
         p.runs.append(session.measure(load, slos, seed + sum(q.windows for q in probes)))
         judge_probes(probes, slos, sat.throughput, pass_z, search.z, search.min_served)
 
@@ -209,14 +178,15 @@ def _next_rate(
 ) -> float | None:
     """The next rate to probe, or None once the bracket is as fine as it will get.
 
-    While nothing passed, the rate steps down from the lowest probe (see `_step_down`; by UNSURE_STEP
+    While nothing passed, the rate steps down from the lowest probe (see `step_down`; by UNSURE_STEP
     from one too close to call, which the threshold is near); then geometric
     bisection until the bracket is within `resolution`, or within twice that when the last probe was
     unsure (the threshold lies within the measurement's noise there: a rate between would be unsure too).
     """
     if low is None:
         lowest = min(probes, key=lambda p: p.rate)
-        step = UNSURE_STEP if lowest.verdict == UNSURE else _step_down(lowest.result, slos)
+        complete = lowest.result.benchmark if lowest.result.ok else None
+        step = UNSURE_STEP if lowest.verdict == UNSURE else step_down(complete, slos)
         rate = lowest.rate * step
         return rate if rate >= MIN_RATE else None
     if high / low.rate <= 1 + search.resolution:
@@ -238,14 +208,22 @@ def saturation_runs(
     size, and a second, larger one runs only when the batch it implies needs it.
     """
     seqs = config.max_num_seqs or DEFAULT_MAX_NUM_SEQS
-    full = min(MAX_SATURATION_REQUESTS, SATURATION_BATCHES * seqs)
-    first = session.measure(workload.burst(min(full, SIZING_REQUESTS)), (), seed)
-    if full <= SIZING_REQUESTS or not first.ok:
+    first = session.measure(workload.burst(saturation_burst(seqs)), (), seed)
+    if not first.ok:
         return [first]
-    needed = min(full, SATURATION_BATCHES * _batch_limit(first, seqs))
+    needed = saturation_burst(seqs, _batch_limit(first, seqs))
     if needed <= SIZING_REQUESTS:
         return [first]
     return [first, session.measure(workload.burst(needed), (), seed)]
+
+
+def saturation_burst(seqs: int, batch: int | None = None) -> int:
+    """The requests of a saturation burst: without `batch`, the first (sizing) one, at most
+    SIZING_REQUESTS; with it (the requests KV memory holds at once), the one that measures:
+    SATURATION_BATCHES batches, at most MAX_SATURATION_REQUESTS, or the sizing one when that is as many."""
+    full = min(MAX_SATURATION_REQUESTS, SATURATION_BATCHES * seqs)
+    needed = SIZING_REQUESTS if batch is None else min(full, SATURATION_BATCHES * batch)
+    return needed if needed > SIZING_REQUESTS else min(full, SIZING_REQUESTS)
 
 
 def _batch_limit(result: TrialResult, seqs: int) -> int:
@@ -266,8 +244,12 @@ def _batch_limit(result: TrialResult, seqs: int) -> int:
         kv_tokens = int(engine.num_gpu_blocks) * int(resolved.get("block_size") or 16)
     if not kv_tokens or bench is None or not bench.completed:
         return seqs
-    per_request = (bench.total_input_tokens + bench.total_output_tokens) / bench.completed
-    return max(1, min(seqs, math.ceil(kv_tokens / max(per_request, 1.0))))
+    return kv_batch(seqs, kv_tokens, (bench.total_input_tokens + bench.total_output_tokens) / bench.completed)
+
+
+def kv_batch(seqs: int, kv_tokens: int, tokens_per_request: float) -> int:
+    """The requests of `tokens_per_request` a KV cache of `kv_tokens` holds at once, at most `seqs`."""
+    return max(1, min(seqs, math.ceil(kv_tokens / max(tokens_per_request, 1.0))))
 
 
 def window_requests(
@@ -288,15 +270,16 @@ def window_requests(
     return max([floor, *(math.ceil(tail_samples / q) for q in shares if q)])
 
 
-def _step_down(result: TrialResult, slos: Sequence[Slo]) -> float:
-    """How far to lower the rate after a failed probe while none has passed yet.
+def step_down(benchmark: BenchmarkResult | None, slos: Sequence[Slo]) -> float:
+    """How far to lower the rate after a failed probe (its complete `benchmark`, else None) while none
+    has passed yet.
 
     ITL and TPOT grow smoothly with the load (the batch grows with the rate), so missing one by a factor
     says roughly how far the rate must fall: 1 / (1 + margin), between MIN_STEP and STEP_DOWN. TTFT
     explodes only near capacity (its margin says nothing about the distance), so other misses step by
     STEP_DOWN.
     """
-    smooth = [s.margin(result.benchmark) for s in slos if s.metric in SMOOTH_METRICS] if result.ok else []
+    smooth = [s.margin(benchmark) for s in slos if s.metric in SMOOTH_METRICS] if benchmark else []
     miss = max(smooth, default=0.0)
     return min(STEP_DOWN, max(MIN_STEP, 1.0 / (1.0 + miss))) if miss > 0 else STEP_DOWN
 

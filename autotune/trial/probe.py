@@ -32,15 +32,11 @@ from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.measure.steady_state import relaxation_s
 
-# Above the saturation rate, whatever the backlog's noise allowance, a probe must have served this share
-# of the rate asked for: near saturation the count's memory is long and its noise estimate huge (a probe
-# serving 90 % of its load was allowed 12 % of growth), while a user checking the rate with
-# `vllm bench serve` wants >= 95 %.
+# Above the saturation rate a probe must have served this share of the rate asked for, whatever the
+# backlog's noise allowance (huge near saturation): a user checking the rate wants >= 95 % served.
 MIN_SERVED = 0.96
-# Below saturation the saturation run is the evidence that the server keeps up: a window's own backlog
-# count wanders too slowly to tell a 2 % shortfall in 1,000 requests (a config with 256 sequences
-# "served" 95.6 % at 95 % of its saturation rate, and 100.0 % over 10,000 requests). Only a window that
-# served less than this share says the estimate was wrong.
+# Below saturation the saturation run is the evidence that the server keeps up (a window's backlog count
+# wanders too slowly to tell a 2 % shortfall): only a window that served less than this share fails.
 GROSS_SHORTFALL = 0.9
 # An unsure rate may pool the windows of probes within this ratio of it: the bisection's first step
 # after a 0.7x step down lands 1.2x from either end.

@@ -1,6 +1,7 @@
 """The tuning loop: search space, objectives, samplers, the Optuna study, screening, re-measurement,
-the recommendation and the live progress."""
+the recommendation and the live progress; the guide (the simulated engine's prediction of a space)."""
 
+from autotune.tune.guide import GuideTable, Prediction, predict_space
 from autotune.tune.objectives import ObjectiveSet, load_objectives
 from autotune.tune.recommendation import Recommendation, decide
 from autotune.tune.space import SearchSpace, load_space
@@ -8,7 +9,9 @@ from autotune.tune.study import TrialRecord, records, start_study
 from autotune.tune.tuner import Tuner, TunerOptions
 
 __all__ = [
+    "GuideTable",
     "ObjectiveSet",
+    "Prediction",
     "Recommendation",
     "SearchSpace",
     "TrialRecord",
@@ -17,6 +20,7 @@ __all__ = [
     "decide",
     "load_objectives",
     "load_space",
+    "predict_space",
     "records",
     "start_study",
 ]

@@ -43,10 +43,24 @@ class AskTellGridSampler(optuna.samplers.GridSampler):
     def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:  # noqa: D102
         return None
 
+    def all_started(self, study: optuna.Study) -> bool:
+        """Whether every grid point has a trial, finished or running: asked again, the grid would
+        propose a running point (with trials in parallel, a duplicate to wait on)."""
+        started = {
+            t.system_attrs["grid_id"]
+            for t in study._storage.get_all_trials(study._study_id, deepcopy=False)
+            if "grid_id" in t.system_attrs
+            and self._same_search_space(t.system_attrs["search_space"])
+            and (t.state.is_finished() or t.state == optuna.trial.TrialState.RUNNING)
+        }
+        return started >= set(range(len(self._all_grids)))
+
 
 def sampler_exhausted(study: optuna.Study) -> bool:
-    """True when the study's sampler has nothing new left to propose (a finished grid)."""
+    """True when the study's sampler has nothing new left to propose (every grid point asked)."""
     sampler = study.sampler
+    if isinstance(sampler, AskTellGridSampler):
+        return sampler.all_started(study)
     return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
 
 

@@ -1,29 +1,10 @@
 """Startup screening: configs the memory model predicts will fail to start are not launched.
 
-Before a trial is launched, the simulator's startup memory model (autotune/sim/memory.py, the same one
-the simulated engine uses) predicts whether vLLM would come up with the config on this GPU. A config it
-predicts to die of a startup-memory failure (no KV memory, the max-length request does not fit, CUDA OOM
-while profiling or capturing CUDA graphs, the free-memory check) is told to the study as a violation
-with the predicted vLLM message, and costs no GPU time.
-
-The model is an estimate, so only clear failures are screened; a borderline config still launches:
-
-- KV sizing (profile-run OOM, "No available memory for the cache blocks", one max-length request does
-  not fit): the KV memory a max-length request needs minus the predicted KV memory must exceed
-  `kv_fraction` (5 %) of the GPU's memory. The KV memory the model predicts for Llama-3.1-8B on H100 is
-  51.5 GiB where vLLM logged 51.38 GiB in one report and 55.05 GiB in another (docs/simulator.md):
-  the model can be 3.6 GiB (4.5 % of the device) short, and a config that short of memory may start.
-- After KV sizing (CUDA-graph capture and the sampler warm-up, which allocate beyond the
-  `gpu_memory_utilization` budget): what they need must exceed `capture_factor` (125 %) of the memory
-  left outside the budget. Their size is a coarse fit (0.2 MiB per graph and layer, two fp32 copies of
-  the logits); the known case, H100 at 0.98 with 1024 sequences, needs 155 % of it and fails in vLLM.
-- The free-memory check ("Free memory on device ... is less than desired GPU memory utilization") is
-  screened as predicted: it compares `gpu_memory_utilization` x total memory with the free memory
-  (total minus the CUDA context, measured), and no memory after the budget fails the rule above anyway.
-
-Invalid flag combinations are the search space's validity rules (autotune.tune.space.violations), not this.
-With the sim backend the screen and the engine share the model, so screening is exact there: it can
-save only what a real GPU would have spent on a config that truly fails to start.
+Before a trial is launched, the simulator's startup memory model (sim/memory.py, the one the simulated
+engine uses) predicts whether vLLM would come up with the config on this GPU. A config predicted to die
+of a startup-memory failure is told to the study as a violation with the predicted vLLM message, and
+costs no GPU time. The model is an estimate, so only clear failures are screened (`kv_fraction`,
+`capture_factor`; why these margins: docs/measurement.md, "Failed and screened configs").
 """
 
 from __future__ import annotations

@@ -94,13 +94,20 @@ class Param:
             return trial.suggest_float(self.name, self.low, self.high, step=self.step, log=self.log)
         return trial.suggest_categorical(self.name, list(self.choices))
 
-    def grid_values(self) -> list[Any]:
-        """Discrete values for a grid: choices, every step, powers of two (log ints) or a few points."""
+    def grid_values(self, max_steps: int | None = None) -> list[Any]:
+        """Discrete values for a grid: choices, every step, powers of two (log ints) or a few points.
+
+        `max_steps` thins a stepped range with more values to that many, evenly spaced over its steps
+        (both ends kept): gpu_memory_utilization 0.80..0.96 by 0.01 gives 0.80, 0.84, ..., 0.96 at 5.
+        """
         if self.type in ("categorical", "bool"):
             return list(self.choices)
         low, high = float(self.low), float(self.high)
         if self.step and (high - low) / self.step < MAX_GRID_STEPS:
             values = list(np.arange(low, high + self.step / 2, self.step))
+            if max_steps is not None and len(values) > max_steps:
+                picks = np.linspace(0, len(values) - 1, max_steps).round().astype(int)
+                values = [values[i] for i in sorted(set(picks))]
         elif self.step:  # every step would be millions of values: a few on the step lattice
             steps = np.linspace(0, math.floor((high - low) / self.step), GRID_POINTS)
             values = list(low + np.round(steps) * self.step)
@@ -193,9 +200,9 @@ class SearchSpace:
             return None
         return max(param.choices) if param.choices else param.high
 
-    def grid(self) -> dict[str, list[Any]]:
-        """A discrete version of the space for Optuna's GridSampler."""
-        return {p.name: p.grid_values() for p in self.params}
+    def grid(self, max_steps: int | None = None) -> dict[str, list[Any]]:
+        """A discrete version of the space for Optuna's GridSampler (`max_steps`: see grid_values)."""
+        return {p.name: p.grid_values(max_steps) for p in self.params}
 
 
 def violations(config: EngineConfig, max_position_embeddings: int | None = None) -> list[str]:

@@ -215,9 +215,13 @@ class Tuner:
                 return
             trial = self.study.ask()
             params = self.space.suggest(trial)
-            self._dispatch(trial, self.space.config(params))
+            if not self._dispatch(trial, self.space.config(params)):
+                # It waits on a running trial: ask again once a result is in. A started grid proposes
+                # its running points until they finish, and a free slot would ask forever.
+                return
 
-    def _dispatch(self, trial: optuna.Trial, config: EngineConfig) -> None:
+    def _dispatch(self, trial: optuna.Trial, config: EngineConfig) -> bool:
+        """Tell, launch or queue a suggestion; False when it waits on a running trial (a duplicate)."""
         key = config_key(config)
         problems = violations(config, self.max_position_embeddings)
         if not problems and not self.executor.fits(config):
@@ -234,12 +238,14 @@ class Tuner:
             self._tell(trial, screening.result(config), key)
         elif (pending := self._pending_for(key)) is not None:
             pending.duplicates.append(trial)
+            return False
         else:
             pending = _Pending(trial=trial, config=config, key=key)
             if self.executor.can_start(config):
                 self._submit(pending)
             else:
                 self._queued.append(pending)
+        return True
 
     def _drop_misfits(self) -> None:
         """Queued trials that can no longer run (a lost node took the GPUs they need) are told why."""

@@ -1,0 +1,121 @@
+"""Simulated trials on this host's cores: N in flight on worker processes, told in submission order.
+
+A simulated trial is pure CPU work, so on one machine worker processes run it without Ray's start
+(seconds) or its memory. Results are handed to the tuner one at a time in the order the trials were
+submitted, not the order they finish: the study then sees the same sequence of asks and tells on any
+machine and under any load, so a seeded run is reproducible (a trial that finishes early waits for the
+older one). The workers are autotune.core.procs.worker_pool's (spawned; Ctrl-C is the driver's, and
+cancelling ends them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import wait as wait_futures
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+from autotune.backends.base import Backend
+from autotune.core.config import EngineConfig
+from autotune.core.errors import FailureKind
+from autotune.core.procs import end_workers, worker_pool
+from autotune.dispatch.local import LocalExecutor
+from autotune.measure.result import TrialResult
+from autotune.measure.slo import Slo
+from autotune.trial.task import evaluate_trial
+
+
+class ProcessExecutor(LocalExecutor):
+    """`in_flight` simulated trials at once on up to `processes` worker processes (default: the
+    cores, at most `in_flight`), each trial's result told in the order the trials were submitted."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        workload: Any,
+        slos: Sequence[Slo],
+        in_flight: int,
+        processes: int | None = None,
+    ) -> None:
+        super().__init__(backend, workload, slos)
+        self.capacity = max(1, in_flight)
+        self.processes = max(1, min(self.capacity, processes or os.cpu_count() or 1))
+        self._pool: ProcessPoolExecutor | None = None
+        self._jobs: dict[int, tuple[EngineConfig, Future[TrialResult]]] = {}  # in submission order
+
+    def describe(self) -> str:
+        """Where trials run, for the run's first line."""
+        return (
+            f"{self.capacity} trials at a time on {self.processes} worker process(es), told in the order "
+            "they started (no Ray)"
+        )
+
+    def can_start(self, config: EngineConfig | None = None) -> bool:
+        """Whether fewer than `capacity` trials are in flight."""
+        return len(self._jobs) < self.capacity
+
+    def in_flight(self) -> list[tuple[int, EngineConfig]]:
+        """The submitted trials not yet handed back, oldest first."""
+        return [(number, config) for number, (config, _) in self._jobs.items()]
+
+    def submit(self, number: int, config: EngineConfig, seed: int, trial_dir: Path | None) -> None:
+        """Start a trial on a worker (the simulator writes no trial files)."""
+        if not self.can_start():
+            raise RuntimeError("submit() without a free slot: call can_start() first")
+        args = (evaluate_trial, self.backend, config, self.workload, self.slos, seed, (), None)
+        try:
+            future = self._workers().submit(*args)
+        except BrokenProcessPool:  # a worker died (e.g. killed for memory): its trials were told; start anew
+            self._pool = None
+            future = self._workers().submit(*args)
+        self._jobs[number] = (config, future)
+
+    def wait(self, timeout: float) -> list[tuple[int, TrialResult]]:
+        """Up to `timeout` s for the oldest trial: its result alone, so that the tuner asks its next
+        trial with the same ones in flight whichever finished first (two at once would not be)."""
+        if not self._jobs:
+            return []
+        number, (config, future) = next(iter(self._jobs.items()))
+        wait_futures([future], timeout=timeout)
+        if not future.done():
+            return []
+        del self._jobs[number]
+        return [(number, _outcome(config, future))]
+
+    def cancel_all(self) -> list[int]:
+        """Drop every trial in flight and end the workers (a simulation cannot be interrupted)."""
+        numbers = list(self._jobs)
+        self._close(force=True)
+        return numbers
+
+    def close(self) -> None:
+        """End the worker processes once the trials in flight are done (a later submit starts new ones)."""
+        self._close(force=False)
+
+    def _close(self, force: bool) -> None:
+        self._jobs.clear()
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if force:
+            end_workers(pool)
+        else:
+            pool.shutdown(wait=True)
+
+    def _workers(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = worker_pool(self.processes)
+        return self._pool
+
+
+def _outcome(config: EngineConfig, future: Future[TrialResult]) -> TrialResult:
+    """The trial's result; a worker that died under it is an `error` failure (evaluate_trial already
+    turns any exception of the trial itself into one)."""
+    try:
+        return future.result()
+    except BrokenProcessPool as exc:
+        message = f"the worker process running the trial died: {exc}"
+        return TrialResult(config=config, failure=FailureKind.ERROR, message=message)

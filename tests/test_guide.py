@@ -1,0 +1,154 @@
+"""The guide's table (autotune/tune/guide.py) on the real simulated engine, small spaces."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+import pytest
+
+from autotune.backends.sim import SimSession
+from autotune.catalog.gpus import get_gpu
+from autotune.measure.slo import parse_slos
+from autotune.sim.engine import SimEngine
+from autotune.tune.guide import GRID_STEPS, GuideTable, cache_key, predict_space
+from autotune.tune.guide_estimate import Estimator, GuideSettings, Pool
+from autotune.tune.objectives import load_objectives
+from autotune.tune.space import space_from_dict
+from autotune.tune.study import config_key
+from autotune.workloads.files import load_workload
+from autotune.workloads.spec import WorkloadSpec
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+SLOS = parse_slos(["ttft_p99=2s"])
+# Every startup verdict: invalid combinations (budget < seqs; chunked prefill off below max_model_len),
+# too little memory for the KV cache (0.3), and configs that start.
+SPACE = space_from_dict(
+    {
+        "fixed": {"model": MODEL, "gpu": "H100", "max_model_len": 8192, "enable_prefix_caching": True},
+        "params": {
+            "max_num_seqs": {"type": "categorical", "choices": [64, 4096]},
+            "max_num_batched_tokens": {"type": "categorical", "choices": [2048, 8192]},
+            "enable_chunked_prefill": {"type": "bool"},
+            "block_size": {"type": "categorical", "choices": [16, 32]},
+            "gpu_memory_utilization": {"type": "float", "low": 0.3, "high": 0.9, "step": 0.01},
+        },
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def chat() -> WorkloadSpec:
+    return load_workload("chat")
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory: pytest.TempPathFactory, chat: WorkloadSpec) -> GuideTable:
+    """The small space's table, made on two worker processes."""
+    return predict_space(SPACE, chat, SLOS, runs_dir=tmp_path_factory.mktemp("runs"), processes=2)
+
+
+def test_the_table_covers_the_grid_with_the_startup_verdicts_of_the_simulated_server(
+    table: GuideTable,
+) -> None:
+    grid = SPACE.grid(GRID_STEPS)
+    assert grid["gpu_memory_utilization"] == [0.3, 0.45, 0.6, 0.75, 0.9]  # a stepped range, thinned
+    points = list(itertools.product(*grid.values()))
+    assert len(table.predictions) == len(points) == 2 * 2 * 2 * 2 * 5
+    assert {tuple(p.params.values()) for p in table.predictions} == set(points)
+    verdicts = {p.failure for p in table.predictions}
+    assert {None, "invalid_config", "kv_cache_oom"} <= verdicts
+    for p in table.predictions:
+        config = SPACE.config(p.params)
+        assert table.lookup(config) is p and table.lookup(config_key(config)) is p
+        session = SimSession(config, "H100")
+        if p.failure == "invalid_config":  # vLLM's validity rules, checked before anything starts
+            assert "max_num_batched_tokens" in p.message and not p.starts
+        else:
+            assert p.starts == session.alive
+            if not session.alive:
+                failed = session.measure(dataclasses.replace(load_workload("chat"), num_requests=1))
+                assert p.failure == str(failed.failure) and p.message == failed.message
+    started = [p for p in table.predictions if p.starts]
+    assert started and all(p.capacity_rate > 0 and p.p99_ttft_ms <= 2000 for p in started)
+    knees = [p.knee_rate for p in started if p.knee_rate is not None]  # None: latency never doubled
+    assert len(knees) > len(started) / 2 and all(k > 0 for k in knees)
+
+
+def test_predictions_rank_by_the_objective_and_agree_with_the_capacity_they_report(
+    table: GuideTable,
+) -> None:
+    objectives = load_objectives("default").objectives
+    ranked = table.ranking(objectives[0])  # output_throughput, maximised
+    assert ranked and all(p.starts and p.capacity_rate > 0 for p in ranked)
+    assert table.ranking() == ranked  # the default: the table has no study's objectives
+    values = [p.output_throughput for p in ranked]
+    assert values == sorted(values, reverse=True)
+    by_ttft = table.ranking(objectives[1])  # p99 TTFT, minimised
+    assert [p.p99_ttft_ms for p in by_ttft] == sorted(p.p99_ttft_ms for p in by_ttft)
+    for p in ranked:  # throughput at capacity: the rate times the tokens a request returns (~250)
+        assert 150 < p.output_throughput / p.capacity_rate < 350
+
+
+def test_a_second_call_reads_the_cache_and_other_slos_or_calibration_miss_it(
+    tmp_path: Path, chat: WorkloadSpec
+) -> None:
+    space = SPACE.fix("gpu_memory_utilization", 0.9).fix("enable_chunked_prefill", True)
+    first = predict_space(space, chat, SLOS, runs_dir=tmp_path, processes=1)
+    assert not first.from_cache and first.cache_path is not None
+    assert first.cache_path.parent == tmp_path / "guide"
+    per_gpu = load_objectives("per_gpu")  # a study's objectives order the ranking, not the predictions
+    again = predict_space(space, chat, SLOS, objectives=per_gpu, runs_dir=tmp_path, processes=1)
+    assert again.from_cache and again.cpu_s == 0 and again.predictions == first.predictions
+    assert again.objectives == per_gpu.objectives and again.ranking() == again.ranking(per_gpu.objectives[0])
+    assert [p.key for p in again.predictions] == [p.key for p in first.predictions]
+    tighter = predict_space(space, chat, parse_slos(["ttft_p99=1s"]), runs_dir=tmp_path, processes=1)
+    assert not tighter.from_cache and tighter.cache_path != first.cache_path
+    assert sorted(path.name for path in (tmp_path / "guide").iterdir()) == sorted(
+        [first.cache_path.name, tighter.cache_path.name]
+    )
+    # The calibration is part of the key (here on a space where nothing starts: nothing simulated).
+    oom = space.fix("gpu_memory_utilization", 0.15)
+    grid = oom.grid(GRID_STEPS)
+    keys = {cache_key(oom, grid, chat, SLOS, c, GuideSettings()) for c in (None, ("fit", 1), ("fit", 2))}
+    assert len(keys) == 3
+    cal_a = predict_space(oom, chat, SLOS, calibration=("fit", 1), runs_dir=tmp_path, processes=1)
+    cal_b = predict_space(oom, chat, SLOS, calibration=("fit", 2), runs_dir=tmp_path, processes=1)
+    assert not cal_b.from_cache and cal_a.cache_path != cal_b.cache_path
+    assert predict_space(oom, chat, SLOS, calibration=("fit", 1), runs_dir=tmp_path).from_cache
+    # ... and so is the content of a file the workload reads its lengths from.
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt_len": 900, "output_len": 100}\n')
+    from_file = WorkloadSpec(name="rows", num_requests=10, jsonl=rows)
+    assert not predict_space(oom, from_file, SLOS, runs_dir=tmp_path).from_cache
+    assert predict_space(oom, from_file, SLOS, runs_dir=tmp_path).from_cache
+    rows.write_text('{"prompt_len": 90, "output_len": 100}\n')
+    assert not predict_space(oom, from_file, SLOS, runs_dir=tmp_path).from_cache
+
+
+def test_predictions_are_deterministic_in_any_number_of_processes(
+    tmp_path: Path, chat: WorkloadSpec, table: GuideTable
+) -> None:
+    again = predict_space(SPACE, chat, SLOS, runs_dir=tmp_path, processes=1)
+    assert not again.from_cache and again.predictions == table.predictions
+
+
+def test_a_config_estimated_with_its_class_gets_what_it_gets_alone(chat: WorkloadSpec) -> None:
+    """Shared runs change no estimate: each config of a class, estimated on its own, gets the same."""
+    gpu = get_gpu("H100")
+    members = []
+    for block, utilization in itertools.product((16, 32), (0.3, 0.9)):
+        params = {"max_num_seqs": 256, "max_num_batched_tokens": 2048, "enable_chunked_prefill": True}
+        params |= {"block_size": block, "gpu_memory_utilization": utilization}
+        engine = SimEngine(SPACE.config(params), gpu)
+        members.append((engine.config, Pool.of(engine.config, engine.memory, False)))
+    shared = Estimator(gpu, chat, SLOS)
+    together = [shared.estimate(config, pool, shared.scan(config, pool)) for config, pool in members]
+    assert len({pool.behaviour for _, pool in members}) == 1 and len({m[1] for m in members}) == 4
+    alone = []
+    for config, pool in members:
+        estimator = Estimator(gpu, chat, SLOS)
+        alone.append(estimator.estimate(config, pool, estimator.scan(config, pool)))
+    assert together == alone
+    assert len({e.capacity_rate for e in alone}) > 1  # a smaller KV cache serves less here
