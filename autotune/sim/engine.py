@@ -131,6 +131,17 @@ class SimEngine:
         """True while any request is waiting or running."""
         return bool(self._running or self._waiting)
 
+    def next_start(self) -> float:
+        """When the next step starts: now, or, while nothing runs, when the API server hands the first
+        waiting request over (the end of its intake wave, which moves while later requests join it).
+
+        A driver adds every request sent before this time ahead of `step`, as the engine core takes in
+        whatever the server handed over before it starts a step (vllm/v1/engine/core.py, the busy loop).
+        """
+        if self._running or not self._waiting:
+            return self.now
+        return max(self.now, self._waiting[0].ready)
+
     def step(self) -> StepOutput:
         """Run one engine step; advance `now` by its duration."""
         return self._step(emit=True)
@@ -205,10 +216,9 @@ class SimEngine:
     def _step(self, emit: bool) -> StepOutput:
         if not self.has_unfinished():
             return StepOutput(duration=0.0)
-        idle = 0.0
-        if not self._running and self._waiting[0].ready > self.now:
-            idle = self._waiting[0].ready - self.now  # until the API server hands the next request over
-            self.now = self._waiting[0].ready
+        start = self.next_start()
+        idle = start - self.now  # until the API server hands the next request over
+        self.now = start
         step = len(self.step_times)
         running = self._running
         preempted = self._grow_decodes(step)

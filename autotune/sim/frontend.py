@@ -94,11 +94,6 @@ class FrontendModel:
         self._wave.done += self.per_request_s + (self.chat_intake_extra_s if chat else 0.0)
         return self._wave, self.fixed_s + (self.chat_extra_s if chat else 0.0)
 
-    def ready_time(self, send_time: float, chat: bool = False) -> float:
-        """When a lone request sent at `send_time` could join a step (no later request joins its wave)."""
-        wave, latency = self.take_in(send_time, chat)
-        return wave.done + latency
-
     def stream(self, step: int, step_end: float, tokens: int) -> None:
         """Hand over the `tokens` of step number `step` (steps in order), which ended at `step_end`."""
         if not tokens:

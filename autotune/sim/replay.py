@@ -60,7 +60,7 @@ def simulate(
             if slots is not None and not slots:
                 break  # every slot is busy
             send = req.arrival_time if slots is None else max(req.arrival_time, slots[0])
-            if send > engine.now:
+            if send > engine.next_start():  # it joins the intake wave the next step waits for
                 break
             if slots is not None:
                 heapq.heappop(slots)
