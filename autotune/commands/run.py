@@ -17,6 +17,7 @@ from autotune.commands.options import (
     add_slo_option,
 )
 from autotune.commands.run_estimate import print_estimate
+from autotune.commands.run_guide import add_guide_options
 from autotune.core import values
 from autotune.core.inputs import arg, positive_seconds
 from autotune.sim.noise import noise_model
@@ -80,6 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="launch every valid config, also those the memory model predicts to fail to start",
     )
+    add_guide_options(parser.add_argument_group("guided search (docs/guided-search.md)"))
     where = parser.add_argument_group("where trials run")
     add_backend_option(where)
     where.add_argument(
@@ -149,6 +151,7 @@ class _Setup:
     storage: str
     untuned: str | None  # which flag is not tuned on this workload, and why
     calibration: Any  # the simulator's constants (sim trials, the screen, a real run's estimate)
+    guide_calibration: Any = None  # the guide's constants (None: the run is not guided)
 
 
 def _prepare(args: argparse.Namespace) -> _Setup:
@@ -156,6 +159,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.backends.factory import make_backend
     from autotune.catalog.gpus import get_gpu
     from autotune.catalog.models import known_max_model_len
+    from autotune.commands.run_guide import check_guide_options
     from autotune.core.inputs import check_gpus_text, check_runs_dir, serve_command
     from autotune.dispatch.executor import parse_gpus
     from autotune.measure.slo import parse_slos
@@ -183,6 +187,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     if args.load != "workload":
         workload = dataclasses.replace(workload, load=args.load)
     space, untuned = _untuned_for(space, workload)
+    guide_calibration = check_guide_options(args, workload)
     gpu = get_gpu(space.gpu)
     # None: a real model outside the catalog, whose context length vLLM checks itself.
     max_pos = known_max_model_len(space.model, None, args.backend)
@@ -224,6 +229,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
         storage,
         untuned,
         calibration,
+        guide_calibration,
     )
 
 
@@ -285,6 +291,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
 
 def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, executor: Any) -> int:
     """Open the study (one driver: store/lease.py), run the tuner, write the results whatever happens."""
+    from autotune.commands.run_guide import finish_guided, make_guided
     from autotune.core.errors import RunFailure
     from autotune.dispatch.ray_cluster import ClusterLost
     from autotune.outputs.dashboard import StudyNote
@@ -314,8 +321,8 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
         per_replica = _per_replica_note(s)
         if per_replica:
             print(f"autotune: {per_replica}", file=sys.stderr)
-        if args.backend != "sim":
-            print_estimate(args, s, executor.capacity)
+        estimate = print_estimate(args, s, executor.capacity) if args.backend != "sim" else None
+        guide = make_guided(args, s, estimate)  # None: not a guided run
         screen = (
             None if args.no_screen else make_screen(s.space.model, s.space.gpu, calibration=s.calibration)
         )
@@ -324,7 +331,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
             print(f"autotune: {s.untuned}", file=sys.stderr)
         dashboard = _start_dashboard(s.storage) if args.dashboard else None
         context = {**settings.to_dict(), "load": s.workload.load, "simulated": s.backend.simulated}
-        context["gpus"] = len(s.gpu_ids)
+        context |= {"gpus": len(s.gpu_ids), "gpu_hours_budget": args.gpu_hours}
         note = StudyNote(study, context)
         tuner = Tuner(
             study,
@@ -343,8 +350,10 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
             max_position_embeddings=s.max_position_embeddings,
             screen=screen,
             on_told=note.update,
+            guide=guide,
         )
         summary = run_end.run_tuner(tuner, study, s.run_dir)
+        finish_guided(guide, study, s.run_dir, summary.stop_reason, s.guide_calibration)
     except RunFailure as exc:
         if isinstance(exc, ClusterLost):  # the storage is fine: the results are written as after Ctrl-C
             run_end.write_results(study, s, args, context, note, lease, dashboard)

@@ -8,9 +8,9 @@ import sys
 from typing import Any
 
 
-def print_estimate(args: argparse.Namespace, s: Any, gpus: int) -> None:
-    """Print the estimate of the run set up in `s` (run._Setup) on `gpus` GPUs; a line saying why not
-    when it cannot be made. It never stops the run."""
+def print_estimate(args: argparse.Namespace, s: Any, gpus: int) -> Any:
+    """Print the estimate of the run set up in `s` (run._Setup) on `gpus` GPUs, and return it; a line
+    saying why not (and None) when it cannot be made. It never stops the run."""
     from autotune.outputs.estimate import SAMPLE, estimate_run, remeasure_trials
     from autotune.tune.screen import make_screen
 
@@ -33,3 +33,4 @@ def print_estimate(args: argparse.Namespace, s: Any, gpus: int) -> None:
         print("autotune: no estimate (the model or GPU is not in the simulator's catalogs)", file=sys.stderr)
     else:
         print(f"autotune: {estimate.text()}", file=sys.stderr)
+    return estimate

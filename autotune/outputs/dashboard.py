@@ -157,6 +157,9 @@ def note_markdown(name: str, out: Any) -> str:
         for kind, count in failed.most_common():
             message = next((r.message for r in out.records if r.failure == kind and r.message), "")
             lines.append(f"| {kind} | {count} | {message[:160].replace('|', '/')} |")
+    from autotune.outputs.guide_view import note_lines
+
+    lines += note_lines(out.records, ctx.get("gpu_hours_budget"))
     lines += [
         "",
         "### Reading the plots",

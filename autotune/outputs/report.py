@@ -16,6 +16,7 @@ from typing import Any
 
 from autotune.core.atomic import atomic_write_text
 from autotune.outputs.export import render, serve_flags
+from autotune.outputs.guide_view import read_guide
 from autotune.outputs.outcome import SIMULATED_NOTE, Outcome, capacity_text, fmt_number, limited_by
 from autotune.outputs.plots import plot_pairs, plot_probes
 from autotune.outputs.report_html import write_html
@@ -167,6 +168,9 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
     )
     gain = out.decision.gain
     data["keeps_defaults"] = out.decision.keeps_defaults
+    guide = read_guide(run_dir)
+    if guide is not None:  # a guided run: predicted vs measured per trial, spend, why it stopped
+        data["guide"] = {k: guide.get(k) for k in ("gpu_hours", "budget_gpu_hours", "stop_reason", "trials")}
     if out.progress_note():
         data["progress_note"] = out.progress_note()
     if out.decision.candidate is not None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from autotune.core.atomic import atomic_write_text
 from autotune.outputs.export import render
+from autotune.outputs.guide_view import guide_html
 from autotune.outputs.outcome import Outcome, capacity_text, fmt_number, limited_by
 from autotune.tune.front import defaults_label, gpus_per_replica
 from autotune.tune.objectives import metric_label
@@ -45,6 +46,7 @@ def write_html(path: Path, out: Outcome) -> Path:
         _front(out),
         _failures(out),
         _plots(path.parent),
+        guide_html(path.parent, _e, out.objective_names[0]),
         _all_trials(out),
     ]
     page = [

@@ -30,6 +30,7 @@ GROUPS = {
     "frontend": "API server (autotune/sim/frontend.py)",
     "memory": "startup memory (autotune/sim/memory.py)",
     "startup": "simulated startup time (autotune/backends/sim.py)",
+    "reality": "reality-only mechanisms the model lacks: off by default, never fitted",
 }
 
 
@@ -71,6 +72,10 @@ def _memory(*args: Any) -> Any:
 
 def _startup(*args: Any) -> Any:
     return _c("startup", *args)
+
+
+def _reality(*args: Any) -> Any:
+    return _c("reality", *args)
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,14 @@ class Calibration:
     profile_s: float = _startup(8.0, "s", 0.0, 3600.0, "profile run and torch.compile (cached)")
     graph_capture_s: float = _startup(0.25, "s", 0.0, 60.0, "per captured CUDA-graph batch size")
     failed_capture_s: float = _startup(5.0, "s", 0.0, 3600.0, "into capture when a config dies of OOM there")
+    # Mechanisms the engine model lacks, switched on only to play a reality that differs from the model
+    # in structure (benchmarks/guided_search.py); `autotune calibrate` never fits them (no point sees them).
+    reality_seq_pair_s: float = _reality(
+        0.0, "s", 0.0, 1e-4, "CPU time per scheduled request per other scheduled request in a step"
+    )
+    reality_attn_per_seq: float = _reality(
+        0.0, "fraction", 0.0, 0.1, "attention slowdown per scheduled request (kernel efficiency falls)"
+    )
 
     def __post_init__(self) -> None:
         for info in calibration_fields():

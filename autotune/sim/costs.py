@@ -57,6 +57,8 @@ class CostModel:
         self._half_m = cal.gemm_half_m
         self._step_base_s = cal.step_base_s
         self._per_seq_s = cal.per_seq_s
+        self._seq_pair_s = cal.reality_seq_pair_s
+        self._attn_per_seq = cal.reality_attn_per_seq
         if tp > 1:
             ring = 2 * (tp - 1) / tp
             self._allreduce_per_token = (
@@ -93,6 +95,7 @@ class CostModel:
                 self.prefill_attention_s(prefill_pairs, prefill_context)
                 + self.decode_attention_s(decode_context)
             )
+            * (1.0 + self._attn_per_seq * num_seqs)
             + self.comm_s(num_tokens)
             + self.cpu_s(num_tokens, num_seqs)
         )
@@ -123,7 +126,12 @@ class CostModel:
 
     def cpu_s(self, num_tokens: int, num_seqs: int) -> float:
         """Fixed costs: per-layer small kernels, a base, a part per scheduled request, eager launches."""
-        cpu = self._layers_s + self._step_base_s + num_seqs * self._per_seq_s
+        cpu = (
+            self._layers_s
+            + self._step_base_s
+            + num_seqs * self._per_seq_s
+            + num_seqs * num_seqs * self._seq_pair_s
+        )
         if num_tokens > self._max_graph_tokens:
             cpu += self._eager_s
         return cpu

@@ -154,6 +154,18 @@ def predict_space(
     return table
 
 
+def predict_points(
+    space: SearchSpace,
+    points: list[dict[str, Any]],
+    workload: Any,
+    slos: Sequence[Slo],
+    calibration: object | None = None,
+    settings: GuideSettings = GuideSettings(),  # noqa: B008 (frozen)
+) -> GuideTable:
+    """The guide's predictions of a few configs off the grid (vLLM's defaults), in this process, uncached."""
+    return _predict(space, points, workload, slos, calibration, settings, processes=1)
+
+
 def cache_key(
     space: SearchSpace,
     grid: dict[str, list[Any]],

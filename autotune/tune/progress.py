@@ -48,6 +48,8 @@ class ProgressState:
     elapsed_s: float | None = None  # since the run started
     running_since: dict[int, float] = field(default_factory=dict)  # trial number -> seconds running
     probes: dict[int, str] = field(default_factory=dict)  # trial number -> "probe 3/8 at 12 req/s"
+    gpu_hours: float | None = None  # GPU-hours spent by the finished trials (shown when set)
+    budget_h: float | None = None  # --gpu-hours
 
 
 def clock(seconds: float) -> str:
@@ -81,6 +83,9 @@ def render(state: ProgressState, width: int | None = None, bar: bool = True) -> 
     parts.append(f"{state.done}/{state.total}")
     if state.elapsed_s is not None:
         parts.append(clock(state.elapsed_s))
+    if state.gpu_hours is not None:
+        budget = f"/{state.budget_h:g}" if state.budget_h is not None else ""
+        parts.append(f"{state.gpu_hours:.2f}{budget} GPU-h")
     parts.append(f"feasible {state.feasible}")
     if state.failed:
         parts.append(f"failed {state.failed}")

@@ -28,10 +28,13 @@ class Tally:
     best: float | None = None
     baseline: float | None = None
     last: str = ""
+    gpu_s: float = 0.0  # GPU time of the told trials (the progress line of a guided run)
 
     def record(self, frozen: FrozenTrial) -> None:
         """Count one told trial and describe it in `last`."""
         attrs = frozen.user_attrs
+        if "duplicate_of" not in attrs:
+            self.gpu_s += float(attrs.get("gpu_seconds", 0.0))
         if "duplicate_of" in attrs:
             self.duplicates += 1
             self.duplicate_streak += 1

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -77,6 +78,7 @@ class RunSummary:
     repeated: int = 0  # re-measurements of the top candidates and the baseline (other seeds)
     duplicates: int = 0  # suggestions answered with an earlier result (free, not counted)
     converged: bool = False  # the run ended because the sampler only proposed measured configs
+    stop_reason: str | None = None  # why a guided run stopped early (tune/guided.py)
 
 
 @dataclass
@@ -102,6 +104,7 @@ class Tuner:
         max_position_embeddings: int | None = None,
         screen: MemoryScreen | None = None,
         on_told: Callable[[], None] | None = None,
+        guide: Any = None,
     ) -> None:
         self.study = study
         self.space = space
@@ -113,6 +116,8 @@ class Tuner:
         self.max_position_embeddings = max_position_embeddings
         self.screen = screen  # None: every valid config is launched
         self.on_told = on_told  # called after each trial told (e.g. the dashboard note)
+        self.guide = guide  # a GuidedSearch (tune/guided.py): enqueues each next trial, or says stop
+        self._stop_reason: str | None = None
         self._known: dict[str, FrozenTrial] = {}
         self._running: dict[int, _Pending] = {}  # trial number -> its pending record
         self._queued: list[_Pending] = []  # asked, valid, waiting for enough free GPUs
@@ -146,11 +151,15 @@ class Tuner:
             repeated=repeated,
             duplicates=self._tally.duplicates,
             converged=self._converged(),
+            stop_reason=self._stop_reason,
         )
 
     def _remeasure(self) -> int:
         """Re-measure the top candidates and the baseline with other seeds (see tune/remeasure.py)."""
         if self.options.repeats <= 0:
+            return 0
+        if self._stop_reason and self._stop_reason.startswith("budget"):
+            print("autotune: the GPU-hour budget is spent: no re-measuring", file=sys.stderr)
             return 0
         if self.progress:
             self.progress.close()
@@ -211,7 +220,7 @@ class Tuner:
         while self._queued and self.executor.can_start(self._queued[0].config):
             self._submit(self._queued.pop(0))
         while not timed_out and not self._queued and self.executor.can_start():
-            if self._budget_spent():
+            if self._budget_spent() or self._guide_stops():
                 return
             trial = self.study.ask()
             params = self.space.suggest(trial)
@@ -268,7 +277,16 @@ class Tuner:
             or self._too_many_rejects()
             or self._converged()
             or sampler_exhausted(self.study)
+            or self._stop_reason is not None
         )
+
+    def _guide_stops(self) -> bool:
+        """A guided run: the guide enqueues the next config, or says why the run stops."""
+        if self.guide is None:
+            return False
+        busy = [p.key for p in (*self._running.values(), *self._queued)]
+        self._stop_reason = self.guide.step(self.study, busy)
+        return self._stop_reason is not None
 
     def _converged(self) -> bool:
         return self._tally.duplicate_streak >= MAX_DUPLICATES_IN_A_ROW
@@ -360,5 +378,7 @@ class Tuner:
                 elapsed_s=now - self._started,
                 running_since={n: now - self._submitted[n] for n, _ in running if n in self._submitted},
                 probes={n: read_probe(d) for n, d in trial_dirs.items()},
+                gpu_hours=c.gpu_s / 3600 if self.guide is not None else None,
+                budget_h=getattr(getattr(self.guide, "options", None), "gpu_hours", None),
             )
         )

@@ -1,0 +1,201 @@
+"""`autotune run --guide sim`: the guided search's options, its setup before the run and what it writes
+and prints after (tune/guided.py has the strategy; docs/guided-search.md the method and its figures)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotune.core import values
+from autotune.core.inputs import arg
+
+GUIDES = ("sim", "none")
+CALIBRATION_FILE = "calibration.yaml"
+# The speed constants the one-factor fit scales (sim/calibration.py): faster GPU work, cheaper CPU work.
+SPEED_UP = ("gemm_eff", "attn_eff", "bw_eff")
+SPEED_DOWN = ("step_base_s", "per_seq_s", "eager_per_layer_s", "intake_per_request_s", "output_per_token_s")
+
+
+def add_guide_options(parser: Any) -> None:
+    """--guide, --guide-calibration, --gpu-hours."""
+    parser.add_argument(
+        "--guide",
+        choices=GUIDES,
+        help="sim: choose real trials from the simulator's prediction of the whole space, corrected by each "
+        "measurement (default with --backend vllm|docker); none: the sampler alone (default with sim)",
+    )
+    parser.add_argument(
+        "--guide-calibration",
+        metavar="FILE",
+        help="the guide's simulator constants (default: the built-in ones; a guided run writes "
+        f"runs/<study>/{CALIBRATION_FILE} to reuse here on the same GPU)",
+    )
+    parser.add_argument(
+        "--gpu-hours",
+        type=arg(values.positive_number),
+        help="guided runs: stop before a trial would pass this many GPU-hours",
+    )
+
+
+def guide_on(args: argparse.Namespace) -> bool:
+    """Whether the run is guided: --guide, else on for a real backend and off for the simulated one."""
+    return (args.guide or ("none" if args.backend == "sim" else "sim")) == "sim"
+
+
+def check_guide_options(args: argparse.Namespace, workload: Any) -> Any:
+    """The guide's calibration (None when the run is not guided); one AutotuneError line for bad input."""
+    from autotune.core.errors import AutotuneError
+    from autotune.sim.calibration import calibration_option
+
+    guided = guide_on(args)
+    if not guided:
+        for option, value in (
+            ("--gpu-hours", args.gpu_hours),
+            ("--guide-calibration", args.guide_calibration),
+        ):
+            if value is not None:
+                raise AutotuneError(f"{option} needs a guided run (--guide sim)")
+        return None
+    if workload.load != "capacity":
+        if args.guide == "sim":
+            raise AutotuneError(
+                f"--guide sim needs capacity load (workload {workload.name} is at {workload.load} load): "
+                "pass --load capacity"
+            )
+        print(f"autotune: no guide: workload {workload.name} is at {workload.load} load", file=sys.stderr)
+        args.guide = "none"
+        return None
+    return calibration_option(args.guide_calibration)
+
+
+def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
+    """The guided search of the run set up in `s` (run._Setup): the guide's table of the whole space
+    (cached in <runs-dir>/guide/) and its prediction of vLLM's defaults; None when the run is not
+    guided. `estimate`: the pre-run estimate (its baseline trial's GPU time is the first trial's cost)."""
+    from autotune.tune.guide import predict_points, predict_space
+    from autotune.tune.guided import GuidedOptions, GuidedSearch
+    from autotune.tune.study import config_key
+
+    cal = s.guide_calibration
+    if cal is None:
+        return None
+    first_trial_gpu_s = estimate.baseline_gpu_s if estimate is not None else None
+    print(
+        "autotune: guide: predicting the whole space on the simulated engine ...", file=sys.stderr, flush=True
+    )
+    table = predict_space(
+        s.space, s.workload, s.slos, s.objectives, calibration=cal, runs_dir=Path(args.runs_dir)
+    )
+    baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
+    extra = {}
+    if table.lookup(config_key(s.space.config(baseline))) is None:
+        extra = {p.key: p for p in predict_points(s.space, [baseline], s.workload, s.slos, cal).predictions}
+    options = GuidedOptions(gpu_hours=args.gpu_hours, first_trial_gpu_s=first_trial_gpu_s)
+    search = GuidedSearch(table, s.space, s.objectives.objectives[0], options, extra)
+    ranked = table.ranking()
+    starts = sum(p.starts for p in table.predictions)
+    cached = " (cached)" if table.from_cache else f" in {table.cpu_s:.0f} CPU-s"
+    best = (
+        f"; best predicted {search.raw(ranked[0]) or 0:,.0f} ({_short(ranked[0].params)})" if ranked else ""
+    )
+    print(
+        f"autotune: guide: {len(table.predictions)} configs predicted{cached}: {starts} start, "
+        f"{len(search.candidates)} meet the SLOs{best}",
+        file=sys.stderr,
+    )
+    print(f"autotune: guide: {budget_text(args.gpu_hours, first_trial_gpu_s)}", file=sys.stderr)
+    return search
+
+
+def budget_text(budget_h: float | None, trial_gpu_s: float | None) -> str:
+    """The expected spend, before anything launches."""
+    per = f"a trial costs about {trial_gpu_s / 60:.0f} GPU-min (the estimate above)" if trial_gpu_s else ""
+    if budget_h is None:
+        return (per + "; " if per else "") + "no --gpu-hours: the run stops at --n-trials or when the guide "
+        "predicts nothing better is left"
+    most = f", at most {math.floor(budget_h * 3600 / trial_gpu_s)} trials" if trial_gpu_s else ""
+    return (
+        f"budget {budget_h:g} GPU-h{most}{'; ' + per if per else ''}; it stops earlier when the guide "
+        "predicts nothing better is left"
+    )
+
+
+def finish_guided(
+    search: Any, study: Any, run_dir: Path, stop_reason: str | None, calibration: Any
+) -> dict[str, Any] | None:
+    """Write guide.json (predicted vs measured per trial, spend, why it stopped) and calibration.yaml
+    (the guide's calibration with the measured speed factor); print the table. Returns guide.json's data
+    (None, and nothing written, when `search` is None: the run was not guided)."""
+    if search is None:
+        return None
+    from autotune.core.atomic import atomic_write_text
+    from autotune.outputs.guide_view import GUIDE_FILE
+    from autotune.sim.calibration import calibration_yaml
+    from autotune.tune.guided import predicted_vs_measured
+
+    rows = predicted_vs_measured(search, study)
+    factor = speed_factor(rows)
+    fitted = scaled_calibration(calibration, factor)
+    spent = sum(r["gpu_hours"] for r in rows)
+    data = {
+        "gpu_hours": round(spent, 4),
+        "budget_gpu_hours": search.options.gpu_hours,
+        "stop_reason": stop_reason,
+        "speed_factor": round(factor, 4),
+        "trials": rows,
+    }
+    atomic_write_text(run_dir / GUIDE_FILE, json.dumps(data, indent=1))
+    measured = sum(r["measured"] is not None for r in rows)
+    header = (
+        f"The guide's calibration after guided run {run_dir.name}: its speed constants scaled by the\n"
+        f"measured/predicted factor {factor:.3f} over {measured} trials.\n"
+        "Reuse: --guide-calibration (real GPUs) or --sim-calibration (simulated runs)."
+    )
+    atomic_write_text(run_dir / CALIBRATION_FILE, calibration_yaml(fitted, header))
+    print(guide_summary(data), file=sys.stderr)
+    return data
+
+
+def guide_summary(data: dict[str, Any]) -> str:
+    """The guided run's lines: predicted vs measured per trial, spend against the budget, why it stopped."""
+    lines = ["guide: predicted vs measured per real trial:"]
+    for r in data["trials"]:
+        measured = f"{r['measured']:,.1f}" if r["measured"] is not None else "infeasible"
+        predicted = f"{r['predicted']:,.1f}" if r["predicted"] is not None else "-"
+        lines.append(
+            f"  #{r['trial']}: predicted {predicted}, measured {measured} ({r['gpu_hours']:.2f} GPU-h)"
+        )
+    budget = f" of the {data['budget_gpu_hours']:g} budgeted" if data["budget_gpu_hours"] else ""
+    lines.append(
+        f"guide: {data['gpu_hours']:.2f} GPU-h spent{budget}; stopped: {data['stop_reason'] or 'n-trials'}"
+    )
+    return "\n".join(lines)
+
+
+def speed_factor(rows: list[dict[str, Any]]) -> float:
+    """exp of the mean log(measured / raw prediction) over the trials with both (1: none)."""
+    logs = [math.log(r["measured"] / r["raw"]) for r in rows if r["measured"] and r["raw"]]
+    return math.exp(sum(logs) / len(logs)) if logs else 1.0
+
+
+def scaled_calibration(calibration: Any, factor: float) -> Any:
+    """`calibration` with its speed constants scaled by `factor` (each kept inside its range)."""
+    from autotune.sim.calibration import calibration_fields
+
+    ranges = {i.name: (i.low, i.high) for i in calibration_fields()}
+    changed = {}
+    for name in SPEED_UP + SPEED_DOWN:
+        value = getattr(calibration, name) * (factor if name in SPEED_UP else 1 / factor)
+        low, high = ranges[name]
+        changed[name] = min(max(value, low), high)
+    return calibration.replace(**changed)
+
+
+def _short(params: dict[str, Any]) -> str:
+    from autotune.tune.progress import short_params
+
+    return short_params(params)

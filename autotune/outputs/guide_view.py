@@ -1,0 +1,123 @@
+"""What a guided run shows (docs/guided-search.md): the guide's predicted vs measured value per real
+trial (a plot and a table), GPU-hours spent against the budget and why the run stopped.
+
+A guided run writes runs/<study>/guide.json (commands/run_guide.py); the report (report.html,
+best.json) reads it. The dashboard note, written while the run goes, reads the trials' own `guide`
+attrs (the prediction when the guide chose them) and their GPU time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+GUIDE_FILE = "guide.json"
+PLOT_FILE = "guide.png"
+
+
+def read_guide(run_dir: Path) -> dict[str, Any] | None:
+    """guide.json of a guided run (None: the run was not guided, or the file does not parse)."""
+    path = Path(run_dir) / GUIDE_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("trials"), list) else None
+
+
+def plot_guide(path: Path, data: dict[str, Any], metric: str) -> Path | None:
+    """Predicted (the guide's raw prediction, and corrected by the measurements so far, when the trial
+    was chosen) vs measured, one point per real trial that met the SLOs; None when none did."""
+    rows = [r for r in data["trials"] if r.get("measured") and r.get("predicted")]
+    if not rows:
+        return None
+    from autotune.outputs.plots import _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    measured = [r["measured"] for r in rows]
+    ax.scatter([r["raw"] for r in rows], measured, marker="x", color="#999", label="guide (raw)")
+    ax.scatter([r["predicted"] for r in rows], measured, color="#1f77b4", label="guide corrected")
+    for r in rows:
+        ax.annotate(f"#{r['trial']}", (r["predicted"], r["measured"]), fontsize=7, xytext=(3, 3),
+                    textcoords="offset points")  # fmt: skip
+    values = [v for r in rows for v in (r["raw"], r["predicted"], r["measured"])]
+    lo, hi = min(values) * 0.95, max(values) * 1.05
+    ax.plot([lo, hi], [lo, hi], color="#444", linewidth=0.8, label="predicted = measured")
+    ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel=f"predicted {metric}", ylabel=f"measured {metric}")
+    ax.set_title("Guide: predicted vs measured per real trial", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def spend_text(data: dict[str, Any]) -> str:
+    """'1.23 GPU-h spent of the 2 budgeted; stopped: why'."""
+    budget = data.get("budget_gpu_hours")
+    of = f" of the {budget:g} budgeted" if budget else ""
+    why = data.get("stop_reason") or "n-trials"
+    return f"{data.get('gpu_hours', 0.0):.2f} GPU-h spent{of}; stopped: {why}"
+
+
+def error_text(rows: Sequence[dict[str, Any]]) -> str:
+    """The median |log error| of the corrected and raw predictions, as percentages."""
+    pairs = [r for r in rows if r.get("measured") and r.get("predicted") and r.get("raw")]
+    if not pairs:
+        return ""
+
+    def median_error(key: str) -> float:
+        errors = sorted(abs(math.log(r[key] / r["measured"])) for r in pairs)
+        return math.expm1(errors[len(errors) // 2])
+
+    return (
+        f"median error of the prediction when each trial was chosen: {median_error('predicted'):.1%} "
+        f"(the guide's raw prediction: {median_error('raw'):.1%})"
+    )
+
+
+def guide_html(run_dir: Path, escape: Any, metric: str) -> str:
+    """The report's "Guided search" section (empty for a run that was not guided)."""
+    data = read_guide(run_dir)
+    if data is None:
+        return ""
+    import base64
+
+    parts = ["<h2>Guided search</h2>", f"<p>{escape(spend_text(data))}</p>"]
+    if error_text(data["trials"]):
+        parts.append(f"<p class='sub'>{escape(error_text(data['trials']))}</p>")
+    png = plot_guide(Path(run_dir) / PLOT_FILE, data, metric)
+    if png is not None:
+        encoded = base64.b64encode(png.read_bytes()).decode()
+        parts.append(f"<p><img alt='guide: predicted vs measured' src='data:image/png;base64,{encoded}'></p>")
+    rows = "".join(
+        f"<tr><td>#{r['trial']}</td><td>{_num(r.get('raw'))}</td><td>{_num(r.get('predicted'))}</td>"
+        f"<td>{_num(r.get('measured'), 'missed the SLOs or failed')}</td><td>{r['gpu_hours']:.2f}</td></tr>"
+        for r in data["trials"]
+    )
+    cells = ("trial", "guide (raw)", "guide corrected", "measured", "GPU-h")
+    head = "<tr>" + "".join(f"<th>{c}</th>" for c in cells) + "</tr>"
+    return "".join(parts) + f"<table>{head}{rows}</table>"
+
+
+def note_lines(records: Sequence[Any], budget_h: float | None) -> list[str]:
+    """The dashboard note's lines of a guided run (none when no trial was chosen by the guide)."""
+    chosen = [r for r in records if isinstance(r.user_attrs.get("guide"), dict)]
+    if not chosen:
+        return []
+    spent = sum(r.gpu_seconds for r in records if r.launched and r.duplicate_of is None) / 3600
+    of = f" of {budget_h:g}" if budget_h else ""
+    lines = ["", "### Guided search", f"**GPU-hours:** {spent:.2f}{of}  ", "| trial | predicted | measured |"]
+    lines.append("|---|---|---|")
+    for r in chosen:
+        measured = _num((r.values or [None])[0] if r.feasible else None, "infeasible")
+        lines.append(f"| #{r.number} | {_num(r.user_attrs['guide'].get('predicted'))} | {measured} |")
+    return lines
+
+
+def _num(value: Any, missing: str = "-") -> str:
+    return f"{value:,.1f}" if isinstance(value, (int, float)) else missing

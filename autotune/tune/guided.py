@@ -1,0 +1,289 @@
+"""Guided search: real trials chosen from the guide's whole-space prediction, corrected by what the real
+trials measured so far, within a GPU-hour budget and with an honest stop (docs/guided-search.md).
+
+The guide (tune/guide.py) predicts every grid config on the simulator, in CPU seconds. Each real
+trial's objective value gives a residual log(measured / predicted); a Gaussian process over the
+configs' features (tune/guide_residual.py) spreads it over the space: corrected prediction =
+predicted x exp(posterior mean), its uncertainty the posterior sd. The next trial is the untried
+config with the highest expected improvement over the best measured; trial #0 stays vLLM's defaults
+(start_study enqueues it: every result is compared to it). The run stops when
+- the next trial would pass `--gpu-hours` (its cost: the dearest trial's so far), or
+- no untried config's 95 % upper bound beats the best measured by more than the measurement's
+  resolution (the guide predicts nothing better is left), or
+- every config the guide predicts to meet the SLOs was measured.
+Trials live in the Optuna study (the chosen params are enqueued, with the prediction as a user attr),
+and the state is rebuilt from the study's finished trials at every step, so `--resume` needs nothing else.
+The real measurement alone gives a config's verdict: the guide only decides what to measure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
+from autotune.tune.guide import GuideTable, Prediction
+from autotune.tune.guide_residual import SCALES, ResidualModel
+from autotune.tune.objectives import Objective
+from autotune.tune.space import SearchSpace
+
+RESOLUTION = 0.03  # the capacity search's resolution: a gain below it is a tie (docs/guided-search.md)
+Z_UPPER = 1.645  # one-sided 95 % bound of the stop rule
+MIN_MEASURED = 2  # the defaults and the guide's first pick, at least, before the stop rule may end a run
+BIAS_ONLY_SCALE = 1e-3  # the local part of a bias-only residual model
+MIN_WEIGHT = 0.25  # the least weight a flag's feature gets (feature_weights)
+ATTR = "guide"  # the trial user attr with the guide's prediction when the trial was chosen
+
+
+@dataclass(frozen=True)
+class GuidedOptions:
+    """The guided run's budget and stop rule."""
+
+    gpu_hours: float | None = None  # budget (None: only --n-trials bounds the run)
+    resolution: float = RESOLUTION
+    z: float = Z_UPPER
+    first_trial_gpu_s: float | None = None  # expected cost of a trial before any is measured
+    local: bool = True  # False: the residual is one global bias (benchmarks/guided_search.py's ablation)
+    operating_point: bool = True  # the residual also varies with the predicted batch and step time
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A finished real trial as the guide sees it."""
+
+    number: int
+    key: str
+    params: dict[str, Any]
+    predicted: float | None  # the guide's raw prediction (None: not predicted to meet the SLOs)
+    measured: float | None  # the objective's value when feasible (None: failed or missed the SLOs)
+    gpu_s: float
+    chosen: dict[str, Any] = field(default_factory=dict)  # the prediction when it was chosen (ATTR)
+
+
+class GuidedSearch:
+    """Chooses the next real trial from the guide's table and the measurements (module docstring)."""
+
+    def __init__(
+        self,
+        table: GuideTable,
+        space: SearchSpace,
+        objective: Objective,
+        options: GuidedOptions = GuidedOptions(),  # noqa: B008 (frozen)
+        extra: Mapping[str, Prediction] | None = None,
+    ) -> None:
+        self.table = table
+        self.space = space
+        self.objective = objective
+        self.options = options
+        self.extra = dict(extra or {})  # predictions of configs off the grid (vLLM's defaults)
+        self.grid = space.grid()
+        self.sign = 1.0 if objective.maximize else -1.0
+        self.candidates = [p for p in table.predictions if self.raw(p) is not None]
+        self.weights = self.feature_weights()
+        self._op_range = _ranges([_operating_point(p) for p in self.candidates])
+        self._features: dict[bool, np.ndarray] = {}  # by options.operating_point
+        self.stop_reason: str | None = None
+
+    # -- what the guide knows -------------------------------------------------------------------------
+    def raw(self, prediction: Prediction | None) -> float | None:
+        """The guide's predicted objective value (None: it does not start or meets no rate)."""
+        if prediction is None:
+            return None
+        value = prediction.value(self.objective, self.table.tensor_parallel_size)
+        return value if value is not None and value > 0 else None
+
+    def prediction(self, key: str) -> Prediction | None:
+        """The guide's prediction of a config (a grid point, or one of `extra`)."""
+        return self.table.lookup(key) or self.extra.get(key)
+
+    def features(self, params: Mapping[str, Any], prediction: Prediction | None = None) -> list[float]:
+        """Each tuned flag's position in its grid range, 0..1 (log scale for a log range), times its
+        weight (`feature_weights`); then, when `options.operating_point`, where the guide predicts the
+        config runs at its capacity (`_operating_point`, 0..1 over the candidates; 0.5 unknown)."""
+        out = []
+        for p in self.space.params:
+            values, value = self.grid.get(p.name, []), params.get(p.name)
+            out.append(_position(values, value, p.log) * self.weights.get(p.name, 1.0))
+        if self.options.operating_point:
+            point = _operating_point(prediction) if prediction is not None else None
+            for i, (lo, hi) in enumerate(self._op_range):
+                known = point is not None and hi > lo
+                out.append(min(max((point[i] - lo) / (hi - lo), 0.0), 1.0) if known else 0.5)  # type: ignore[index]
+        return out
+
+    def candidate_features(self) -> np.ndarray:
+        """The candidates' features, one row each (made once per feature set)."""
+        op = self.options.operating_point
+        if op not in self._features:
+            rows = [self.features(p.params, p) for p in self.candidates]
+            self._features[op] = np.array(rows, dtype=float).reshape(len(self.candidates), -1)
+        return self._features[op]
+
+    def feature_weights(self) -> dict[str, float]:
+        """How much each flag moves the guide's predictions: the spread of the mean log predicted value
+        over the flag's values, relative to the flag that moves it most, floored at MIN_WEIGHT. A flag
+        the guide finds inert (block_size on a chat workload) then barely separates two configs: one
+        measurement speaks for both. The floor leaves room for what the guide's model lacks."""
+        logs = {p.key: math.log(self.raw(p)) for p in self.candidates}  # type: ignore[arg-type]
+        spread = {}
+        for param in self.space.params:
+            by_value: dict[Any, list[float]] = {}
+            for p in self.candidates:
+                by_value.setdefault(repr(p.params.get(param.name)), []).append(logs[p.key])
+            means = [sum(v) / len(v) for v in by_value.values()]
+            spread[param.name] = max(means) - min(means) if len(means) > 1 else 0.0
+        top = max(spread.values(), default=0.0)
+        return {name: max(MIN_WEIGHT, s / top) if top > 0 else 1.0 for name, s in spread.items()}
+
+    def observations(self, study: optuna.Study) -> list[Observation]:
+        """The study's finished real trials (launched, not duplicates), oldest first."""
+        out = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            attrs = t.user_attrs
+            if not attrs.get("launched", True) or "duplicate_of" in attrs or "config_key" not in attrs:
+                continue
+            key = attrs["config_key"]
+            measured = t.values[0] if attrs.get("feasible") and t.values else None
+            out.append(
+                Observation(
+                    t.number,
+                    key,
+                    dict(t.params),
+                    self.raw(self.prediction(key)),
+                    measured if measured is not None and measured > 0 else None,
+                    float(attrs.get("gpu_seconds", 0.0)),
+                    dict(attrs.get(ATTR) or {}),
+                )
+            )
+        return out
+
+    def model(self, observed: Sequence[Observation]) -> ResidualModel:
+        """The residual GP conditioned on every trial with both a prediction and a measurement."""
+        pairs = [o for o in observed if o.predicted is not None and o.measured is not None]
+        residuals = [math.log(o.measured / o.predicted) for o in pairs]  # type: ignore[operator]
+        noise = math.log1p(self.options.resolution)
+        scales = SCALES if self.options.local else (BIAS_ONLY_SCALE,)
+        features = [self.features(o.params, self.prediction(o.key)) for o in pairs]
+        return ResidualModel(noise=noise, scales=scales).fit(features, residuals)
+
+    # -- choosing and stopping ------------------------------------------------------------------------
+    def step(self, study: optuna.Study, busy: Collection[str] = ()) -> str | None:
+        """Enqueue the next config to measure, or return why the run stops. Nothing is enqueued while a
+        trial waits in the study (the defaults, or an earlier pick not yet asked)."""
+        if any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
+            return None
+        observed = self.observations(study)
+        self.stop_reason = self._budget_stop(observed) or self._choose(study, observed, set(busy))
+        return self.stop_reason
+
+    def _budget_stop(self, observed: Sequence[Observation]) -> str | None:
+        budget = self.options.gpu_hours
+        if budget is None:
+            return None
+        spent = sum(o.gpu_s for o in observed) / 3600
+        costs = [o.gpu_s for o in observed if o.gpu_s > 0]
+        # the dearest trial so far: a capacity search's cost varies with the config (2x on this space)
+        next_s = max(costs) if costs else (self.options.first_trial_gpu_s or 0.0)
+        if spent + next_s / 3600 > budget:
+            return (
+                f"budget: the next trial (about {next_s / 3600:.2f} GPU-h) would pass --gpu-hours "
+                f"{budget:g} ({spent:.2f} GPU-h spent)"
+            )
+        return None
+
+    def _choose(self, study: optuna.Study, observed: Sequence[Observation], busy: set[str]) -> str | None:
+        tried = {o.key for o in observed} | busy
+        free = [i for i, p in enumerate(self.candidates) if p.key not in tried]
+        if not free:
+            return "every config the guide predicts to meet the SLOs has been measured"
+        mean, sd = self.corrected(observed, free)
+        best = self._best(observed)
+        if best is not None and len(observed) >= MIN_MEASURED and not busy:
+            bound = float(np.max(mean + self.options.z * sd))
+            target = best + math.log1p(self.options.resolution)
+            if bound < target:
+                return (
+                    f"the guide predicts no untried config beats the best measured by more than "
+                    f"{self.options.resolution:.0%} (95 % bound {math.exp(self.sign * bound):,.1f}, "
+                    f"best {math.exp(self.sign * best):,.1f})"
+                )
+        scores = _expected_improvement(mean, sd, best) if best is not None else mean
+        pick = free[int(np.argmax(scores))]
+        chosen = self.candidates[pick]
+        at = free.index(pick)
+        corrected = math.exp(self.sign * mean[at])
+        attrs = {"predicted": round(corrected, 4), "raw": round(self.raw(chosen) or 0.0, 4)}
+        attrs["sd"] = round(float(sd[at]), 4)
+        study.enqueue_trial(dict(chosen.params), user_attrs={ATTR: attrs}, skip_if_exists=False)
+        return None
+
+    def corrected(
+        self, observed: Sequence[Observation], indices: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Sign-adjusted log of the corrected prediction (higher is better) and its sd, per candidate."""
+        posterior = self.model(observed).predict(self.candidate_features()[list(indices)])
+        raw = np.log([self.raw(self.candidates[i]) for i in indices])
+        return self.sign * (raw + posterior.mean), posterior.sd
+
+    def _best(self, observed: Sequence[Observation]) -> float | None:
+        values = [self.sign * math.log(o.measured) for o in observed if o.measured is not None]
+        return max(values) if values else None
+
+
+def _operating_point(prediction: Prediction) -> tuple[float, float]:
+    """Where the guide predicts a config runs at its capacity: log of its requests in flight (Little's
+    law: request rate x mean E2E latency) and of its step time (median ITL). What the model lacks acts
+    through these (a cost per request in the batch, per step), whatever flags set them."""
+    m = prediction.metrics
+    running = m.get("request_throughput", 0.0) * m.get("mean_e2el_ms", 0.0) / 1000
+    return math.log(max(running, 1e-3)), math.log(max(m.get("median_itl_ms", 0.0), 1e-3))
+
+
+def _ranges(points: Sequence[tuple[float, ...]]) -> list[tuple[float, float]]:
+    """Per coordinate, the lowest and highest value of `points`."""
+    if not points:
+        return []
+    return [(min(c), max(c)) for c in zip(*points, strict=True)]
+
+
+def _expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    """EI over `best` of a normal belief (log scale, higher is better)."""
+    from scipy.stats import norm
+
+    z = (mean - best) / sd
+    return (mean - best) * norm.cdf(z) + sd * norm.pdf(z)
+
+
+def _position(values: Sequence[Any], value: Any, log: bool) -> float:
+    """`value`'s place in the grid `values`, 0..1: by magnitude for numbers, by index for choices."""
+    if len(values) <= 1:
+        return 0.0
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    if numeric and isinstance(value, (int, float)) and not isinstance(value, bool):
+        lo, hi, v = float(min(values)), float(max(values)), float(value)
+        if log and lo > 0 and v > 0:
+            lo, hi, v = math.log(lo), math.log(hi), math.log(v)
+        return min(max((v - lo) / (hi - lo), 0.0), 1.0) if hi > lo else 0.0
+    return values.index(value) / (len(values) - 1) if value in values else 0.5
+
+
+def predicted_vs_measured(search: GuidedSearch, study: optuna.Study) -> list[dict[str, Any]]:
+    """Per real trial: the guide's prediction when it was chosen (raw for the defaults), what it
+    measured, and its GPU-hours (the summary, guide.json and the report's plot)."""
+    rows = []
+    for o in search.observations(study):
+        rows.append(
+            {
+                "trial": o.number,
+                "predicted": o.chosen.get("predicted", o.predicted),
+                "raw": o.chosen.get("raw", o.predicted),
+                "measured": o.measured,
+                "gpu_hours": round(o.gpu_s / 3600, 4),
+            }
+        )
+    return rows

@@ -1,0 +1,279 @@
+"""Guided search against today's search and guide-based baselines: real GPU-hours to within the
+measurement's resolution of the best config, on realities the guide does not know.
+
+Reality: the simulated engine with a perturbed calibration (benchmarks/guided_search_realities.py).
+A real trial of a grid config measures the reality's fast estimate of it (tune/guide.py with the
+reality's calibration: the capacity search's rules on fewer requests) times 2 % lognormal noise, and
+costs TRIAL_GPU_MIN GPU-minutes x TP (the issue's median capacity search; a config that fails to start
+costs STARTUP_GPU_MIN). Ground truth: the reality's estimate over its whole grid (exhaustive; cached
+in runs/guided_search/guide/ by tune/guide.py's own cache, so reruns are cheap). Configs the guide's
+memory model predicts not to start are not launched by any strategy (the run's startup screen).
+
+Strategies, each from vLLM's defaults as trial #0:
+  auto        today's `autotune run` sampler (TPE), its suggestions snapped to the grid
+  random      uniform over the grid
+  guide-only  the guide's best config, confirmed by measuring it
+  stack-rank  the guide's ranking, measured in order
+  guided      tune/guided.py (the residual GP, EI, its budget and 95 %-bound stops)
+Per strategy and case, over seeds x realities: GPU-hours and trials until the recommendation (the best
+measured so far) is within RESOLUTION of the reality's best (its true value), and the regret at the
+budget (guided: where it stopped). Usage: python benchmarks/guided_search.py [--quick] [--cases ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import optuna
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from guide_accuracy import Case, cases  # noqa: E402
+from guided_search_realities import Reality, Truth, realities  # noqa: E402
+
+from autotune.catalog.gpus import get_gpu  # noqa: E402
+from autotune.tune.guide import predict_points, predict_space  # noqa: E402
+from autotune.tune.guided import GuidedOptions, GuidedSearch  # noqa: E402
+from autotune.tune.objectives import Objective  # noqa: E402
+from autotune.tune.samplers import make_sampler  # noqa: E402
+from autotune.tune.space import violations  # noqa: E402
+from autotune.tune.study import config_key  # noqa: E402
+
+RUNS = Path("runs/guided_search")
+OBJECTIVE = Objective("output_throughput", "maximize")
+RESOLUTION = 0.03
+NOISE = 0.02
+TRIAL_GPU_MIN = 20.0
+STARTUP_GPU_MIN = 2.0
+MAX_TRIALS = 50
+STRATEGIES = ("auto", "random", "guide-only", "stack-rank", "guided")
+# --ablation: the residual as one global bias (no local part); over the flags alone (no operating point)
+ABLATION = ("guided-bias", "guided-flags")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@dataclass
+class World:
+    """One case under one reality: the guide's view, the truth, the space's grid."""
+
+    case: Case
+    reality: Reality
+    guide: GuidedSearch  # built once; each guided run uses a fresh study
+    truth: Truth
+    baseline: dict
+    tp: int
+    grid_keys: dict[str, dict] = field(default_factory=dict)  # key -> params (grid points)
+    launchable: set[str] = field(default_factory=set)  # the guide's memory model says it starts
+
+
+@dataclass
+class Trace:
+    """A strategy's run: per trial, GPU-hours after it and the true value of the recommendation."""
+
+    gpu_h: list[float] = field(default_factory=list)
+    rec_true: list[float] = field(default_factory=list)
+    best_measured: float = 0.0
+    rec_key: str = ""
+
+    def add(self, world: World, key: str, cost_h: float, rng: random.Random) -> float:
+        true = world.truth.values.get(key, 0.0)
+        measured = true * math.exp(rng.gauss(0.0, NOISE)) if true > 0 else 0.0
+        if measured > self.best_measured:
+            self.best_measured, self.rec_key = measured, key
+        self.gpu_h.append((self.gpu_h[-1] if self.gpu_h else 0.0) + cost_h)
+        self.rec_true.append(world.truth.values.get(self.rec_key, 0.0))
+        return measured
+
+    def reached(self, best: float) -> tuple[float, int] | None:
+        """(GPU-hours, trials) when the recommendation first came within RESOLUTION of `best`."""
+        for i, value in enumerate(self.rec_true):
+            if value >= (1 - RESOLUTION) * best:
+                return self.gpu_h[i], i + 1
+        return None
+
+    def regret(self, best: float, budget_h: float) -> float:
+        within = [v for h, v in zip(self.gpu_h, self.rec_true, strict=True) if h <= budget_h + 1e-9]
+        return 1 - (within[-1] if within else 0.0) / best
+
+
+def cost_h(world: World, key: str) -> float:
+    minutes = TRIAL_GPU_MIN if world.truth.starts.get(key, False) else STARTUP_GPU_MIN
+    return minutes * world.tp / 60
+
+
+def build_world(case: Case, reality: Reality, processes: int) -> World:
+    space, workload, slos = case.space(), case.workload(), case.scenario.slo_list()
+    gpu = get_gpu(space.gpu)
+    baseline = space.baseline_params(gpu.memory_gib, None)
+    guide_table = predict_space(space, workload, slos, runs_dir=RUNS, processes=processes)
+    guide_extra = predict_points(space, [baseline], workload, slos)
+    cal = reality.calibration()
+    table = predict_space(space, workload, slos, calibration=cal, runs_dir=RUNS, processes=processes)
+    truth = Truth.of(table, predict_points(space, [baseline], workload, slos, cal), OBJECTIVE)
+    guide = GuidedSearch(guide_table, space, OBJECTIVE, extra={p.key: p for p in guide_extra.predictions})
+    world = World(case, reality, guide, truth, baseline, guide_table.tensor_parallel_size)
+    world.grid_keys = {p.key: p.params for p in guide_table.predictions}
+    world.launchable = {p.key for p in [*guide_table.predictions, *guide_extra.predictions] if p.starts}
+    return world
+
+
+def run_strategy(name: str, world: World, seed: int, budget_h: float) -> Trace:
+    rng = random.Random(zlib.crc32(f"{name}/{world.reality.name}/{seed}".encode()))
+    trace = Trace()
+    space = world.case.space()
+    base_key = config_key(space.config(world.baseline))
+    if name.startswith("guided"):
+        return _guided(world, trace, rng, budget_h, name)
+    trace.add(world, base_key, cost_h(world, base_key), rng)
+    if name in ("guide-only", "stack-rank"):
+        ranked = [p.key for p in world.guide.table.ranking(OBJECTIVE) if p.key != base_key]
+        for key in ranked[: 1 if name == "guide-only" else MAX_TRIALS - 1]:
+            if trace.gpu_h[-1] + cost_h(world, key) > budget_h:
+                break
+            trace.add(world, key, cost_h(world, key), rng)
+        return trace
+    keys = list(world.grid_keys)
+    sampler = make_sampler("auto", space.grid(), seed, MAX_TRIALS) if name == "auto" else None
+    study = optuna.create_study(direction="maximize", sampler=sampler) if sampler else None
+    tried = {base_key}
+    for _ in range(MAX_TRIALS * 5):
+        if len(trace.gpu_h) >= MAX_TRIALS:
+            break
+        if study is not None:
+            trial = study.ask()
+            key = _snap(world, space.suggest(trial))
+        else:
+            key = rng.choice(keys)
+        if key not in world.launchable or key in tried:  # screened, invalid, or measured: free
+            if study is not None:
+                study.tell(trial, trace.best_measured if key in tried else 0.0)
+            continue
+        if trace.gpu_h[-1] + cost_h(world, key) > budget_h:
+            break
+        tried.add(key)
+        value = trace.add(world, key, cost_h(world, key), rng)
+        if study is not None:
+            study.tell(trial, value)
+    return trace
+
+
+def _guided(world: World, trace: Trace, rng: random.Random, budget_h: float, name: str) -> Trace:
+    guide = world.guide
+    first_s = TRIAL_GPU_MIN * 60 * world.tp
+    local, flags_only = name != "guided-bias", name == "guided-flags"
+    options = GuidedOptions(budget_h, first_trial_gpu_s=first_s, local=local, operating_point=not flags_only)
+    guide.options = options
+    space = world.case.space()
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial(dict(world.baseline), user_attrs={"baseline": True})
+    while len(trace.gpu_h) < MAX_TRIALS:
+        if guide.step(study) is not None:
+            break
+        trial = study.ask()
+        config = space.config(space.suggest(trial))
+        key = config_key(config)
+        if violations(config) or key not in world.launchable:
+            trial.set_user_attr("launched", False)
+            study.tell(trial, 0.0)
+            continue
+        cost = cost_h(world, key)
+        value = trace.add(world, key, cost, rng)
+        for name, attr in (("config_key", key), ("feasible", value > 0), ("gpu_seconds", cost * 3600)):
+            trial.set_user_attr(name, attr)
+        study.tell(trial, value)
+    return trace
+
+
+def _snap(world: World, params: dict) -> str:
+    """The grid point nearest `params` (log distance for numbers): TPE samples the whole space."""
+    grid = world.case.space().grid(5)
+    snapped = {}
+    for name, values in grid.items():
+        value = params[name]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            snapped[name] = min(values, key=lambda v: abs(math.log(v / value)))
+        else:
+            snapped[name] = value
+    return config_key(world.case.space().config(snapped))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the small space, 4 realities, 2 seeds")
+    parser.add_argument("--cases", nargs="*", default=None, help="default-run, 70b-a100-tp2-chat, ...")
+    parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--budget", type=float, default=4.0, help="GPU-hours per GPU of a replica")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--strategies", nargs="*", default=None, help=f"default: {' '.join(STRATEGIES)}")
+    parser.add_argument("--ablation", action="store_true", help=f"also {', '.join(ABLATION)}")
+    parser.add_argument("--realities", nargs="*", default=None, help="names (default: all, or --quick's)")
+    args = parser.parse_args()
+    strategies = tuple(args.strategies or STRATEGIES) + (ABLATION if args.ablation else ())
+    known = cases()
+    if args.quick:
+        known["default-run"] = Case(known["default-run"].scenario, "small")
+    names = args.cases or (["default-run"] if args.quick else ["default-run", "70b-a100-tp2-chat"])
+    seeds = args.seeds or (2 if args.quick else 3)
+    wall, cpu = time.monotonic(), time.process_time()
+    for name in names:
+        chosen = [r for r in realities(args.quick) if not args.realities or r.name in args.realities]
+        report_case(known[name], chosen, seeds, args.budget, args.processes, strategies)
+    print(f"\nwall {time.monotonic() - wall:.0f} s, CPU (this process) {time.process_time() - cpu:.0f} s")
+
+
+def report_case(
+    case: Case,
+    worlds_of: list[Reality],
+    seeds: int,
+    budget: float,
+    processes: int,
+    strategies: tuple[str, ...],
+) -> None:
+    results: dict[tuple[str, str], list[tuple[float, int, float, float]]] = {}
+    for reality in worlds_of:
+        world = build_world(case, reality, processes)
+        budget_h = budget * world.tp
+        for strategy in strategies:
+            for seed in range(seeds):
+                trace = run_strategy(strategy, world, seed, budget_h)
+                hit = trace.reached(world.truth.best)
+                row = (*(hit or (math.inf, 10**6)), trace.regret(world.truth.best, budget_h), trace.gpu_h[-1])
+                results.setdefault((strategy, reality.group), []).append(row)
+        print(f"  {case.name}: {reality.name} done", file=sys.stderr, flush=True)
+    budget_h = budget * (2 if "tp2" in case.name else 1)
+    print(f"\n## {case.name} (budget {budget_h:g} GPU-h; {seeds} seeds)")
+    head = "GPU-h to 3 % med | p90 | trials med | p90 | regret med | p90 | regret <= 3 % | GPU-h spent med"
+    print(f"| strategy | realities | runs | {head} |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for group in ("identity", "tuned", "structural", "held-out"):
+        for strategy in strategies:
+            rows = results.get((strategy, group))
+            if rows:
+                print(_line(strategy, group, rows))
+
+
+def _line(strategy: str, group: str, rows: list[tuple[float, int, float, float]]) -> str:
+    hours, trials, regret, spent = (np.array(col, dtype=float) for col in zip(*rows, strict=True))
+
+    def q(x: np.ndarray, p: float, fmt: str) -> str:
+        value = float(np.percentile(x, p, method="higher"))
+        return "never" if value >= 1e5 or math.isinf(value) else format(value, fmt)
+
+    ok = statistics.fmean(float(r <= RESOLUTION) for r in regret)
+    return (
+        f"| {strategy} | {group} | {len(rows)} | {q(hours, 50, '.2f')} | {q(hours, 90, '.2f')} | "
+        f"{q(trials, 50, '.0f')} | {q(trials, 90, '.0f')} | {np.median(regret):.1%} | "
+        f"{np.percentile(regret, 90):.1%} | {ok:.0%} | {np.median(spent):.2f} |"
+    )
+
+
+if __name__ == "__main__":
+    main()

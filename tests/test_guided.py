@@ -1,0 +1,160 @@
+"""Guided search (autotune/tune/guided.py, `autotune run --guide sim`): real studies on the simulated
+backend playing a reality the guide does not know (`--sim-calibration`, `--noise`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+from cli import autotune
+
+from autotune.calibrate.fit import candidates
+from autotune.catalog.gpus import get_gpu
+from autotune.catalog.models import get_model
+from autotune.sim.calibration import DEFAULT_CALIBRATION, load_calibration
+from autotune.sim.costs import CostModel
+from autotune.tune.guide_residual import BIAS, ResidualModel
+
+SPACE = """\
+fixed:
+  model: meta-llama/Llama-3.1-8B-Instruct
+  gpu: H100
+  max_model_len: 8192
+params:
+  max_num_seqs: {type: categorical, choices: [32, 256, 1024]}
+  max_num_batched_tokens: {type: categorical, choices: [2048, 8192]}
+"""
+# A slower GPU than the guide's model: its efficiencies 30 % lower, its CPU per step twice the guide's.
+REALITY = "gemm_eff: 0.42\nattn_eff: 0.42\nstep_base_s: 5.0e-3\n"
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    (tmp_path / "space.yaml").write_text(SPACE)
+    (tmp_path / "reality.yaml").write_text(REALITY)
+    return tmp_path
+
+
+def guided_run(folder: Path, *extra: str, check: bool = True):  # noqa: ANN201
+    args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=2s", "--guide", "sim", "--parallel", "1"]
+    args += ["--sim-calibration", "reality.yaml", "--noise", "0.02", "--repeats", "0", "--study", "g"]
+    return autotune(folder, *args, *extra, check=check)
+
+
+def study_of(folder: Path) -> optuna.Study:
+    return optuna.load_study(study_name="g", storage=f"sqlite:///{folder}/runs/g/study.db")
+
+
+def test_a_guided_run_measures_the_defaults_first_then_the_guides_picks_and_says_what_it_spent(
+    folder: Path,
+) -> None:
+    out = guided_run(folder, "--n-trials", "6")
+    trials = [t for t in study_of(folder).trials if t.user_attrs.get("launched", True)]
+    assert trials[0].user_attrs.get("baseline")  # trial #0: vLLM's defaults
+    assert all("guide" in t.user_attrs for t in trials[1:])  # the others: chosen by the guide
+    guide = json.loads((folder / "runs/g/guide.json").read_text())
+    assert [r["trial"] for r in guide["trials"]] == [t.number for t in trials]
+    spent = sum(t.user_attrs["gpu_seconds"] for t in trials) / 3600
+    assert guide["gpu_hours"] == pytest.approx(spent, abs=1e-3)
+    assert "GPU-h spent" in out.stderr and "predicted vs measured" in out.stderr
+    # The report shows it: best.json's guide section, report.html's plot and table.
+    best = json.loads((folder / "runs/g/best.json").read_text())
+    assert best["guide"]["trials"] == guide["trials"] and best["guide"]["stop_reason"]
+    html = (folder / "runs/g/report.html").read_text()
+    assert "Guided search" in html and "guide: predicted vs measured" in html
+    # The reality is slower than the guide's model: the guide over-predicted, and the fitted
+    # calibration it writes says so (a reusable file: --guide-calibration / --sim-calibration).
+    assert guide["speed_factor"] < 0.95
+    fitted = load_calibration(folder / "runs/g/calibration.yaml")
+    assert fitted.gemm_eff < DEFAULT_CALIBRATION.gemm_eff
+    # Its corrected predictions after the defaults are closer to what was measured than the raw ones.
+    later = [r for r in guide["trials"][1:] if r["measured"]]
+    assert later
+    for r in later:
+        assert abs(math.log(r["predicted"] / r["measured"])) < abs(math.log(r["raw"] / r["measured"]))
+
+
+def test_the_budget_stops_the_run_before_a_trial_would_pass_it(folder: Path) -> None:
+    guided_run(folder, "--n-trials", "6", "--gpu-hours", "0.5")
+    guide = json.loads((folder / "runs/g/guide.json").read_text())
+    assert guide["stop_reason"].startswith("budget")
+    # A trial was launched only when the spend so far plus the dearest trial so far fitted the budget
+    # (a capacity search's cost is known only once it ran: a dearer one can pass it by the difference).
+    costs = [r["gpu_hours"] for r in guide["trials"]]
+    for i in range(1, len(costs)):
+        assert sum(costs[:i]) + max(costs[:i]) <= 0.5 + 1e-3
+    assert sum(costs) + max(costs) > 0.5  # and the next would not have fitted
+
+
+def test_resume_rebuilds_the_guide_from_the_study_and_measures_nothing_twice(folder: Path) -> None:
+    guided_run(folder, "--n-trials", "2")
+    guided_run(folder, "--n-trials", "4", "--resume")
+    trials = [t for t in study_of(folder).trials if t.user_attrs.get("launched", True)]
+    keys = [t.user_attrs["config_key"] for t in trials]
+    assert len(keys) == len(set(keys)) >= 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--gpu-hours", "0"], "--gpu-hours: value must be positive"),
+        (["--gpu-hours", "abc"], "--gpu-hours"),
+        (["--guide", "bogus"], "invalid choice"),
+        (["--guide-calibration", "broken.yaml"], "calibration file"),
+        (["--guide", "none", "--gpu-hours", "1"], "needs a guided run"),
+    ],
+)
+def test_bad_guide_inputs_give_one_line_exit_2_and_write_nothing(
+    folder: Path, extra: list[str], message: str
+) -> None:
+    (folder / "broken.yaml").write_text("gemm_eff: [1\n")
+    args = ["run", "--space", "space.yaml", "--guide", "sim", *extra]
+    out = autotune(folder, *args, check=False)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert not (folder / "runs").exists()
+
+
+def test_the_default_simulated_run_is_not_guided(folder: Path) -> None:
+    args = ["run", "--space", "space.yaml", "--n-trials", "2", "--study", "g", "--repeats", "0"]
+    out = autotune(folder, *args)
+    assert "guide:" not in out.stderr
+    assert not (folder / "runs/g/guide.json").exists()
+
+
+def test_the_residual_model_learns_a_global_bias_and_is_surest_near_its_points() -> None:
+    x = [[0.0, 0.0], [0.1, 0.0], [0.0, 0.1], [0.1, 0.1]]
+    model = ResidualModel(noise=0.02).fit(x, [-0.3] * 4)
+    posterior = model.predict(np.array([[0.05, 0.05], [1.0, 1.0]]))
+    near, far = posterior.mean
+    assert near == pytest.approx(-0.3, abs=0.03)  # the bias, where it was measured
+    assert -0.3 < far < 0  # and shrunk toward it far away (the local part does not reach there)
+    assert posterior.sd[0] < posterior.sd[1] < math.sqrt(BIAS**2 + model.scale**2)
+
+
+def test_reality_only_mechanisms_are_off_by_default_and_never_fitted() -> None:
+    model, gpu = get_model("meta-llama/Llama-3.1-8B-Instruct"), get_gpu("H100")
+    kv = model.kv_bytes_per_token() if callable(getattr(model, "kv_bytes_per_token", None)) else 131072
+    args = (4096, 256, 256, 256 * 1000, 0.0, 0)
+    base = CostModel(model, gpu, 1, kv).step_time(*args)
+    same = CostModel(model, gpu, 1, kv, DEFAULT_CALIBRATION.replace()).step_time(*args)
+    busy = CostModel(model, gpu, 1, kv, DEFAULT_CALIBRATION.replace(reality_seq_pair_s=3e-8)).step_time(*args)
+    assert same == base and busy == pytest.approx(base + 256 * 256 * 3e-8)
+    points = [{"kind": "serve"}, {"kind": "step"}, {"kind": "memory"}]
+    names = {i.name for i in candidates(points, DEFAULT_CALIBRATION.replace(reality_seq_pair_s=1e-8))}
+    assert not any(name.startswith("reality_") for name in names)
+
+
+def test_the_guide_is_on_by_default_on_real_backends_and_off_on_the_simulated_one() -> None:
+    import argparse
+
+    from autotune.commands.run_guide import guide_on
+
+    for backend, guide, on in [("vllm", None, True), ("docker", None, True), ("sim", None, False)]:
+        assert guide_on(argparse.Namespace(backend=backend, guide=guide)) is on
+    assert guide_on(argparse.Namespace(backend="sim", guide="sim"))
+    assert not guide_on(argparse.Namespace(backend="vllm", guide="none"))
