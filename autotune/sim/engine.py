@@ -62,6 +62,7 @@ class SimEngine:
             self.config.tensor_parallel_size,
             self.memory.kv_bytes_per_token,
             calibration,
+            self.memory.cuda_graph_sizes[-1],
         )
         self.noise = noise  # None: every step takes exactly its modelled time
         self.now = 0.0
@@ -78,7 +79,7 @@ class SimEngine:
         self._caching = self.config.enable_prefix_caching
         self._pool = BlockPool(self.memory.num_gpu_blocks)
         self._waiting: deque[EngineRequest] = deque()
-        self._last_ready = 0.0  # when the last request added is schedulable (its further choices too)
+        self._last_added: EngineRequest | None = None  # its further choices share its intake wave
         self._running: dict[int, EngineRequest] = {}  # admission order; the last one is the newest
         self._prefilling: EngineRequest | None = None  # the running request mid-prefill (always the newest)
         self._block_events: dict[int, list[tuple[EngineRequest, int]]] = {}
@@ -130,6 +131,17 @@ class SimEngine:
         """True while any request is waiting or running."""
         return bool(self._running or self._waiting)
 
+    def next_start(self) -> float:
+        """When the next step starts: now, or, while nothing runs, when the API server hands the first
+        waiting request over (the end of its intake wave, which moves while later requests join it).
+
+        A driver adds every request sent before this time ahead of `step`, as the engine core takes in
+        whatever the server handed over before it starts a step (vllm/v1/engine/core.py, the busy loop).
+        """
+        if self._running or not self._waiting:
+            return self.now
+        return max(self.now, self._waiting[0].ready)
+
     def step(self) -> StepOutput:
         """Run one engine step; advance `now` by its duration."""
         return self._step(emit=True)
@@ -140,7 +152,7 @@ class SimEngine:
 
     def finished_records(self) -> dict[int, RequestRecord]:
         """The record of every finished request, by request id."""
-        times = np.asarray(self.step_times)
+        times = np.asarray(self.frontend.delivery())
         return {rid: self.record(rid, times) for rid in self._done}
 
     @property
@@ -163,19 +175,23 @@ class SimEngine:
     def record(self, request_id: int, times: np.ndarray | None = None) -> RequestRecord:
         """The client-side record of a finished request (times from its token-emission steps).
 
-        `times` is `np.asarray(step_times)`, passed in when building many records.
+        `times` is when each step's tokens reached the client (`frontend.delivery()`), passed in when
+        building many records. Tokens delivered together went out as one chunk: one ITL gap.
         """
         req = self._done[request_id]
         if times is None:
-            times = np.asarray(self.step_times)
+            times = np.asarray(self.frontend.delivery())
         parts = [times[a : b + 1] for a, b in req.segments]
         emitted = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        gaps = emitted[1:] - emitted[:-1]
+        if not gaps.all():
+            gaps = gaps[gaps > 0]  # tokens delivered together: one chunk, one gap
         return RequestRecord(
             prompt_len=req.prompt_len,
             output_len=int(emitted.size),
             start_time=req.send_time,
             ttft=float(emitted[0] - req.send_time),
-            itl=np.diff(emitted).tolist(),
+            itl=gaps.tolist(),
             latency=float(emitted[-1] - req.send_time),
         )
 
@@ -189,17 +205,20 @@ class SimEngine:
                 "completion). Please reduce the length of the messages or completion."
             )
         r = EngineRequest(request, send_time, self._bs)
-        r.ready = self._last_ready if choice else self.frontend.ready_time(send_time, chat)
-        self._last_ready = r.ready
+        last = self._last_added
+        if choice and last is not None:  # taken in with the request it is a choice of
+            r.wave, r.latency = last.wave, last.latency
+        else:
+            r.wave, r.latency = self.frontend.take_in(send_time, chat)
+        self._last_added = r
         self._waiting.append(r)
 
     def _step(self, emit: bool) -> StepOutput:
         if not self.has_unfinished():
             return StepOutput(duration=0.0)
-        idle = 0.0
-        if not self._running and self._waiting[0].ready > self.now:
-            idle = self._waiting[0].ready - self.now  # until the API server hands the next request over
-            self.now = self._waiting[0].ready
+        start = self.next_start()
+        idle = start - self.now  # until the API server hands the next request over
+        self.now = start
         step = len(self.step_times)
         running = self._running
         preempted = self._grow_decodes(step)
@@ -240,11 +259,10 @@ class SimEngine:
         )
         if self.noise is not None:
             duration *= self.noise.factor()
-        # The API server streams the previous step's tokens while the core runs this one; the core
-        # hands this step's output over only once the server has taken the last (frontend.py).
-        duration = max(duration, self.frontend.streamed_at() - self.now)
         self.now += duration
-        self.frontend.stream(self.now, num_decode + len(completing))
+        # The core hands the step's outputs to the API server and goes on: the server delays what the
+        # client sees, never the next step (frontend.py).
+        self.frontend.stream(step, self.now, num_decode + len(completing))
         self.step_times.append(self.now)
         # -- effects ------------------------------------------------------------------------------
         self._decode_context += num_decode

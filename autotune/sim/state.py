@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autotune.sim.frontend import Wave
 from autotune.workloads.spec import Request
 
 _KEY_STRIDE = 1 << 22  # block index bound per request in the integer block-hash keys
@@ -40,7 +41,7 @@ class EngineRequest:
     __slots__ = (
         "rid", "prompt_len", "output_len", "prefix_id", "prefix_blocks", "send_time", "outputs",
         "computed", "blocks", "cached_upto", "gen", "decode_start", "decode_outputs", "finish_step",
-        "segments", "prompt_counted", "seq", "ready", "preempted",
+        "segments", "prompt_counted", "seq", "wave", "latency", "preempted",
     )  # fmt: skip
 
     def __init__(self, request: Request, send_time: float, block_size: int) -> None:
@@ -63,8 +64,14 @@ class EngineRequest:
         self.segments: list[tuple[int, int]] = []  # [first, last] steps of token emission runs
         self.prompt_counted = False
         self.seq = 0  # admission sequence number: running order
-        self.ready = send_time  # when the API server has handed it to the engine core
+        self.wave = Wave(send_time)  # the API server's intake wave it is in (frontend.py)
+        self.latency = 0.0  # from the wave's end to schedulable
         self.preempted = False  # once preempted, its own blocks may be looked up when it is re-admitted
+
+    @property
+    def ready(self) -> float:
+        """When the API server has handed it to the engine core (moves while its wave grows)."""
+        return self.wave.done + self.latency
 
     def key(self, i: int) -> object:
         """Hash of full block i: shared prefix blocks by prefix, the rest unique to the request."""
