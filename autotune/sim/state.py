@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from autotune.measure.metrics import RequestRecord
 from autotune.sim.frontend import Wave
 from autotune.workloads.spec import Request
 
@@ -86,3 +89,22 @@ class EngineRequest:
 
 def by_admission(r: EngineRequest) -> int:
     return r.seq
+
+
+def client_record(req: EngineRequest, times: np.ndarray) -> RequestRecord:
+    """What the client saw of a finished request: its tokens at `times[step]`, when each step's tokens
+    reached the client (FrontendModel.delivery). Tokens delivered together went out as one chunk: one
+    ITL gap."""
+    parts = [times[a : b + 1] for a, b in req.segments]
+    emitted = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    gaps = emitted[1:] - emitted[:-1]
+    if not gaps.all():
+        gaps = gaps[gaps > 0]  # tokens delivered together: one chunk, one gap
+    return RequestRecord(
+        prompt_len=req.prompt_len,
+        output_len=int(emitted.size),
+        start_time=req.send_time,
+        ttft=float(emitted[0] - req.send_time),
+        itl=gaps.tolist(),
+        latency=float(emitted[-1] - req.send_time),
+    )
