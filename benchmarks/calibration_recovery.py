@@ -47,6 +47,9 @@ PERTURBATIONS = {
            "compute_scale_hopper": 1.3, "profile_base_gib": 1.5},
     "P3": {"gemm_eff": 1.3, "gemm_half_m": 1.5, "step_base_s": 1.3, "intake_per_request_s": 0.7,
            "completions_fixed_s": 0.6, "non_torch_gib_tp1": 1.5},
+    # The per-layer kernels, the eager launches and the API server's output work.
+    "P4": {"per_layer_s": 1.5, "eager_per_layer_s": 1.4, "output_per_step_s": 2.0, "output_per_chunk_s": 1.5,
+           "bw_eff": 0.85, "intake_per_request_s": 1.3},
 }  # fmt: skip
 # Held-out configs: another token budget and batch cap, a smaller batch cap with less KV memory.
 HELD_OUT = {

@@ -59,7 +59,9 @@ def counting_backend(tmp_path: Path, *extra_args: str) -> tuple[ProcessBackend, 
     script.write_text(LAUNCHER)
     launches.write_text("")
     serve_cmd = (sys.executable, str(script), str(launches), *extra_args)
-    options = {"startup_timeout_s": 60.0, "benchmark_timeout_s": 60.0, "stop_grace_s": 3.0}
+    # The first capacity probe plans ~1,000 requests at ~15.6 req/s (0.9 x the burst throughput of
+    # max_num_seqs 2): over a minute when early abort comes late on a busy machine.
+    options = {"startup_timeout_s": 60.0, "benchmark_timeout_s": 120.0, "stop_grace_s": 3.0}
     return ProcessBackend("H100", serve_cmd=serve_cmd, **options), launches
 
 

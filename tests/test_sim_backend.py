@@ -29,7 +29,9 @@ class TinyWorkload:
 def test_evaluate_returns_vllm_bench_metrics_and_server_figures() -> None:
     backend = pickle.loads(pickle.dumps(SimBackend("H100")))
     config = EngineConfig(model=LLAMA_8B, max_model_len=8192)
-    result = backend.evaluate(config, TinyWorkload(), parse_slos("ttft_p99=250ms,itl_p99=20ms"))
+    # The 40 requests sent at once reach the engine as one intake wave (~150 ms), so first tokens come
+    # at ~350-520 ms: a 400 ms bound keeps some and drops others.
+    result = backend.evaluate(config, TinyWorkload(), parse_slos("ttft_p99=400ms,itl_p99=20ms"))
     assert result.ok and result.failure is None
     bench = result.benchmark
     assert bench is not None and bench.completed == 40 and bench.failed == 0

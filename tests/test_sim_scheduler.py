@@ -183,9 +183,10 @@ def test_abort_frees_every_state_and_the_rest_finish_exactly() -> None:
     fresh = tight_engine(max_num_batched_tokens=512)
     used, new = _decode_durations(engine, probe), _decode_durations(fresh, probe)
     assert used[1:] == new[1:]
-    # The first step (its idle wait included) may start later by the one token the API server was
-    # still streaming when the probe arrived: the same process takes requests in.
-    assert 0 <= used[0] - new[0] <= engine.frontend.per_token_s + 1e-12
+    # The first step (its idle wait included) may start later by the output work the API server still
+    # had from the last step when the probe arrived (one process takes requests in and streams): well
+    # under a millisecond.
+    assert 0 <= used[0] - new[0] <= 1e-3
 
 
 def test_abort_keeps_the_prefix_cache_and_drops_kv_usage() -> None:

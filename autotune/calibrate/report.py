@@ -39,7 +39,7 @@ def warnings(result: FitResult) -> list[str]:
                 f"{cls} points keep a {value:.0%} median error after the fit (above {CLASS_BOUND:.0%})"
             )
     out += result.notes
-    return out
+    return list(dict.fromkeys(out))  # a group can be reached from more than one of its pairs
 
 
 def confounded_groups(pairs: Sequence[tuple[str, str]]) -> list[list[str]]:

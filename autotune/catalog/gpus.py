@@ -27,7 +27,8 @@ class GpuSpec:
     interconnect_latency_s: float  # per all-reduce call (NVLink custom all-reduce vs NCCL over PCIe)
     cuda_context_gib: float = 0.61  # in use before vLLM allocates anything (seen on H100: 78.57/79.18 free)
     # The architecture: the simulator's calibration may scale its achieved tensor throughput
-    # (`compute_scale_<arch>` in autotune/sim/calibration.py; Hopper's is fitted, docs/simulator.md).
+    # (`compute_scale_<arch>` in autotune/sim/calibration.py: 1.0 for Hopper, which reaches the same
+    # fraction of its peak as A100 in cuBLAS, benchmarks/h100_step_kernels.json; docs/simulator.md).
     arch: str = ""
     aliases: tuple[str, ...] = ()
 

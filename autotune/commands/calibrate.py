@@ -107,8 +107,11 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     job: dict[str, Any] = {"source": sources[0]}
     if args.points:
         from autotune.calibrate.points import load_points
+        from autotune.calibrate.rankings import unfitted_points
 
         points = [p for p in load_points(args.points) if args.split in (None, p.get("split", "train"))]
+        unfitted = unfitted_points(args.points)  # sources marked `fitted: false` are reported, not fitted
+        points = [p for p in points if p["id"] not in unfitted]
         if not points:
             raise AutotuneError(f"points file {args.points}: no point in split {args.split}")
         job["points"], job["name"] = points, Path(args.points).stem

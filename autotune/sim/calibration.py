@@ -91,27 +91,36 @@ class Calibration:
     )
     attn_eff: float = _costs(0.60, "fraction", 0.01, 1.0, "achieved / peak bf16 of prefill attention")
     bw_eff: float = _costs(0.80, "fraction", 0.05, 1.0, "achieved / peak HBM bandwidth for weights and KV")
-    step_base_s: float = _costs(
-        2.5e-3, "s", 1e-5, 0.1, "CPU time of every step: scheduling, inputs, sampling"
+    per_layer_s: float = _costs(
+        20e-6, "s", 0.0, 1e-3, "per layer and step: kernels that do not shrink with the batch"
     )
-    per_seq_s: float = _costs(10e-6, "s", 1e-8, 1e-3, "CPU time per request scheduled in a step")
+    step_base_s: float = _costs(
+        2.2e-3, "s", 1e-5, 0.1, "CPU time of every step: scheduling, inputs, sampling"
+    )
+    per_seq_s: float = _costs(6.5e-6, "s", 1e-8, 1e-3, "CPU time per request scheduled in a step")
     eager_per_layer_s: float = _costs(
-        30e-6, "s", 1e-8, 1e-3, "launch cost per layer of a step past the CUDA graphs"
+        40e-6, "s", 1e-8, 1e-3, "launch cost per layer of a step past the CUDA graphs"
     )
     compute_scale_hopper: float = _costs(
-        0.6, "fraction", 0.05, 3.0, "Hopper's tensor throughput relative to the effs"
+        1.0, "fraction", 0.05, 3.0, "Hopper's tensor throughput relative to the effs"
     )
     completions_fixed_s: float = _frontend(
-        0.008, "s", 1e-6, 1.0, "send to schedulable of a lone completions request"
+        0.006, "s", 1e-6, 1.0, "send to schedulable of a lone completions request"
     )
     chat_extra_s: float = _frontend(
-        0.045, "s", 1e-6, 1.0, "extra latency of a chat request (template, messages)"
+        0.032, "s", 1e-6, 1.0, "extra latency of a chat request (template, messages)"
     )
     intake_per_request_s: float = _frontend(
-        0.005, "s", 1e-6, 0.2, "serial API-server work per request received"
+        0.0036, "s", 1e-6, 0.2, "serial API-server intake work per request (a burst waits for all)"
     )
-    chat_intake_extra_s: float = _frontend(0.009, "s", 1e-6, 0.2, "extra serial work per chat request")
-    output_per_token_s: float = _frontend(30e-6, "s", 1e-8, 1e-2, "serial API-server work per streamed token")
+    chat_intake_extra_s: float = _frontend(0.0034, "s", 1e-6, 0.2, "extra intake work per chat request")
+    output_per_step_s: float = _frontend(
+        50e-6, "s", 1e-8, 1e-2, "API-server output work per engine step (one ZMQ message)"
+    )
+    output_per_token_s: float = _frontend(
+        10e-6, "s", 1e-8, 1e-2, "API-server output work per token (detokenize, RequestOutput)"
+    )
+    output_per_chunk_s: float = _frontend(30e-6, "s", 1e-8, 1e-2, "API-server output work per SSE chunk sent")
     non_torch_gib_tp1: float = _memory(0.13, "GiB", 0.0, 16.0, "non-torch memory per GPU at TP=1")
     non_torch_gib_tp: float = _memory(
         0.55, "GiB", 0.0, 16.0, "non-torch memory per GPU at TP>1 (NCCL buffers)"

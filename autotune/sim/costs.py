@@ -8,14 +8,18 @@ A step runs every scheduled token through the model once. Its GPU time is, per r
              + decodes: the same max over their one query per context token (memory-bound: the KV read)
   TP         2 all-reduces per layer of tokens x hidden bf16: ring 2(TP-1)/TP x bytes / link + latency
 
-plus the CPU side of a step (scheduler, input preparation, sampling, kernel launches): a fixed base,
-a per-request part, and a launch penalty per layer when the batch is too large for CUDA graphs.
+plus, per layer, the kernels whose time does not shrink with the batch (norms, rotary embedding,
+activation, the attention launch: a few microseconds each even at one token), and the CPU side of a
+step (scheduler, input preparation, sampling): a fixed base, a per-request part, and a launch penalty
+per layer when the batch has more tokens than the largest captured CUDA graph (vLLM captures
+`min(2 * max_num_seqs, 512)` tokens at most; beyond that the model runs eagerly, its kernels launched
+from Python one by one, `vllm/v1/worker/gpu_model_runner.py`).
 The prefill and decode parts of attention are added, not overlapped: the decodes' KV reads do not hide
 behind the chunks' FLOPs (GPUStack's Qwen3-14B runs at 4K context are 10-18 % slower than the
-overlapped form gives; docs/simulator.md). The efficiency factors and CPU costs are the Calibration's
-(autotune/sim/calibration.py: gemm_eff, gemm_half_m, attn_eff, bw_eff, step_base_s, per_seq_s,
-eager_per_layer_s, compute_scale_<arch>), fitted on the train split of benchmarks/fidelity_points.yaml
-(docs/simulator.md, "Fidelity").
+overlapped form gives; docs/simulator.md). The efficiency factors and fixed costs are the
+Calibration's (autotune/sim/calibration.py: gemm_eff, gemm_half_m, attn_eff, bw_eff, per_layer_s,
+step_base_s, per_seq_s, eager_per_layer_s, compute_scale_<arch>), fitted on the train split of
+benchmarks/fidelity_points.yaml (docs/simulator.md, "Fidelity").
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class CostModel:
         tp: int,
         kv_bytes_per_token: int,
         calibration: Calibration = DEFAULT_CALIBRATION,
+        max_graph_tokens: int = MAX_CUDA_GRAPH_SIZE,
     ) -> None:
         cal = calibration
         peak = gpu.bf16_flops * cal.compute_scale(gpu)
@@ -64,6 +69,8 @@ class CostModel:
             self._allreduce_per_token = 0.0
             self._allreduce_fixed = 0.0
         self._eager_s = model.num_layers * cal.eager_per_layer_s
+        self._layers_s = model.num_layers * cal.per_layer_s
+        self._max_graph_tokens = max_graph_tokens
 
     def step_time(
         self,
@@ -118,8 +125,13 @@ class CostModel:
         return num_tokens * self._allreduce_per_token + self._allreduce_fixed
 
     def cpu_s(self, num_tokens: int, num_seqs: int) -> float:
-        """The CPU side: a fixed base, a part per scheduled request, the launch penalty past CUDA graphs."""
-        cpu = self._step_base_s + num_seqs * self._per_seq_s + num_seqs * num_seqs * self._seq_pair_s
-        if num_tokens > MAX_CUDA_GRAPH_SIZE:
+        """Fixed costs: per-layer small kernels, a base, a part per scheduled request, eager launches."""
+        cpu = (
+            self._layers_s
+            + self._step_base_s
+            + num_seqs * self._per_seq_s
+            + num_seqs * num_seqs * self._seq_pair_s
+        )
+        if num_tokens > self._max_graph_tokens:
             cpu += self._eager_s
         return cpu

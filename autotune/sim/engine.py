@@ -9,10 +9,7 @@ Full blocks are hashed (shared-prefix blocks by (prefix_id, i), the rest per req
 after they are freed until the LRU allocation evicts them. An aborted request (its client went away)
 frees its blocks like a finished one, at once, between steps.
 
-Speed: a decode costs no Python work per token. A decoding request's state is implied by the step
-index since it entered decode; the engine only touches it when it crosses a block boundary (an event
-every block_size steps) or finishes (an event at a step known in advance). Token emission times are
-recovered at the end from the global step-time array and each request's [first, last] step segments.
+The engine does no Python work per decoded token (how: docs/simulator.md, "Scheduler").
 """
 
 from __future__ import annotations
@@ -29,10 +26,11 @@ from autotune.measure.metrics import RequestRecord
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.costs import CostModel
 from autotune.sim.frontend import FrontendModel
+from autotune.sim.kv_cache import KvCache
 from autotune.sim.kv_pool import ANONYMOUS, BlockPool
 from autotune.sim.memory import MemoryPlan, plan_memory
 from autotune.sim.noise import StepNoise
-from autotune.sim.state import EngineRequest, EngineStats, StepOutput, by_admission
+from autotune.sim.state import EngineRequest, EngineStats, StepOutput, by_admission, client_record
 from autotune.workloads.spec import Request
 
 
@@ -62,6 +60,7 @@ class SimEngine:
             self.config.tensor_parallel_size,
             self.memory.kv_bytes_per_token,
             calibration,
+            self.memory.cuda_graph_sizes[-1],
         )
         self.noise = noise  # None: every step takes exactly its modelled time
         self.now = 0.0
@@ -77,8 +76,9 @@ class SimEngine:
         self._chunked = self.config.enable_chunked_prefill
         self._caching = self.config.enable_prefix_caching
         self._pool = BlockPool(self.memory.num_gpu_blocks)
+        self._kv = KvCache(self._pool, self._bs, self._caching)
         self._waiting: deque[EngineRequest] = deque()
-        self._last_ready = 0.0  # when the last request added is schedulable (its further choices too)
+        self._last_added: EngineRequest | None = None  # its further choices share its intake wave
         self._running: dict[int, EngineRequest] = {}  # admission order; the last one is the newest
         self._prefilling: EngineRequest | None = None  # the running request mid-prefill (always the newest)
         self._block_events: dict[int, list[tuple[EngineRequest, int]]] = {}
@@ -106,14 +106,12 @@ class SimEngine:
         return self.abort_requests([request_id]) == 1
 
     def abort_requests(self, request_ids: Iterable[int]) -> int:
-        """Drop unfinished requests in one pass (a client that left a request with n = 16384 choices);
-        how many there were. Their KV blocks are freed (full blocks stay in the prefix cache, as for a
-        finished request) and the gauges updated at once: an idle engine runs no further step for them.
-        """
+        """Drop unfinished requests in one pass; how many there were. Their KV blocks are freed (full ones
+        stay cached) and the gauges updated at once: an idle engine runs no further step for them."""
         wanted = set(request_ids)
         aborted = [self._running.pop(rid) for rid in wanted & self._running.keys()]
         for r in aborted:
-            self._free(r, self._drop_running(r, len(self.step_times)) // self._bs)
+            self._kv.free(r, self._drop_running(r, len(self.step_times)) // self._bs)
         if len(aborted) < len(wanted) and self._waiting:
             kept: deque[EngineRequest] = deque()
             for r in self._waiting:
@@ -130,6 +128,17 @@ class SimEngine:
         """True while any request is waiting or running."""
         return bool(self._running or self._waiting)
 
+    def next_start(self) -> float:
+        """When the next step starts: now, or, while nothing runs, when the API server hands the first
+        waiting request over (the end of its intake wave, which moves while later requests join it).
+
+        A driver adds every request sent before this time ahead of `step`, as the engine core takes in
+        whatever the server handed over before it starts a step (vllm/v1/engine/core.py, the busy loop).
+        """
+        if self._running or not self._waiting:
+            return self.now
+        return max(self.now, self._waiting[0].ready)
+
     def step(self) -> StepOutput:
         """Run one engine step; advance `now` by its duration."""
         return self._step(emit=True)
@@ -140,7 +149,7 @@ class SimEngine:
 
     def finished_records(self) -> dict[int, RequestRecord]:
         """The record of every finished request, by request id."""
-        times = np.asarray(self.step_times)
+        times = np.asarray(self.frontend.delivery())
         return {rid: self.record(rid, times) for rid in self._done}
 
     @property
@@ -150,9 +159,8 @@ class SimEngine:
 
     @property
     def min_free_blocks(self) -> int:
-        """The fewest free KV blocks there were at any point so far: a run never short of blocks (this
-        at least the blocks one request can ask for at once) would have run the same on any pool with
-        at least num_gpu_blocks - min_free_blocks blocks (autotune/tune/guide_estimate.py uses it)."""
+        """The fewest free KV blocks there were so far: a run never short of blocks would have run the same
+        on any pool of at least num_gpu_blocks - min_free_blocks blocks (tune/guide_estimate.py)."""
         return self._pool.low
 
     @property
@@ -161,23 +169,11 @@ class SimEngine:
         return len(self.step_times)
 
     def record(self, request_id: int, times: np.ndarray | None = None) -> RequestRecord:
-        """The client-side record of a finished request (times from its token-emission steps).
-
-        `times` is `np.asarray(step_times)`, passed in when building many records.
-        """
-        req = self._done[request_id]
+        """The client-side record of a finished request (`times`: `frontend.delivery()`, passed in when
+        building many records)."""
         if times is None:
-            times = np.asarray(self.step_times)
-        parts = [times[a : b + 1] for a, b in req.segments]
-        emitted = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        return RequestRecord(
-            prompt_len=req.prompt_len,
-            output_len=int(emitted.size),
-            start_time=req.send_time,
-            ttft=float(emitted[0] - req.send_time),
-            itl=np.diff(emitted).tolist(),
-            latency=float(emitted[-1] - req.send_time),
-        )
+            times = np.asarray(self.frontend.delivery())
+        return client_record(self._done[request_id], times)
 
     # -- internals -------------------------------------------------------------------------------
     def _enqueue(self, request: Request, send_time: float, chat: bool = False, choice: bool = False) -> None:
@@ -189,17 +185,20 @@ class SimEngine:
                 "completion). Please reduce the length of the messages or completion."
             )
         r = EngineRequest(request, send_time, self._bs)
-        r.ready = self._last_ready if choice else self.frontend.ready_time(send_time, chat)
-        self._last_ready = r.ready
+        last = self._last_added
+        if choice and last is not None:  # taken in with the request it is a choice of
+            r.wave, r.latency = last.wave, last.latency
+        else:
+            r.wave, r.latency = self.frontend.take_in(send_time, chat)
+        self._last_added = r
         self._waiting.append(r)
 
     def _step(self, emit: bool) -> StepOutput:
         if not self.has_unfinished():
             return StepOutput(duration=0.0)
-        idle = 0.0
-        if not self._running and self._waiting[0].ready > self.now:
-            idle = self._waiting[0].ready - self.now  # until the API server hands the next request over
-            self.now = self._waiting[0].ready
+        start = self.next_start()
+        idle = start - self.now  # until the API server hands the next request over
+        self.now = start
         step = len(self.step_times)
         running = self._running
         preempted = self._grow_decodes(step)
@@ -209,7 +208,7 @@ class SimEngine:
         p = self._prefilling
         if p is not None and budget > 0:
             chunk = min(p.prompt_len + p.outputs - p.computed, budget)
-            if self._allocate_for(p, p.computed + chunk):
+            if self._kv.allocate_for(p, p.computed + chunk):
                 chunks.append((p, chunk))
                 budget -= chunk
             else:
@@ -240,11 +239,10 @@ class SimEngine:
         )
         if self.noise is not None:
             duration *= self.noise.factor()
-        # The API server streams the previous step's tokens while the core runs this one; the core
-        # hands this step's output over only once the server has taken the last (frontend.py).
-        duration = max(duration, self.frontend.streamed_at() - self.now)
         self.now += duration
-        self.frontend.stream(self.now, num_decode + len(completing))
+        # The core hands the step's outputs to the API server and goes on: the server delays what the
+        # client sees, never the next step (frontend.py).
+        self.frontend.stream(step, self.now, num_decode + len(completing))
         self.step_times.append(self.now)
         # -- effects ------------------------------------------------------------------------------
         self._decode_context += num_decode
@@ -304,21 +302,9 @@ class SimEngine:
             if r.rid not in running:
                 continue
             r.blocks.extend(pool.allocate(1))
-            if self._caching:
-                self._cache(r, len(r.blocks) - 1)
+            self._kv.cache(r, len(r.blocks) - 1)
             self._schedule_block_event(r, step + self._bs)
         return preempted
-
-    def _allocate_for(self, r: EngineRequest, num_tokens: int) -> bool:
-        """Blocks for a prefill chunk up to num_tokens; like vLLM, blocks it fills are cached at once."""
-        need = -(-num_tokens // self._bs) - len(r.blocks)
-        if need > self._pool.num_free:
-            return False
-        if need > 0:
-            r.blocks.extend(self._pool.allocate(need))
-        if self._caching:
-            self._cache(r, num_tokens // self._bs)
-        return True
 
     def _admit(self, budget: int, chunks: list[tuple[EngineRequest, int]]) -> int:
         """Admit waiting requests FCFS; stop at the first that does not fit (head-of-line blocking)."""
@@ -350,8 +336,7 @@ class SimEngine:
             r.blocks = hits + pool.allocate(need)
             r.cached_upto = len(hits)
             r.computed = cached
-            if self._caching:
-                self._cache(r, (cached + chunk) // bs)
+            self._kv.cache(r, (cached + chunk) // bs)
             self._admitted += 1
             r.seq = self._admitted
             running[r.rid] = r
@@ -384,30 +369,9 @@ class SimEngine:
         first, _ = r.segments[-1]
         r.segments[-1] = (first, step)
         del self._running[r.rid]
-        self._free(r, (r.prompt_len + r.output_len - 1) // self._bs)
+        self._kv.free(r, (r.prompt_len + r.output_len - 1) // self._bs)
         self._done[r.rid] = r
         return r.rid
-
-    def _cache(self, r: EngineRequest, upto: int) -> None:
-        """Register r's full blocks below `upto` in the prefix cache, as vLLM does once a block is full.
-
-        Only blocks someone can look up are registered: its shared-prefix blocks, and once it has been
-        preempted (it looks its own blocks up when re-admitted) all of them. Until then its own blocks'
-        keys are unique to it and it never looks them up, so registering them changes no run; at its
-        first preemption `_free` registers them all, as they would have been. That bookkeeping was
-        half of a saturation run's time (benchmarks/sim_speed.py, prefix caching on and off).
-        """
-        if not r.preempted:
-            upto = min(upto, r.prefix_blocks)
-        if upto > r.cached_upto:
-            self._pool.register(r, upto)
-
-    def _free(self, r: EngineRequest, full_blocks: int) -> None:
-        if self._caching:
-            self._cache(r, min(full_blocks, len(r.blocks)))
-        self._pool.release(r.blocks)
-        r.blocks = []
-        r.cached_upto = 0
 
     def _drop_running(self, r: EngineRequest, step: int) -> int:
         """Take r (already out of `running`) off the batch before `step` runs; returns its KV tokens."""
@@ -434,7 +398,7 @@ class SimEngine:
         rid = next(reversed(self._running))
         r = self._running.pop(rid)
         r.preempted = True
-        self._free(r, self._drop_running(r, step) // self._bs)
+        self._kv.free(r, self._drop_running(r, step) // self._bs)
         r.computed = 0
         r.decode_start = -1
         r.gen += 1

@@ -43,9 +43,10 @@ def simulate(
 
     A request is sent once it has arrived and (with max_concurrency) a slot is free; its record's
     start_time is that send time, so TTFT excludes the wait for a slot, as in vLLM's client. A finished
-    request's successor is sent when the step that finished it ends, so (as over HTTP) it cannot join
-    the step that starts at that instant. `api` "chat" prices the chat API's extra frontend work.
-    `calibration`: the engine model's constants (default: the built-in ones).
+    request's successor is sent when the client sees it finish (the API server's delivery of that
+    step, frontend.py), so (as over HTTP) it cannot join the step that starts when it ended. `api`
+    "chat" prices the chat API's extra frontend work. `calibration`: the engine model's constants
+    (default: the built-in ones).
     """
     chat = api == "chat"
     engine = SimEngine(config, gpu, noise, calibration)
@@ -59,7 +60,7 @@ def simulate(
             if slots is not None and not slots:
                 break  # every slot is busy
             send = req.arrival_time if slots is None else max(req.arrival_time, slots[0])
-            if send > engine.now:
+            if send > engine.next_start():  # it joins the intake wave the next step waits for
                 break
             if slots is not None:
                 heapq.heappop(slots)
@@ -74,9 +75,10 @@ def simulate(
                     heapq.heappush(slots, send)
         if engine.has_unfinished():
             out = engine.advance()
-            if slots is not None:
+            if slots is not None and out.finished:
+                seen = engine.frontend.expected_delivery(engine.now)  # the client sees the end then
                 for _ in out.finished:
-                    heapq.heappush(slots, engine.now)
+                    heapq.heappush(slots, seen)
         elif i < len(order):
             req = order[i]
             engine.now = req.arrival_time if slots is None else max(req.arrival_time, slots[0])

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from autotune.measure.metrics import RequestRecord
+from autotune.sim.frontend import Wave
 from autotune.workloads.spec import Request
 
 _KEY_STRIDE = 1 << 22  # block index bound per request in the integer block-hash keys
@@ -40,7 +44,7 @@ class EngineRequest:
     __slots__ = (
         "rid", "prompt_len", "output_len", "prefix_id", "prefix_blocks", "send_time", "outputs",
         "computed", "blocks", "cached_upto", "gen", "decode_start", "decode_outputs", "finish_step",
-        "segments", "prompt_counted", "seq", "ready", "preempted",
+        "segments", "prompt_counted", "seq", "wave", "latency", "preempted",
     )  # fmt: skip
 
     def __init__(self, request: Request, send_time: float, block_size: int) -> None:
@@ -63,8 +67,14 @@ class EngineRequest:
         self.segments: list[tuple[int, int]] = []  # [first, last] steps of token emission runs
         self.prompt_counted = False
         self.seq = 0  # admission sequence number: running order
-        self.ready = send_time  # when the API server has handed it to the engine core
+        self.wave = Wave(send_time)  # the API server's intake wave it is in (frontend.py)
+        self.latency = 0.0  # from the wave's end to schedulable
         self.preempted = False  # once preempted, its own blocks may be looked up when it is re-admitted
+
+    @property
+    def ready(self) -> float:
+        """When the API server has handed it to the engine core (moves while its wave grows)."""
+        return self.wave.done + self.latency
 
     def key(self, i: int) -> object:
         """Hash of full block i: shared prefix blocks by prefix, the rest unique to the request."""
@@ -79,3 +89,22 @@ class EngineRequest:
 
 def by_admission(r: EngineRequest) -> int:
     return r.seq
+
+
+def client_record(req: EngineRequest, times: np.ndarray) -> RequestRecord:
+    """What the client saw of a finished request: its tokens at `times[step]`, when each step's tokens
+    reached the client (FrontendModel.delivery). Tokens delivered together went out as one chunk: one
+    ITL gap."""
+    parts = [times[a : b + 1] for a, b in req.segments]
+    emitted = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    gaps = emitted[1:] - emitted[:-1]
+    if not gaps.all():
+        gaps = gaps[gaps > 0]  # tokens delivered together: one chunk, one gap
+    return RequestRecord(
+        prompt_len=req.prompt_len,
+        output_len=int(emitted.size),
+        start_time=req.send_time,
+        ttft=float(emitted[0] - req.send_time),
+        itl=gaps.tolist(),
+        latency=float(emitted[-1] - req.send_time),
+    )

@@ -111,7 +111,7 @@ class SimService:
         self._wake = asyncio.Event()
         self._t0 = time.perf_counter()
         self._step_end = 0.0  # perf_counter at which the running step's tokens appear
-        self._committed = -math.inf  # simulated start of the latest step computed (its idle wait included)
+        self._committed = -math.inf  # simulated start of the latest step computed
         self._loop_task: asyncio.Task | None = None
 
     # ---- lifecycle
@@ -216,10 +216,11 @@ class SimService:
         """Step the engine in real time: a step's tokens appear when the wall clock reaches the step's end
         on the simulated clock, which is anchored to the wall clock (t0 + now / time_scale).
 
-        An idle engine's clock jumps to the wall clock's when work arrives (`_sync_clock`), so it starts
-        then, not earlier. A loop that fell behind (a busy CPU, a slow write to many streams) runs its
-        next steps without sleeping until it is back on time: the server keeps the simulated rates
-        instead of drifting slower by every late wake-up.
+        An idle engine's clock jumps to the wall clock's when work arrives (`_sync_clock`), and its next
+        step waits for the API server's intake wave to end (`_until_next_start`). A loop that fell
+        behind (a busy CPU, a slow write to many streams) runs its next steps without sleeping until it
+        is back on time: the server keeps the simulated rates instead of drifting slower by every late
+        wake-up.
         """
         while True:
             if not self.engine.has_unfinished():
@@ -233,8 +234,10 @@ class SimService:
                 os._exit(1)
             while self.hung:
                 await asyncio.sleep(3600)
+            if not await self._until_next_start():
+                continue  # its requests were aborted meanwhile
+            self._committed = self.engine.next_start()
             output = self.engine.step()
-            self._committed = self.engine.now - output.duration
             deadline = self._t0 + self.engine.now / self._scale
             start = deadline - output.duration / self._scale
             self._step_end = deadline
@@ -244,6 +247,17 @@ class SimService:
             else:
                 await asyncio.sleep(0)  # let the HTTP side run even when the engine is behind
             self._deliver(output, start, time.perf_counter())
+
+    async def _until_next_start(self) -> bool:
+        """Sleep until the next step's start (the end of the API server's intake wave while the engine is
+        idle): the engine core takes in what the server handed over by then, so a request read meanwhile
+        joins the wave and that step, as in process. False if nothing is left to run by then."""
+        while self.engine.has_unfinished():
+            wait = self._t0 + self.engine.next_start() / self._scale - time.perf_counter()
+            if wait <= 0:
+                return True
+            await asyncio.sleep(wait)  # the wave may have grown meanwhile: look again
+        return False
 
     def _deliver(self, output: Any, step_start: float, now: float) -> None:
         """Account a step's tokens and finished requests, then let each touched request's response write."""
