@@ -23,13 +23,16 @@ time the simulation took.
 
 With `--band N`, N more 4,000-request runs per config at 0.95 x its reference, the lowest rate within
 the 5 % target: where they often miss the SLOs, no search can be within 5 % and pass every check.
+With `--hint-factors F ...`, each search seed also runs the bracketed search (CapacitySearch.hint_rate,
+what a guided trial runs) with the hint F x the config's reference, for each F (the guide's corrected
+prediction is that far off), checked the same way: its figures are printed beside the default's.
 With `--long-run N`, N runs of 10,000 requests per config at 0.95, 1.00 and 1.05 x its reference: the
 share of requests over each percentile SLO's limit there in the long run (benchmarks/capacity_runs.py).
 Each reference bisection is also compared with the median of the others, and checked at its own rate
 as a search is: how closely the yardstick reproduces itself, and whether its own rates pass.
 
     python benchmarks/capacity_accuracy.py [--jobs 2] [--search-seeds 4] [--scenarios NAME ...]
-        [--noise 0.02] [--band 20] [--long-run 2] [--reference-runs 5]
+        [--noise 0.02] [--band 20] [--long-run 2] [--reference-runs 5] [--hint-factors 0.9 1.1]
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from capacity_runs import (  # noqa: E402
     TARGET,
     check,
     print_band,
+    print_hinted,
     print_long_run,
     print_reference_runs,
     shares,
@@ -179,6 +183,7 @@ class Job:
     reference_runs: int
     band: int  # 4,000-request checks at the band's edge
     long_runs: int  # 10,000-request runs at each LONG_RUN_FACTORS x the reference
+    hint_factors: tuple[float, ...] = ()  # bracketed searches from these x the reference
 
 
 def _measure(job: Job) -> dict:
@@ -223,6 +228,7 @@ def _measure(job: Job) -> dict:
     ]
     out["references"] = references
     out["reference"] = statistics.median(references)
+    out["hinted"] = {f: _hinted(job, backend, config, f * out["reference"]) for f in job.hint_factors}
     # The reference's own rates, checked as a search's are: can even its 10x windows meet both targets?
     out["reference_checks"] = [
         [
@@ -250,6 +256,23 @@ def _measure(job: Job) -> dict:
         ]
         for i, f in enumerate(LONG_RUN_FACTORS)
     }
+    return out
+
+
+def _hinted(job: Job, backend: SimBackend, config: EngineConfig, hint: float) -> list[dict]:
+    """The bracketed search from `hint` on each search seed (the default's seeds), with its checks."""
+    workload = load_workload(job.case.workload)
+    slos = parse_slos(job.case.slos) if job.case.slos else []
+    out = []
+    for k in range(job.search_seeds):
+        found = find_capacity(
+            backend, config, workload, slos, seed=k * SEARCH_SEED_STEP, search=CapacitySearch(hint_rate=hint)
+        )
+        capacity = _capacity(found)
+        seeds = [CHECK_SEED + k * SEARCH_SEED_STEP + j for j in range(CHECK_SEEDS)]
+        runs = [check(backend, config, workload, slos, capacity.rate, seed) for seed in seeds]
+        row = {"rate": capacity.rate, "probes": len(capacity.probes), "gpu_s": found.gpu_seconds}
+        out.append({**row, "checks": runs})
     return out
 
 
@@ -289,12 +312,16 @@ def main() -> int:
     parser.add_argument(
         "--reference-runs", type=int, default=REFERENCE_RUNS, help="bisections per reference (their median)"
     )
+    parser.add_argument(
+        "--hint-factors", type=float, nargs="*", default=[], help="bracketed searches from F x the reference"
+    )
     args = parser.parse_args()
     if args.long_run == 1 or args.reference_runs < 1:
         parser.error("--long-run needs at least 2 runs (their SD is printed); --reference-runs at least 1")
     cases = [c for c in CASES if not args.scenarios or c.name in args.scenarios]
+    hints = tuple(args.hint_factors)
     jobs = [
-        Job(c, p, args.noise, args.search_seeds, args.reference_runs, args.band, args.long_run)
+        Job(c, p, args.noise, args.search_seeds, args.reference_runs, args.band, args.long_run, hints)
         for c in cases
         for p in c.configs
     ]
@@ -332,6 +359,8 @@ def main() -> int:
             f"{sum(ok)}/{n}  [{spread}]  {sum(runs)}/{len(runs)} met"
         )
     _per_scenario(rows)
+    if hints:
+        print_hinted(rows)
     if args.band:
         print_band(rows, args.band)
     if args.long_run:

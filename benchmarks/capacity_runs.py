@@ -134,3 +134,20 @@ def print_reference_runs(rows: list[dict]) -> None:
         f"reference bisections within 5 % of the others' median: {within}/{total}; "
         f"4,000-request checks at their rates met {met}/{checks}"
     )
+
+
+def print_hinted(rows: list[dict]) -> None:
+    """The default search beside the bracketed ones, over every config x search seed."""
+    print("\nsearch             within 5 %  checks met  probes med  GPU min med (sum)")
+    kinds = {"default": [(r, s) for r in rows if "error" not in r for s in r["searches"]]}
+    for f in dict.fromkeys(f for r in rows if "error" not in r for f in r["hinted"]):
+        kinds[f"hint {f:g} x ref"] = [(r, s) for r in rows if "error" not in r for s in r["hinted"][f]]
+    for name, pairs in kinds.items():
+        within = sum(abs(s["rate"] / r["reference"] - 1) <= TARGET for r, s in pairs if r["reference"])
+        met = [m for _, s in pairs for _, m in s["checks"]]
+        gpu = [s["gpu_s"] / 60 for _, s in pairs]
+        probes = statistics.median(s["probes"] for _, s in pairs)
+        print(
+            f"{name:18} {within:>4}/{len(pairs):<5} {sum(met):>5}/{len(met):<5} {probes:>10g} "
+            f"{statistics.median(gpu):>8.1f} ({sum(gpu):.0f})"
+        )

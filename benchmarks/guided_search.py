@@ -2,12 +2,13 @@
 measurement's resolution of the best config, on realities the guide does not know.
 
 Reality: the simulated engine with a perturbed calibration (benchmarks/guided_search_realities.py).
-A real trial of a grid config measures the reality's fast estimate of it (tune/guide.py with the
-reality's calibration: the capacity search's rules on fewer requests) times 2 % lognormal noise, and
-costs TRIAL_GPU_MIN GPU-minutes x TP (the issue's median capacity search; a config that fails to start
-costs STARTUP_GPU_MIN). Ground truth: the reality's estimate over its whole grid (exhaustive; cached
-in runs/guided_search/guide/ by tune/guide.py's own cache, so reruns are cheap). Configs the guide's
-memory model predicts not to start are not launched by any strategy (the run's startup screen).
+A real trial of a grid config is the capacity search a trial runs (trial/capacity.py) on the simulated
+engine with the reality's calibration and 2 % noise; it costs the simulated GPU time that search
+charges (startup, saturation, probes; x TP). Ground truth: the same search, noise off, on the union of
+every config any strategy measured and the reality's own top 50 by its fast estimate (not the whole
+grid: see benchmarks/guided_search_trials.py). Searches are cached in runs/guided_search/trials/<code>/.
+Configs the guide's memory model predicts not to start are not launched by any strategy (the run's
+startup screen).
 
 Strategies, each from vLLM's defaults as trial #0:
   auto        today's `autotune run` sampler (TPE), its suggestions snapped to the grid
@@ -15,6 +16,7 @@ Strategies, each from vLLM's defaults as trial #0:
   guide-only  the guide's best config, confirmed by measuring it
   stack-rank  the guide's ranking, measured in order
   guided      tune/guided.py (the residual GP, EI, its budget and 95 %-bound stops)
+  guided-bracket  the same, each trial's capacity search started from the corrected prediction
 Per strategy and case, over seeds x realities: GPU-hours and trials until the recommendation (the best
 measured so far) is within RESOLUTION of the reality's best (its true value), and the regret at the
 budget (guided: where it stopped). Usage: python benchmarks/guided_search.py [--quick] [--cases ...]
@@ -37,11 +39,12 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from guide_accuracy import Case, cases  # noqa: E402
-from guided_search_realities import Reality, Truth, realities  # noqa: E402
+from guided_search_realities import Reality, realities  # noqa: E402
+from guided_search_trials import TRUTH_TOP, Trials  # noqa: E402
 
 from autotune.catalog.gpus import get_gpu  # noqa: E402
-from autotune.tune.guide import predict_points, predict_space  # noqa: E402
-from autotune.tune.guided import GuidedOptions, GuidedSearch  # noqa: E402
+from autotune.tune.guide import code_digest, predict_points, predict_space  # noqa: E402
+from autotune.tune.guided import ATTR, GuidedOptions, GuidedSearch  # noqa: E402
 from autotune.tune.objectives import Objective  # noqa: E402
 from autotune.tune.samplers import make_sampler  # noqa: E402
 from autotune.tune.space import violations  # noqa: E402
@@ -50,63 +53,65 @@ from autotune.tune.study import config_key  # noqa: E402
 RUNS = Path("runs/guided_search")
 OBJECTIVE = Objective("output_throughput", "maximize")
 RESOLUTION = 0.03
-NOISE = 0.02
-TRIAL_GPU_MIN = 20.0
-STARTUP_GPU_MIN = 2.0
+FIRST_TRIAL_GPU_MIN = 20.0  # the guided run's cost estimate before its first trial (the pre-run estimate's)
 MAX_TRIALS = 50
 STRATEGIES = ("auto", "random", "guide-only", "stack-rank", "guided")
 # --ablation: the residual as one global bias (no local part); over the flags alone (no operating point)
 ABLATION = ("guided-bias", "guided-flags")
+BRACKET = "guided-bracket"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 @dataclass
 class World:
-    """One case under one reality: the guide's view, the truth, the space's grid."""
+    """One case under one reality: the guide's view, the reality's searches, the space's grid."""
 
     case: Case
     reality: Reality
     guide: GuidedSearch  # built once; each guided run uses a fresh study
-    truth: Truth
+    trials: Trials
     baseline: dict
     tp: int
-    grid_keys: dict[str, dict] = field(default_factory=dict)  # key -> params (grid points)
+    grid_keys: dict[str, dict] = field(default_factory=dict)  # key -> params (grid points, the defaults)
     launchable: set[str] = field(default_factory=set)  # the guide's memory model says it starts
+    reality_top: list[str] = field(default_factory=list)  # the reality's best by its fast estimate
 
 
 @dataclass
 class Trace:
-    """A strategy's run: per trial, GPU-hours after it and the true value of the recommendation."""
+    """A strategy's run: per trial, GPU-hours after it and the recommendation (best measured so far)."""
 
+    seed: int
     gpu_h: list[float] = field(default_factory=list)
-    rec_true: list[float] = field(default_factory=list)
+    rec_keys: list[str] = field(default_factory=list)
+    measured: list[str] = field(default_factory=list)
+    probes: list[int] = field(default_factory=list)
     best_measured: float = 0.0
-    rec_key: str = ""
 
-    def add(self, world: World, key: str, cost_h: float, rng: random.Random) -> float:
-        true = world.truth.values.get(key, 0.0)
-        measured = true * math.exp(rng.gauss(0.0, NOISE)) if true > 0 else 0.0
-        if measured > self.best_measured:
-            self.best_measured, self.rec_key = measured, key
-        self.gpu_h.append((self.gpu_h[-1] if self.gpu_h else 0.0) + cost_h)
-        self.rec_true.append(world.truth.values.get(self.rec_key, 0.0))
-        return measured
+    def add(self, world: World, key: str, hint: float | None = None) -> tuple[float, float]:
+        """Measure `key` (its capacity search): its value and GPU-hours."""
+        m = world.trials.measure(key, world.grid_keys[key], self.seed, hint)
+        if m.value > self.best_measured or not self.rec_keys:
+            self.best_measured = max(m.value, self.best_measured)
+            self.rec_keys.append(key)
+        else:
+            self.rec_keys.append(self.rec_keys[-1])
+        self.gpu_h.append((self.gpu_h[-1] if self.gpu_h else 0.0) + m.gpu_s / 3600)
+        self.measured.append(key)
+        self.probes.append(m.probes)
+        return m.value, m.gpu_s / 3600
 
-    def reached(self, best: float) -> tuple[float, int] | None:
-        """(GPU-hours, trials) when the recommendation first came within RESOLUTION of `best`."""
-        for i, value in enumerate(self.rec_true):
-            if value >= (1 - RESOLUTION) * best:
+    def reached(self, truth: dict[str, float], best: float, budget_h: float) -> tuple[float, int] | None:
+        """(GPU-hours, trials) when the recommendation first came within RESOLUTION of `best` (None: not
+        within the budget)."""
+        for i, key in enumerate(self.rec_keys):
+            if self.gpu_h[i] <= budget_h + 1e-9 and truth[key] >= (1 - RESOLUTION) * best:
                 return self.gpu_h[i], i + 1
         return None
 
-    def regret(self, best: float, budget_h: float) -> float:
-        within = [v for h, v in zip(self.gpu_h, self.rec_true, strict=True) if h <= budget_h + 1e-9]
-        return 1 - (within[-1] if within else 0.0) / best
-
-
-def cost_h(world: World, key: str) -> float:
-    minutes = TRIAL_GPU_MIN if world.truth.starts.get(key, False) else STARTUP_GPU_MIN
-    return minutes * world.tp / 60
+    def regret(self, truth: dict[str, float], best: float, budget_h: float) -> float:
+        within = [k for h, k in zip(self.gpu_h, self.rec_keys, strict=True) if h <= budget_h + 1e-9]
+        return 1 - (truth[within[-1]] if within else 0.0) / best
 
 
 def build_world(case: Case, reality: Reality, processes: int) -> World:
@@ -117,28 +122,31 @@ def build_world(case: Case, reality: Reality, processes: int) -> World:
     guide_extra = predict_points(space, [baseline], workload, slos)
     cal = reality.calibration()
     table = predict_space(space, workload, slos, calibration=cal, runs_dir=RUNS, processes=processes)
-    truth = Truth.of(table, predict_points(space, [baseline], workload, slos, cal), OBJECTIVE)
     guide = GuidedSearch(guide_table, space, OBJECTIVE, extra={p.key: p for p in guide_extra.predictions})
-    world = World(case, reality, guide, truth, baseline, guide_table.tensor_parallel_size)
-    world.grid_keys = {p.key: p.params for p in guide_table.predictions}
+    slug = "".join(c if c.isalnum() else "-" for c in reality.name)
+    # keyed by the simulator's code as the guide's tables are: a changed model measures anew
+    trials = Trials(RUNS / "trials" / code_digest() / case.name / f"{slug}.json", case, cal, OBJECTIVE)
+    world = World(case, reality, guide, trials, baseline, guide_table.tensor_parallel_size)
+    world.grid_keys = {p.key: p.params for p in [*guide_table.predictions, *guide_extra.predictions]}
     world.launchable = {p.key for p in [*guide_table.predictions, *guide_extra.predictions] if p.starts}
+    world.reality_top = [p.key for p in table.ranking(OBJECTIVE)[:TRUTH_TOP]]
     return world
 
 
 def run_strategy(name: str, world: World, seed: int, budget_h: float) -> Trace:
     rng = random.Random(zlib.crc32(f"{name}/{world.reality.name}/{seed}".encode()))
-    trace = Trace()
+    trace = Trace(seed)
     space = world.case.space()
     base_key = config_key(space.config(world.baseline))
     if name.startswith("guided"):
-        return _guided(world, trace, rng, budget_h, name)
-    trace.add(world, base_key, cost_h(world, base_key), rng)
+        return _guided(world, trace, budget_h, name)
+    trace.add(world, base_key)
     if name in ("guide-only", "stack-rank"):
         ranked = [p.key for p in world.guide.table.ranking(OBJECTIVE) if p.key != base_key]
         for key in ranked[: 1 if name == "guide-only" else MAX_TRIALS - 1]:
-            if trace.gpu_h[-1] + cost_h(world, key) > budget_h:
+            if trace.gpu_h[-1] >= budget_h:
                 break
-            trace.add(world, key, cost_h(world, key), rng)
+            trace.add(world, key)
         return trace
     keys = list(world.grid_keys)
     sampler = make_sampler("auto", space.grid(), seed, MAX_TRIALS) if name == "auto" else None
@@ -156,18 +164,18 @@ def run_strategy(name: str, world: World, seed: int, budget_h: float) -> Trace:
             if study is not None:
                 study.tell(trial, trace.best_measured if key in tried else 0.0)
             continue
-        if trace.gpu_h[-1] + cost_h(world, key) > budget_h:
+        if trace.gpu_h[-1] >= budget_h:  # a search's cost is known once it ran: regret counts to the budget
             break
         tried.add(key)
-        value = trace.add(world, key, cost_h(world, key), rng)
+        value, _ = trace.add(world, key)
         if study is not None:
             study.tell(trial, value)
     return trace
 
 
-def _guided(world: World, trace: Trace, rng: random.Random, budget_h: float, name: str) -> Trace:
+def _guided(world: World, trace: Trace, budget_h: float, name: str) -> Trace:
     guide = world.guide
-    first_s = TRIAL_GPU_MIN * 60 * world.tp
+    first_s = FIRST_TRIAL_GPU_MIN * 60 * world.tp
     local, flags_only = name != "guided-bias", name == "guided-flags"
     options = GuidedOptions(budget_h, first_trial_gpu_s=first_s, local=local, operating_point=not flags_only)
     guide.options = options
@@ -184,10 +192,10 @@ def _guided(world: World, trace: Trace, rng: random.Random, budget_h: float, nam
             trial.set_user_attr("launched", False)
             study.tell(trial, 0.0)
             continue
-        cost = cost_h(world, key)
-        value = trace.add(world, key, cost, rng)
-        for name, attr in (("config_key", key), ("feasible", value > 0), ("gpu_seconds", cost * 3600)):
-            trial.set_user_attr(name, attr)
+        hint = (trial.user_attrs.get(ATTR) or {}).get("rate") if name == BRACKET else None
+        value, cost = trace.add(world, key, hint)
+        for attr_name, attr in (("config_key", key), ("feasible", value > 0), ("gpu_seconds", cost * 3600)):
+            trial.set_user_attr(attr_name, attr)
         study.tell(trial, value)
     return trace
 
@@ -214,9 +222,11 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--strategies", nargs="*", default=None, help=f"default: {' '.join(STRATEGIES)}")
     parser.add_argument("--ablation", action="store_true", help=f"also {', '.join(ABLATION)}")
+    parser.add_argument("--bracket", action="store_true", help=f"also {BRACKET} (bracketed searches)")
     parser.add_argument("--realities", nargs="*", default=None, help="names (default: all, or --quick's)")
     args = parser.parse_args()
     strategies = tuple(args.strategies or STRATEGIES) + (ABLATION if args.ablation else ())
+    strategies += (BRACKET,) if args.bracket else ()
     known = cases()
     if args.quick:
         known["default-run"] = Case(known["default-run"].scenario, "small")
@@ -237,22 +247,29 @@ def report_case(
     processes: int,
     strategies: tuple[str, ...],
 ) -> None:
-    results: dict[tuple[str, str], list[tuple[float, int, float, float]]] = {}
+    results: dict[tuple[str, str], list[tuple[float, ...]]] = {}
     for reality in worlds_of:
         world = build_world(case, reality, processes)
         budget_h = budget * world.tp
-        for strategy in strategies:
-            for seed in range(seeds):
-                trace = run_strategy(strategy, world, seed, budget_h)
-                hit = trace.reached(world.truth.best)
-                row = (*(hit or (math.inf, 10**6)), trace.regret(world.truth.best, budget_h), trace.gpu_h[-1])
-                results.setdefault((strategy, reality.group), []).append(row)
-        print(f"  {case.name}: {reality.name} done", file=sys.stderr, flush=True)
+        runs = [(s, seed) for s in strategies for seed in range(seeds)]
+        traces = {(s, seed): run_strategy(s, world, seed, budget_h) for s, seed in runs}
+        world.trials.save()
+        keys = {k for t in traces.values() for k in t.measured} | set(world.reality_top)
+        truth = world.trials.truth([(k, world.grid_keys[k]) for k in keys], processes)
+        world.trials.save()
+        best = max(truth.values())
+        for (strategy, _), trace in traces.items():
+            hit = trace.reached(truth, best, budget_h)
+            row = (*(hit or (math.inf, 10**6)), trace.regret(truth, best, budget_h), trace.gpu_h[-1])
+            row += (statistics.fmean(trace.probes), len(trace.gpu_h), 60 * trace.gpu_h[-1] / len(trace.gpu_h))
+            results.setdefault((strategy, reality.group), []).append(row)
+        note = f"  {case.name}: {reality.name} done ({len(truth)} configs in its truth)"
+        print(note, file=sys.stderr, flush=True)
     budget_h = budget * (2 if "tp2" in case.name else 1)
     print(f"\n## {case.name} (budget {budget_h:g} GPU-h; {seeds} seeds)")
     head = "GPU-h to 3 % med | p90 | trials med | p90 | regret med | p90 | regret <= 3 % | GPU-h spent med"
-    print(f"| strategy | realities | runs | {head} |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| strategy | realities | runs | {head} | trials run med | probes/trial | GPU-min/trial |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for group in ("identity", "tuned", "structural", "held-out"):
         for strategy in strategies:
             rows = results.get((strategy, group))
@@ -260,8 +277,9 @@ def report_case(
                 print(_line(strategy, group, rows))
 
 
-def _line(strategy: str, group: str, rows: list[tuple[float, int, float, float]]) -> str:
-    hours, trials, regret, spent = (np.array(col, dtype=float) for col in zip(*rows, strict=True))
+def _line(strategy: str, group: str, rows: list[tuple[float, ...]]) -> str:
+    columns = (np.array(c, dtype=float) for c in zip(*rows, strict=True))
+    hours, trials, regret, spent, probes, ran, per_trial = columns
 
     def q(x: np.ndarray, p: float, fmt: str) -> str:
         value = float(np.percentile(x, p, method="higher"))
@@ -271,7 +289,8 @@ def _line(strategy: str, group: str, rows: list[tuple[float, int, float, float]]
     return (
         f"| {strategy} | {group} | {len(rows)} | {q(hours, 50, '.2f')} | {q(hours, 90, '.2f')} | "
         f"{q(trials, 50, '.0f')} | {q(trials, 90, '.0f')} | {np.median(regret):.1%} | "
-        f"{np.percentile(regret, 90):.1%} | {ok:.0%} | {np.median(spent):.2f} |"
+        f"{np.percentile(regret, 90):.1%} | {ok:.0%} | {np.median(spent):.2f} | {np.median(ran):.0f} | "
+        f"{np.mean(probes):.1f} | {np.mean(per_trial):.1f} |"
     )
 
 

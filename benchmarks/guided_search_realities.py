@@ -1,14 +1,13 @@
 """The realities benchmarks/guided_search.py tunes against: the simulated engine with a perturbed
 calibration, each as large as the simulator's real errors (docs/simulator.md), two with a mechanism the
 guide's model lacks (the Calibration's reality-only fields), and two held out (never used to choose
-the method). A reality's "measurement" of a grid config is its own fast estimate (tune/guide.py, the
-reality's calibration) times 2 % lognormal noise; its ground truth is that estimate over the whole grid.
+the method). A reality's measurement of a config is the capacity search on the simulated engine with
+its calibration (benchmarks/guided_search_trials.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 
@@ -72,19 +71,3 @@ QUICK = ("identity", "eff-30%", "cpu-x2", "batch-cpu (structural)")
 def realities(quick: bool) -> list[Reality]:
     """Every reality, or QUICK's few."""
     return [r for r in REALITIES if not quick or r.name in QUICK]
-
-
-@dataclass
-class Truth:
-    """A reality on one case: every grid config's value (0: fails or meets no rate) and its best."""
-
-    values: dict[str, float]  # config key -> objective value
-    starts: dict[str, bool]
-    best: float
-
-    @classmethod
-    def of(cls, table: Any, extra: Any, objective: Any) -> Truth:
-        preds = [*table.predictions, *extra.predictions]
-        values = {p.key: p.value(objective, table.tensor_parallel_size) or 0.0 for p in preds}
-        starts = {p.key: p.starts for p in preds}
-        return cls(values, starts, max(values.values()))

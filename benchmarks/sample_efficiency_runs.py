@@ -66,7 +66,14 @@ class LookupExecutor:
     def in_flight(self) -> list[tuple[int, EngineConfig]]:
         return []
 
-    def submit(self, number: int, config: EngineConfig, seed: int, trial_dir: Path | None) -> tuple[int, ...]:
+    def submit(
+        self,
+        number: int,
+        config: EngineConfig,
+        seed: int,
+        trial_dir: Path | None,
+        hint_rate: float | None = None,
+    ) -> tuple[int, ...]:
         self._done.append((number, self.oracle.lookup(config)))
         return ()
 

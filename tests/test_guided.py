@@ -56,6 +56,8 @@ def test_a_guided_run_measures_the_defaults_first_then_the_guides_picks_and_says
     trials = [t for t in study_of(folder).trials if t.user_attrs.get("launched", True)]
     assert trials[0].user_attrs.get("baseline")  # trial #0: vLLM's defaults
     assert all("guide" in t.user_attrs for t in trials[1:])  # the others: chosen by the guide
+    # The guide's corrected capacity rides with each pick (a bracketed search's hint, off by default).
+    assert all(t.user_attrs["guide"]["rate"] > 0 for t in trials[1:])
     guide = json.loads((folder / "runs/g/guide.json").read_text())
     assert [r["trial"] for r in guide["trials"]] == [t.number for t in trials]
     spent = sum(t.user_attrs["gpu_seconds"] for t in trials) / 3600

@@ -59,7 +59,14 @@ class TrialExecutor(Protocol):
 
     def in_flight(self) -> list[tuple[int, EngineConfig]]: ...  # noqa: D102
 
-    def submit(self, number: int, config: EngineConfig, seed: int, trial_dir: Path | None) -> None: ...  # noqa: D102
+    def submit(
+        self,
+        number: int,
+        config: EngineConfig,
+        seed: int,
+        trial_dir: Path | None,
+        hint_rate: float | None = None,
+    ) -> None: ...  # noqa: D102
 
     def wait(self, timeout: float) -> list[tuple[int, TrialResult]]: ...  # noqa: D102
 
@@ -164,8 +171,16 @@ class Executor:
         """(trial number, config) of the running trials."""
         return [(job.number, job.config) for job in self._jobs.values()]
 
-    def submit(self, number: int, config: EngineConfig, seed: int, trial_dir: Path | None) -> None:
-        """Start one trial as a Ray task; Ray places it (the devices are known when it reports back)."""
+    def submit(
+        self,
+        number: int,
+        config: EngineConfig,
+        seed: int,
+        trial_dir: Path | None,
+        hint_rate: float | None = None,
+    ) -> None:
+        """Start one trial as a Ray task; Ray places it (the devices are known when it reports back).
+        `hint_rate`: a capacity search starts from it (trial/capacity.py, CapacitySearch.hint_rate)."""
         need = self.needs(config)
         if not self.can_start(config):
             raise RuntimeError("submit() without a free slot: call can_start() first")
@@ -173,7 +188,15 @@ class Executor:
         options: dict[str, Any] = {"max_retries": 0}
         options |= {"num_gpus": need, "num_cpus": 0} if self.uses_gpus else {"num_cpus": 1}
         ref = self._task.options(**options).remote(
-            self.backend, config, self.workload, self.slos, seed, trial_dir, self._driver_node, self.uses_gpus
+            self.backend,
+            config,
+            self.workload,
+            self.slos,
+            seed,
+            trial_dir,
+            self._driver_node,
+            self.uses_gpus,
+            hint_rate,
         )
         self._used += need
         self._jobs[number] = Job(number, config, need, ref, time.monotonic(), trial_dir)

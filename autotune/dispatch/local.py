@@ -53,19 +53,26 @@ class LocalExecutor:
         """The submitted trial, if any."""
         return [(self._job[0], self._job[1])] if self._job else []
 
-    def submit(self, number: int, config: EngineConfig, seed: int, trial_dir: Path | None) -> None:
+    def submit(
+        self,
+        number: int,
+        config: EngineConfig,
+        seed: int,
+        trial_dir: Path | None,
+        hint_rate: float | None = None,
+    ) -> None:
         """Take a trial; it runs at the next `wait`."""
         if self._job is not None:
             raise RuntimeError("submit() without a free slot: call can_start() first")
-        self._job = (number, config, seed)
+        self._job = (number, config, seed, hint_rate)
 
     def wait(self, timeout: float) -> list[tuple[int, TrialResult]]:
         """Run the submitted trial now, in this process."""
         if self._job is None:
             return []
-        number, config, seed = self._job
+        number, config, seed, hint_rate = self._job
         try:
-            result = evaluate_trial(self.backend, config, self.workload, self.slos, seed, (), None)
+            result = evaluate_trial(self.backend, config, self.workload, self.slos, seed, (), None, hint_rate)
         finally:
             self._job = None
         return [(number, result)]

@@ -61,11 +61,18 @@ class ProcessExecutor(LocalExecutor):
         """The submitted trials not yet handed back, oldest first."""
         return [(number, config) for number, (config, _) in self._jobs.items()]
 
-    def submit(self, number: int, config: EngineConfig, seed: int, trial_dir: Path | None) -> None:
+    def submit(
+        self,
+        number: int,
+        config: EngineConfig,
+        seed: int,
+        trial_dir: Path | None,
+        hint_rate: float | None = None,
+    ) -> None:
         """Start a trial on a worker (the simulator writes no trial files)."""
         if not self.can_start():
             raise RuntimeError("submit() without a free slot: call can_start() first")
-        args = (evaluate_trial, self.backend, config, self.workload, self.slos, seed, (), None)
+        args = (evaluate_trial, self.backend, config, self.workload, self.slos, seed, (), None, hint_rate)
         try:
             future = self._workers().submit(*args)
         except BrokenProcessPool:  # a worker died (e.g. killed for memory): its trials were told; start anew

@@ -3,6 +3,9 @@
 With `load: capacity` a trial is a short search on one started server: a saturation burst bounds the rate
 and sets the config's request lifetime, then Poisson probes (an unmeasured warm-up, a measured window of
 several lifetimes) step down from 90 % of saturation and bisect until the bracket is within `resolution`.
+With a hint (the guided search's corrected prediction of the capacity, `CapacitySearch.hint_rate`) the
+probes start at the hint instead and step away from it by growing steps until a rate passes and one above
+it fails, then bisect: fewer probes when the hint is close, and the verdicts still come only from probes.
 A rate passes when the server kept up and every SLO holds with 95 % confidence (trial/probe.py). The
 rules and why each is there: docs/measurement.md, "Load level: capacity or fixed".
 """
@@ -35,6 +38,7 @@ START_FRACTION = 0.9  # the first probe, as a fraction of saturation throughput
 STEP_DOWN = 0.7  # while no rate passed
 UNSURE_STEP = 0.9  # ... from a rate too close to call: the threshold is near it
 MIN_STEP = 0.35  # the largest step down an ITL/TPOT miss can ask for
+HINT_STEP = 0.03  # a hinted search's first step away from the hint (= RESOLUTION), doubled at each probe
 SMOOTH_METRICS = ("itl", "tpot")
 SATURATION_MARGIN = 1.1  # bracket top = saturation throughput x this (the mid-run rate is an estimate)
 MIN_RATE = 0.05  # below this the config serves nothing useful: stop stepping down
@@ -74,6 +78,10 @@ class CapacitySearch:
     queue_free_below: float = QUEUE_FREE_BELOW
     max_probe_requests: int = MAX_PROBE_REQUESTS  # per probe window and warm-up (x window_scale)
     relaxations: float = RELAXATIONS
+    # A predicted capacity (req/s) to start from and bracket (None: from START_FRACTION x saturation).
+    # Only where it comes from differs: every probe is measured and judged as without it.
+    hint_rate: float | None = None
+    hint_step: float = HINT_STEP
 
 
 def find_capacity(
@@ -137,7 +145,7 @@ def _search(
         judge_probes(probes, slos, sat.throughput, pass_z, search.z, search.min_served)
 
     probes: list[Probe] = []
-    rate: float | None = min(START_FRACTION * sat.throughput, top)
+    rate: float | None = min(search.hint_rate or START_FRACTION * sat.throughput, top)
     while rate is not None and len(probes) < search.max_probes:
         probes.append(Probe(rate))
         measure(probes[-1])
@@ -146,7 +154,8 @@ def _search(
             measure(probes[-1])
         if not session.alive:
             break  # the server died or hung: no other rate can be measured on it
-        rate = _next_rate(probes, *_bracket(probes, top), search, slos)
+        following = _next_hinted_rate if search.hint_rate else _next_rate
+        rate = following(probes, *_bracket(probes, top), search, slos)
     low, high = _bracket(probes, top)
     best = low.result if low is not None else min(probes, key=lambda p: p.rate).result
     annotated = _annotate(best, probes, sat_runs, low, high, top)
@@ -194,6 +203,29 @@ def _next_rate(
     if probes[-1].verdict == UNSURE and high / low.rate <= (1 + search.resolution) ** 2:
         return None
     return math.sqrt(low.rate * high)
+
+
+def _next_hinted_rate(
+    probes: Sequence[Probe], low: Probe | None, high: float, search: CapacitySearch, slos: Sequence[Slo]
+) -> float | None:
+    """The next rate of a hinted search: away from the hint by hint_step, 2 x hint_step, ... (a step
+    per probe on that side) until a rate passes and a higher one fails; then `_next_rate`'s bisection.
+    Down, an ITL/TPOT miss large enough to ask for a bigger step (`step_down`) gets it."""
+    if low is None:
+        lowest = min(probes, key=lambda p: p.rate)
+        factor = 1.0 / (1.0 + search.hint_step * 2 ** (len(probes) - 1))
+        if lowest.verdict != UNSURE and lowest.result.ok:
+            smooth = step_down(lowest.result.benchmark, slos)
+            factor = min(factor, smooth) if smooth < STEP_DOWN else factor
+        rate = lowest.rate * factor
+        return rate if rate >= MIN_RATE else None
+    if any(not p.passed and p.rate > low.rate for p in probes):
+        return _next_rate(probes, low, high, search, slos)  # bracketed: bisect
+    passed = sum(p.passed for p in probes)
+    up = low.rate * (1.0 + search.hint_step * 2 ** (passed - 1))
+    if up < high:
+        return up
+    return _next_rate(probes, low, high, search, slos)  # the step reaches the top: bisect below it
 
 
 def saturation_runs(

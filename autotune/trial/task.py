@@ -45,16 +45,19 @@ def evaluate_trial(
     seed: int,
     gpu_ids: Sequence[int | str],
     trial_dir: Path | None,
+    hint_rate: float | None = None,
 ) -> TrialResult:
-    """One trial: a benchmark at the workload's load, or a capacity search.
+    """One trial: a benchmark at the workload's load, or a capacity search (from `hint_rate`, the guided
+    search's predicted capacity, when given: CapacitySearch.hint_rate).
 
     A backend bug must not end the study: any exception becomes an `error` failure with its message.
     """
     try:
         if workload.load == "capacity":
-            from autotune.trial.capacity import find_capacity
+            from autotune.trial.capacity import CapacitySearch, find_capacity
 
-            return find_capacity(backend, config, workload, slos, seed, gpu_ids, trial_dir)  # type: ignore[arg-type]
+            search = CapacitySearch(hint_rate=hint_rate)
+            return find_capacity(backend, config, workload, slos, seed, gpu_ids, trial_dir, search)  # type: ignore[arg-type]
         return backend.evaluate(config, workload, slos, seed, gpu_ids, trial_dir)  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001
         return TrialResult(config=config, failure=FailureKind.ERROR, message=f"{type(exc).__name__}: {exc}")
@@ -69,16 +72,20 @@ def run_trial_task(
     trial_dir: Path | None,
     driver_node: str | None,
     uses_gpus: bool,
+    hint_rate: float | None = None,
 ) -> TaskOutput:
     """The body of a trial's Ray task (see the module docstring)."""
     placement = current_placement(uses_gpus)
     started = time.time()
     files: dict[str, bytes] = {}
     if trial_dir is None or placement.node_id == driver_node:
-        result = evaluate_trial(backend, config, workload, slos, seed, placement.gpu_ids or (), trial_dir)
+        result = evaluate_trial(
+            backend, config, workload, slos, seed, placement.gpu_ids or (), trial_dir, hint_rate
+        )
     else:
         with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
-            result = evaluate_trial(backend, config, workload, slos, seed, placement.gpu_ids or (), Path(tmp))
+            gpu_ids = placement.gpu_ids or ()
+            result = evaluate_trial(backend, config, workload, slos, seed, gpu_ids, Path(tmp), hint_rate)
             files = _read_files(Path(tmp))
     ran_at = (round(started, 3), round(time.time(), 3))  # wall clock, for utilization
     return TaskOutput(result, dataclasses.replace(placement, ran_at=ran_at), files)

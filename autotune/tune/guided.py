@@ -7,7 +7,8 @@ configs' features (tune/guide_residual.py) spreads it over the space: corrected 
 predicted x exp(posterior mean), its uncertainty the posterior sd. The next trial is the untried
 config with the highest expected improvement over the best measured; trial #0 stays vLLM's defaults
 (start_study enqueues it: every result is compared to it). The run stops when
-- the next trial would pass `--gpu-hours` (its cost: the dearest trial's so far), or
+- the next trial would pass `--gpu-hours` (its cost: the dearest trial so far, scaled to its
+  predicted rate), or
 - no untried config's 95 % upper bound beats the best measured by more than the measurement's
   resolution (the guide predicts nothing better is left), or
 - every config the guide predicts to meet the SLOs was measured.
@@ -50,6 +51,9 @@ class GuidedOptions:
     first_trial_gpu_s: float | None = None  # expected cost of a trial before any is measured
     local: bool = True  # False: the residual is one global bias (benchmarks/guided_search.py's ablation)
     operating_point: bool = True  # the residual also varies with the predicted batch and step time
+    # a trial's capacity search starts from the corrected predicted capacity: off, it saved no GPU time
+    # on the benchmark (docs/guided-search.md)
+    bracket: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,12 @@ class GuidedSearch:
         features = [self.features(o.params, self.prediction(o.key)) for o in pairs]
         return ResidualModel(noise=noise, scales=scales).fit(features, residuals)
 
+    def hint_rate(self, trial: optuna.Trial) -> float | None:
+        """The capacity (req/s) the guide predicted, corrected, when it chose `trial`: its capacity
+        search brackets it (CapacitySearch.hint_rate). None: not the guide's pick, or bracketing off."""
+        rate = (trial.user_attrs.get(ATTR) or {}).get("rate") if self.options.bracket else None
+        return float(rate) if rate else None
+
     # -- choosing and stopping ------------------------------------------------------------------------
     def step(self, study: optuna.Study, busy: Collection[str] = ()) -> str | None:
         """Enqueue the next config to measure, or return why the run stops. Nothing is enqueued while a
@@ -178,17 +188,26 @@ class GuidedSearch:
         if any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
             return None
         observed = self.observations(study)
-        self.stop_reason = self._budget_stop(observed) or self._choose(study, observed, set(busy))
+        self.stop_reason = self._choose(study, observed, set(busy))
         return self.stop_reason
 
-    def _budget_stop(self, observed: Sequence[Observation]) -> str | None:
+    def next_cost_s(self, observed: Sequence[Observation], value: float) -> float:
+        """What the next trial (predicted objective `value`) is charged: the dearest trial so far, scaled
+        to its rate when the objective is a throughput (a capacity search's windows hold a set number of
+        requests, so its GPU time goes as 1 / capacity: a 70B config at half the defaults' rate costs
+        twice their search); before the first, the pre-run estimate's."""
+        costs = [o.gpu_s for o in observed if o.gpu_s > 0]
+        scaled = [o.gpu_s * o.measured / value for o in observed if o.gpu_s > 0 and o.measured]
+        if self.objective.maximize and scaled and value > 0:
+            return max(scaled)
+        return max(costs) if costs else (self.options.first_trial_gpu_s or 0.0)
+
+    def _budget_stop(self, observed: Sequence[Observation], value: float) -> str | None:
         budget = self.options.gpu_hours
         if budget is None:
             return None
         spent = sum(o.gpu_s for o in observed) / 3600
-        costs = [o.gpu_s for o in observed if o.gpu_s > 0]
-        # the dearest trial so far: a capacity search's cost varies with the config (2x on this space)
-        next_s = max(costs) if costs else (self.options.first_trial_gpu_s or 0.0)
+        next_s = self.next_cost_s(observed, value)
         if spent + next_s / 3600 > budget:
             return (
                 f"budget: the next trial (about {next_s / 3600:.2f} GPU-h) would pass --gpu-hours "
@@ -217,8 +236,14 @@ class GuidedSearch:
         chosen = self.candidates[pick]
         at = free.index(pick)
         corrected = math.exp(self.sign * mean[at])
+        over_budget = self._budget_stop(observed, corrected)
+        if over_budget:
+            return over_budget
         attrs = {"predicted": round(corrected, 4), "raw": round(self.raw(chosen) or 0.0, 4)}
         attrs["sd"] = round(float(sd[at]), 4)
+        if self.objective.maximize and chosen.capacity_rate > 0:
+            # the corrected capacity: a throughput scales with the rate (a capacity search's hint_rate)
+            attrs["rate"] = round(chosen.capacity_rate * corrected / (self.raw(chosen) or corrected), 4)
         study.enqueue_trial(dict(chosen.params), user_attrs={ATTR: attrs}, skip_if_exists=False)
         return None
 

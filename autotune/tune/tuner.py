@@ -300,7 +300,8 @@ class Tuner:
     def _submit(self, pending: _Pending) -> None:
         number = pending.trial.number
         trial_dir = self.options.run_dir / "trials" / str(number) if self.options.run_dir else None
-        self.executor.submit(number, pending.config, self.options.seed, trial_dir)
+        hint = self.guide.hint_rate(pending.trial) if self.guide is not None else None
+        self.executor.submit(number, pending.config, self.options.seed, trial_dir, hint)
         self._running[number] = pending
         self._submitted[number] = time.monotonic()
 
