@@ -24,10 +24,10 @@ from autotune.trial.capacity import (
     RELAXATIONS,
     CapacitySearch,
     find_capacity,
-    saturation_runs,
     window_requests,
 )
 from autotune.trial.probe import Probe, judge_probes, meets, pool_nearby, probe_verdict
+from autotune.trial.saturation import saturation_runs
 from autotune.trial.task import evaluate_trial
 from autotune.tune.objectives import KEPT_UP_KEY, constraints, is_feasible
 from autotune.workloads.files import load_workload

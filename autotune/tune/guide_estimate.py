@@ -57,11 +57,10 @@ from autotune.trial.capacity import (
     STEP_DOWN,
     UNSURE_STEP,
     CapacitySearch,
-    kv_batch,
     queue_ceiling,
-    saturation_burst,
     step_down,
 )
+from autotune.trial.saturation import kv_batch, saturation_burst
 
 SATURATION_BLOCK = 16  # the KV block size saturation is measured with (Estimator.scan)
 KNEE_FACTOR = 2.0
@@ -181,7 +180,7 @@ class Estimator:
 
     def scan(self, config: EngineConfig, pool: Pool) -> Scan:
         """The config's saturation, measured as the capacity search measures it (a burst of four
-        running batches, see trial/capacity.py saturation_runs), and the highest rate to probe.
+        running batches, see trial/saturation.py saturation_runs), and the highest rate to probe.
 
         It is measured with SATURATION_BLOCK-token KV blocks whatever the config's: the block size
         moves a request's KV footprint by less than a block (1-3 % of a chat request), and configs that
