@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -19,9 +19,9 @@ from autotune.backends.base import Workload
 from autotune.backends.failures import BENCHMARK, classify
 from autotune.backends.server_metrics import KvSampler, scrape_metrics, server_figures
 from autotune.core.errors import FailureKind
-from autotune.measure.early_abort import SloGuard, abort_savings
+from autotune.measure.early_abort import InFlight, LoadGuard, SloGuard, abort_savings
 from autotune.measure.load_report import LoadReport
-from autotune.measure.metrics import BenchmarkResult
+from autotune.measure.metrics import BenchmarkResult, RequestRecord
 from autotune.measure.result import requests_failed_message
 from autotune.measure.slo import Slo
 from autotune.measure.steady_state import load_kind, measure_window
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from autotune.measure.loadgen import LoadResult
 
 EXIT_SETTLE_S = 1.0  # after failed requests, how long to wait for the server to finish dying
+EXIT_POLL_S = 0.5  # how often a running load asks whether the server process is still alive
+SERVER_EXITED = "the server exited during the load"
 WARMUP_PROMPT_LEN = 16
 WARMUP_OUTPUT_LEN = 4
 WARMUP_REQUEST_ID = 2**31 - 1  # with its own salt too, its prompt shares nothing with any load's
@@ -99,7 +101,8 @@ def benchmark(
     requests = workload.requests(seed)
     measure_from = workload.measure_from
     measured_lens = [r.output_len for r in requests if r.arrival_time >= measure_from]
-    guard = SloGuard.for_requests(slos, measured_lens) if slos and limits.early_abort else None
+    slo_guard = SloGuard.for_requests(slos, measured_lens) if slos and limits.early_abort else None
+    guard = ServerWatch(handle, slo_guard)
     before = scrape_metrics(handle.base_url)
     sampler = KvSampler(handle.base_url)
     started = time.monotonic()
@@ -139,7 +142,7 @@ def _judge(
 ) -> ServerFailure | None:
     """Turn a finished load into a failure when the server died, stopped serving, or the run aborted."""
     failed = [r for r in load.records if not r.success]
-    if failed:
+    if failed or load.aborted == SERVER_EXITED:
         code = settled_exit_code(handle)
         if code is not None:
             kind, message = classify(code, handle.log_text(), BENCHMARK)
@@ -157,6 +160,29 @@ def _judge(
     return None
 
 
+class ServerWatch:
+    """The load's guard: the SLO guard's verdict, and a server process that exited ends the load at once
+    (its remaining requests would only be refused, one arrival at a time)."""
+
+    def __init__(self, handle: ServerHandle, slos: SloGuard | None) -> None:
+        self.handle = handle
+        self.slos = slos
+        self._polled = 0.0
+
+    def add(self, record: RequestRecord) -> None:
+        """A measured request finished."""
+        if self.slos is not None:
+            self.slos.add(record)
+
+    def check(self, in_flight: Iterable[InFlight] = (), now: float = 0.0) -> str | None:
+        """Why the load must stop now, or None."""
+        if time.monotonic() - self._polled >= EXIT_POLL_S:
+            self._polled = time.monotonic()
+            if self.handle.exit_code() is not None:
+                return SERVER_EXITED
+        return self.slos.check(in_flight, now) if self.slos is not None else None
+
+
 def settled_exit_code(handle: ServerHandle, settle_s: float = EXIT_SETTLE_S) -> int | None:
     """The exit code, waiting briefly: clients see a dying server's socket close before it is reaped."""
     deadline = time.monotonic() + settle_s
@@ -172,7 +198,7 @@ def run_load(
     model: str,
     requests: Sequence[Request],
     max_concurrency: int | None,
-    guard: SloGuard | None,
+    guard: LoadGuard | None,
     request_timeout_s: float,
     total_timeout_s: float | None = None,
     sampler: KvSampler | None = None,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from autotune.measure.metrics import RequestRecord
 from autotune.measure.slo import Slo
@@ -94,6 +95,16 @@ def percentile_lower_bound_exceeds(
 def _violations_needed(n_total: int, q: float) -> int:
     """How many values over the limit lose percentile q of n_total values for certain."""
     return n_total - math.floor((n_total - 1) * q / 100.0)
+
+
+class LoadGuard(Protocol):
+    """What the load generator asks while a load runs (SloGuard, or a backend's wrapper of it)."""
+
+    def add(self, record: RequestRecord) -> None:
+        """A measured request finished."""
+
+    def check(self, in_flight: Iterable[InFlight] = (), now: float = 0.0) -> str | None:
+        """Why the load must stop now, or None."""
 
 
 class SloGuard:

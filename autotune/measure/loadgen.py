@@ -15,7 +15,7 @@ client must never be the bottleneck, see benchmarks/loadgen_overhead.py) instead
   - a request with an HTTP error, a timeout or no token chunk is a failed record (never dropped);
   - requests and connections are prepared before the clock starts, and no cyclic garbage collection
     runs while requests are timed.
-With a `SloGuard`, the run stops as soon as an SLO can no longer be met: in-flight requests are
+With a guard (`SloGuard`), the run stops as soon as an SLO can no longer be met: in-flight requests are
 cancelled, the reason is returned, and the records finished so far are kept.
 """
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from autotune.measure.early_abort import InFlight, SloGuard
+from autotune.measure.early_abort import InFlight, LoadGuard
 from autotune.measure.http_transport import BODY_STREAM, StreamingTransport
 from autotune.measure.metrics import RequestRecord
 from autotune.workloads.spec import Request, prompt_token_ids
@@ -88,7 +88,7 @@ class _Run:
     transport: StreamingTransport
     timeout_s: float
     t0: float
-    guard: SloGuard | None
+    guard: LoadGuard | None
     measure_from: float = 0.0  # requests sent earlier are a warm-up: the guard ignores them
     records: list[RequestRecord] = field(default_factory=list)
     request_ids: list[int] = field(default_factory=list)
@@ -282,7 +282,7 @@ async def run_load(
     endpoint: str = COMPLETIONS,
     request_timeout_s: float = 600.0,
     vocab_size: int = 32000,
-    guard: SloGuard | None = None,
+    guard: LoadGuard | None = None,
     salt: int = 0,
     measure_from: float = 0.0,
 ) -> LoadResult:
