@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from autotune.measure.loadgen import LoadResult
 
 EXIT_SETTLE_S = 1.0  # after failed requests, how long to wait for the server to finish dying
-EXIT_POLL_S = 0.5  # how often a running load asks whether the server process is still alive
+EXIT_POLL_S = 0.5  # after a failed request, how often a load asks whether the server process is alive
 SERVER_EXITED = "the server exited during the load"
 WARMUP_PROMPT_LEN = 16
 WARMUP_OUTPUT_LEN = 4
@@ -162,21 +162,25 @@ def _judge(
 
 class ServerWatch:
     """The load's guard: the SLO guard's verdict, and a server process that exited ends the load at once
-    (its remaining requests would only be refused, one arrival at a time)."""
+    (its remaining requests would only be refused, one arrival at a time). The process is asked only once
+    a measured request failed: asking a container's state is a Docker API call, kept off a healthy load's
+    event loop."""
 
     def __init__(self, handle: ServerHandle, slos: SloGuard | None) -> None:
         self.handle = handle
         self.slos = slos
+        self._failed = False
         self._polled = 0.0
 
     def add(self, record: RequestRecord) -> None:
         """A measured request finished."""
+        self._failed |= not record.success
         if self.slos is not None:
             self.slos.add(record)
 
     def check(self, in_flight: Iterable[InFlight] = (), now: float = 0.0) -> str | None:
         """Why the load must stop now, or None."""
-        if time.monotonic() - self._polled >= EXIT_POLL_S:
+        if self._failed and time.monotonic() - self._polled >= EXIT_POLL_S:
             self._polled = time.monotonic()
             if self.handle.exit_code() is not None:
                 return SERVER_EXITED
