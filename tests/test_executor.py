@@ -20,7 +20,8 @@ import ray.exceptions
 from autotune.backends.server import free_port
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, FailureKind
-from autotune.dispatch.executor import Executor, parse_gpus
+from autotune.dispatch.executor import Executor
+from autotune.dispatch.gpus import parse_gpus
 from autotune.dispatch.local import LocalExecutor
 from autotune.dispatch.processes import ProcessExecutor
 from autotune.dispatch.ray_cluster import check_reachable, lost_node

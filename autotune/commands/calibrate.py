@@ -138,7 +138,7 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
 def _backend(args: argparse.Namespace) -> tuple[Any, list[int]]:
     from autotune.backends.factory import make_backend
     from autotune.core.inputs import check_gpus_text, serve_command
-    from autotune.dispatch.executor import parse_gpus
+    from autotune.dispatch.gpus import parse_gpus
 
     if not args.model:
         from autotune.core.errors import AutotuneError

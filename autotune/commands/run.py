@@ -62,7 +62,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.catalog.models import known_max_model_len
     from autotune.commands.run_guide import check_guide_options
     from autotune.core.inputs import check_gpus_text, check_runs_dir, serve_command
-    from autotune.dispatch.executor import parse_gpus
+    from autotune.dispatch.gpus import parse_gpus
     from autotune.measure.slo import parse_slos
     from autotune.sim.calibration import calibration_option
     from autotune.store.storage import check_sqlite_file, preflight_storage

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from autotune.backends.base import Backend
 from autotune.core.config import EngineConfig
@@ -31,10 +31,10 @@ from autotune.dispatch.ray_cluster import ClusterLost, Inventory, gcs_address, l
 from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
-from autotune.trial.task import evaluate_trial, land, run_trial_task
+from autotune.trial.task import land, run_trial_task
 from autotune.workloads.spec import WorkloadSpec
 
-__all__ = ["ClusterLost", "Executor", "TrialExecutor", "evaluate_trial", "parse_gpus"]
+__all__ = ["ClusterLost", "Executor"]
 
 CANCEL_GRACE_S = 5.0  # a polite cancel first (backends tear their server down), then a forced one
 REAP_WAIT_S = 2.0  # after a forced cancel, how long the killed trial's container may take to be an orphan
@@ -42,35 +42,6 @@ WATCH_EVERY_S = 2.0  # how often the driver checks that the cluster's head answe
 LOST_AFTER_MISSES = 2  # consecutive unanswered checks before the cluster counts as gone
 HEAD_GONE = "its head at {head} stopped answering"
 NO_GPU_LEFT = "every node with GPUs was lost"
-
-
-class TrialExecutor(Protocol):
-    """What the tuner needs from an executor (Executor on Ray, LocalExecutor in process)."""
-
-    capacity: int
-
-    def needs(self, config: EngineConfig) -> int: ...  # noqa: D102
-
-    def misfit(self, config: EngineConfig) -> str | None: ...  # noqa: D102
-
-    def fits(self, config: EngineConfig) -> bool: ...  # noqa: D102
-
-    def can_start(self, config: EngineConfig | None = None) -> bool: ...  # noqa: D102
-
-    def in_flight(self) -> list[tuple[int, EngineConfig]]: ...  # noqa: D102
-
-    def submit(
-        self,
-        number: int,
-        config: EngineConfig,
-        seed: int,
-        trial_dir: Path | None,
-        hint_rate: float | None = None,
-    ) -> None: ...  # noqa: D102
-
-    def wait(self, timeout: float) -> list[tuple[int, TrialResult]]: ...  # noqa: D102
-
-    def cancel_all(self) -> list[int]: ...  # noqa: D102
 
 
 @dataclass
@@ -376,28 +347,3 @@ def _driver_node() -> str | None:
 def _one_line(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".strip()
     return text.splitlines()[-1][:400] if text else type(exc).__name__
-
-
-def parse_gpus(text: str | None) -> list[int]:
-    """`--gpus 0,1,2,3` (ids) or `--gpus 4` (a count) -> device ids; AutotuneError on bad input.
-
-    `--gpus 0` is device 0 (as CUDA_VISIBLE_DEVICES=0 is): a count of zero GPUs runs nothing.
-    """
-    if not text:
-        return []
-    text = text.strip()
-    if text == "0":
-        return [0]
-    try:
-        if "," in text:
-            ids = [int(part) for part in text.split(",") if part.strip()]
-        else:
-            count = int(text)
-            if count < 1:
-                raise ValueError
-            ids = list(range(count))
-    except ValueError:
-        raise AutotuneError(f"bad --gpus {text!r}: expected a count (4) or device ids (0,1,2,3)") from None
-    if len(set(ids)) != len(ids) or any(i < 0 for i in ids):
-        raise AutotuneError(f"bad --gpus {text!r}: device ids must be distinct and >= 0")
-    return ids

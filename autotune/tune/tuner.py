@@ -30,7 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.core.config import EngineConfig
 from autotune.core.errors import FailureKind
 from autotune.core.interrupts import on_stop
-from autotune.dispatch.executor import TrialExecutor
+from autotune.dispatch.protocol import TrialExecutor
 from autotune.dispatch.ray_cluster import ClusterLost
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo

@@ -1,0 +1,41 @@
+"""What the tuner needs from an executor: one protocol, implemented on Ray (executor.py), in the
+driver's process (local.py) and in worker processes (processes.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from autotune.core.config import EngineConfig
+from autotune.measure.result import TrialResult
+
+__all__ = ["TrialExecutor"]
+
+
+class TrialExecutor(Protocol):
+    """What the tuner needs from an executor (module docstring)."""
+
+    capacity: int
+
+    def needs(self, config: EngineConfig) -> int: ...  # noqa: D102
+
+    def misfit(self, config: EngineConfig) -> str | None: ...  # noqa: D102
+
+    def fits(self, config: EngineConfig) -> bool: ...  # noqa: D102
+
+    def can_start(self, config: EngineConfig | None = None) -> bool: ...  # noqa: D102
+
+    def in_flight(self) -> list[tuple[int, EngineConfig]]: ...  # noqa: D102
+
+    def submit(
+        self,
+        number: int,
+        config: EngineConfig,
+        seed: int,
+        trial_dir: Path | None,
+        hint_rate: float | None = None,
+    ) -> None: ...  # noqa: D102
+
+    def wait(self, timeout: float) -> list[tuple[int, TrialResult]]: ...  # noqa: D102
+
+    def cancel_all(self) -> list[int]: ...  # noqa: D102
