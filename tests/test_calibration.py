@@ -319,7 +319,8 @@ def test_calibrate_over_http_recovers_a_perturbed_server(tmp_path: Path) -> None
             "--gpu",
             setup.gpu,
         ]
-        cmd += ["--model", setup.model, "--gpu-minutes", "1", "-o", str(out)]
+        # 2 GPU-minutes, as the benchmark: with 1, about one fit in eight misses this p99 TTFT by 5 %
+        cmd += ["--model", setup.model, "--gpu-minutes", "2", "-o", str(out)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "calibrate: [9/9]" in done.stderr  # progress lines
@@ -327,6 +328,7 @@ def test_calibrate_over_http_recovers_a_perturbed_server(tmp_path: Path) -> None
     fitted = load_calibration(out)
     rows = recovery.held_out(setup, truth_file, fitted, configs=["budget4096-seqs64"], n_burst=80, n_half=60)
     table = "\n".join(f"{r.metric}: measured {r.measured:.1f} before {r.error('before'):+.1%} "
-                      f"after {r.error('after'):+.1%}" for r in rows)  # fmt: skip
+                      f"after {r.error('after'):+.1%} truth {r.truth / r.measured - 1:+.1%}"
+                      for r in rows)  # fmt: skip
     assert all(abs(r.error("after")) <= 0.05 for r in rows), table
     assert max(abs(r.error("before")) for r in rows) > 0.15, table
