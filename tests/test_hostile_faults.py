@@ -81,7 +81,9 @@ def test_the_documented_commands_work_from_a_fresh_clone(repo: Path, tmp_path: P
     assert status and all(s.startswith(f"!! {relative}/") for s in status), status
 
 
-def _background_run(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
+def _background_run(
+    tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], int]:
     """A long run started from a script with `&` (its SIGINT ignored, as the shell does for background
     jobs), returned with its pid once 2 trials are COMPLETE."""
     (tmp_path / "tiny.yaml").write_text(TINY)
@@ -93,7 +95,10 @@ def _background_run(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=ENV,
+        env={**ENV, **(env or {})},
+        # SIGHUP at its default, whatever this test runs under (`nohup` would pass on an ignored one,
+        # which the run rightly keeps ignoring)
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     while _completed(tmp_path / "runs" / "s" / "study.db", "s")[0] < 2 and time.monotonic() < deadline:
@@ -186,6 +191,22 @@ def test_a_stopped_or_killed_driver_leaves_no_server_nor_ray_process(
         assert proc.returncode == 130 and "finished trials kept" in err, err
         assert "Token authentication" not in err  # Ray's notice stays out of the run's output
     assert not _gone(mark, tmp_path, within_s=20), _marked(mark, tmp_path)
+
+
+def test_a_killed_simulated_run_leaves_no_worker_process(tmp_path: Path) -> None:
+    """The simulated backend's trials run on worker processes; SIGKILL of the driver (the OOM killer)
+    gives it no chance to end them, and they exit by themselves within seconds."""
+    mark = f"{os.getpid()}-workers"
+    shell, pid = _background_run(tmp_path, env={"AUTOTUNE_TEST_MARK": mark})
+    try:
+        workers = [p for p in _marked(mark, tmp_path) if "multiprocessing" in p]
+        assert workers, _marked(mark, tmp_path)  # the run's trials are on worker processes
+        os.kill(pid, signal.SIGKILL)
+        shell.communicate(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not _gone(mark, tmp_path, within_s=15), _marked(mark, tmp_path)
 
 
 def test_two_resumes_started_together_one_drives(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -36,9 +38,13 @@ def pid_alive(text: str) -> bool:
 def worker_pool(processes: int) -> ProcessPoolExecutor:
     """Worker processes for CPU-bound work (simulations). Spawned, not forked: the driver has threads
     (a study's lease) whose locks a fork would copy. They ignore Ctrl-C: the driver takes it and ends
-    them (`end_workers`)."""
+    them (`end_workers`); a driver killed outright (SIGKILL, the OOM killer) cannot, so each worker
+    exits by itself once its parent is gone."""
     return ProcessPoolExecutor(
-        max(1, processes), mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_ctrl_c
+        max(1, processes),
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(os.getpid(),),
     )
 
 
@@ -53,5 +59,17 @@ def end_workers(pool: ProcessPoolExecutor) -> None:
         process.join(timeout=5)
 
 
-def _ignore_ctrl_c() -> None:
+PARENT_CHECK_S = 1.0  # how often a worker looks whether its driver still runs
+
+
+def _init_worker(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="parent-watch").start()
+
+
+def _exit_with(parent: int) -> None:
+    """Exit this worker once `parent` is gone (it is re-parented: the pool's pipes alone do not wake
+    an idle worker whose driver was killed)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(1)
