@@ -301,10 +301,12 @@ def test_a_time_scaled_sim_server_keeps_the_simulated_clock() -> None:
 
 
 def test_calibrate_over_http_recovers_a_perturbed_server(tmp_path: Path) -> None:
-    """`autotune calibrate --url` against a sim-server whose constants were moved 20-50 % (P1), at 4x
+    """`autotune calibrate --url` against a sim-server whose constants were moved 20-50 % (P1), at 2x
     real time: on a config and loads the designed set did not use, measured over HTTP, the fitted
-    simulator is within 5 % (burst throughput, p99 TTFT at half that rate, TPOT), the built-in one is not."""
-    setup = recovery.Setup(scale=4.0)
+    simulator is within 5 % (burst throughput, p99 TTFT at half that rate, TPOT), the built-in one is not.
+    (At 4x it failed once in a full-suite run where it passed alone: at 2x the HTTP path's own delays are
+    half as large a share of each simulated latency, docs/simulator.md "Recovery".)"""
+    setup = recovery.Setup(scale=2.0)
     truth_file = tmp_path / "perturbed.yaml"
     truth_file.write_text(calibration_yaml(recovery.perturbed("P1"), "P1"))
     out = tmp_path / "fitted.yaml"
