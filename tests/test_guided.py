@@ -90,6 +90,10 @@ def test_the_budget_stops_the_run_before_a_trial_would_pass_it(folder: Path) -> 
     for i in range(1, len(costs)):
         assert sum(costs[:i]) + max(costs[:i]) <= 0.5 + 1e-3
     assert sum(costs) + max(costs) > 0.5  # and the next would not have fitted
+    # Picks explore (expected improvement) while the budget affords more than two more trials, then take
+    # the best corrected prediction: with the budget at 0.5 GPU-h, ~0.14 a trial, one of each.
+    picks = [t.user_attrs["guide"]["by"] for t in study_of(folder).trials if "guide" in t.user_attrs]
+    assert picks == ["expected improvement", "best predicted"]
 
 
 def test_resume_rebuilds_the_guide_from_the_study_and_measures_nothing_twice(folder: Path) -> None:

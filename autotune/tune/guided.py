@@ -5,7 +5,8 @@ The guide (tune/guide.py) predicts every grid config on the simulator, in CPU se
 trial's objective value gives a residual log(measured / predicted); a Gaussian process over the
 configs' features (tune/guide_residual.py) spreads it over the space: corrected prediction =
 predicted x exp(posterior mean), its uncertainty the posterior sd. The next trial is the untried
-config with the highest expected improvement over the best measured; trial #0 stays vLLM's defaults
+config with the highest expected improvement over the best measured (the highest corrected prediction
+once the budget affords at most EXPLOIT_LEFT more trials); trial #0 stays vLLM's defaults
 (start_study enqueues it: every result is compared to it). The run stops when
 - the next trial would pass `--gpu-hours` (its cost: the dearest trial so far, scaled to its
   predicted rate), or
@@ -36,6 +37,9 @@ from autotune.tune.space import SearchSpace
 RESOLUTION = 0.03  # the capacity search's resolution: a gain below it is a tie (docs/guided-search.md)
 Z_UPPER = 1.645  # one-sided 95 % bound of the stop rule
 MIN_MEASURED = 2  # the defaults and the guide's first pick, at least, before the stop rule may end a run
+# With this many trials or fewer left in the budget (this one included) the pick is the corrected mean's
+# best: what exploration would teach has no trial left to pay off (the 70B case, docs/guided-search.md)
+EXPLOIT_LEFT = 2
 BIAS_ONLY_SCALE = 1e-3  # the local part of a bias-only residual model
 MIN_WEIGHT = 0.25  # the least weight a flag's feature gets (feature_weights)
 ATTR = "guide"  # the trial user attr with the guide's prediction when the trial was chosen
@@ -202,6 +206,15 @@ class GuidedSearch:
             return max(scaled)
         return max(costs) if costs else (self.options.first_trial_gpu_s or 0.0)
 
+    def trials_left(self, observed: Sequence[Observation], log_value: float) -> float:
+        """How many trials like the next (sign-adjusted log objective `log_value`) the budget still
+        affords; infinite without --gpu-hours or before any trial has a cost."""
+        budget = self.options.gpu_hours
+        next_s = self.next_cost_s(observed, math.exp(self.sign * log_value))
+        if budget is None or next_s <= 0:
+            return math.inf
+        return (budget * 3600 - sum(o.gpu_s for o in observed)) / next_s
+
     def _budget_stop(self, observed: Sequence[Observation], value: float) -> str | None:
         budget = self.options.gpu_hours
         if budget is None:
@@ -231,7 +244,8 @@ class GuidedSearch:
                     f"{self.options.resolution:.0%} (95 % bound {math.exp(self.sign * bound):,.1f}, "
                     f"best {math.exp(self.sign * best):,.1f})"
                 )
-        scores = _expected_improvement(mean, sd, best) if best is not None else mean
+        exploit = best is None or self.trials_left(observed, float(np.max(mean))) <= EXPLOIT_LEFT
+        scores = mean if exploit else _expected_improvement(mean, sd, best)  # type: ignore[arg-type]
         pick = free[int(np.argmax(scores))]
         chosen = self.candidates[pick]
         at = free.index(pick)
@@ -240,6 +254,7 @@ class GuidedSearch:
         if over_budget:
             return over_budget
         attrs = {"predicted": round(corrected, 4), "raw": round(self.raw(chosen) or 0.0, 4)}
+        attrs["by"] = "best predicted" if exploit else "expected improvement"
         attrs["sd"] = round(float(sd[at]), 4)
         if self.objective.maximize and chosen.capacity_rate > 0:
             # the corrected capacity: a throughput scales with the rate (a capacity search's hint_rate)
