@@ -94,6 +94,8 @@ def test_the_budget_stops_the_run_before_a_trial_would_pass_it(folder: Path) -> 
     # the best corrected prediction: with the budget at 0.5 GPU-h, ~0.14 a trial, one of each.
     picks = [t.user_attrs["guide"]["by"] for t in study_of(folder).trials if "guide" in t.user_attrs]
     assert picks == ["expected improvement", "best predicted"]
+    assert [r["by"] for r in guide["trials"]] == [None, *picks]  # guide.json and the report say so
+    assert "<th>chosen by</th>" in (folder / "runs/g/report.html").read_text()
 
 
 def test_resume_rebuilds_the_guide_from_the_study_and_measures_nothing_twice(folder: Path) -> None:

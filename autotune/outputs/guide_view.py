@@ -96,10 +96,11 @@ def guide_html(run_dir: Path, escape: Any, metric: str) -> str:
         parts.append(f"<p><img alt='guide: predicted vs measured' src='data:image/png;base64,{encoded}'></p>")
     rows = "".join(
         f"<tr><td>#{r['trial']}</td><td>{_num(r.get('raw'))}</td><td>{_num(r.get('predicted'))}</td>"
-        f"<td>{_num(r.get('measured'), 'missed the SLOs or failed')}</td><td>{r['gpu_hours']:.2f}</td></tr>"
+        f"<td>{_num(r.get('measured'), 'missed the SLOs or failed')}</td><td>{r['gpu_hours']:.2f}</td>"
+        f"<td>{escape(r.get('by') or 'not the guide')}</td></tr>"
         for r in data["trials"]
     )
-    cells = ("trial", "guide (raw)", "guide corrected", "measured", "GPU-h")
+    cells = ("trial", "guide (raw)", "guide corrected", "measured", "GPU-h", "chosen by")
     head = "<tr>" + "".join(f"<th>{c}</th>" for c in cells) + "</tr>"
     return "".join(parts) + f"<table>{head}{rows}</table>"
 

@@ -324,6 +324,7 @@ def predicted_vs_measured(search: GuidedSearch, study: optuna.Study) -> list[dic
                 "raw": o.chosen.get("raw", o.predicted),
                 "measured": o.measured,
                 "gpu_hours": round(o.gpu_s / 3600, 4),
+                "by": o.chosen.get("by"),  # the pick's rule (None: not the guide's pick, e.g. the defaults)
             }
         )
     return rows
