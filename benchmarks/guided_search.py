@@ -15,7 +15,7 @@ Strategies, each from vLLM's defaults as trial #0:
   random      uniform over the grid
   guide-only  the guide's best config, confirmed by measuring it
   stack-rank  the guide's ranking, measured in order
-  guided      tune/guided.py (the residual GP, EI, its budget and 95 %-bound stops)
+  guided      tune/guided.py (the speed refit, the residual GP, EI, its budget and 95 %-bound stops)
   guided-bracket  the same, each trial's capacity search started from the corrected prediction
 Per strategy and case, over seeds x realities: GPU-hours and trials until the recommendation (the best
 measured so far) is within RESOLUTION of the reality's best (its true value), and the regret at the
@@ -44,6 +44,7 @@ from guided_search_trials import TRUTH_TOP, Trials  # noqa: E402
 
 from autotune.catalog.gpus import get_gpu  # noqa: E402
 from autotune.tune.guide import code_digest, predict_points, predict_space  # noqa: E402
+from autotune.tune.guide_refit import Refit  # noqa: E402
 from autotune.tune.guided import ATTR, GuidedOptions, GuidedSearch  # noqa: E402
 from autotune.tune.objectives import Objective  # noqa: E402
 from autotune.tune.samplers import make_sampler  # noqa: E402
@@ -56,8 +57,9 @@ RESOLUTION = 0.03
 FIRST_TRIAL_GPU_MIN = 20.0  # the guided run's cost estimate before its first trial (the pre-run estimate's)
 MAX_TRIALS = 50
 STRATEGIES = ("auto", "random", "guide-only", "stack-rank", "guided")
-# --ablation: the residual as one global bias (no local part); over the flags alone (no operating point)
-ABLATION = ("guided-bias", "guided-flags")
+# --ablation: the residual as one global bias (no local part); over the flags alone (no operating point);
+# the residual model without the speed refit
+ABLATION = ("guided-bias", "guided-flags", "guided-residual")
 BRACKET = "guided-bracket"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -72,6 +74,7 @@ class World:
     trials: Trials
     baseline: dict
     tp: int
+    refit: Refit  # its point predictions are kept across the world's runs
     grid_keys: dict[str, dict] = field(default_factory=dict)  # key -> params (grid points, the defaults)
     launchable: set[str] = field(default_factory=set)  # the guide's memory model says it starts
     reality_top: list[str] = field(default_factory=list)  # the reality's best by its fast estimate
@@ -123,10 +126,16 @@ def build_world(case: Case, reality: Reality, processes: int) -> World:
     cal = reality.calibration()
     table = predict_space(space, workload, slos, calibration=cal, runs_dir=RUNS, processes=processes)
     guide = GuidedSearch(guide_table, space, OBJECTIVE, extra={p.key: p for p in guide_extra.predictions})
+    refit = Refit(
+        lambda c: predict_space(space, workload, slos, calibration=c, runs_dir=RUNS, processes=processes),
+        lambda c, points: predict_points(space, points, workload, slos, c).predictions,
+        OBJECTIVE,
+        guide_table.tensor_parallel_size,
+    )
     slug = "".join(c if c.isalnum() else "-" for c in reality.name)
     # keyed by the simulator's code as the guide's tables are: a changed model measures anew
     trials = Trials(RUNS / "trials" / code_digest() / case.name / f"{slug}.json", case, cal, OBJECTIVE)
-    world = World(case, reality, guide, trials, baseline, guide_table.tensor_parallel_size)
+    world = World(case, reality, guide, trials, baseline, guide_table.tensor_parallel_size, refit)
     world.grid_keys = {p.key: p.params for p in [*guide_table.predictions, *guide_extra.predictions]}
     world.launchable = {p.key for p in [*guide_table.predictions, *guide_extra.predictions] if p.starts}
     world.reality_top = [p.key for p in table.ranking(OBJECTIVE)[:TRUTH_TOP]]
@@ -179,6 +188,8 @@ def _guided(world: World, trace: Trace, budget_h: float, name: str) -> Trace:
     local, flags_only = name != "guided-bias", name == "guided-flags"
     options = GuidedOptions(budget_h, first_trial_gpu_s=first_s, local=local, operating_point=not flags_only)
     guide.options = options
+    guide.refit = None if name == "guided-residual" else world.refit
+    guide.reset()  # from the guide's own calibration, whatever an earlier run refitted
     space = world.case.space()
     study = optuna.create_study(direction="maximize")
     study.enqueue_trial(dict(world.baseline), user_attrs={"baseline": True})

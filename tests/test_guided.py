@@ -166,3 +166,37 @@ def test_the_guide_is_on_by_default_on_real_backends_and_off_on_the_simulated_on
         assert guide_on(argparse.Namespace(backend=backend, guide=guide)) is on
     assert guide_on(argparse.Namespace(backend="sim", guide="sim"))
     assert not guide_on(argparse.Namespace(backend="vllm", guide="none"))
+
+
+def test_the_speed_refit_recovers_a_slower_gpu_from_a_few_measurements() -> None:
+    """Measurements made at the guide's calibration scaled by 0.8 (a GPU 20 % slower in every speed
+    constant) give back 0.8 within one grid step, from three configs."""
+    import yaml
+
+    from autotune.measure.slo import parse_slos
+    from autotune.tune.guide import predict_points
+    from autotune.tune.guide_refit import STEP, Refit, scaled_calibration
+    from autotune.tune.objectives import Objective
+    from autotune.tune.space import space_from_dict
+    from autotune.workloads.files import load_workload
+
+    space = space_from_dict(yaml.safe_load(SPACE))
+    chat, slos = load_workload("chat"), parse_slos(["ttft_p99=2s"])
+    objective = Objective("output_throughput", "maximize")
+    points = [
+        {"max_num_seqs": s, "max_num_batched_tokens": b} for s, b in ((32, 2048), (256, 8192), (1024, 2048))
+    ]
+    slower = predict_points(space, points, chat, slos, scaled_calibration(DEFAULT_CALIBRATION, 0.8))
+    measured = [(p.key, p.params, p.value(objective)) for p in slower.predictions]
+    calls = []
+
+    def predict(calibration, params):  # noqa: ANN001, ANN202
+        calls.append(calibration)
+        return predict_points(space, params, chat, slos, calibration).predictions
+
+    refit = Refit(lambda c: None, predict, objective)  # type: ignore[arg-type, return-value]
+    index = refit.fit(measured)
+    assert abs(refit.factor(index) - 0.8) <= math.exp(STEP) - 1 + 1e-9
+    assert refit.fit([]) == 0  # nothing measured: the guide's own calibration
+    refit.fit(measured)
+    assert len(calls) <= 3 * 9  # a bisection over the grid, each point predicted once

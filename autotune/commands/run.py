@@ -254,7 +254,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
             guide=guide,
         )
         summary = run_end.run_tuner(tuner, study, s.run_dir)
-        finish_guided(guide, study, s.run_dir, summary.stop_reason, s.guide_calibration)
+        finish_guided(guide, study, s.run_dir, summary.stop_reason)
     except RunFailure as exc:
         if isinstance(exc, ClusterLost):  # the storage is fine: the results are written as after Ctrl-C
             run_end.write_results(study, s, args, context, note, lease, dashboard)

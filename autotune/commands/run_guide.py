@@ -15,9 +15,6 @@ from autotune.core.inputs import arg
 
 GUIDES = ("sim", "none")
 CALIBRATION_FILE = "calibration.yaml"
-# The speed constants the one-factor fit scales (sim/calibration.py): faster GPU work, cheaper CPU work.
-SPEED_UP = ("gemm_eff", "attn_eff", "bw_eff")
-SPEED_DOWN = ("step_base_s", "per_seq_s", "eager_per_layer_s", "intake_per_request_s", "output_per_token_s")
 
 
 def add_guide_options(parser: Any) -> None:
@@ -77,6 +74,7 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
     (cached in <runs-dir>/guide/) and its prediction of vLLM's defaults; None when the run is not
     guided. `estimate`: the pre-run estimate (its baseline trial's GPU time is the first trial's cost)."""
     from autotune.tune.guide import predict_points, predict_space
+    from autotune.tune.guide_refit import Refit
     from autotune.tune.guided import GuidedOptions, GuidedSearch
     from autotune.tune.study import config_key
 
@@ -95,7 +93,27 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
     if table.lookup(config_key(s.space.config(baseline))) is None:
         extra = {p.key: p for p in predict_points(s.space, [baseline], s.workload, s.slos, cal).predictions}
     options = GuidedOptions(gpu_hours=args.gpu_hours, first_trial_gpu_s=first_trial_gpu_s)
-    search = GuidedSearch(table, s.space, s.objectives.objectives[0], options, extra)
+
+    def repredict(calibration: Any) -> Any:
+        factor = calibration.gemm_eff / cal.gemm_eff
+        print(
+            f"autotune: guide: speed refitted to x{factor:.3f} of its calibration by the measurements; "
+            "predicting the space again ...",
+            file=sys.stderr,
+            flush=True,
+        )
+        return predict_space(
+            s.space, s.workload, s.slos, s.objectives, calibration=calibration, runs_dir=Path(args.runs_dir)
+        )
+
+    refit = Refit(
+        repredict,
+        lambda c, points: predict_points(s.space, points, s.workload, s.slos, c).predictions,
+        s.objectives.objectives[0],
+        table.tensor_parallel_size,
+        cal,
+    )
+    search = GuidedSearch(table, s.space, s.objectives.objectives[0], options, extra, refit)
     ranked = table.ranking()
     starts = sum(p.starts for p in table.predictions)
     cached = " (cached)" if table.from_cache else f" in {table.cpu_s:.0f} CPU-s"
@@ -124,12 +142,10 @@ def budget_text(budget_h: float | None, trial_gpu_s: float | None) -> str:
     )
 
 
-def finish_guided(
-    search: Any, study: Any, run_dir: Path, stop_reason: str | None, calibration: Any
-) -> dict[str, Any] | None:
+def finish_guided(search: Any, study: Any, run_dir: Path, stop_reason: str | None) -> dict[str, Any] | None:
     """Write guide.json (predicted vs measured per trial, spend, why it stopped) and calibration.yaml
-    (the guide's calibration with the measured speed factor); print the table. Returns guide.json's data
-    (None, and nothing written, when `search` is None: the run was not guided)."""
+    (the guide's calibration with the speed factor fitted to the measurements); print the table.
+    Returns guide.json's data (None, and nothing written, when `search` is None: not a guided run)."""
     if search is None:
         return None
     from autotune.core.atomic import atomic_write_text
@@ -138,8 +154,8 @@ def finish_guided(
     from autotune.tune.guided import predicted_vs_measured
 
     rows = predicted_vs_measured(search, study)
-    factor = speed_factor(rows)
-    fitted = scaled_calibration(calibration, factor)
+    factor = search.refit.factor(search.index)
+    fitted = search.refit.calibration(search.index)
     spent = sum(r["gpu_hours"] for r in rows)
     data = {
         "gpu_hours": round(spent, 4),
@@ -152,7 +168,7 @@ def finish_guided(
     measured = sum(r["measured"] is not None for r in rows)
     header = (
         f"The guide's calibration after guided run {run_dir.name}: its speed constants scaled by the\n"
-        f"measured/predicted factor {factor:.3f} over {measured} trials.\n"
+        f"factor {factor:.3f} fitted to {measured} trials' measurements.\n"
         "Reuse: --guide-calibration (real GPUs) or --sim-calibration (simulated runs)."
     )
     atomic_write_text(run_dir / CALIBRATION_FILE, calibration_yaml(fitted, header))
@@ -174,25 +190,6 @@ def guide_summary(data: dict[str, Any]) -> str:
         f"guide: {data['gpu_hours']:.2f} GPU-h spent{budget}; stopped: {data['stop_reason'] or 'n-trials'}"
     )
     return "\n".join(lines)
-
-
-def speed_factor(rows: list[dict[str, Any]]) -> float:
-    """exp of the mean log(measured / raw prediction) over the trials with both (1: none)."""
-    logs = [math.log(r["measured"] / r["raw"]) for r in rows if r["measured"] and r["raw"]]
-    return math.exp(sum(logs) / len(logs)) if logs else 1.0
-
-
-def scaled_calibration(calibration: Any, factor: float) -> Any:
-    """`calibration` with its speed constants scaled by `factor` (each kept inside its range)."""
-    from autotune.sim.calibration import calibration_fields
-
-    ranges = {i.name: (i.low, i.high) for i in calibration_fields()}
-    changed = {}
-    for name in SPEED_UP + SPEED_DOWN:
-        value = getattr(calibration, name) * (factor if name in SPEED_UP else 1 / factor)
-        low, high = ranges[name]
-        changed[name] = min(max(value, low), high)
-    return calibration.replace(**changed)
 
 
 def _short(params: dict[str, Any]) -> str:

@@ -1,8 +1,10 @@
 """Guided search: real trials chosen from the guide's whole-space prediction, corrected by what the real
 trials measured so far, within a GPU-hour budget and with an honest stop (docs/guided-search.md).
 
-The guide (tune/guide.py) predicts every grid config on the simulator, in CPU seconds. Each real
-trial's objective value gives a residual log(measured / predicted); a Gaussian process over the
+The guide (tune/guide.py) predicts every grid config on the simulator, in CPU seconds. After each
+real trial its speed factor is refitted to every measurement and the space re-predicted when it moved
+(tune/guide_refit.py). Each real trial's objective value then gives a residual log(measured /
+predicted); a Gaussian process over the
 configs' features (tune/guide_residual.py) spreads it over the space: corrected prediction =
 predicted x exp(posterior mean), its uncertainty the posterior sd. The next trial is the untried
 config with the highest expected improvement over the best measured (the highest corrected prediction
@@ -30,6 +32,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.tune.guide import GuideTable, Prediction
+from autotune.tune.guide_refit import Refit
 from autotune.tune.guide_residual import SCALES, ResidualModel
 from autotune.tune.objectives import Objective
 from autotune.tune.space import SearchSpace
@@ -83,19 +86,32 @@ class GuidedSearch:
         objective: Objective,
         options: GuidedOptions = GuidedOptions(),  # noqa: B008 (frozen)
         extra: Mapping[str, Prediction] | None = None,
+        refit: Refit | None = None,
     ) -> None:
-        self.table = table
         self.space = space
         self.objective = objective
         self.options = options
-        self.extra = dict(extra or {})  # predictions of configs off the grid (vLLM's defaults)
         self.grid = space.grid()
         self.sign = 1.0 if objective.maximize else -1.0
+        self.refit = refit  # None: the guide keeps its calibration, the residual model alone corrects it
+        self.index = 0  # the refitted speed factor's grid point (Refit)
+        self.stop_reason: str | None = None
+        self._base = (table, dict(extra or {}))  # the guide's own predictions (grid point 0)
+        self.use_table(table, extra or {})
+
+    def reset(self) -> None:
+        """Back to the guide's own predictions (a new run from the same guide)."""
+        self.index = 0
+        self.use_table(*self._base)
+
+    def use_table(self, table: GuideTable, extra: Mapping[str, Prediction]) -> None:
+        """Predict from `table` (and `extra`: configs off the grid, such as vLLM's defaults) from now on."""
+        self.table = table
+        self.extra = dict(extra)
         self.candidates = [p for p in table.predictions if self.raw(p) is not None]
         self.weights = self.feature_weights()
         self._op_range = _ranges([_operating_point(p) for p in self.candidates])
         self._features: dict[bool, np.ndarray] = {}  # by options.operating_point
-        self.stop_reason: str | None = None
 
     # -- what the guide knows -------------------------------------------------------------------------
     def raw(self, prediction: Prediction | None) -> float | None:
@@ -104,6 +120,11 @@ class GuidedSearch:
             return None
         value = prediction.value(self.objective, self.table.tensor_parallel_size)
         return value if value is not None and value > 0 else None
+
+    def own_prediction(self, key: str) -> float | None:
+        """The guide's predicted objective value at its own calibration (before any refit)."""
+        table, extra = self._base
+        return self.raw(table.lookup(key) or extra.get(key))
 
     def prediction(self, key: str) -> Prediction | None:
         """The guide's prediction of a config (a grid point, or one of `extra`)."""
@@ -192,8 +213,26 @@ class GuidedSearch:
         if any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
             return None
         observed = self.observations(study)
+        if self.refit is not None and self._recalibrate(observed):
+            observed = self.observations(study)  # residuals against the re-predicted space
         self.stop_reason = self._choose(study, observed, set(busy))
         return self.stop_reason
+
+    def _recalibrate(self, observed: Sequence[Observation]) -> bool:
+        """Refit the guide's speed factor to every measurement; re-predict the space when it moved."""
+        assert self.refit is not None
+        measured = [(o.key, o.params, o.measured) for o in observed if o.measured is not None]
+        index = self.refit.fit(measured)  # type: ignore[arg-type]
+        if index == self.index:
+            return False
+        self.index = index
+        table, extra = self._base
+        if index != 0:
+            params = [p.params for p in extra.values()]
+            points = self.refit.predict_points(self.refit.calibration(index), params) if params else []
+            table, extra = self.refit.table(index), {p.key: p for p in points}
+        self.use_table(table, extra)
+        return True
 
     def next_cost_s(self, observed: Sequence[Observation], value: float) -> float:
         """What the next trial (predicted objective `value`) is charged: the dearest trial so far, scaled
@@ -253,7 +292,8 @@ class GuidedSearch:
         over_budget = self._budget_stop(observed, corrected)
         if over_budget:
             return over_budget
-        attrs = {"predicted": round(corrected, 4), "raw": round(self.raw(chosen) or 0.0, 4)}
+        attrs = {"predicted": round(corrected, 4), "raw": round(self.own_prediction(chosen.key) or 0.0, 4)}
+        attrs["speed_factor"] = round(self.refit.factor(self.index), 4) if self.refit else 1.0
         attrs["by"] = "best predicted" if exploit else "expected improvement"
         attrs["sd"] = round(float(sd[at]), 4)
         if self.objective.maximize and chosen.capacity_rate > 0:
@@ -313,15 +353,16 @@ def _position(values: Sequence[Any], value: Any, log: bool) -> float:
 
 
 def predicted_vs_measured(search: GuidedSearch, study: optuna.Study) -> list[dict[str, Any]]:
-    """Per real trial: the guide's prediction when it was chosen (raw for the defaults), what it
-    measured, and its GPU-hours (the summary, guide.json and the report's plot)."""
+    """Per real trial: the guide's corrected prediction when it was chosen (for the defaults: its own),
+    its own prediction ("raw": at its calibration, before any refit or correction), what it measured,
+    and its GPU-hours (the summary, guide.json and the report's plot)."""
     rows = []
     for o in search.observations(study):
         rows.append(
             {
                 "trial": o.number,
-                "predicted": o.chosen.get("predicted", o.predicted),
-                "raw": o.chosen.get("raw", o.predicted),
+                "predicted": o.chosen.get("predicted", search.own_prediction(o.key)),
+                "raw": o.chosen.get("raw", search.own_prediction(o.key)),
                 "measured": o.measured,
                 "gpu_hours": round(o.gpu_s / 3600, 4),
                 "by": o.chosen.get("by"),  # the pick's rule (None: not the guide's pick, e.g. the defaults)

@@ -1,0 +1,106 @@
+"""The guide recalibrated from the real measurements: one speed factor of the simulator, refitted after
+every real trial, and the whole space re-predicted with it (docs/guided-search.md, "The method").
+
+A residual model alone cannot move an SLO's cliff: on a GPU 30 % slower than the model, the configs
+whose ITL was predicted just under the SLO miss it, and their throughput collapses, while a config a
+step further from the cliff becomes the best. Re-predicting the space with the fitted factor moves the
+cliff where the measurements put it; the residual model then corrects what one factor cannot.
+
+The factor scales the speed constants together (GPU efficiencies up, CPU costs down) and lives on a
+grid of 2.5 % steps (within the measurement's resolution), so tables are cached per grid point.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration, calibration_fields
+from autotune.tune.guide import GuideTable, Prediction
+from autotune.tune.objectives import Objective
+
+# The speed constants one factor scales (sim/calibration.py): faster GPU work, cheaper CPU work.
+SPEED_UP = ("gemm_eff", "attn_eff", "bw_eff")
+SPEED_DOWN = ("step_base_s", "per_seq_s", "eager_per_layer_s", "intake_per_request_s", "output_per_token_s")
+STEP = math.log(1.025)  # the factor's grid, on the log scale
+LIMIT = 40  # the factor stays within 1.025^+-40 (0.37x .. 2.7x)
+CLIFF = 5.0  # a measured config predicted to meet no rate counts as this far off (log), in the fit
+
+
+def scaled_calibration(calibration: Calibration, factor: float) -> Calibration:
+    """`calibration` with its speed constants scaled by `factor` (each kept inside its range)."""
+    ranges = {i.name: (i.low, i.high) for i in calibration_fields()}
+    changed = {}
+    for name in SPEED_UP + SPEED_DOWN:
+        value = getattr(calibration, name) * (factor if name in SPEED_UP else 1 / factor)
+        low, high = ranges[name]
+        changed[name] = min(max(value, low), high)
+    return calibration.replace(**changed)
+
+
+@dataclass
+class Refit:
+    """Predicts configs at the guide's calibration scaled by a grid factor, and fits that factor.
+
+    `predict_table(calibration)` predicts the whole space (cached on disk by the caller's predict_space);
+    `predict_points(calibration, params)` a few configs. Point predictions are kept in memory.
+    """
+
+    predict_table: Callable[[Calibration], GuideTable]
+    predict_points: Callable[[Calibration, list[dict[str, Any]]], list[Prediction]]
+    objective: Objective
+    tensor_parallel_size: int = 1
+    base: Calibration = DEFAULT_CALIBRATION
+    _points: dict[tuple[int, str], Prediction | None] = field(default_factory=dict, repr=False)
+
+    def calibration(self, index: int) -> Calibration:
+        """The guide's calibration at grid point `index` (0: the base itself)."""
+        return self.base if index == 0 else scaled_calibration(self.base, math.exp(index * STEP))
+
+    def factor(self, index: int) -> float:
+        """The speed factor of grid point `index`."""
+        return math.exp(index * STEP)
+
+    def table(self, index: int) -> GuideTable:
+        """The whole space predicted at grid point `index`."""
+        return self.predict_table(self.calibration(index))
+
+    def fit(self, measured: Sequence[tuple[str, dict[str, Any], float]]) -> int:
+        """The grid point where the median of the measured configs' signed log errors (measured over
+        predicted, better-is-positive) crosses zero: the least-absolute-deviation fit of one factor,
+        which a config past a cliff cannot drag. `measured`: (config key, params, objective value)."""
+        if not measured:
+            return 0
+        lo, hi = -LIMIT, LIMIT
+        if self._median_error(lo, measured) <= 0:
+            return lo
+        if self._median_error(hi, measured) >= 0:
+            return hi
+        while hi - lo > 1:  # faster (higher index) predicts better values: the median error falls
+            mid = (lo + hi) // 2
+            if self._median_error(mid, measured) > 0:
+                lo = mid
+            else:
+                hi = mid
+        return lo if abs(self._median_error(lo, measured)) < abs(self._median_error(hi, measured)) else hi
+
+    def _median_error(self, index: int, measured: Sequence[tuple[str, dict[str, Any], float]]) -> float:
+        errors = sorted(self._error(index, key, params, value) for key, params, value in measured)
+        n = len(errors)
+        return errors[n // 2] if n % 2 else (errors[n // 2 - 1] + errors[n // 2]) / 2
+
+    def _error(self, index: int, key: str, params: dict[str, Any], value: float) -> float:
+        prediction = self._point(index, key, params)
+        predicted = prediction.value(self.objective, self.tensor_parallel_size) if prediction else None
+        if not predicted or predicted <= 0:
+            return CLIFF  # measured to meet the SLOs, predicted not to: the model is too slow here
+        sign = 1.0 if self.objective.maximize else -1.0
+        return sign * (math.log(value) - math.log(predicted))
+
+    def _point(self, index: int, key: str, params: dict[str, Any]) -> Prediction | None:
+        if (index, key) not in self._points:
+            found = self.predict_points(self.calibration(index), [params])
+            self._points[(index, key)] = found[0] if found else None
+        return self._points[(index, key)]
