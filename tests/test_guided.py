@@ -98,6 +98,17 @@ def test_the_budget_stops_the_run_before_a_trial_would_pass_it(folder: Path) -> 
     assert "<th>chosen by</th>" in (folder / "runs/g/report.html").read_text()
 
 
+def test_two_trials_at_a_time_choose_the_second_before_anything_is_measured(folder: Path) -> None:
+    """With --parallel 2 the guide picks trial #1 while the defaults still run: no residual yet."""
+    args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=2s", "--guide", "sim", "--parallel", "2"]
+    args += ["--sim-calibration", "reality.yaml", "--noise", "0.02", "--repeats", "0", "--study", "g"]
+    autotune(folder, *args, "--n-trials", "4")
+    trials = [t for t in study_of(folder).trials if t.user_attrs.get("launched", True)]
+    keys = [t.user_attrs["config_key"] for t in trials]
+    assert len(keys) == len(set(keys)) == 4
+    assert trials[1].user_attrs["guide"]["sd"] > 0.3  # chosen on the prior: nothing measured yet
+
+
 def test_resume_rebuilds_the_guide_from_the_study_and_measures_nothing_twice(folder: Path) -> None:
     guided_run(folder, "--n-trials", "2")
     guided_run(folder, "--n-trials", "4", "--resume")
@@ -200,3 +211,13 @@ def test_the_speed_refit_recovers_a_slower_gpu_from_a_few_measurements() -> None
     assert refit.fit([]) == 0  # nothing measured: the guide's own calibration
     refit.fit(measured)
     assert len(calls) <= 3 * 9  # a bisection over the grid, each point predicted once
+
+
+def test_the_residual_model_with_nothing_measured_is_its_prior() -> None:
+    """No trial yet with both a prediction and a measurement (the defaults missed the SLOs, or the
+    refitted guide predicts they meet none): the prior, not a crash."""
+    posterior = ResidualModel(noise=0.02).fit([], []).predict(np.array([[0.0, 0.0], [1.0, 1.0]]))
+    assert list(posterior.mean) == [0.0, 0.0]
+    assert (
+        posterior.sd[0] == posterior.sd[1] == pytest.approx(math.sqrt(BIAS**2 + ResidualModel().scale ** 2))
+    )

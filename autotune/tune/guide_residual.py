@@ -56,6 +56,9 @@ class ResidualModel:
     def fit(self, features: Sequence[Sequence[float]], residuals: Sequence[float]) -> ResidualModel:
         """Condition on measured points (features, log(measured / predicted)); picks the kernel's scale
         and lengthscale by marginal likelihood once there are MIN_POINTS_TO_FIT of them."""
+        if not len(residuals):  # nothing measured and predicted yet: the prior
+            self._x = self._alpha = self._chol = None
+            return self
         x = np.asarray(features, dtype=float).reshape(len(residuals), -1)
         y = np.asarray(residuals, dtype=float)
         if len(self.scales) == 1:
@@ -64,15 +67,14 @@ class ResidualModel:
             grid = itertools.product(self.scales, LENGTHSCALES)
             self.scale, self.lengthscale = max(grid, key=lambda sl: self._likelihood(x, y, *sl))
         self._x = x
-        if len(y):
-            self._chol, self._alpha = self._factor(x, y, self.scale, self.lengthscale)
+        self._chol, self._alpha = self._factor(x, y, self.scale, self.lengthscale)
         return self
 
     def predict(self, features: Sequence[Sequence[float]] | np.ndarray) -> Posterior:
         """Posterior mean and sd of the residual at `features` (the prior: 0 and its full sd)."""
         z = np.asarray(features, dtype=float)
         prior_var = BIAS**2 + self.scale**2
-        if self._x is None or self._alpha is None or self._chol is None or not len(self._x):
+        if self._x is None or self._alpha is None or self._chol is None:
             return Posterior(np.zeros(len(z)), np.full(len(z), math.sqrt(prior_var)))
         cross = self._kernel(z, self._x, self.scale, self.lengthscale)
         mean = cross @ self._alpha
