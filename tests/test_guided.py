@@ -109,6 +109,17 @@ def test_two_trials_at_a_time_choose_the_second_before_anything_is_measured(fold
     assert trials[1].user_attrs["guide"]["sd"] > 0.3  # chosen on the prior: nothing measured yet
 
 
+def test_trials_still_running_count_against_the_budget(folder: Path) -> None:
+    """Two at a time, ~0.14 GPU-h a trial, 0.5 budgeted: a third trial starts only while the spend,
+    the running trial and itself fit; charging only finished trials launched a fourth (0.55 GPU-h)."""
+    args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=2s", "--guide", "sim", "--parallel", "2"]
+    args += ["--sim-calibration", "reality.yaml", "--noise", "0.02", "--repeats", "0", "--study", "g"]
+    autotune(folder, *args, "--n-trials", "8", "--gpu-hours", "0.5")
+    guide = json.loads((folder / "runs/g/guide.json").read_text())
+    assert guide["stop_reason"].startswith("budget")
+    assert guide["gpu_hours"] <= 0.5
+
+
 def test_resume_rebuilds_the_guide_from_the_study_and_measures_nothing_twice(folder: Path) -> None:
     guided_run(folder, "--n-trials", "2")
     guided_run(folder, "--n-trials", "4", "--resume")

@@ -11,7 +11,7 @@ config with the highest expected improvement over the best measured (the highest
 once the budget affords at most EXPLOIT_LEFT more trials); trial #0 stays vLLM's defaults
 (start_study enqueues it: every result is compared to it). The run stops when
 - the next trial would pass `--gpu-hours` (its cost: the dearest trial so far, scaled to its
-  predicted rate), or
+  predicted rate; trials still running are charged the same), or
 - no untried config's 95 % upper bound beats the best measured by more than the measurement's
   resolution (the guide predicts nothing better is left), or
 - every config the guide predicts to meet the SLOs was measured.
@@ -245,25 +245,29 @@ class GuidedSearch:
             return max(scaled)
         return max(costs) if costs else (self.options.first_trial_gpu_s or 0.0)
 
-    def trials_left(self, observed: Sequence[Observation], log_value: float) -> float:
+    def trials_left(self, observed: Sequence[Observation], log_value: float, in_flight: int = 0) -> float:
         """How many trials like the next (sign-adjusted log objective `log_value`) the budget still
-        affords; infinite without --gpu-hours or before any trial has a cost."""
+        affords, `in_flight` running ones charged as such; infinite without --gpu-hours or before any
+        trial has a cost."""
         budget = self.options.gpu_hours
         next_s = self.next_cost_s(observed, math.exp(self.sign * log_value))
         if budget is None or next_s <= 0:
             return math.inf
-        return (budget * 3600 - sum(o.gpu_s for o in observed)) / next_s
+        return (budget * 3600 - sum(o.gpu_s for o in observed)) / next_s - in_flight
 
-    def _budget_stop(self, observed: Sequence[Observation], value: float) -> str | None:
+    def _budget_stop(self, observed: Sequence[Observation], value: float, in_flight: int) -> str | None:
+        """Why the next trial must not start: the spend, the running trials (each charged as the next)
+        and the next would pass --gpu-hours. None: it fits."""
         budget = self.options.gpu_hours
         if budget is None:
             return None
         spent = sum(o.gpu_s for o in observed) / 3600
         next_s = self.next_cost_s(observed, value)
-        if spent + next_s / 3600 > budget:
+        if spent + (in_flight + 1) * next_s / 3600 > budget:
+            running = f", {in_flight} trial(s) running" if in_flight else ""
             return (
                 f"budget: the next trial (about {next_s / 3600:.2f} GPU-h) would pass --gpu-hours "
-                f"{budget:g} ({spent:.2f} GPU-h spent)"
+                f"{budget:g} ({spent:.2f} GPU-h spent{running})"
             )
         return None
 
@@ -283,13 +287,14 @@ class GuidedSearch:
                     f"{self.options.resolution:.0%} (95 % bound {math.exp(self.sign * bound):,.1f}, "
                     f"best {math.exp(self.sign * best):,.1f})"
                 )
-        exploit = best is None or self.trials_left(observed, float(np.max(mean))) <= EXPLOIT_LEFT
+        left = self.trials_left(observed, float(np.max(mean)), len(busy))
+        exploit = best is None or left <= EXPLOIT_LEFT
         scores = mean if exploit else _expected_improvement(mean, sd, best)  # type: ignore[arg-type]
         pick = free[int(np.argmax(scores))]
         chosen = self.candidates[pick]
         at = free.index(pick)
         corrected = math.exp(self.sign * mean[at])
-        over_budget = self._budget_stop(observed, corrected)
+        over_budget = self._budget_stop(observed, corrected, len(busy))
         if over_budget:
             return over_budget
         attrs = {"predicted": round(corrected, 4), "raw": round(self.own_prediction(chosen.key) or 0.0, 4)}
