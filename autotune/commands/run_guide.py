@@ -85,33 +85,21 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
     print(
         "autotune: guide: predicting the whole space on the simulated engine ...", file=sys.stderr, flush=True
     )
-    table = predict_space(
-        s.space, s.workload, s.slos, s.objectives, calibration=cal, runs_dir=Path(args.runs_dir)
-    )
+    runs_dir = Path(args.runs_dir)
+    table = predict_space(s.space, s.workload, s.slos, s.objectives, calibration=cal, runs_dir=runs_dir)
     baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
     extra = {}
     if table.lookup(config_key(s.space.config(baseline))) is None:
         extra = {p.key: p for p in predict_points(s.space, [baseline], s.workload, s.slos, cal).predictions}
     options = GuidedOptions(gpu_hours=args.gpu_hours, first_trial_gpu_s=first_trial_gpu_s)
 
-    def repredict(calibration: Any) -> Any:
-        factor = calibration.gemm_eff / cal.gemm_eff
-        print(
-            f"autotune: guide: speed refitted to x{factor:.3f} of its calibration by the measurements; "
-            "predicting the space again ...",
-            file=sys.stderr,
-            flush=True,
-        )
-        return predict_space(
-            s.space, s.workload, s.slos, s.objectives, calibration=calibration, runs_dir=Path(args.runs_dir)
-        )
-
     refit = Refit(
-        repredict,
+        lambda c: predict_space(s.space, s.workload, s.slos, s.objectives, calibration=c, runs_dir=runs_dir),
         lambda c, points: predict_points(s.space, points, s.workload, s.slos, c).predictions,
         s.objectives.objectives[0],
         table.tensor_parallel_size,
         cal,
+        say=lambda line: print(f"autotune: guide: {line}; predicting the space again ...", file=sys.stderr),
     )
     search = GuidedSearch(table, s.space, s.objectives.objectives[0], options, extra, refit)
     ranked = table.ranking()

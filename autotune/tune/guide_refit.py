@@ -45,7 +45,8 @@ class Refit:
     """Predicts configs at the guide's calibration scaled by a grid factor, and fits that factor.
 
     `predict_table(calibration)` predicts the whole space (cached on disk by the caller's predict_space);
-    `predict_points(calibration, params)` a few configs. Point predictions are kept in memory.
+    `predict_points(calibration, params)` a few configs, in their order. Point predictions are kept in
+    memory. `say` hears of each whole-space prediction (it takes a while on first use).
     """
 
     predict_table: Callable[[Calibration], GuideTable]
@@ -53,6 +54,7 @@ class Refit:
     objective: Objective
     tensor_parallel_size: int = 1
     base: Calibration = DEFAULT_CALIBRATION
+    say: Callable[[str], None] | None = None
     _points: dict[tuple[int, str], Prediction | None] = field(default_factory=dict, repr=False)
 
     def calibration(self, index: int) -> Calibration:
@@ -65,6 +67,8 @@ class Refit:
 
     def table(self, index: int) -> GuideTable:
         """The whole space predicted at grid point `index`."""
+        if self.say is not None:
+            self.say(f"speed refitted to x{self.factor(index):.3f} of its calibration by the measurements")
         return self.predict_table(self.calibration(index))
 
     def fit(self, measured: Sequence[tuple[str, dict[str, Any], float]]) -> int:
@@ -87,20 +91,19 @@ class Refit:
         return lo if abs(self._median_error(lo, measured)) < abs(self._median_error(hi, measured)) else hi
 
     def _median_error(self, index: int, measured: Sequence[tuple[str, dict[str, Any], float]]) -> float:
-        errors = sorted(self._error(index, key, params, value) for key, params, value in measured)
+        missing = [(key, params) for key, params, _ in measured if (index, key) not in self._points]
+        if missing:  # one call: configs of one class share the estimator's runs (tune/guide.py)
+            found = self.predict_points(self.calibration(index), [params for _, params in missing])
+            for (key, _), prediction in zip(missing, found, strict=True):
+                self._points[(index, key)] = prediction
+        errors = sorted(self._error(index, key, value) for key, _, value in measured)
         n = len(errors)
         return errors[n // 2] if n % 2 else (errors[n // 2 - 1] + errors[n // 2]) / 2
 
-    def _error(self, index: int, key: str, params: dict[str, Any], value: float) -> float:
-        prediction = self._point(index, key, params)
+    def _error(self, index: int, key: str, value: float) -> float:
+        prediction = self._points[(index, key)]
         predicted = prediction.value(self.objective, self.tensor_parallel_size) if prediction else None
         if not predicted or predicted <= 0:
             return CLIFF  # measured to meet the SLOs, predicted not to: the model is too slow here
         sign = 1.0 if self.objective.maximize else -1.0
         return sign * (math.log(value) - math.log(predicted))
-
-    def _point(self, index: int, key: str, params: dict[str, Any]) -> Prediction | None:
-        if (index, key) not in self._points:
-            found = self.predict_points(self.calibration(index), [params])
-            self._points[(index, key)] = found[0] if found else None
-        return self._points[(index, key)]

@@ -245,12 +245,12 @@ class GuidedSearch:
             return max(scaled)
         return max(costs) if costs else (self.options.first_trial_gpu_s or 0.0)
 
-    def trials_left(self, observed: Sequence[Observation], log_value: float, in_flight: int = 0) -> float:
-        """How many trials like the next (sign-adjusted log objective `log_value`) the budget still
-        affords, `in_flight` running ones charged as such; infinite without --gpu-hours or before any
-        trial has a cost."""
+    def trials_left(self, observed: Sequence[Observation], value: float, in_flight: int = 0) -> float:
+        """How many trials like the next (predicted objective `value`) the budget still affords, the
+        `in_flight` running ones charged as such; infinite without --gpu-hours or before any trial has a
+        cost."""
         budget = self.options.gpu_hours
-        next_s = self.next_cost_s(observed, math.exp(self.sign * log_value))
+        next_s = self.next_cost_s(observed, value)
         if budget is None or next_s <= 0:
             return math.inf
         return (budget * 3600 - sum(o.gpu_s for o in observed)) / next_s - in_flight
@@ -258,18 +258,15 @@ class GuidedSearch:
     def _budget_stop(self, observed: Sequence[Observation], value: float, in_flight: int) -> str | None:
         """Why the next trial must not start: the spend, the running trials (each charged as the next)
         and the next would pass --gpu-hours. None: it fits."""
-        budget = self.options.gpu_hours
-        if budget is None:
+        if self.trials_left(observed, value, in_flight) >= 1:
             return None
         spent = sum(o.gpu_s for o in observed) / 3600
         next_s = self.next_cost_s(observed, value)
-        if spent + (in_flight + 1) * next_s / 3600 > budget:
-            running = f", {in_flight} trial(s) running" if in_flight else ""
-            return (
-                f"budget: the next trial (about {next_s / 3600:.2f} GPU-h) would pass --gpu-hours "
-                f"{budget:g} ({spent:.2f} GPU-h spent{running})"
-            )
-        return None
+        running = f", {in_flight} trial(s) running" if in_flight else ""
+        return (
+            f"budget: the next trial (about {next_s / 3600:.2f} GPU-h) would pass --gpu-hours "
+            f"{self.options.gpu_hours:g} ({spent:.2f} GPU-h spent{running})"
+        )
 
     def _choose(self, study: optuna.Study, observed: Sequence[Observation], busy: set[str]) -> str | None:
         tried = {o.key for o in observed} | busy
@@ -287,7 +284,7 @@ class GuidedSearch:
                     f"{self.options.resolution:.0%} (95 % bound {math.exp(self.sign * bound):,.1f}, "
                     f"best {math.exp(self.sign * best):,.1f})"
                 )
-        left = self.trials_left(observed, float(np.max(mean)), len(busy))
+        left = self.trials_left(observed, math.exp(self.sign * float(np.max(mean))), len(busy))
         exploit = best is None or left <= EXPLOIT_LEFT
         scores = mean if exploit else _expected_improvement(mean, sd, best)  # type: ignore[arg-type]
         pick = free[int(np.argmax(scores))]
