@@ -10,13 +10,14 @@ grid: see benchmarks/guided_search_trials.py). Searches are cached in runs/guide
 Configs the guide's memory model predicts not to start are not launched by any strategy (the run's
 startup screen).
 
-Strategies, each from vLLM's defaults as trial #0:
+Strategies, each from vLLM's defaults as trial #0 (guided: as trial #1, after the guide's best):
   auto        today's `autotune run` sampler (TPE), its suggestions snapped to the grid
   random      uniform over the grid
   guide-only  the guide's best config, confirmed by measuring it
   stack-rank  the guide's ranking, measured in order
   guided      tune/guided.py (the speed refit, the residual GP, EI, its budget and 95 %-bound stops)
   guided-bracket  the same, each trial's capacity search started from the corrected prediction
+  guided-defaults-first  the same with vLLM's defaults as trial #0 (the order before guide-first)
 Per strategy and case, over seeds x realities: GPU-hours and trials until the recommendation (the best
 measured so far) is within RESOLUTION of the reality's best (its true value), and the regret at the
 budget (guided: where it stopped). Usage: python benchmarks/guided_search.py [--quick] [--cases ...]
@@ -58,8 +59,9 @@ FIRST_TRIAL_GPU_MIN = 20.0  # the guided run's cost estimate before its first tr
 MAX_TRIALS = 50
 STRATEGIES = ("auto", "random", "guide-only", "stack-rank", "guided")
 # --ablation: the residual as one global bias (no local part); over the flags alone (no operating point);
-# the residual model without the speed refit
-ABLATION = ("guided-bias", "guided-flags", "guided-residual")
+# the residual model without the speed refit; vLLM's defaults measured first
+DEFAULTS_FIRST = "guided-defaults-first"
+ABLATION = ("guided-bias", "guided-flags", "guided-residual", DEFAULTS_FIRST)
 BRACKET = "guided-bracket"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -192,7 +194,9 @@ def _guided(world: World, trace: Trace, budget_h: float, name: str) -> Trace:
     guide.reset()  # from the guide's own calibration, whatever an earlier run refitted
     space = world.case.space()
     study = optuna.create_study(direction="maximize")
-    study.enqueue_trial(dict(world.baseline), user_attrs={"baseline": True})
+    guide.baseline = None if name == DEFAULTS_FIRST else dict(world.baseline)  # None: enqueued here, first
+    if name == DEFAULTS_FIRST:
+        study.enqueue_trial(dict(world.baseline), user_attrs={"baseline": True})
     while len(trace.gpu_h) < MAX_TRIALS:
         if guide.step(study) is not None:
             break

@@ -208,8 +208,10 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
     # half-made study that asks for --resume.
     s.run_dir.mkdir(parents=True, exist_ok=True)
     baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
+    # a guided run measures the guide's first pick before the defaults: the guided search enqueues them
+    first = baseline if s.guide_calibration is None else None
     driver = new_driver()
-    study = start_study(s.study_name, s.storage, settings, sampler, args.resume, baseline, s.run_dir, driver)
+    study = start_study(s.study_name, s.storage, settings, sampler, args.resume, first, s.run_dir, driver)
     lease = Lease(study, driver=driver).start()
     dashboard, note, context = None, None, {}
     try:

@@ -101,7 +101,7 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
         cal,
         say=lambda line: print(f"autotune: guide: {line}; predicting the space again ...", file=sys.stderr),
     )
-    search = GuidedSearch(table, s.space, s.objectives.objectives[0], options, extra, refit)
+    search = GuidedSearch(table, s.space, s.objectives.objectives[0], options, extra, refit, baseline)
     ranked = table.ranking()
     starts = sum(p.starts for p in table.predictions)
     cached = " (cached)" if table.from_cache else f" in {table.cpu_s:.0f} CPU-s"
@@ -137,9 +137,8 @@ def finish_guided(search: Any, study: Any, run_dir: Path, stop_reason: str | Non
     if search is None:
         return None
     from autotune.core.atomic import atomic_write_text
-    from autotune.outputs.guide_view import GUIDE_FILE
+    from autotune.outputs.guide_view import GUIDE_FILE, predicted_vs_measured
     from autotune.sim.calibration import calibration_yaml
-    from autotune.tune.guided import predicted_vs_measured
 
     rows = predicted_vs_measured(search, study)
     factor = search.refit.factor(search.index)

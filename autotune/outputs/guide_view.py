@@ -12,10 +12,39 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.tune.guided import GuidedSearch
 
 GUIDE_FILE = "guide.json"
 PLOT_FILE = "guide.png"
+
+
+def predicted_vs_measured(search: GuidedSearch, study: optuna.Study) -> list[dict[str, Any]]:
+    """Per real trial: the guide's corrected prediction when it was chosen (for the defaults: its own),
+    its own prediction ("raw": at its calibration, before any refit or correction), what it measured,
+    and its GPU-hours (the summary, guide.json and the report's plot)."""
+    rows = []
+    for o in search.observations(study):
+        rows.append(
+            {
+                "trial": o.number,
+                "predicted": o.chosen.get("predicted", search.own_prediction(o.key)),
+                "raw": o.chosen.get("raw", search.own_prediction(o.key)),
+                "measured": o.measured,
+                "gpu_hours": round(o.gpu_s / 3600, 4),
+                "by": o.chosen.get("by") or _not_picked(search, o.key),  # the pick's rule
+            }
+        )
+    return rows
+
+
+def _not_picked(search: GuidedSearch, key: str) -> str | None:
+    """Why a trial the guide did not pick was measured (None: not known, e.g. a resumed older study)."""
+    return "vLLM's defaults" if key == search.baseline_key else None
 
 
 def read_guide(run_dir: Path) -> dict[str, Any] | None:

@@ -3,7 +3,7 @@ objectives), probes.png (capacity probes of the top configs), report.html (repor
 terminal summary (the feasible Pareto front and the recommended flags).
 
 How the recommendation is picked: autotune.tune.recommendation.decide (the best config on the Pareto front,
-unless its gain over vLLM's defaults, trial 0, is within the measurement's resolution or noise).
+unless its gain over vLLM's defaults, the baseline trial, is within the measurement's resolution or noise).
 """
 
 from __future__ import annotations

@@ -8,8 +8,10 @@ predicted); a Gaussian process over the
 configs' features (tune/guide_residual.py) spreads it over the space: corrected prediction =
 predicted x exp(posterior mean), its uncertainty the posterior sd. The next trial is the untried
 config with the highest expected improvement over the best measured (the highest corrected prediction
-once the budget affords at most EXPLOIT_LEFT more trials); trial #0 stays vLLM's defaults
-(start_study enqueues it: every result is compared to it). The run stops when
+once the budget affords at most EXPLOIT_LEFT more trials). Trial #0 is the guide's best prediction and
+vLLM's defaults come second (every result is compared to them): where the guide ranks well the first
+trial is already the answer, and the defaults, often the dearest search of all (a low capacity is a
+long window), no longer stand before it (docs/guided-search.md). The run stops when
 - the next trial would pass `--gpu-hours` (its cost: the dearest trial so far, scaled to its
   predicted rate; trials still running are charged the same), or
 - no untried config's 95 % upper bound beats the best measured by more than the measurement's
@@ -36,10 +38,11 @@ from autotune.tune.guide_refit import Refit
 from autotune.tune.guide_residual import SCALES, ResidualModel
 from autotune.tune.objectives import Objective
 from autotune.tune.space import SearchSpace
+from autotune.tune.study import config_key
 
 RESOLUTION = 0.03  # the capacity search's resolution: a gain below it is a tie (docs/guided-search.md)
 Z_UPPER = 1.645  # one-sided 95 % bound of the stop rule
-MIN_MEASURED = 2  # the defaults and the guide's first pick, at least, before the stop rule may end a run
+MIN_MEASURED = 2  # the guide's first pick and the defaults, at least, before the stop rule may end a run
 # With this many trials or fewer left in the budget (this one included) the pick is the corrected mean's
 # best: what exploration would teach has no trial left to pay off (the 70B case, docs/guided-search.md)
 EXPLOIT_LEFT = 2
@@ -87,13 +90,17 @@ class GuidedSearch:
         options: GuidedOptions = GuidedOptions(),  # noqa: B008 (frozen)
         extra: Mapping[str, Prediction] | None = None,
         refit: Refit | None = None,
+        baseline: Mapping[str, Any] | None = None,
     ) -> None:
+        """`baseline`: vLLM's default params, which the search enqueues after its first pick (None: the
+        study holds them already, or the run compares with nothing)."""
         self.space = space
         self.objective = objective
         self.options = options
         self.grid = space.grid()
         self.sign = 1.0 if objective.maximize else -1.0
         self.refit = refit  # None: the guide keeps its calibration, the residual model alone corrects it
+        self.baseline = dict(baseline) if baseline is not None else None
         self.index = 0  # the refitted speed factor's grid point (Refit)
         self.stop_reason: str | None = None
         self._base = (table, dict(extra or {}))  # the guide's own predictions (grid point 0)
@@ -215,8 +222,35 @@ class GuidedSearch:
         observed = self.observations(study)
         if self.refit is not None and self._recalibrate(observed):
             observed = self.observations(study)  # residuals against the re-predicted space
-        self.stop_reason = self._choose(study, observed, set(busy))
+        if self._defaults_due(study, bool(observed or busy)):
+            self.stop_reason = self._enqueue_defaults(study, observed, len(busy))
+        else:
+            self.stop_reason = self._choose(study, observed, set(busy))
         return self.stop_reason
+
+    @property
+    def baseline_key(self) -> str | None:
+        """The config key of vLLM's defaults (None: the search does not enqueue them)."""
+        return config_key(self.space.config(self.baseline)) if self.baseline is not None else None
+
+    def _defaults_due(self, study: optuna.Study, started: bool) -> bool:
+        """The defaults go next: the first pick has started and no baseline trial is measured, queued or
+        running (one interrupted before it was measured is queued again, as start_study does)."""
+        if self.baseline is None or not started:
+            return False
+        alive = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
+        trials = study.get_trials(deepcopy=False, states=alive)
+        return not any(t.user_attrs.get("baseline") for t in trials)
+
+    def _enqueue_defaults(
+        self, study: optuna.Study, observed: Sequence[Observation], busy: int
+    ) -> str | None:
+        """Enqueue vLLM's defaults, or say why the budget cannot afford them."""
+        over_budget = self._budget_stop(observed, self.raw(self.prediction(self.baseline_key or "")), busy)
+        if over_budget:
+            return over_budget
+        study.enqueue_trial(dict(self.baseline or {}), user_attrs={"baseline": True}, skip_if_exists=False)
+        return None
 
     def _recalibrate(self, observed: Sequence[Observation]) -> bool:
         """Refit the guide's speed factor to every measurement; re-predict the space when it moved."""
@@ -234,18 +268,19 @@ class GuidedSearch:
         self.use_table(table, extra)
         return True
 
-    def next_cost_s(self, observed: Sequence[Observation], value: float) -> float:
-        """What the next trial (predicted objective `value`) is charged: the dearest trial so far, scaled
-        to its rate when the objective is a throughput (a capacity search's windows hold a set number of
-        requests, so its GPU time goes as 1 / capacity: a 70B config at half the defaults' rate costs
-        twice their search); before the first, the pre-run estimate's."""
+    def next_cost_s(self, observed: Sequence[Observation], value: float | None) -> float:
+        """What the next trial (predicted objective `value`; None: not predicted) is charged: the dearest
+        trial so far, scaled to its rate when the objective is a throughput (a capacity search's windows
+        hold a set number of requests, so its GPU time goes as 1 / capacity: a 70B config at half the
+        defaults' rate costs twice their search); before the first, the pre-run estimate's."""
         costs = [o.gpu_s for o in observed if o.gpu_s > 0]
-        scaled = [o.gpu_s * o.measured / value for o in observed if o.gpu_s > 0 and o.measured]
-        if self.objective.maximize and scaled and value > 0:
-            return max(scaled)
+        if self.objective.maximize and value is not None and value > 0:
+            scaled = [o.gpu_s * o.measured / value for o in observed if o.gpu_s > 0 and o.measured]
+            if scaled:
+                return max(scaled)
         return max(costs) if costs else (self.options.first_trial_gpu_s or 0.0)
 
-    def trials_left(self, observed: Sequence[Observation], value: float, in_flight: int = 0) -> float:
+    def trials_left(self, observed: Sequence[Observation], value: float | None, in_flight: int = 0) -> float:
         """How many trials like the next (predicted objective `value`) the budget still affords, the
         `in_flight` running ones charged as such; infinite without --gpu-hours or before any trial has a
         cost."""
@@ -255,7 +290,9 @@ class GuidedSearch:
             return math.inf
         return (budget * 3600 - sum(o.gpu_s for o in observed)) / next_s - in_flight
 
-    def _budget_stop(self, observed: Sequence[Observation], value: float, in_flight: int) -> str | None:
+    def _budget_stop(
+        self, observed: Sequence[Observation], value: float | None, in_flight: int
+    ) -> str | None:
         """Why the next trial must not start: the spend, the running trials (each charged as the next)
         and the next would pass --gpu-hours. None: it fits."""
         if self.trials_left(observed, value, in_flight) >= 1:
@@ -301,7 +338,10 @@ class GuidedSearch:
         if self.objective.maximize and chosen.capacity_rate > 0:
             # the corrected capacity: a throughput scales with the rate (a capacity search's hint_rate)
             attrs["rate"] = round(chosen.capacity_rate * corrected / (self.raw(chosen) or corrected), 4)
-        study.enqueue_trial(dict(chosen.params), user_attrs={ATTR: attrs}, skip_if_exists=False)
+        user_attrs: dict[str, Any] = {ATTR: attrs}
+        if chosen.key == self.baseline_key and self._defaults_due(study, True):
+            user_attrs["baseline"] = True  # the guide's pick is vLLM's defaults: they are measured once
+        study.enqueue_trial(dict(chosen.params), user_attrs=user_attrs, skip_if_exists=False)
         return None
 
     def corrected(
@@ -352,22 +392,3 @@ def _position(values: Sequence[Any], value: Any, log: bool) -> float:
             lo, hi, v = math.log(lo), math.log(hi), math.log(v)
         return min(max((v - lo) / (hi - lo), 0.0), 1.0) if hi > lo else 0.0
     return values.index(value) / (len(values) - 1) if value in values else 0.5
-
-
-def predicted_vs_measured(search: GuidedSearch, study: optuna.Study) -> list[dict[str, Any]]:
-    """Per real trial: the guide's corrected prediction when it was chosen (for the defaults: its own),
-    its own prediction ("raw": at its calibration, before any refit or correction), what it measured,
-    and its GPU-hours (the summary, guide.json and the report's plot)."""
-    rows = []
-    for o in search.observations(study):
-        rows.append(
-            {
-                "trial": o.number,
-                "predicted": o.chosen.get("predicted", search.own_prediction(o.key)),
-                "raw": o.chosen.get("raw", search.own_prediction(o.key)),
-                "measured": o.measured,
-                "gpu_hours": round(o.gpu_s / 3600, 4),
-                "by": o.chosen.get("by"),  # the pick's rule (None: not the guide's pick, e.g. the defaults)
-            }
-        )
-    return rows

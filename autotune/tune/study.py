@@ -168,16 +168,19 @@ def start_study(
     settings: StudySettings,
     sampler: optuna.samplers.BaseSampler,
     resume: bool,
-    baseline: Mapping[str, Any],
+    baseline: Mapping[str, Any] | None,
     results_dir: Path | None = None,
     driver: Driver | None = None,
 ) -> optuna.Study:
-    """`open_study`, then a new study gets `baseline` (vLLM's default config) as its first trial.
+    """`open_study`, then a new study gets `baseline` (vLLM's default config) as its first trial (None:
+    the caller orders it, as the guided search does).
 
     A resumed study already has its baseline (measured, or still queued): it is not enqueued again,
     unless it was interrupted before it was measured.
     """
     study = open_study(name, storage, settings, sampler, resume, results_dir, driver)
+    if baseline is None:
+        return study
     # A baseline interrupted before it was measured (FAIL) is queued again: every result is compared to it.
     alive = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
     if not any(t.user_attrs.get("baseline") and t.state in alive for t in study.get_trials(deepcopy=False)):
