@@ -69,6 +69,7 @@ def test_a_guided_run_measures_the_guides_best_then_the_defaults_then_its_picks_
     spent = sum(t.user_attrs["gpu_seconds"] for t in trials) / 3600
     assert guide["gpu_hours"] == pytest.approx(spent, abs=1e-3)
     assert "GPU-h spent" in out.stderr and "predicted vs measured" in out.stderr
+    assert f"  #{trials[1].number}: predicted" in out.stderr and "GPU-h; vLLM's defaults)" in out.stderr
     # The report shows it: best.json's guide section, report.html's plot and table.
     best = json.loads((folder / "runs/g/best.json").read_text())
     assert best["guide"]["trials"] == guide["trials"] and best["guide"]["stop_reason"]

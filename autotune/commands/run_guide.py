@@ -169,8 +169,9 @@ def guide_summary(data: dict[str, Any]) -> str:
     for r in data["trials"]:
         measured = f"{r['measured']:,.1f}" if r["measured"] is not None else "infeasible"
         predicted = f"{r['predicted']:,.1f}" if r["predicted"] is not None else "-"
+        by = f"; {r['by']}" if r.get("by") else ""
         lines.append(
-            f"  #{r['trial']}: predicted {predicted}, measured {measured} ({r['gpu_hours']:.2f} GPU-h)"
+            f"  #{r['trial']}: predicted {predicted}, measured {measured} ({r['gpu_hours']:.2f} GPU-h{by})"
         )
     budget = f" of the {data['budget_gpu_hours']:g} budgeted" if data["budget_gpu_hours"] else ""
     lines.append(

@@ -2,8 +2,9 @@
 
 A measurement has a resolution: capacity is known to its bracket (the highest rate that passed and the
 lowest that failed, `capacity_resolution` apart), and on real GPUs two runs of one config differ by a
-few percent. A config that beats the baseline (vLLM's defaults: trial 0, or 1 in a guided run) by less than that is a tie,
-and a tie is not worth changing a deployment for, so the recommendation keeps the defaults and says so.
+few percent. A config that beats the baseline (vLLM's defaults: trial 0, or 1 in a guided run) by less
+than that is a tie, and a tie is not worth changing a deployment for, so the recommendation keeps the
+defaults and says so.
 
 The margin a gain must clear:
 - with repeats (real backends, or the simulator with `--noise`): the top candidates and the baseline
