@@ -18,6 +18,7 @@ Strategies, each from vLLM's defaults as trial #0 (guided: as trial #1, after th
   guided      tune/guided.py (the speed refit, the residual GP, EI, its budget and 95 %-bound stops)
   guided-bracket  the same, each trial's capacity search started from the corrected prediction
   guided-defaults-first  the same with vLLM's defaults as trial #0 (the order before guide-first)
+  guided-fixed-noise     the same with the measurement's noise held at the resolution (not learned)
 Per strategy and case, over seeds x realities: GPU-hours and trials until the recommendation (the best
 measured so far) is within RESOLUTION of the reality's best (its true value), and the regret at the
 budget (guided: where it stopped). Usage: python benchmarks/guided_search.py [--quick] [--cases ...]
@@ -59,9 +60,9 @@ FIRST_TRIAL_GPU_MIN = 20.0  # the guided run's cost estimate before its first tr
 MAX_TRIALS = 50
 STRATEGIES = ("auto", "random", "guide-only", "stack-rank", "guided")
 # --ablation: the residual as one global bias (no local part); over the flags alone (no operating point);
-# the residual model without the speed refit; vLLM's defaults measured first
+# the residual model without the speed refit; vLLM's defaults measured first; the noise not learned
 DEFAULTS_FIRST = "guided-defaults-first"
-ABLATION = ("guided-bias", "guided-flags", "guided-residual", DEFAULTS_FIRST)
+ABLATION = ("guided-bias", "guided-flags", "guided-residual", DEFAULTS_FIRST, "guided-fixed-noise")
 BRACKET = "guided-bracket"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -188,7 +189,13 @@ def _guided(world: World, trace: Trace, budget_h: float, name: str) -> Trace:
     guide = world.guide
     first_s = FIRST_TRIAL_GPU_MIN * 60 * world.tp
     local, flags_only = name != "guided-bias", name == "guided-flags"
-    options = GuidedOptions(budget_h, first_trial_gpu_s=first_s, local=local, operating_point=not flags_only)
+    options = GuidedOptions(
+        budget_h,
+        first_trial_gpu_s=first_s,
+        local=local,
+        operating_point=not flags_only,
+        learn_noise=name != "guided-fixed-noise",
+    )
     guide.options = options
     guide.refit = None if name == "guided-residual" else world.refit
     guide.reset()  # from the guide's own calibration, whatever an earlier run refitted

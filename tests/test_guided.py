@@ -254,3 +254,18 @@ def test_when_the_guides_best_is_vllms_defaults_they_are_measured_once(folder: P
     assert trials[0].user_attrs.get("baseline") and trials[0].user_attrs["guide"]["by"] == "best predicted"
     guide = json.loads((folder / "runs/g/guide.json").read_text())
     assert guide["stop_reason"].startswith("every config the guide predicts")
+
+
+def test_the_residual_model_learns_a_noisier_measurement_from_alike_configs_that_disagree() -> None:
+    """Six configs at one place in the space measured 10 % apart are noise (a capacity search spreads
+    that much under a tight ITL SLO): the model learns more than the 3 % floor and is less sure there
+    than one held to the floor; six that agree keep the floor."""
+    x = [[0.5, 0.5]] * 6
+    residuals = [-0.2, -0.1, -0.25, -0.05, -0.15, -0.2]
+    noisy = ResidualModel(noise=0.03).fit(x, residuals)
+    assert noisy.noise_factor > 1
+    floor = ResidualModel(noise=0.03, noise_factors=(1.0,)).fit(x, residuals)
+    at = np.array([[0.5, 0.5]])
+    assert noisy.predict(at).sd[0] > floor.predict(at).sd[0]
+    calm = ResidualModel(noise=0.03).fit(x, [-0.15, -0.16, -0.14, -0.15, -0.15, -0.16])
+    assert calm.noise_factor == 1

@@ -8,10 +8,12 @@ plus a squared-exponential one:
 
   k(x, x') = bias^2 + scale^2 exp(-|x - x'|^2 / (2 lengthscale^2)) (+ noise^2 on the diagonal)
 
-so one measurement moves every prediction (the bias) and more those of its neighbours. The scale and
-lengthscale are picked by marginal likelihood over a small grid once there are enough points; the
-noise is the measurement's (the capacity search's resolution). The posterior standard deviation is
-the guide's honest uncertainty: the stop rule and the acquisition read it (tune/guided.py).
+so one measurement moves every prediction (the bias) and more those of its neighbours. The scale,
+lengthscale and noise are picked by marginal likelihood over a small grid once there are enough
+points; the noise's floor is the measurement's resolution (a capacity search's 3 %), and it may be
+learned 2x or 4x that: where one search spreads 13 % over seeds (a tight ITL SLO), two alike configs
+measured 10 % apart are noise, not a trend. The posterior standard deviation is the guide's honest
+uncertainty: the stop rule and the acquisition read it (tune/guided.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ BIAS = 0.35  # prior sd of the global log bias: the simulator's real errors reac
 SCALES = (0.1, 0.15, 0.25)
 LENGTHSCALES = (0.25, 0.5)  # in weighted grid-range units (tune/guided.py feature_weights)
 DEFAULT_SCALE, DEFAULT_LENGTHSCALE = 0.15, 0.5
+NOISE_FACTORS = (1.0, 2.0, 4.0)  # the measurement's sd, x its floor (the resolution)
 MIN_POINTS_TO_FIT = 4  # below this the marginal likelihood cannot tell the hyperparameters apart
 
 
@@ -45,17 +48,19 @@ class Posterior:
 class ResidualModel:
     """A GP on log(measured / predicted) over config features (module docstring)."""
 
-    noise: float = 0.03  # sd of a measurement's log value (its resolution)
+    noise: float = 0.03  # the floor of a measurement's log sd (its resolution)
     scales: tuple[float, ...] = SCALES  # the local part's candidate sds (one tiny one: a bias-only model)
+    noise_factors: tuple[float, ...] = NOISE_FACTORS
     scale: float = DEFAULT_SCALE
     lengthscale: float = DEFAULT_LENGTHSCALE
+    noise_factor: float = 1.0  # the learned noise: noise x this
     _x: np.ndarray | None = None
     _alpha: np.ndarray | None = None
     _chol: np.ndarray | None = None
 
     def fit(self, features: Sequence[Sequence[float]], residuals: Sequence[float]) -> ResidualModel:
-        """Condition on measured points (features, log(measured / predicted)); picks the kernel's scale
-        and lengthscale by marginal likelihood once there are MIN_POINTS_TO_FIT of them."""
+        """Condition on measured points (features, log(measured / predicted)); picks the kernel's scale,
+        lengthscale and noise by marginal likelihood once there are MIN_POINTS_TO_FIT of them."""
         if not len(residuals):  # nothing measured and predicted yet: the prior
             self._x = self._alpha = self._chol = None
             return self
@@ -64,10 +69,12 @@ class ResidualModel:
         if len(self.scales) == 1:
             self.scale = self.scales[0]
         if len(y) >= MIN_POINTS_TO_FIT:
-            grid = itertools.product(self.scales, LENGTHSCALES)
-            self.scale, self.lengthscale = max(grid, key=lambda sl: self._likelihood(x, y, *sl))
+            grid = itertools.product(self.scales, LENGTHSCALES, self.noise_factors)
+            self.scale, self.lengthscale, self.noise_factor = max(
+                grid, key=lambda g: self._likelihood(x, y, *g)
+            )
         self._x = x
-        self._chol, self._alpha = self._factor(x, y, self.scale, self.lengthscale)
+        self._chol, self._alpha = self._factor(x, y, self.scale, self.lengthscale, self.noise_factor)
         return self
 
     def predict(self, features: Sequence[Sequence[float]] | np.ndarray) -> Posterior:
@@ -83,15 +90,17 @@ class ResidualModel:
         return Posterior(mean, np.sqrt(var))
 
     def _factor(
-        self, x: np.ndarray, y: np.ndarray, scale: float, length: float
+        self, x: np.ndarray, y: np.ndarray, scale: float, length: float, noise_factor: float
     ) -> tuple[np.ndarray, np.ndarray]:
-        gram = self._kernel(x, x, scale, length) + self.noise**2 * np.eye(len(y))
+        gram = self._kernel(x, x, scale, length) + (self.noise * noise_factor) ** 2 * np.eye(len(y))
         chol = np.linalg.cholesky(gram)
         alpha = _solve_upper(chol.T, _solve_lower(chol, y))
         return chol, alpha
 
-    def _likelihood(self, x: np.ndarray, y: np.ndarray, scale: float, length: float) -> float:
-        chol, alpha = self._factor(x, y, scale, length)
+    def _likelihood(
+        self, x: np.ndarray, y: np.ndarray, scale: float, length: float, noise_factor: float
+    ) -> float:
+        chol, alpha = self._factor(x, y, scale, length, noise_factor)
         return float(-0.5 * y @ alpha - np.log(np.diag(chol)).sum())
 
     @staticmethod

@@ -7,14 +7,15 @@ real trial its speed factor is refitted to every measurement and the space re-pr
 predicted); a Gaussian process over the
 configs' features (tune/guide_residual.py) spreads it over the space: corrected prediction =
 predicted x exp(posterior mean), its uncertainty the posterior sd. The next trial is the untried
-config with the highest expected improvement over the best measured (the highest corrected prediction
-once the budget affords at most EXPLOIT_LEFT more trials). Trial #0 is the guide's best prediction and
+config with the highest expected improvement over the incumbent (the best measured value as the model
+believes it, after the measurement's learned noise; the highest corrected prediction once the budget
+affords at most EXPLOIT_LEFT more trials). Trial #0 is the guide's best prediction and
 vLLM's defaults come second (every result is compared to them): where the guide ranks well the first
 trial is already the answer, and the defaults, often the dearest search of all (a low capacity is a
 long window), no longer stand before it (docs/guided-search.md). The run stops when
 - the next trial would pass `--gpu-hours` (its cost: the dearest trial so far, scaled to its
   predicted rate; trials still running are charged the same), or
-- no untried config's 95 % upper bound beats the best measured by more than the measurement's
+- no untried config's 95 % upper bound beats the incumbent by more than the measurement's
   resolution (the guide predicts nothing better is left), or
 - every config the guide predicts to meet the SLOs was measured.
 Trials live in the Optuna study (the chosen params are enqueued, with the prediction as a user attr),
@@ -34,8 +35,9 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.tune.guide import GuideTable, Prediction
+from autotune.tune.guide_features import grid_position, operating_point, ranges
 from autotune.tune.guide_refit import Refit
-from autotune.tune.guide_residual import SCALES, ResidualModel
+from autotune.tune.guide_residual import NOISE_FACTORS, SCALES, ResidualModel
 from autotune.tune.objectives import Objective
 from autotune.tune.space import SearchSpace
 from autotune.tune.study import config_key
@@ -61,6 +63,7 @@ class GuidedOptions:
     first_trial_gpu_s: float | None = None  # expected cost of a trial before any is measured
     local: bool = True  # False: the residual is one global bias (benchmarks/guided_search.py's ablation)
     operating_point: bool = True  # the residual also varies with the predicted batch and step time
+    learn_noise: bool = True  # False: the measurement's noise stays at the resolution (an ablation)
     # a trial's capacity search starts from the corrected predicted capacity: off, it saved no GPU time
     # on the benchmark (docs/guided-search.md)
     bracket: bool = False
@@ -117,7 +120,7 @@ class GuidedSearch:
         self.extra = dict(extra)
         self.candidates = [p for p in table.predictions if self.raw(p) is not None]
         self.weights = self.feature_weights()
-        self._op_range = _ranges([_operating_point(p) for p in self.candidates])
+        self._op_range = ranges([operating_point(p) for p in self.candidates])
         self._features: dict[bool, np.ndarray] = {}  # by options.operating_point
 
     # -- what the guide knows -------------------------------------------------------------------------
@@ -140,13 +143,13 @@ class GuidedSearch:
     def features(self, params: Mapping[str, Any], prediction: Prediction | None = None) -> list[float]:
         """Each tuned flag's position in its grid range, 0..1 (log scale for a log range), times its
         weight (`feature_weights`); then, when `options.operating_point`, where the guide predicts the
-        config runs at its capacity (`_operating_point`, 0..1 over the candidates; 0.5 unknown)."""
+        config runs at its capacity (`operating_point`, 0..1 over the candidates; 0.5 unknown)."""
         out = []
         for p in self.space.params:
             values, value = self.grid.get(p.name, []), params.get(p.name)
-            out.append(_position(values, value, p.log) * self.weights.get(p.name, 1.0))
+            out.append(grid_position(values, value, p.log) * self.weights.get(p.name, 1.0))
         if self.options.operating_point:
-            point = _operating_point(prediction) if prediction is not None else None
+            point = operating_point(prediction) if prediction is not None else None
             for i, (lo, hi) in enumerate(self._op_range):
                 known = point is not None and hi > lo
                 out.append(min(max((point[i] - lo) / (hi - lo), 0.0), 1.0) if known else 0.5)  # type: ignore[index]
@@ -205,7 +208,8 @@ class GuidedSearch:
         noise = math.log1p(self.options.resolution)
         scales = SCALES if self.options.local else (BIAS_ONLY_SCALE,)
         features = [self.features(o.params, self.prediction(o.key)) for o in pairs]
-        return ResidualModel(noise=noise, scales=scales).fit(features, residuals)
+        factors = NOISE_FACTORS if self.options.learn_noise else (1.0,)
+        return ResidualModel(noise=noise, scales=scales, noise_factors=factors).fit(features, residuals)
 
     def hint_rate(self, trial: optuna.Trial) -> float | None:
         """The capacity (req/s) the guide predicted, corrected, when it chose `trial`: its capacity
@@ -310,8 +314,9 @@ class GuidedSearch:
         free = [i for i, p in enumerate(self.candidates) if p.key not in tried]
         if not free:
             return "every config the guide predicts to meet the SLOs has been measured"
-        mean, sd = self.corrected(observed, free)
-        best = self._best(observed)
+        model = self.model(observed)
+        mean, sd = self.corrected(model, free)
+        best = self._best(observed, model)
         if best is not None and len(observed) >= MIN_MEASURED and not busy:
             bound = float(np.max(mean + self.options.z * sd))
             target = best + math.log1p(self.options.resolution)
@@ -319,7 +324,7 @@ class GuidedSearch:
                 return (
                     f"the guide predicts no untried config beats the best measured by more than "
                     f"{self.options.resolution:.0%} (95 % bound {math.exp(self.sign * bound):,.1f}, "
-                    f"best {math.exp(self.sign * best):,.1f})"
+                    f"best measured {math.exp(self.sign * best):,.1f} after the measurement's noise)"
                 )
         left = self.trials_left(observed, math.exp(self.sign * float(np.max(mean))), len(busy))
         exploit = best is None or left <= EXPLOIT_LEFT
@@ -344,33 +349,27 @@ class GuidedSearch:
         study.enqueue_trial(dict(chosen.params), user_attrs=user_attrs, skip_if_exists=False)
         return None
 
-    def corrected(
-        self, observed: Sequence[Observation], indices: Sequence[int]
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def corrected(self, model: ResidualModel, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Sign-adjusted log of the corrected prediction (higher is better) and its sd, per candidate."""
-        posterior = self.model(observed).predict(self.candidate_features()[list(indices)])
+        posterior = model.predict(self.candidate_features()[list(indices)])
         raw = np.log([self.raw(self.candidates[i]) for i in indices])
         return self.sign * (raw + posterior.mean), posterior.sd
 
-    def _best(self, observed: Sequence[Observation]) -> float | None:
-        values = [self.sign * math.log(o.measured) for o in observed if o.measured is not None]
+    def _best(self, observed: Sequence[Observation], model: ResidualModel) -> float | None:
+        """The incumbent (sign-adjusted log): the best measured config's value as the model believes it,
+        its measurement shrunk toward the corrected prediction by the learned noise (a lucky
+        measurement must not end the search; noisy expected improvement's incumbent). A config the
+        guide did not predict counts as measured."""
+        values = []
+        for o in observed:
+            if o.measured is None:
+                continue
+            if o.predicted is None:
+                values.append(self.sign * math.log(o.measured))
+                continue
+            posterior = model.predict([self.features(o.params, self.prediction(o.key))])
+            values.append(self.sign * (math.log(o.predicted) + float(posterior.mean[0])))
         return max(values) if values else None
-
-
-def _operating_point(prediction: Prediction) -> tuple[float, float]:
-    """Where the guide predicts a config runs at its capacity: log of its requests in flight (Little's
-    law: request rate x mean E2E latency) and of its step time (median ITL). What the model lacks acts
-    through these (a cost per request in the batch, per step), whatever flags set them."""
-    m = prediction.metrics
-    running = m.get("request_throughput", 0.0) * m.get("mean_e2el_ms", 0.0) / 1000
-    return math.log(max(running, 1e-3)), math.log(max(m.get("median_itl_ms", 0.0), 1e-3))
-
-
-def _ranges(points: Sequence[tuple[float, ...]]) -> list[tuple[float, float]]:
-    """Per coordinate, the lowest and highest value of `points`."""
-    if not points:
-        return []
-    return [(min(c), max(c)) for c in zip(*points, strict=True)]
 
 
 def _expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
@@ -379,16 +378,3 @@ def _expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.n
 
     z = (mean - best) / sd
     return (mean - best) * norm.cdf(z) + sd * norm.pdf(z)
-
-
-def _position(values: Sequence[Any], value: Any, log: bool) -> float:
-    """`value`'s place in the grid `values`, 0..1: by magnitude for numbers, by index for choices."""
-    if len(values) <= 1:
-        return 0.0
-    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-    if numeric and isinstance(value, (int, float)) and not isinstance(value, bool):
-        lo, hi, v = float(min(values)), float(max(values)), float(value)
-        if log and lo > 0 and v > 0:
-            lo, hi, v = math.log(lo), math.log(hi), math.log(v)
-        return min(max((v - lo) / (hi - lo), 0.0), 1.0) if hi > lo else 0.0
-    return values.index(value) / (len(values) - 1) if value in values else 0.5
