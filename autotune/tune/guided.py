@@ -40,7 +40,7 @@ from autotune.tune.guide_refit import Refit
 from autotune.tune.guide_residual import NOISE_FACTORS, SCALES, ResidualModel
 from autotune.tune.objectives import Objective
 from autotune.tune.space import SearchSpace
-from autotune.tune.study import config_key
+from autotune.tune.study import config_key, has_baseline
 
 RESOLUTION = 0.03  # the capacity search's resolution: a gain below it is a tie (docs/guided-search.md)
 Z_UPPER = 1.645  # one-sided 95 % bound of the stop rule
@@ -238,22 +238,19 @@ class GuidedSearch:
         return config_key(self.space.config(self.baseline)) if self.baseline is not None else None
 
     def _defaults_due(self, study: optuna.Study, started: bool) -> bool:
-        """The defaults go next: the first pick has started and no baseline trial is measured, queued or
-        running (one interrupted before it was measured is queued again, as start_study does)."""
-        if self.baseline is None or not started:
-            return False
-        alive = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
-        trials = study.get_trials(deepcopy=False, states=alive)
-        return not any(t.user_attrs.get("baseline") for t in trials)
+        """The defaults go next: the first pick has started and the study has no baseline trial
+        (study.has_baseline: one interrupted before it was measured is queued again)."""
+        return self.baseline is not None and started and not has_baseline(study)
 
     def _enqueue_defaults(
         self, study: optuna.Study, observed: Sequence[Observation], busy: int
     ) -> str | None:
         """Enqueue vLLM's defaults, or say why the budget cannot afford them."""
-        over_budget = self._budget_stop(observed, self.raw(self.prediction(self.baseline_key or "")), busy)
+        assert self.baseline is not None and self.baseline_key is not None  # _defaults_due
+        over_budget = self._budget_stop(observed, self.raw(self.prediction(self.baseline_key)), busy)
         if over_budget:
             return over_budget
-        study.enqueue_trial(dict(self.baseline or {}), user_attrs={"baseline": True}, skip_if_exists=False)
+        study.enqueue_trial(dict(self.baseline), user_attrs={"baseline": True}, skip_if_exists=False)
         return None
 
     def _recalibrate(self, observed: Sequence[Observation]) -> bool:
@@ -360,15 +357,16 @@ class GuidedSearch:
         its measurement shrunk toward the corrected prediction by the learned noise (a lucky
         measurement must not end the search; noisy expected improvement's incumbent). A config the
         guide did not predict counts as measured."""
-        values = []
-        for o in observed:
-            if o.measured is None:
-                continue
-            if o.predicted is None:
-                values.append(self.sign * math.log(o.measured))
-                continue
-            posterior = model.predict([self.features(o.params, self.prediction(o.key))])
-            values.append(self.sign * (math.log(o.predicted) + float(posterior.mean[0])))
+        unpredicted = [
+            self.sign * math.log(o.measured) for o in observed if o.measured and o.predicted is None
+        ]
+        pairs = [o for o in observed if o.measured is not None and o.predicted is not None]
+        believed = []
+        if pairs:  # one posterior for all of them
+            posterior = model.predict([self.features(o.params, self.prediction(o.key)) for o in pairs])
+            logs = np.log([o.predicted for o in pairs]) + posterior.mean  # type: ignore[misc]
+            believed = [self.sign * float(v) for v in logs]
+        values = unpredicted + believed
         return max(values) if values else None
 
 

@@ -181,11 +181,16 @@ def start_study(
     study = open_study(name, storage, settings, sampler, resume, results_dir, driver)
     if baseline is None:
         return study
-    # A baseline interrupted before it was measured (FAIL) is queued again: every result is compared to it.
-    alive = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
-    if not any(t.user_attrs.get("baseline") and t.state in alive for t in study.get_trials(deepcopy=False)):
+    if not has_baseline(study):
         study.enqueue_trial(dict(baseline), user_attrs={"baseline": True})
     return study
+
+
+def has_baseline(study: optuna.Study) -> bool:
+    """Whether the study's baseline trial is measured, queued or running. One interrupted before it was
+    measured (FAIL) does not count: it is queued again, since every result is compared to it."""
+    alive = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
+    return any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False, states=alive))
 
 
 def check_resume(study: optuna.Study, settings: StudySettings) -> None:
