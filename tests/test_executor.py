@@ -269,3 +269,18 @@ def test_a_dead_node_is_recognised_whichever_error_ray_reports() -> None:
     unnamed = lost_node(ray.exceptions.LocalRayletDiedError())
     assert unnamed is not None and unnamed.describe() == "its node"
     assert lost_node(ray.exceptions.WorkerCrashedError()) is None
+
+
+def test_a_crash_whose_error_names_no_node_is_told_with_the_lost_node_it_ran_on() -> None:
+    """LocalRayletDiedError names no node: the trial gets the one node it could have run on that is
+    lost (here dropped, as when another trial's NodeDiedError named it), not "its node"."""
+    executor = Executor(SleepBackend(60.0), FIXED_LOAD, [], uses_gpus=True)
+    executor.submit(0, EngineConfig(model="m"), 0, None)
+    job = executor._jobs[0]
+    (node_id,) = job.nodes  # the session's one node with (fake) GPUs
+    assert executor._inventory.dead_among(job.nodes) == []  # live: nothing to name yet
+    executor._inventory.drop(node_id)
+    result = executor._crash_result(job, ray.exceptions.LocalRayletDiedError())
+    assert result.placement is not None and result.placement.node_id == node_id
+    assert f"(Ray node {node_id[:8]}) was lost mid-trial" in result.message
+    executor.cancel_all()

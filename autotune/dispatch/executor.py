@@ -27,7 +27,14 @@ from typing import Any
 from autotune.backends.base import Backend
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, FailureKind
-from autotune.dispatch.ray_cluster import ClusterLost, Inventory, gcs_address, lost_node, tcp_reachable
+from autotune.dispatch.ray_cluster import (
+    ClusterLost,
+    Inventory,
+    LostNode,
+    gcs_address,
+    lost_node,
+    tcp_reachable,
+)
 from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
@@ -40,6 +47,9 @@ CANCEL_GRACE_S = 5.0  # a polite cancel first (backends tear their server down),
 REAP_WAIT_S = 2.0  # after a forced cancel, how long the killed trial's container may take to be an orphan
 WATCH_EVERY_S = 2.0  # how often the driver checks that the cluster's head answers and re-reads its nodes
 LOST_AFTER_MISSES = 2  # consecutive unanswered checks before the cluster counts as gone
+# How long a crash whose error names no node waits for Ray to mark one of its possible nodes dead
+# (Ray's default detection: 5 missed health checks 3 s apart).
+NAME_LOST_NODE_S = 20.0
 HEAD_GONE = "its head at {head} stopped answering"
 NO_GPU_LEFT = "every node with GPUs was lost"
 
@@ -54,6 +64,7 @@ class Job:
     ref: Any
     started: float
     trial_dir: Path | None
+    nodes: frozenset[str] = frozenset()  # the live nodes with GPUs when it was submitted: it runs on one
     cancel_asked: float | None = None
 
 
@@ -170,7 +181,8 @@ class Executor:
             hint_rate,
         )
         self._used += need
-        self._jobs[number] = Job(number, config, need, ref, time.monotonic(), trial_dir)
+        nodes = frozenset(self._inventory.nodes)
+        self._jobs[number] = Job(number, config, need, ref, time.monotonic(), trial_dir, nodes)
 
     def wait(self, timeout: float) -> list[tuple[int, TrialResult]]:
         """Results of the trials that finished (or timed out) within `timeout` seconds.
@@ -266,6 +278,8 @@ class Executor:
         node = lost_node(exc)
         if node is None:
             return TrialResult(config=job.config, failure=FailureKind.CRASHED, message=_one_line(exc))
+        if not node.node_id:
+            node = self._name_lost_node(job) or node
         self._node_lost.add(job.number)
         message = f"{node.describe()} was lost mid-trial (its Ray node died); the run goes on without it"
         placement = None
@@ -275,6 +289,20 @@ class Executor:
         return TrialResult(
             config=job.config, failure=FailureKind.CRASHED, message=message, placement=placement
         )
+
+    def _name_lost_node(self, job: Job) -> LostNode | None:
+        """The node a crash came from when Ray's error did not say (LocalRayletDiedError): the one node,
+        of those the trial could have run on, that is lost, once Ray's health checks mark it (while the
+        head answers; None when none or several)."""
+        deadline = time.monotonic() + NAME_LOST_NODE_S
+        while job.nodes and self._head_answers():
+            dead = self._inventory.dead_among(job.nodes)
+            if len(dead) == 1:
+                return LostNode(dead[0].ip, dead[0].node_id)
+            if dead or time.monotonic() >= deadline:
+                return None
+            time.sleep(0.5)
+        return None
 
     def _timeout_result(self, job: Job) -> TrialResult:
         message = f"trial exceeded its deadline of {self.trial_timeout_s:g} s and was cancelled"

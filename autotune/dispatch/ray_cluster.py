@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,7 @@ class Inventory:
 
     nodes: dict[str, NodeGpus] = field(default_factory=dict)
     lost: set[str] = field(default_factory=set)
+    seen: dict[str, NodeGpus] = field(default_factory=dict)  # every node with GPUs ever live
 
     @property
     def total(self) -> int:
@@ -67,6 +68,16 @@ class Inventory:
             if node.get("Alive") and gpus > 0 and node["NodeID"] not in self.lost:
                 nodes[node["NodeID"]] = NodeGpus(node["NodeID"], node.get("NodeManagerAddress", "?"), gpus)
         self.nodes = nodes
+        self.seen |= nodes
+
+    def dead_among(self, node_ids: Iterable[str]) -> list[NodeGpus]:
+        """Those of these nodes (seen live before) that are lost: dropped here, or no longer live in Ray."""
+        import ray
+
+        live = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+        return [
+            self.seen[n] for n in sorted(node_ids) if n in self.seen and (n in self.lost or n not in live)
+        ]
 
     def drop(self, node_id: str) -> None:
         """Forget a node that died (Ray marks it dead only after its health checks time out)."""
