@@ -47,7 +47,7 @@ from guided_search_trials import TRUTH_TOP, Trials  # noqa: E402
 from autotune.catalog.gpus import get_gpu  # noqa: E402
 from autotune.tune.guide import code_digest, predict_points, predict_space  # noqa: E402
 from autotune.tune.guide_refit import Refit  # noqa: E402
-from autotune.tune.guided import ATTR, GuidedOptions, GuidedSearch  # noqa: E402
+from autotune.tune.guided import GuidedOptions, GuidedSearch  # noqa: E402
 from autotune.tune.objectives import Objective  # noqa: E402
 from autotune.tune.samplers import make_sampler  # noqa: E402
 from autotune.tune.space import violations  # noqa: E402
@@ -195,6 +195,7 @@ def _guided(world: World, trace: Trace, budget_h: float, name: str) -> Trace:
         local=local,
         operating_point=not flags_only,
         learn_noise=name != "guided-fixed-noise",
+        bracket=name == BRACKET,
     )
     guide.options = options
     guide.refit = None if name == "guided-residual" else world.refit
@@ -214,8 +215,7 @@ def _guided(world: World, trace: Trace, budget_h: float, name: str) -> Trace:
             trial.set_user_attr("launched", False)
             study.tell(trial, 0.0)
             continue
-        hint = (trial.user_attrs.get(ATTR) or {}).get("rate") if name == BRACKET else None
-        value, cost = trace.add(world, key, hint)
+        value, cost = trace.add(world, key, guide.hint_rate(trial))
         for attr_name, attr in (("config_key", key), ("feasible", value > 0), ("gpu_seconds", cost * 3600)):
             trial.set_user_attr(attr_name, attr)
         study.tell(trial, value)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from pathlib import Path
 
+import optuna
 import pytest
 
 from autotune.backends.sim import SimSession
@@ -14,6 +16,7 @@ from autotune.measure.slo import parse_slos
 from autotune.sim.engine import SimEngine
 from autotune.tune.guide import GRID_STEPS, GuideTable, cache_key, predict_space
 from autotune.tune.guide_estimate import Estimator, GuideSettings, Pool
+from autotune.tune.guided import ATTR, GuidedOptions, GuidedSearch
 from autotune.tune.objectives import load_objectives
 from autotune.tune.space import space_from_dict
 from autotune.tune.study import config_key
@@ -152,3 +155,19 @@ def test_a_config_estimated_with_its_class_gets_what_it_gets_alone(chat: Workloa
         alone.append(estimator.estimate(config, pool, estimator.scan(config, pool)))
     assert together == alone
     assert len({e.capacity_rate for e in alone}) > 1  # a smaller KV cache serves less here
+
+
+@pytest.mark.parametrize(("sd", "below"), [(0.04, 0.04), (0.35, 0.1)])
+def test_a_bracketed_search_starts_one_sd_below_the_corrected_capacity_at_most_ten_percent(
+    table: GuideTable, sd: float, below: float
+) -> None:
+    """With bracketing on, a pick's capacity search starts below its corrected capacity by its sd
+    (capped): a probe at the prediction is the threshold itself. Off (the default), no hint at all."""
+    objective = load_objectives().objectives[0]
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({}, user_attrs={ATTR: {"rate": 10.0, "sd": sd}})
+    trial = study.ask()
+    on = GuidedSearch(table, SPACE, objective, GuidedOptions(bracket=True))
+    assert on.hint_rate(trial) == pytest.approx(10.0 * math.exp(-below))
+    assert GuidedSearch(table, SPACE, objective).hint_rate(trial) is None
+    assert on.hint_rate(study.ask()) is None  # a trial the guide did not pick

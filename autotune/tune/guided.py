@@ -44,6 +44,7 @@ from autotune.tune.study import config_key, has_baseline
 
 RESOLUTION = 0.03  # the capacity search's resolution: a gain below it is a tie (docs/guided-search.md)
 Z_UPPER = 1.645  # one-sided 95 % bound of the stop rule
+HINT_BELOW = 0.1  # a bracketed search's first probe: at most this far (log) below the corrected capacity
 MIN_MEASURED = 2  # the guide's first pick and the defaults, at least, before the stop rule may end a run
 # With this many trials or fewer left in the budget (this one included) the pick is the corrected mean's
 # best: what exploration would teach has no trial left to pay off (the 70B case, docs/guided-search.md)
@@ -64,8 +65,8 @@ class GuidedOptions:
     local: bool = True  # False: the residual is one global bias (benchmarks/guided_search.py's ablation)
     operating_point: bool = True  # the residual also varies with the predicted batch and step time
     learn_noise: bool = True  # False: the measurement's noise stays at the resolution (an ablation)
-    # a trial's capacity search starts from the corrected predicted capacity: off, it saved no GPU time
-    # on the benchmark (docs/guided-search.md)
+    # a trial's capacity search starts below the corrected predicted capacity: off, it cost more GPU
+    # time than the plain search on the benchmark (docs/guided-search.md)
     bracket: bool = False
 
 
@@ -214,8 +215,13 @@ class GuidedSearch:
     def hint_rate(self, trial: optuna.Trial) -> float | None:
         """The capacity (req/s) the guide predicted, corrected, when it chose `trial`: its capacity
         search brackets it (CapacitySearch.hint_rate). None: not the guide's pick, or bracketing off."""
-        rate = (trial.user_attrs.get(ATTR) or {}).get("rate") if self.options.bracket else None
-        return float(rate) if rate else None
+        attrs = trial.user_attrs.get(ATTR) or {}
+        rate = attrs.get("rate") if self.options.bracket else None
+        if not rate:
+            return None
+        # One sd below (at most HINT_BELOW): a probe at the predicted capacity is the threshold itself,
+        # too close to call, and one above it steps down through failing windows; below, a clear pass.
+        return float(rate) * math.exp(-min(float(attrs.get("sd", 0.0)), HINT_BELOW))
 
     # -- choosing and stopping ------------------------------------------------------------------------
     def step(self, study: optuna.Study, busy: Collection[str] = ()) -> str | None:
