@@ -19,6 +19,7 @@ Strategies, each from vLLM's defaults as trial #0 (guided: as trial #1, after th
   guided-bracket  the same, each trial's capacity search started from the corrected prediction
   guided-defaults-first  the same with vLLM's defaults as trial #0 (the order before guide-first)
   guided-fixed-noise     the same with the measurement's noise held at the resolution (not learned)
+  guided-near-defaults   the same, configs it scores equal broken toward vLLM's defaults (--strategies)
 Per strategy and case, over seeds x realities: GPU-hours and trials until the recommendation (the best
 measured so far) is within RESOLUTION of the reality's best (its true value), and the regret at the
 budget (guided: where it stopped). Usage: python benchmarks/guided_search.py [--quick] [--cases ...]
@@ -62,6 +63,7 @@ STRATEGIES = ("auto", "random", "guide-only", "stack-rank", "guided")
 # --ablation: the residual as one global bias (no local part); over the flags alone (no operating point);
 # the residual model without the speed refit; vLLM's defaults measured first; the noise not learned
 DEFAULTS_FIRST = "guided-defaults-first"
+NEAR_DEFAULTS = "guided-near-defaults"
 ABLATION = ("guided-bias", "guided-flags", "guided-residual", DEFAULTS_FIRST, "guided-fixed-noise")
 BRACKET = "guided-bracket"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -196,6 +198,7 @@ def _guided(world: World, trace: Trace, budget_h: float, name: str) -> Trace:
         operating_point=not flags_only,
         learn_noise=name != "guided-fixed-noise",
         bracket=name == BRACKET,
+        prefer_defaults=name == NEAR_DEFAULTS,
     )
     guide.options = options
     guide.refit = None if name == "guided-residual" else world.refit

@@ -171,3 +171,28 @@ def test_a_bracketed_search_starts_one_sd_below_the_corrected_capacity_at_most_t
     assert on.hint_rate(trial) == pytest.approx(10.0 * math.exp(-below))
     assert GuidedSearch(table, SPACE, objective).hint_rate(trial) is None
     assert on.hint_rate(study.ask()) is None  # a trial the guide did not pick
+
+
+def test_among_configs_the_guide_scores_equal_the_first_pick_can_prefer_vllms_defaults(
+    table: GuideTable,
+) -> None:
+    """The guide's estimates tie on plateaus (here chunked prefill and block size move nothing at the
+    top): by default the first pick is the table's first of them; with `prefer_defaults`, the one
+    nearest vLLM's defaults."""
+    objective = load_objectives().objectives[0]
+    defaults = SPACE.baseline_params(get_gpu("H100").memory_gib, None)
+    best = table.ranking(objective)[0].value(objective, 1)
+    tied = [p.params for p in table.ranking(objective) if p.value(objective, 1) == best]
+    assert len(tied) > 1
+    picks = []
+    for prefer in (False, True):
+        search = GuidedSearch(
+            table, SPACE, objective, GuidedOptions(prefer_defaults=prefer), baseline=defaults
+        )
+        study = optuna.create_study(direction="maximize")
+        assert search.step(study) is None
+        picks.append(study.trials[0].system_attrs["fixed_params"])
+    assert picks[0] == tied[0]
+    assert picks[1] in tied and picks[1] != tied[0]
+    for name in ("enable_chunked_prefill", "block_size"):  # the flags the tie is over: vLLM's values
+        assert picks[1][name] == defaults[name]

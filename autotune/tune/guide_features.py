@@ -4,10 +4,11 @@ flags' places in their grid ranges, and the operating point the guide predicts f
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.tune.guide import Prediction
+from autotune.tune.space import SearchSpace
 
 
 def operating_point(prediction: Prediction) -> tuple[float, float]:
@@ -37,3 +38,16 @@ def grid_position(values: Sequence[Any], value: Any, log: bool) -> float:
             lo, hi, v = math.log(lo), math.log(hi), math.log(v)
         return min(max((v - lo) / (hi - lo), 0.0), 1.0) if hi > lo else 0.0
     return values.index(value) / (len(values) - 1) if value in values else 0.5
+
+
+def grid_distance(
+    space: SearchSpace, grid: Mapping[str, Sequence[Any]], a: Mapping[str, Any], b: Mapping[str, Any]
+) -> float:
+    """Squared distance between two configs in grid positions (each tuned flag 0..1; `grid`: the
+    space's)."""
+    out = 0.0
+    for p in space.params:
+        values = grid.get(p.name, [])
+        here, there = grid_position(values, a.get(p.name), p.log), grid_position(values, b.get(p.name), p.log)
+        out += (here - there) ** 2
+    return out

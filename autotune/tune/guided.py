@@ -35,7 +35,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.tune.guide import GuideTable, Prediction
-from autotune.tune.guide_features import grid_position, operating_point, ranges
+from autotune.tune.guide_features import grid_distance, grid_position, operating_point, ranges
 from autotune.tune.guide_refit import Refit
 from autotune.tune.guide_residual import NOISE_FACTORS, SCALES, ResidualModel
 from autotune.tune.objectives import Objective
@@ -68,6 +68,9 @@ class GuidedOptions:
     # a trial's capacity search starts below the corrected predicted capacity: off, it cost more GPU
     # time than the plain search on the benchmark (docs/guided-search.md)
     bracket: bool = False
+    # among configs scored equal (the guide's estimates tie on plateaus), the nearest vLLM's defaults;
+    # off: the first in the table (an ablation under test, docs/guided-search.md)
+    prefer_defaults: bool = False
 
 
 @dataclass(frozen=True)
@@ -332,7 +335,7 @@ class GuidedSearch:
         left = self.trials_left(observed, math.exp(self.sign * float(np.max(mean))), len(busy))
         exploit = best is None or left <= EXPLOIT_LEFT
         scores = mean if exploit else _expected_improvement(mean, sd, best)  # type: ignore[arg-type]
-        pick = free[int(np.argmax(scores))]
+        pick = free[self._argmax(scores, free)]
         chosen = self.candidates[pick]
         at = free.index(pick)
         corrected = math.exp(self.sign * mean[at])
@@ -351,6 +354,17 @@ class GuidedSearch:
             user_attrs["baseline"] = True  # the guide's pick is vLLM's defaults: they are measured once
         study.enqueue_trial(dict(chosen.params), user_attrs=user_attrs, skip_if_exists=False)
         return None
+
+    def _argmax(self, scores: np.ndarray, free: Sequence[int]) -> int:
+        """The position in `free` of the best score; among equal ones, with `options.prefer_defaults`,
+        the config nearest vLLM's defaults (grid positions), else the first in the table."""
+        if not self.options.prefer_defaults or self.baseline is None:
+            return int(np.argmax(scores))
+        tied = np.flatnonzero(np.isclose(scores, np.max(scores), rtol=1e-9, atol=0.0))
+        near = [
+            grid_distance(self.space, self.grid, self.candidates[free[i]].params, self.baseline) for i in tied
+        ]
+        return int(tied[int(np.argmin(near))])
 
     def corrected(self, model: ResidualModel, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Sign-adjusted log of the corrected prediction (higher is better) and its sd, per candidate."""
