@@ -69,7 +69,7 @@ class GuidedOptions:
     # time than the plain search on the benchmark (docs/guided-search.md)
     bracket: bool = False
     # among configs scored equal (the guide's estimates tie on plateaus), the nearest vLLM's defaults;
-    # off: the first in the table (an ablation under test, docs/guided-search.md)
+    # off: the first in the table (it helped the L4 case and cost the 70B: docs/guided-search.md)
     prefer_defaults: bool = False
 
 
