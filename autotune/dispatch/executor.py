@@ -298,7 +298,7 @@ class Executor:
         while job.nodes and self._head_answers():
             dead = self._inventory.dead_among(job.nodes)
             if len(dead) == 1:
-                return LostNode(dead[0].ip, dead[0].node_id)
+                return dead[0]
             if dead or time.monotonic() >= deadline:
                 return None
             time.sleep(0.5)

@@ -40,13 +40,24 @@ class NodeGpus:
     gpus: int
 
 
+@dataclass(frozen=True)
+class LostNode:
+    """The node a task died with, as Ray's NodeDiedError names it ("" when Ray did not name it)."""
+
+    ip: str = ""
+    node_id: str = ""
+
+    def describe(self) -> str:
+        """`node 10.0.0.5 (Ray node 92e3c9a8)`, or `its node` when Ray did not say which."""
+        return f"node {self.ip} (Ray node {self.node_id[:8]})" if self.node_id else "its node"
+
+
 @dataclass
 class Inventory:
     """The live nodes with GPUs; nodes seen lost stay out even while Ray still lists them alive."""
 
     nodes: dict[str, NodeGpus] = field(default_factory=dict)
     lost: set[str] = field(default_factory=set)
-    seen: dict[str, NodeGpus] = field(default_factory=dict)  # every node with GPUs ever live
 
     @property
     def total(self) -> int:
@@ -68,33 +79,23 @@ class Inventory:
             if node.get("Alive") and gpus > 0 and node["NodeID"] not in self.lost:
                 nodes[node["NodeID"]] = NodeGpus(node["NodeID"], node.get("NodeManagerAddress", "?"), gpus)
         self.nodes = nodes
-        self.seen |= nodes
 
-    def dead_among(self, node_ids: Iterable[str]) -> list[NodeGpus]:
-        """Those of these nodes (seen live before) that are lost: dropped here, or no longer live in Ray."""
+    def dead_among(self, node_ids: Iterable[str]) -> list[LostNode]:
+        """Those of these nodes that are lost: dropped here, or dead in Ray (which lists dead nodes too)."""
         import ray
 
-        live = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
-        return [
-            self.seen[n] for n in sorted(node_ids) if n in self.seen and (n in self.lost or n not in live)
-        ]
+        listed = {node["NodeID"]: node for node in ray.nodes()}
+        dead = []
+        for n in sorted(node_ids):
+            node = listed.get(n, {})
+            if n in self.lost or not node.get("Alive"):
+                dead.append(LostNode(node.get("NodeManagerAddress", "?"), n))
+        return dead
 
     def drop(self, node_id: str) -> None:
         """Forget a node that died (Ray marks it dead only after its health checks time out)."""
         self.lost.add(node_id)
         self.nodes.pop(node_id, None)
-
-
-@dataclass(frozen=True)
-class LostNode:
-    """The node a task died with, as Ray's NodeDiedError names it ("" when Ray did not name it)."""
-
-    ip: str = ""
-    node_id: str = ""
-
-    def describe(self) -> str:
-        """`node 10.0.0.5 (Ray node 92e3c9a8)`, or `its node` when Ray did not say which."""
-        return f"node {self.ip} (Ray node {self.node_id[:8]})" if self.node_id else "its node"
 
 
 def lost_node(exc: BaseException) -> LostNode | None:

@@ -40,14 +40,8 @@ def grid_position(values: Sequence[Any], value: Any, log: bool) -> float:
     return values.index(value) / (len(values) - 1) if value in values else 0.5
 
 
-def grid_distance(
-    space: SearchSpace, grid: Mapping[str, Sequence[Any]], a: Mapping[str, Any], b: Mapping[str, Any]
-) -> float:
-    """Squared distance between two configs in grid positions (each tuned flag 0..1; `grid`: the
-    space's)."""
-    out = 0.0
-    for p in space.params:
-        values = grid.get(p.name, [])
-        here, there = grid_position(values, a.get(p.name), p.log), grid_position(values, b.get(p.name), p.log)
-        out += (here - there) ** 2
-    return out
+def grid_positions(
+    space: SearchSpace, grid: Mapping[str, Sequence[Any]], params: Mapping[str, Any]
+) -> list[float]:
+    """Each tuned flag's place in its grid range (`grid_position`), in the space's order."""
+    return [grid_position(grid.get(p.name, []), params.get(p.name), p.log) for p in space.params]

@@ -35,7 +35,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.tune.guide import GuideTable, Prediction
-from autotune.tune.guide_features import grid_distance, grid_position, operating_point, ranges
+from autotune.tune.guide_features import grid_positions, operating_point, ranges
 from autotune.tune.guide_refit import Refit
 from autotune.tune.guide_residual import NOISE_FACTORS, SCALES, ResidualModel
 from autotune.tune.objectives import Objective
@@ -148,10 +148,8 @@ class GuidedSearch:
         """Each tuned flag's position in its grid range, 0..1 (log scale for a log range), times its
         weight (`feature_weights`); then, when `options.operating_point`, where the guide predicts the
         config runs at its capacity (`operating_point`, 0..1 over the candidates; 0.5 unknown)."""
-        out = []
-        for p in self.space.params:
-            values, value = self.grid.get(p.name, []), params.get(p.name)
-            out.append(grid_position(values, value, p.log) * self.weights.get(p.name, 1.0))
+        positions = grid_positions(self.space, self.grid, params)
+        out = [x * self.weights.get(p.name, 1.0) for p, x in zip(self.space.params, positions, strict=True)]
         if self.options.operating_point:
             point = operating_point(prediction) if prediction is not None else None
             for i, (lo, hi) in enumerate(self._op_range):
@@ -361,10 +359,11 @@ class GuidedSearch:
         if not self.options.prefer_defaults or self.baseline is None:
             return int(np.argmax(scores))
         tied = np.flatnonzero(np.isclose(scores, np.max(scores), rtol=1e-9, atol=0.0))
-        near = [
-            grid_distance(self.space, self.grid, self.candidates[free[i]].params, self.baseline) for i in tied
-        ]
-        return int(tied[int(np.argmin(near))])
+        home = np.array(grid_positions(self.space, self.grid, self.baseline))
+        spots = np.array(
+            [grid_positions(self.space, self.grid, self.candidates[free[i]].params) for i in tied]
+        )
+        return int(tied[int(np.argmin(((spots - home) ** 2).sum(axis=1)))])
 
     def corrected(self, model: ResidualModel, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Sign-adjusted log of the corrected prediction (higher is better) and its sd, per candidate."""
