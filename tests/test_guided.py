@@ -41,9 +41,11 @@ def folder(tmp_path: Path) -> Path:
 
 
 def guided_run(folder: Path, *extra: str, check: bool = True):  # noqa: ANN201
+    """A guided run from the guide's fast estimate (--guide-top 0: its top's full searches are tested
+    on their own, below)."""
     args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=2s", "--guide", "sim", "--parallel", "1"]
     args += ["--sim-calibration", "reality.yaml", "--noise", "0.02", "--repeats", "0", "--study", "g"]
-    return autotune(folder, *args, *extra, check=check)
+    return autotune(folder, *args, "--guide-top", "0", *extra, check=check)
 
 
 def study_of(folder: Path) -> optuna.Study:
@@ -111,7 +113,7 @@ def test_two_trials_at_a_time_choose_the_second_before_anything_is_measured(fold
     third while one of them may still run."""
     args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=2s", "--guide", "sim", "--parallel", "2"]
     args += ["--sim-calibration", "reality.yaml", "--noise", "0.02", "--repeats", "0", "--study", "g"]
-    autotune(folder, *args, "--n-trials", "4")
+    autotune(folder, *args, "--n-trials", "4", "--guide-top", "0")
     trials = [t for t in study_of(folder).trials if t.user_attrs.get("launched", True)]
     keys = [t.user_attrs["config_key"] for t in trials]
     assert len(keys) == len(set(keys)) == 4
@@ -124,7 +126,7 @@ def test_trials_still_running_count_against_the_budget(folder: Path) -> None:
     the running trial and itself fit; charging only finished trials launched a fourth (0.55 GPU-h)."""
     args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=2s", "--guide", "sim", "--parallel", "2"]
     args += ["--sim-calibration", "reality.yaml", "--noise", "0.02", "--repeats", "0", "--study", "g"]
-    autotune(folder, *args, "--n-trials", "8", "--gpu-hours", "0.5")
+    autotune(folder, *args, "--n-trials", "8", "--gpu-hours", "0.5", "--guide-top", "0")
     guide = json.loads((folder / "runs/g/guide.json").read_text())
     assert guide["stop_reason"].startswith("budget")
     assert guide["gpu_hours"] <= 0.5
@@ -146,6 +148,8 @@ def test_resume_rebuilds_the_guide_from_the_study_and_measures_nothing_twice(fol
         (["--guide", "bogus"], "invalid choice"),
         (["--guide-calibration", "broken.yaml"], "calibration file"),
         (["--guide", "none", "--gpu-hours", "1"], "needs a guided run"),
+        (["--guide-top", "-1"], "--guide-top: value must be >= 0"),
+        (["--guide", "none", "--guide-top", "4"], "needs a guided run"),
     ],
 )
 def test_bad_guide_inputs_give_one_line_exit_2_and_write_nothing(
@@ -157,6 +161,25 @@ def test_bad_guide_inputs_give_one_line_exit_2_and_write_nothing(
     assert out.returncode == 2
     assert message in out.stderr
     assert not (folder / "runs").exists()
+
+
+def test_the_first_pick_is_the_best_of_the_guides_top_searched_in_full(folder: Path) -> None:
+    """By default the guide's best configs by its fast estimate are measured by the full simulated
+    capacity search before the first trial (tune/guide_refine.py); the first pick is their best."""
+    from autotune.tune.guide import GuideTable
+    from autotune.tune.objectives import Objective
+
+    args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=2s", "--guide", "sim", "--repeats", "0"]
+    out = autotune(folder, *args, "--study", "g", "--n-trials", "1", "--guide-top", "3")
+    assert "the best 3 by the full capacity search" in out.stderr
+    [cached] = (folder / "runs/guide").glob("*.top3-*.json")
+    refined = GuideTable.from_json(cached.read_text())
+    top = refined.ranking(Objective("output_throughput", "maximize"))[0]
+    first = study_of(folder).trials[0]
+    assert first.params == top.params
+    assert first.user_attrs["guide"]["raw"] == pytest.approx(top.output_throughput, rel=1e-4)
+    searched = [p for p in refined.predictions if p.knee_rate is None and p.capacity_rate > 0]
+    assert len(searched) >= 3  # the full search reports no knee: the fast estimate's configs do
 
 
 def test_the_default_simulated_run_is_not_guided(folder: Path) -> None:

@@ -18,7 +18,8 @@ CALIBRATION_FILE = "calibration.yaml"
 
 
 def add_guide_options(parser: Any) -> None:
-    """--guide, --guide-calibration, --gpu-hours."""
+    """--guide, --guide-calibration, --guide-top, --gpu-hours."""
+
     parser.add_argument(
         "--guide",
         choices=GUIDES,
@@ -30,6 +31,13 @@ def add_guide_options(parser: Any) -> None:
         metavar="FILE",
         help="the guide's simulator constants (default: the built-in ones; a guided run writes "
         f"runs/<study>/{CALIBRATION_FILE} to reuse here on the same GPU)",
+    )
+    parser.add_argument(
+        "--guide-top",
+        type=arg(values.bounded_int, 0),
+        metavar="N",
+        help="measure the guide's N best configs by the full simulated capacity search before the first "
+        "trial, 1-7 CPU-s each (default 16, tune/guide_refine.py REFINE_TOP; 0: the fast estimate alone)",
     )
     parser.add_argument(
         "--gpu-hours",
@@ -53,6 +61,7 @@ def check_guide_options(args: argparse.Namespace, workload: Any) -> Any:
         for option, value in (
             ("--gpu-hours", args.gpu_hours),
             ("--guide-calibration", args.guide_calibration),
+            ("--guide-top", args.guide_top),
         ):
             if value is not None:
                 raise AutotuneError(f"{option} needs a guided run (--guide sim)")
@@ -74,6 +83,7 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
     (cached in <runs-dir>/guide/) and its prediction of vLLM's defaults; None when the run is not
     guided. `estimate`: the pre-run estimate (its baseline trial's GPU time is the first trial's cost)."""
     from autotune.tune.guide import predict_points, predict_space
+    from autotune.tune.guide_refine import REFINE_TOP, refine_table
     from autotune.tune.guide_refit import Refit
     from autotune.tune.guided import GuidedOptions, GuidedSearch
     from autotune.tune.study import config_key
@@ -87,6 +97,8 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
     )
     runs_dir = Path(args.runs_dir)
     table = predict_space(s.space, s.workload, s.slos, s.objectives, calibration=cal, runs_dir=runs_dir)
+    top = REFINE_TOP if args.guide_top is None else args.guide_top
+    table = refine_table(table, s.space, s.workload, s.slos, s.objectives.objectives[0], cal, top)
     baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
     extra = {}
     if table.lookup(config_key(s.space.config(baseline))) is None:
@@ -105,11 +117,12 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
     ranked = table.ranking()
     starts = sum(p.starts for p in table.predictions)
     cached = " (cached)" if table.from_cache else f" in {table.cpu_s:.0f} CPU-s"
+    refined = f", the best {top} by the full capacity search" if top else ""
     best = (
         f"; best predicted {search.raw(ranked[0]) or 0:,.0f} ({_short(ranked[0].params)})" if ranked else ""
     )
     print(
-        f"autotune: guide: {len(table.predictions)} configs predicted{cached}: {starts} start, "
+        f"autotune: guide: {len(table.predictions)} configs predicted{refined}{cached}: {starts} start, "
         f"{len(search.candidates)} meet the SLOs{best}",
         file=sys.stderr,
     )
