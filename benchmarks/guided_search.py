@@ -20,6 +20,7 @@ Strategies, each from vLLM's defaults as trial #0 (guided: as trial #1, after th
   guided-defaults-first  the same with vLLM's defaults as trial #0 (the order before guide-first)
   guided-fixed-noise     the same with the measurement's noise held at the resolution (not learned)
   guided-near-defaults   the same, configs it scores equal broken toward vLLM's defaults (--strategies)
+  guided-unrefined       the same from the guide's fast estimate alone, its top not searched in full
 Per strategy and case, over seeds x realities: GPU-hours and trials until the recommendation (the best
 measured so far) is within RESOLUTION of the reality's best (its true value), and the regret at the
 budget (guided: where it stopped). Usage: python benchmarks/guided_search.py [--quick] [--cases ...]
@@ -47,6 +48,7 @@ from guided_search_trials import TRUTH_TOP, Trials  # noqa: E402
 
 from autotune.catalog.gpus import get_gpu  # noqa: E402
 from autotune.tune.guide import code_digest, predict_points, predict_space  # noqa: E402
+from autotune.tune.guide_refine import refine_table  # noqa: E402
 from autotune.tune.guide_refit import Refit  # noqa: E402
 from autotune.tune.guided import GuidedOptions, GuidedSearch  # noqa: E402
 from autotune.tune.objectives import Objective  # noqa: E402
@@ -64,6 +66,7 @@ STRATEGIES = ("auto", "random", "guide-only", "stack-rank", "guided")
 # the residual model without the speed refit; vLLM's defaults measured first; the noise not learned
 DEFAULTS_FIRST = "guided-defaults-first"
 NEAR_DEFAULTS = "guided-near-defaults"
+UNREFINED = "guided-unrefined"
 ABLATION = ("guided-bias", "guided-flags", "guided-residual", DEFAULTS_FIRST, "guided-fixed-noise")
 BRACKET = "guided-bracket"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -76,6 +79,7 @@ class World:
     case: Case
     reality: Reality
     guide: GuidedSearch  # built once; each guided run uses a fresh study
+    fast_guide: GuidedSearch  # the same on the fast estimate alone (UNREFINED)
     trials: Trials
     baseline: dict
     tp: int
@@ -126,11 +130,14 @@ def build_world(case: Case, reality: Reality, processes: int) -> World:
     space, workload, slos = case.space(), case.workload(), case.scenario.slo_list()
     gpu = get_gpu(space.gpu)
     baseline = space.baseline_params(gpu.memory_gib, None)
-    guide_table = predict_space(space, workload, slos, runs_dir=RUNS, processes=processes)
+    fast_table = predict_space(space, workload, slos, runs_dir=RUNS, processes=processes)
+    guide_table = refine_table(fast_table, space, workload, slos, OBJECTIVE, processes=processes)
     guide_extra = predict_points(space, [baseline], workload, slos)
     cal = reality.calibration()
     table = predict_space(space, workload, slos, calibration=cal, runs_dir=RUNS, processes=processes)
-    guide = GuidedSearch(guide_table, space, OBJECTIVE, extra={p.key: p for p in guide_extra.predictions})
+    extra = {p.key: p for p in guide_extra.predictions}
+    guide = GuidedSearch(guide_table, space, OBJECTIVE, extra=extra)
+    fast_guide = GuidedSearch(fast_table, space, OBJECTIVE, extra=extra)
     refit = Refit(
         lambda c: predict_space(space, workload, slos, calibration=c, runs_dir=RUNS, processes=processes),
         lambda c, points: predict_points(space, points, workload, slos, c).predictions,
@@ -140,7 +147,7 @@ def build_world(case: Case, reality: Reality, processes: int) -> World:
     slug = "".join(c if c.isalnum() else "-" for c in reality.name)
     # keyed by the simulator's code as the guide's tables are: a changed model measures anew
     trials = Trials(RUNS / "trials" / code_digest() / case.name / f"{slug}.json", case, cal, OBJECTIVE)
-    world = World(case, reality, guide, trials, baseline, guide_table.tensor_parallel_size, refit)
+    world = World(case, reality, guide, fast_guide, trials, baseline, guide_table.tensor_parallel_size, refit)
     world.grid_keys = {p.key: p.params for p in [*guide_table.predictions, *guide_extra.predictions]}
     world.launchable = {p.key for p in [*guide_table.predictions, *guide_extra.predictions] if p.starts}
     world.reality_top = [p.key for p in table.ranking(OBJECTIVE)[:TRUTH_TOP]]
@@ -188,7 +195,7 @@ def run_strategy(name: str, world: World, seed: int, budget_h: float) -> Trace:
 
 
 def _guided(world: World, trace: Trace, budget_h: float, name: str) -> Trace:
-    guide = world.guide
+    guide = world.fast_guide if name == UNREFINED else world.guide
     first_s = FIRST_TRIAL_GPU_MIN * 60 * world.tp
     local, flags_only = name != "guided-bias", name == "guided-flags"
     options = GuidedOptions(
@@ -249,6 +256,7 @@ def main() -> None:
     parser.add_argument("--ablation", action="store_true", help=f"also {', '.join(ABLATION)}")
     parser.add_argument("--bracket", action="store_true", help=f"also {BRACKET} (bracketed searches)")
     parser.add_argument("--realities", nargs="*", default=None, help="names (default: all, or --quick's)")
+    parser.add_argument("--truth-seeds", type=int, default=1, help="seeds the ground truth averages")
     args = parser.parse_args()
     strategies = tuple(args.strategies or STRATEGIES) + (ABLATION if args.ablation else ())
     strategies += (BRACKET,) if args.bracket else ()
@@ -260,7 +268,7 @@ def main() -> None:
     wall, cpu = time.monotonic(), time.process_time()
     for name in names:
         chosen = [r for r in realities(args.quick) if not args.realities or r.name in args.realities]
-        report_case(known[name], chosen, seeds, args.budget, args.processes, strategies)
+        report_case(known[name], chosen, seeds, args.budget, args.processes, strategies, args.truth_seeds)
     print(f"\nwall {time.monotonic() - wall:.0f} s, CPU (this process) {time.process_time() - cpu:.0f} s")
 
 
@@ -271,6 +279,7 @@ def report_case(
     budget: float,
     processes: int,
     strategies: tuple[str, ...],
+    truth_seeds: int = 1,
 ) -> None:
     results: dict[tuple[str, str], list[tuple[float, ...]]] = {}
     for reality in worlds_of:
@@ -280,7 +289,7 @@ def report_case(
         traces = {(s, seed): run_strategy(s, world, seed, budget_h) for s, seed in runs}
         world.trials.save()
         keys = {k for t in traces.values() for k in t.measured} | set(world.reality_top)
-        truth = world.trials.truth([(k, world.grid_keys[k]) for k in keys], processes)
+        truth = world.trials.truth([(k, world.grid_keys[k]) for k in keys], processes, truth_seeds)
         world.trials.save()
         best = max(truth.values())
         for (strategy, _), trace in traces.items():
@@ -291,7 +300,7 @@ def report_case(
         note = f"  {case.name}: {reality.name} done ({len(truth)} configs in its truth)"
         print(note, file=sys.stderr, flush=True)
     budget_h = budget * (2 if "tp2" in case.name else 1)
-    print(f"\n## {case.name} (budget {budget_h:g} GPU-h; {seeds} seeds)")
+    print(f"\n## {case.name} (budget {budget_h:g} GPU-h; {seeds} seeds; truth over {truth_seeds} seeds)")
     head = "GPU-h to 3 % med | p90 | trials med | p90 | regret med | p90 | regret <= 3 % | GPU-h spent med"
     print(f"| strategy | realities | runs | {head} | trials run med | probes/trial | GPU-min/trial |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
