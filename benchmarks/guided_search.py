@@ -21,6 +21,7 @@ Strategies, each from vLLM's defaults as trial #0 (guided: as trial #1, after th
   guided-fixed-noise     the same with the measurement's noise held at the resolution (not learned)
   guided-near-defaults   the same, configs it scores equal broken toward vLLM's defaults (--strategies)
   guided-unrefined       the same from the guide's fast estimate alone, its top not searched in full
+  guided-ties            the same, a pick by best prediction taking the first of those within 3 % of it
 Per strategy and case, over seeds x realities: GPU-hours and trials until the recommendation (the best
 measured so far) is within RESOLUTION of the reality's best (its true value), and the regret at the
 budget (guided: where it stopped). Usage: python benchmarks/guided_search.py [--quick] [--cases ...]
@@ -67,6 +68,7 @@ STRATEGIES = ("auto", "random", "guide-only", "stack-rank", "guided")
 DEFAULTS_FIRST = "guided-defaults-first"
 NEAR_DEFAULTS = "guided-near-defaults"
 UNREFINED = "guided-unrefined"
+RESOLUTION_TIES = "guided-ties"
 ABLATION = ("guided-bias", "guided-flags", "guided-residual", DEFAULTS_FIRST, "guided-fixed-noise")
 BRACKET = "guided-bracket"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -206,6 +208,7 @@ def _guided(world: World, trace: Trace, budget_h: float, name: str) -> Trace:
         learn_noise=name != "guided-fixed-noise",
         bracket=name == BRACKET,
         prefer_defaults=name == NEAR_DEFAULTS,
+        resolution_ties=name == RESOLUTION_TIES,
     )
     guide.options = options
     guide.refit = None if name == "guided-residual" else world.refit

@@ -196,3 +196,32 @@ def test_among_configs_the_guide_scores_equal_the_first_pick_can_prefer_vllms_de
     assert picks[1] in tied and picks[1] != tied[0]
     for name in ("enable_chunked_prefill", "block_size"):  # the flags the tie is over: vLLM's values
         assert picks[1][name] == defaults[name]
+
+
+def test_with_resolution_ties_the_first_pick_is_the_tables_first_within_the_resolution_of_the_best(
+    table: GuideTable,
+) -> None:
+    """The guide cannot rank configs predicted within the measurement's resolution of each other: with
+    `resolution_ties` a pick by best prediction is the table's first of those, not the strict best."""
+    objective = load_objectives().objectives[0]
+
+    def lowered(p, factor: float):  # noqa: ANN001, ANN202
+        metrics = {**p.metrics, "output_throughput": p.metrics["output_throughput"] * factor}
+        return dataclasses.replace(p, metrics=metrics)
+
+    best = table.ranking(objective)[0].value(objective, 1)
+    order = [p for p in table.predictions if p.starts and (p.value(objective, 1) or 0) >= best / 1.01]
+    assert len(order) > 2  # the best and configs the guide's estimate ties with it, in table order
+    # the table's first of them 2 % below the rest, its second 5 % below
+    changed = {order[0].key: lowered(order[0], 0.98), order[1].key: lowered(order[1], 0.95)}
+    moved = GuideTable([changed.get(p.key, p) for p in table.predictions], 1)
+    picks = []
+    ties, finer = GuidedOptions(resolution_ties=True), GuidedOptions(resolution_ties=True, resolution=0.01)
+    for options in (GuidedOptions(), ties, finer):
+        study = optuna.create_study(direction="maximize")
+        assert GuidedSearch(moved, SPACE, objective, options).step(study) is None
+        picks.append(config_key(SPACE.config(study.trials[0].system_attrs["fixed_params"])))
+    best_key = moved.ranking(objective)[0].key
+    assert picks[0] == best_key != order[0].key  # strict: the best prediction
+    assert picks[1] == order[0].key  # within 3 % of it: the table's first
+    assert picks[2] == best_key  # within 1 %: the 2 % lower one is not tied

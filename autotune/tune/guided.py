@@ -71,6 +71,10 @@ class GuidedOptions:
     # among configs scored equal (the guide's estimates tie on plateaus), the nearest vLLM's defaults;
     # off: the first in the table (it helped the L4 case and cost the 70B: docs/guided-search.md)
     prefer_defaults: bool = False
+    # a pick by best prediction treats configs predicted within the resolution of the best as tied (the
+    # first in the table, or with prefer_defaults the nearest vLLM's defaults): below it the prediction
+    # cannot rank them (docs/guided-search.md, "Its top, searched in full")
+    resolution_ties: bool = False
 
 
 @dataclass(frozen=True)
@@ -333,7 +337,8 @@ class GuidedSearch:
         left = self.trials_left(observed, math.exp(self.sign * float(np.max(mean))), len(busy))
         exploit = best is None or left <= EXPLOIT_LEFT
         scores = mean if exploit else _expected_improvement(mean, sd, best)  # type: ignore[arg-type]
-        pick = free[self._argmax(scores, free)]
+        tolerance = math.log1p(self.options.resolution) if exploit and self.options.resolution_ties else 0.0
+        pick = free[self._argmax(scores, free, tolerance)]
         chosen = self.candidates[pick]
         at = free.index(pick)
         corrected = math.exp(self.sign * mean[at])
@@ -353,12 +358,13 @@ class GuidedSearch:
         study.enqueue_trial(dict(chosen.params), user_attrs=user_attrs, skip_if_exists=False)
         return None
 
-    def _argmax(self, scores: np.ndarray, free: Sequence[int]) -> int:
-        """The position in `free` of the best score; among equal ones, with `options.prefer_defaults`,
-        the config nearest vLLM's defaults (grid positions), else the first in the table."""
+    def _argmax(self, scores: np.ndarray, free: Sequence[int], tolerance: float = 0.0) -> int:
+        """The position in `free` of the best score; among those within `tolerance` of it (0: equal
+        ones), with `options.prefer_defaults` the config nearest vLLM's defaults (grid positions), else
+        the first in the table."""
+        tied = np.flatnonzero(scores >= np.max(scores) - tolerance - 1e-9 * abs(np.max(scores)))
         if not self.options.prefer_defaults or self.baseline is None:
-            return int(np.argmax(scores))
-        tied = np.flatnonzero(np.isclose(scores, np.max(scores), rtol=1e-9, atol=0.0))
+            return int(tied[0])
         home = np.array(grid_positions(self.space, self.grid, self.baseline))
         spots = np.array(
             [grid_positions(self.space, self.grid, self.candidates[free[i]].params) for i in tied]
