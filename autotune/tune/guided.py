@@ -71,9 +71,8 @@ class GuidedOptions:
     # among configs scored equal (the guide's estimates tie on plateaus), the nearest vLLM's defaults;
     # off: the first in the table (it helped the L4 case and cost the 70B: docs/guided-search.md)
     prefer_defaults: bool = False
-    # a pick by best prediction treats configs predicted within the resolution of the best as tied (the
-    # first in the table, or with prefer_defaults the nearest vLLM's defaults): below it the prediction
-    # cannot rank them (docs/guided-search.md, "Its top, searched in full")
+    # a pick by best prediction takes the first of the configs within the resolution of the best; off:
+    # it helped the 70B case and cost the L4 (docs/guided-search.md, "The guide's top searched in full")
     resolution_ties: bool = False
 
 
