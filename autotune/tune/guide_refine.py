@@ -9,8 +9,9 @@ model. The full search costs 1-7 CPU-s a config: affordable for the top of the t
 
 The refined table: its top `top` configs by the fast estimate carry the full search's prediction; every
 other config's objective is scaled by the median ratio of the full search to the fast estimate over the
-refined ones (the fast estimate reads 7-9 % high at the top of the L4 and 70B cases), so refined and
-unrefined configs compare on one scale. Cached next to the table (<runs-dir>/guide/<key>.top<N>-<code>.json).
+refined ones (at the top the fast estimate reads 5 % high on the 70B case, within 1 % on the 8B
+cases of docs/guided-search.md), so refined and unrefined configs compare on one scale. Cached next
+to the table (<runs-dir>/guide/<key>.top<N>-<code>.json).
 """
 
 from __future__ import annotations
@@ -61,11 +62,10 @@ def refine_table(
     if path is not None and path.is_file():
         refined = GuideTable.from_json(path.read_text(), path)
     else:
-        start = time.process_time()
         points = [p.params for p in ranked]
         found, cpu_s = search_points(space, points, workload, slos, calibration, processes)
         refined = _merge(table, dict(zip((p.key for p in ranked), found, strict=True)), objective)
-        refined.cpu_s = table.cpu_s + cpu_s + time.process_time() - start
+        refined.cpu_s = table.cpu_s + cpu_s  # the searches' own, in whichever process ran them
         if path is not None:
             refined.cache_path = path
             atomic_write_text(path, refined.to_json())
