@@ -44,10 +44,12 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from guide_accuracy import Case, cases  # noqa: E402
+from guided_search_end import finish  # noqa: E402
 from guided_search_realities import Reality, realities  # noqa: E402
 from guided_search_trials import TRUTH_TOP, Trials  # noqa: E402
 
 from autotune.catalog.gpus import get_gpu  # noqa: E402
+from autotune.commands.run_options import DEFAULT_REPEATS  # noqa: E402
 from autotune.tune.guide import code_digest, predict_points, predict_space  # noqa: E402
 from autotune.tune.guide_refine import refine_table  # noqa: E402
 from autotune.tune.guide_refit import Refit  # noqa: E402
@@ -99,6 +101,7 @@ class Trace:
     gpu_h: list[float] = field(default_factory=list)
     rec_keys: list[str] = field(default_factory=list)
     measured: list[str] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
     probes: list[int] = field(default_factory=list)
     best_measured: float = 0.0
 
@@ -112,6 +115,7 @@ class Trace:
             self.rec_keys.append(self.rec_keys[-1])
         self.gpu_h.append((self.gpu_h[-1] if self.gpu_h else 0.0) + m.gpu_s / 3600)
         self.measured.append(key)
+        self.values.append(m.value)
         self.probes.append(m.probes)
         return m.value, m.gpu_s / 3600
 
@@ -123,9 +127,14 @@ class Trace:
                 return self.gpu_h[i], i + 1
         return None
 
+    def within(self, budget_h: float) -> int:
+        """How many of its trials ended inside the budget (a search's cost is known once it ran)."""
+        return sum(h <= budget_h + 1e-9 for h in self.gpu_h)
+
     def regret(self, truth: dict[str, float], best: float, budget_h: float) -> float:
-        within = [k for h, k in zip(self.gpu_h, self.rec_keys, strict=True) if h <= budget_h + 1e-9]
-        return 1 - (truth[within[-1]] if within else 0.0) / best
+        """The best single run's regret (the recommendation before any repeat)."""
+        n = self.within(budget_h)
+        return 1 - (truth[self.rec_keys[n - 1]] if n else 0.0) / best
 
 
 def build_world(case: Case, reality: Reality, processes: int) -> World:
@@ -260,6 +269,9 @@ def main() -> None:
     parser.add_argument("--bracket", action="store_true", help=f"also {BRACKET} (bracketed searches)")
     parser.add_argument("--realities", nargs="*", default=None, help="names (default: all, or --quick's)")
     parser.add_argument("--truth-seeds", type=int, default=1, help="seeds the ground truth averages")
+    parser.add_argument(
+        "--repeats", type=int, default=DEFAULT_REPEATS, help="the run's --repeats at the end (0: none)"
+    )
     args = parser.parse_args()
     strategies = tuple(args.strategies or STRATEGIES) + (ABLATION if args.ablation else ())
     strategies += (BRACKET,) if args.bracket else ()
@@ -271,7 +283,16 @@ def main() -> None:
     wall, cpu = time.monotonic(), time.process_time()
     for name in names:
         chosen = [r for r in realities(args.quick) if not args.realities or r.name in args.realities]
-        report_case(known[name], chosen, seeds, args.budget, args.processes, strategies, args.truth_seeds)
+        report_case(
+            known[name],
+            chosen,
+            seeds,
+            args.budget,
+            args.processes,
+            strategies,
+            args.truth_seeds,
+            args.repeats,
+        )
     print(f"\nwall {time.monotonic() - wall:.0f} s, CPU (this process) {time.process_time() - cpu:.0f} s")
 
 
@@ -283,6 +304,7 @@ def report_case(
     processes: int,
     strategies: tuple[str, ...],
     truth_seeds: int = 1,
+    repeats: int = DEFAULT_REPEATS,
 ) -> None:
     results: dict[tuple[str, str], list[tuple[float, ...]]] = {}
     for reality in worlds_of:
@@ -290,23 +312,38 @@ def report_case(
         budget_h = budget * world.tp
         runs = [(s, seed) for s in strategies for seed in range(seeds)]
         traces = {(s, seed): run_strategy(s, world, seed, budget_h) for s, seed in runs}
+        base_key = config_key(case.space().config(world.baseline))
+        ends = {
+            (s, seed): finish(
+                world, t, t.within(budget_h), base_key, repeats, budget_h if s.startswith("guided") else None
+            )
+            for (s, seed), t in traces.items()
+        }
         world.trials.save()
         keys = {k for t in traces.values() for k in t.measured} | set(world.reality_top)
         truth = world.trials.truth([(k, world.grid_keys[k]) for k in keys], processes, truth_seeds)
         world.trials.save()
         best = max(truth.values())
-        for (strategy, _), trace in traces.items():
+        for (strategy, seed), trace in traces.items():
             hit = trace.reached(truth, best, budget_h)
             row = (*(hit or (math.inf, 10**6)), trace.regret(truth, best, budget_h), trace.gpu_h[-1])
             row += (statistics.fmean(trace.probes), len(trace.gpu_h), 60 * trace.gpu_h[-1] / len(trace.gpu_h))
+            end = ends[strategy, seed]
+            row += (1 - (truth[end.deployed] if end.deployed else 0.0) / best, trace.gpu_h[-1] + end.gpu_h)
             results.setdefault((strategy, reality.group), []).append(row)
         note = f"  {case.name}: {reality.name} done ({len(truth)} configs in its truth)"
         print(note, file=sys.stderr, flush=True)
     budget_h = budget * (2 if "tp2" in case.name else 1)
-    print(f"\n## {case.name} (budget {budget_h:g} GPU-h; {seeds} seeds; truth over {truth_seeds} seeds)")
+    print(
+        f"\n## {case.name} (budget {budget_h:g} GPU-h; {seeds} seeds; truth over {truth_seeds} seeds; "
+        f"{repeats} repeats at the end)"
+    )
     head = "GPU-h to 3 % med | p90 | trials med | p90 | regret med | p90 | regret <= 3 % | GPU-h spent med"
-    print(f"| strategy | realities | runs | {head} | trials run med | probes/trial | GPU-min/trial |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    tail = "deployed regret med | p90 | <= 3 % | GPU-h with repeats med"
+    print(
+        f"| strategy | realities | runs | {head} | trials run med | probes/trial | GPU-min/trial | {tail} |"
+    )
+    print("|---" * 18 + "|")
     for group in ("identity", "tuned", "structural", "held-out"):
         for strategy in strategies:
             rows = results.get((strategy, group))
@@ -316,19 +353,24 @@ def report_case(
 
 def _line(strategy: str, group: str, rows: list[tuple[float, ...]]) -> str:
     columns = (np.array(c, dtype=float) for c in zip(*rows, strict=True))
-    hours, trials, regret, spent, probes, ran, per_trial = columns
+    hours, trials, regret, spent, probes, ran, per_trial, deployed, total = columns
 
     def q(x: np.ndarray, p: float, fmt: str) -> str:
         value = float(np.percentile(x, p, method="higher"))
         return "never" if value >= 1e5 or math.isinf(value) else format(value, fmt)
 
-    ok = statistics.fmean(float(r <= RESOLUTION) for r in regret)
+    ok = _share_within(regret)
     return (
         f"| {strategy} | {group} | {len(rows)} | {q(hours, 50, '.2f')} | {q(hours, 90, '.2f')} | "
         f"{q(trials, 50, '.0f')} | {q(trials, 90, '.0f')} | {np.median(regret):.1%} | "
         f"{np.percentile(regret, 90):.1%} | {ok:.0%} | {np.median(spent):.2f} | {np.median(ran):.0f} | "
-        f"{np.mean(probes):.1f} | {np.mean(per_trial):.1f} |"
+        f"{np.mean(probes):.1f} | {np.mean(per_trial):.1f} | {np.median(deployed):.1%} | "
+        f"{np.percentile(deployed, 90):.1%} | {_share_within(deployed):.0%} | {np.median(total):.2f} |"
     )
+
+
+def _share_within(regrets: np.ndarray) -> float:
+    return statistics.fmean(float(r <= RESOLUTION) for r in regrets)
 
 
 if __name__ == "__main__":

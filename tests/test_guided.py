@@ -292,3 +292,19 @@ def test_the_residual_model_learns_a_noisier_measurement_from_alike_configs_that
     assert noisy.predict(at).sd[0] > floor.predict(at).sd[0]
     calm = ResidualModel(noise=0.03).fit(x, [-0.15, -0.16, -0.14, -0.15, -0.15, -0.16])
     assert calm.noise_factor == 1
+
+
+def test_re_measuring_the_top_stays_within_the_budget(folder: Path) -> None:
+    """Three trials (~0.14 GPU-h each) under 1 GPU-h leave room for some of their six repeats (two seeds
+    each: the top and the defaults), not all: those that fit run, and guide.json's spend, the
+    trials' and the repeats', stays within the budget."""
+    guided_run(folder, "--n-trials", "3", "--gpu-hours", "1", "--repeats", "2")
+    study = study_of(folder)
+    guide = json.loads((folder / "runs/g/guide.json").read_text())
+    trials_h = sum(t.user_attrs["gpu_seconds"] for t in study.trials if t.user_attrs.get("launched", True))
+    repeats_h = study.user_attrs["remeasured_gpu_seconds"] / 3600
+    ran = sum(len(v) for v in study.user_attrs["remeasured"].values())
+    assert len(study.trials) == 3 and 0 < ran < 2 * 3  # some of the three configs' six repeats
+    assert guide["remeasure_gpu_hours"] == pytest.approx(repeats_h, abs=1e-3)
+    assert guide["gpu_hours"] == pytest.approx(trials_h / 3600 + repeats_h, abs=1e-3)
+    assert guide["gpu_hours"] <= 1.0

@@ -138,8 +138,8 @@ def budget_text(budget_h: float | None, trial_gpu_s: float | None) -> str:
         "predicts nothing better is left"
     most = f", at most {math.floor(budget_h * 3600 / trial_gpu_s)} trials" if trial_gpu_s else ""
     return (
-        f"budget {budget_h:g} GPU-h{most}{'; ' + per if per else ''}; it stops earlier when the guide "
-        "predicts nothing better is left"
+        f"budget {budget_h:g} GPU-h{most}{'; ' + per if per else ''}, re-measuring the top included; it "
+        "stops earlier when the guide predicts nothing better is left"
     )
 
 
@@ -152,13 +152,16 @@ def finish_guided(search: Any, study: Any, run_dir: Path, stop_reason: str | Non
     from autotune.core.atomic import atomic_write_text
     from autotune.outputs.guide_view import GUIDE_FILE, predicted_vs_measured
     from autotune.sim.calibration import calibration_yaml
+    from autotune.tune.remeasure import repeats_gpu_seconds
 
     rows = predicted_vs_measured(search, study)
     factor = search.refit.factor(search.index)
     fitted = search.refit.calibration(search.index)
-    spent = sum(r["gpu_hours"] for r in rows)
+    repeats_h = repeats_gpu_seconds(study) / 3600
+    spent = sum(r["gpu_hours"] for r in rows) + repeats_h
     data = {
-        "gpu_hours": round(spent, 4),
+        "gpu_hours": round(spent, 4),  # the trials' and the re-measurements'
+        "remeasure_gpu_hours": round(repeats_h, 4),
         "budget_gpu_hours": search.options.gpu_hours,
         "stop_reason": stop_reason,
         "speed_factor": round(factor, 4),
@@ -178,6 +181,8 @@ def finish_guided(search: Any, study: Any, run_dir: Path, stop_reason: str | Non
 
 def guide_summary(data: dict[str, Any]) -> str:
     """The guided run's lines: predicted vs measured per trial, spend against the budget, why it stopped."""
+    from autotune.outputs.guide_view import spend_text
+
     lines = ["guide: predicted vs measured per real trial:"]
     for r in data["trials"]:
         measured = f"{r['measured']:,.1f}" if r["measured"] is not None else "infeasible"
@@ -186,10 +191,7 @@ def guide_summary(data: dict[str, Any]) -> str:
         lines.append(
             f"  #{r['trial']}: predicted {predicted}, measured {measured} ({r['gpu_hours']:.2f} GPU-h{by})"
         )
-    budget = f" of the {data['budget_gpu_hours']:g} budgeted" if data["budget_gpu_hours"] else ""
-    lines.append(
-        f"guide: {data['gpu_hours']:.2f} GPU-h spent{budget}; stopped: {data['stop_reason'] or 'n-trials'}"
-    )
+    lines.append(f"guide: {spend_text(data)}")
     return "\n".join(lines)
 
 

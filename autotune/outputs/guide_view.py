@@ -86,11 +86,13 @@ def plot_guide(path: Path, data: dict[str, Any], metric: str) -> Path | None:
 
 
 def spend_text(data: dict[str, Any]) -> str:
-    """'1.23 GPU-h spent of the 2 budgeted; stopped: why'."""
+    """'1.23 GPU-h spent of the 2 budgeted (0.40 of them re-measuring the top); stopped: why'."""
     budget = data.get("budget_gpu_hours")
     of = f" of the {budget:g} budgeted" if budget else ""
+    repeats = data.get("remeasure_gpu_hours") or 0.0
+    within = f" ({repeats:.2f} of them re-measuring the top)" if repeats else ""
     why = data.get("stop_reason") or "n-trials"
-    return f"{data.get('gpu_hours', 0.0):.2f} GPU-h spent{of}; stopped: {why}"
+    return f"{data.get('gpu_hours', 0.0):.2f} GPU-h spent{of}{within}; stopped: {why}"
 
 
 def error_text(rows: Sequence[dict[str, Any]]) -> str:

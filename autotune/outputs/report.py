@@ -170,7 +170,10 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
     data["keeps_defaults"] = out.decision.keeps_defaults
     guide = read_guide(run_dir)
     if guide is not None:  # a guided run: predicted vs measured per trial, spend, why it stopped
-        data["guide"] = {k: guide.get(k) for k in ("gpu_hours", "budget_gpu_hours", "stop_reason", "trials")}
+        data["guide"] = {
+            k: guide.get(k)
+            for k in ("gpu_hours", "remeasure_gpu_hours", "budget_gpu_hours", "stop_reason", "trials")
+        }
     if out.progress_note():
         data["progress_note"] = out.progress_note()
     if out.decision.candidate is not None:

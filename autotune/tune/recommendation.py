@@ -13,11 +13,14 @@ The margin a gain must clear:
   lowest clears the capacity resolution;
 - without: the gain counts when it clears the resolution of both measurements (their capacity
   brackets do not overlap), or TIE_TOLERANCE at a fixed load (deterministic: equal is equal).
+With repeats the candidate itself is chosen among the re-measured configs by the mean of their runs:
+the best single run of many is partly the luckiest draw (the winner's curse), the mean of three less so.
 When the baseline itself misses the SLOs, any feasible config is a gain: it is what makes them hold.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -62,8 +65,25 @@ def decide(
     remeasured: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Recommendation:
     """The recommendation of a study's records (`remeasured`: trial number -> {repeat: primary value})."""
+    decision = _decide(recs, maximize, objective_names, remeasured or {})
+    once = recommend(recs, maximize, resolution_of)
+    if decision.candidate is None or once is None or once.number == decision.candidate.number:
+        return decision
+    note = (
+        f" Each re-measured config is judged by the mean of its runs: trial #{once.number} measured "
+        f"highest once, trial #{decision.candidate.number} on average."
+    )
+    return dataclasses.replace(decision, text=decision.text + note)
+
+
+def _decide(
+    recs: Sequence[TrialRecord],
+    maximize: Sequence[bool],
+    objective_names: Sequence[str],
+    remeasured: Mapping[str, Mapping[str, float]],
+) -> Recommendation:
     base = baseline(recs)
-    candidate = recommend(recs, maximize, resolution_of)
+    candidate = pick(recs, maximize, remeasured)
     name = objective_names[0]
     defaults = defaults_label(base)
     if candidate is None:
@@ -85,7 +105,7 @@ def decide(
             "the measurement's resolution with lower latency."
         )
         return Recommendation(base, candidate, base, None, True, text)
-    gain = measure_gain(candidate, base, maximize[0], name, remeasured or {})
+    gain = measure_gain(candidate, base, maximize[0], name, remeasured)
     if gain.significant:
         text = f"Recommended: trial #{candidate.number}: {name} {gain.percent()} vs {defaults}."
         return Recommendation(candidate, candidate, base, gain, False, text)
@@ -103,6 +123,27 @@ def decide(
             f"{gain.margin:.1%}: a tie, not a gain."
         )
     return Recommendation(base, candidate, base, gain, True, text)
+
+
+def pick(
+    recs: Sequence[TrialRecord], maximize: Sequence[bool], remeasured: Mapping[str, Mapping[str, float]]
+) -> TrialRecord | None:
+    """The best config found (front.recommend). With repeats, only the re-measured configs compete,
+    each by the mean of its first run and its repeats; a config never re-measured has one run, which
+    can be the luckiest of many, so it is left out."""
+    repeated = [r for r in recs if remeasured.get(str(r.number)) and r.values]
+    if not repeated:
+        return recommend(recs, maximize, resolution_of)
+    means = [_with_mean(r, remeasured[str(r.number)]) for r in repeated]
+    chosen = recommend(means, maximize, resolution_of)
+    return next((r for r in repeated if chosen is not None and r.number == chosen.number), None)
+
+
+def _with_mean(record: TrialRecord, repeats: Mapping[str, float]) -> TrialRecord:
+    """`record` with its primary objective replaced by the mean over its first run and its repeats."""
+    values = list(record.values or [])
+    values[0] = statistics.fmean([values[0], *repeats.values()])
+    return dataclasses.replace(record, values=values)
 
 
 def measure_gain(

@@ -2,12 +2,13 @@
 
 On a real GPU two measurements of one config differ by a few percent, so the best of fifty trials is
 partly the luckiest. Before the recommendation, `TOP_CANDIDATES` configs (the one the recommendation
-would pick and the best others on the Pareto front) and the baseline (vLLM's defaults) are measured
+would pick and the best others by the primary objective) and the baseline (vLLM's defaults) are measured
 again, each with `repeats` other workload seeds (other requests, other arrival times; the simulator
 with `--noise` draws other noise too). The primary objective of every repeat is kept in the study's
 `remeasured` attr (trial number -> {repeat index -> value}), written after each one, so a resumed run
-continues where it stopped and the recommendation (autotune/tune/recommendation.py) pairs the runs seed by
-seed to give the gain an interval.
+continues where it stopped and the recommendation (autotune/tune/recommendation.py) picks among them by
+the mean of their runs and pairs the runs seed by seed to give the gain an interval. Under a GPU-hour
+budget (a guided run's --gpu-hours) only the repeats the budget still affords run.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import optuna
 
 from autotune.dispatch.executor import Executor
-from autotune.tune.front import baseline, pareto_front, recommend
+from autotune.tune.front import baseline, recommend
 from autotune.tune.objectives import ObjectiveSet
 from autotune.tune.recommendation import resolution_of
 from autotune.tune.study import TrialRecord, records
@@ -44,21 +45,45 @@ class Repeat:
 
 
 def targets(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> list[TrialRecord]:
-    """The config the recommendation would pick, the best others on the Pareto front (TOP_CANDIDATES in
-    all, best first) and the baseline.
+    """The config the recommendation would pick, the best others by the primary objective
+    (TOP_CANDIDATES in all, best first) and the baseline.
 
     The pick is among the configs tied on throughput, by latency: it need not be one of the best few
-    by throughput, and its gain can only get an interval if it was measured again.
+    by throughput, and its gain can only get an interval if it was measured again. The others are the
+    ones whose single run came nearest the best: the true best among them can have measured lower once.
     """
     pick = recommend(recs, maximize, resolution_of)
-    front = pareto_front(recs, maximize)
+    sign = -1.0 if maximize[0] else 1.0
+    pool = [r for r in recs if r.feasible and r.duplicate_of is None and r.values]
+    ranked = sorted(pool, key=lambda r: sign * (r.values or [0.0])[0])
     chosen = ([pick] if pick is not None else []) + [
-        r for r in front if pick is None or r.number != pick.number
+        r for r in ranked if pick is None or r.number != pick.number
     ]
     chosen = chosen[:TOP_CANDIDATES]
     base = baseline(recs)
     if base is not None and base.values and all(r.number != base.number for r in chosen):
         chosen.append(base)
+    return chosen
+
+
+def plan(chosen: Sequence[TrialRecord], repeats: int) -> list[Repeat]:
+    """The repeats in the order they run: round by round (every target's first repeat, then the
+    second...), the pick and the baseline first in each, so that a budget that stops them early still
+    leaves the gain paired runs and every candidate as many repeats as can be afforded."""
+    base = next((r for r in chosen if r.baseline), None)
+    ordered = [*chosen[:1], *([base] if base is not None and base is not chosen[0] else [])]
+    ordered += [r for r in chosen if all(r is not o for o in ordered)]
+    return [Repeat(trial, index) for index in range(1, repeats + 1) for trial in ordered]
+
+
+def affordable(todo: Sequence[Repeat], budget_s: float) -> list[Repeat]:
+    """The repeats, in order, whose cost (each its trial's first run's GPU-seconds) fits `budget_s`; one
+    that does not fit is skipped, and a cheaper one after it may still run."""
+    chosen, left = [], budget_s
+    for repeat in todo:
+        if repeat.trial.gpu_seconds <= left:
+            chosen.append(repeat)
+            left -= repeat.trial.gpu_seconds
     return chosen
 
 
@@ -80,17 +105,20 @@ def remeasure(
     seed: int,
     run_dir: Path | None,
     interrupted: Callable[[], bool] = lambda: False,
+    budget_s: float | None = None,
 ) -> int:
-    """Run the repeats not yet in the study; returns how many ran. Raises KeyboardInterrupt when
-    `interrupted()` turns true (what finished is already stored)."""
+    """Run the repeats not yet in the study; returns how many ran. `budget_s`: the GPU-seconds they may
+    still spend (None: no limit), each charged what its trial's first run cost. Raises KeyboardInterrupt
+    when `interrupted()` turns true (what finished is already stored)."""
     maximize = [o.maximize for o in objectives.objectives]
     done: dict[str, dict[str, float]] = {k: dict(v) for k, v in (stored_repeats(study) or {}).items()}
     todo = [
-        Repeat(trial, index)
-        for trial in targets(records(study), maximize)
-        for index in range(1, repeats + 1)
-        if str(index) not in done.get(str(trial.number), {})
+        r
+        for r in plan(targets(records(study), maximize), repeats)
+        if str(r.index) not in done.get(str(r.trial.number), {})
     ]
+    if budget_s is not None:
+        todo = affordable(todo, budget_s)
     running: dict[int, Repeat] = {}
     ran = 0
     while todo or running:

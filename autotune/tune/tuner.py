@@ -37,7 +37,7 @@ from autotune.measure.slo import Slo
 from autotune.trial.live import read_probe
 from autotune.tune.objectives import ObjectiveSet, metric_unit
 from autotune.tune.progress import Progress, ProgressState, running_params
-from autotune.tune.remeasure import TOP_CANDIDATES, remeasure
+from autotune.tune.remeasure import TOP_CANDIDATES, remeasure, repeats_gpu_seconds
 from autotune.tune.result_attrs import PLACEMENT_ATTRS, placement_attr
 from autotune.tune.samplers import sampler_exhausted
 from autotune.tune.screen import MemoryScreen, Screening
@@ -158,14 +158,17 @@ class Tuner:
         """Re-measure the top candidates and the baseline with other seeds (see tune/remeasure.py)."""
         if self.options.repeats <= 0:
             return 0
-        if self._stop_reason and self._stop_reason.startswith("budget"):
-            print("autotune: the GPU-hour budget is spent: no re-measuring", file=sys.stderr)
-            return 0
         if self.progress:
             self.progress.close()
+        left_s = self._budget_left_s()
+        within = (
+            f", as many as the {left_s / 3600:.2f} GPU-h left in the budget allow"
+            if left_s is not None
+            else ""
+        )
         print(
             f"autotune: re-measuring the top {TOP_CANDIDATES} configs and the baseline with "
-            f"{self.options.repeats} other seed(s) each",
+            f"{self.options.repeats} other seed(s) each{within}",
             file=sys.stderr,
         )
         return remeasure(
@@ -176,7 +179,15 @@ class Tuner:
             self.options.seed,
             self.options.run_dir,
             interrupted=lambda: self._interrupted,
+            budget_s=left_s,
         )
+
+    def _budget_left_s(self) -> float | None:
+        """GPU-seconds left under --gpu-hours after every trial and repeat so far (None: no budget)."""
+        budget_h = getattr(getattr(self.guide, "options", None), "gpu_hours", None)
+        if budget_h is None:
+            return None
+        return max(0.0, budget_h * 3600 - self._tally.gpu_s - repeats_gpu_seconds(self.study))
 
     def _loop(self, start: float) -> bool:
         """Ask, dispatch and tell until the budget is spent or the timeout passed (then True)."""
