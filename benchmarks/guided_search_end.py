@@ -10,13 +10,14 @@ searches do not keep their bracket).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from autotune.measure.capacity_report import CapacityReport
 from autotune.trial.capacity import RESOLUTION
 from autotune.tune.recommendation import decide
-from autotune.tune.remeasure import affordable, plan, targets
+from autotune.tune.remeasure import plan, targets
 from autotune.tune.study import TrialRecord
 
 MAXIMIZE = [True]
@@ -43,19 +44,19 @@ def finish(
         _record(i, value, key == base_key, cost * 3600)
         for i, (key, value, cost) in enumerate(zip(keys, trace.values[:within], costs, strict=True))
     ]
-    todo = plan(targets(recs, MAXIMIZE), repeats)
-    if budget_h is not None:
-        todo = affordable(todo, max(0.0, budget_h - sum(costs)) * 3600)
+    left_s = math.inf if budget_h is None else (budget_h - sum(costs)) * 3600
     remeasured: dict[str, dict[str, float]] = {}
-    spent_s = 0.0
-    for repeat in todo:
+    spent_s, ran = 0.0, 0
+    for repeat in plan(targets(recs, MAXIMIZE), repeats):
+        if repeat.cost_s > left_s - spent_s:  # one at a time, as the run skips what would pass the budget
+            continue
         key = keys[repeat.trial.number]
         m = world.trials.measure(key, world.grid_keys[key], trace.seed + repeat.index)
         remeasured.setdefault(str(repeat.trial.number), {})[str(repeat.index)] = m.value
-        spent_s += m.gpu_s
+        spent_s, ran = spent_s + m.gpu_s, ran + 1
     decision = decide(recs, MAXIMIZE, ["output_throughput"], remeasured)
     deployed = keys[decision.trial.number] if decision.trial is not None else None
-    return Ending(deployed, spent_s / 3600, len(todo), decision.keeps_defaults)
+    return Ending(deployed, spent_s / 3600, ran, decision.keeps_defaults)
 
 
 def _record(number: int, value: float, baseline: bool, gpu_s: float) -> TrialRecord:

@@ -13,6 +13,7 @@ budget (a guided run's --gpu-hours) only the repeats the budget still affords ru
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,11 @@ class Repeat:
 
     trial: TrialRecord
     index: int  # 1..repeats: the seed is the run's seed + index
+
+    @property
+    def cost_s(self) -> float:
+        """What it is expected to cost under a budget: its config's first run (GPU-seconds, all GPUs)."""
+        return self.trial.gpu_seconds
 
     @property
     def job_number(self) -> int:
@@ -76,17 +82,6 @@ def plan(chosen: Sequence[TrialRecord], repeats: int) -> list[Repeat]:
     return [Repeat(trial, index) for index in range(1, repeats + 1) for trial in ordered]
 
 
-def affordable(todo: Sequence[Repeat], budget_s: float) -> list[Repeat]:
-    """The repeats, in order, whose cost (each its trial's first run's GPU-seconds) fits `budget_s`; one
-    that does not fit is skipped, and a cheaper one after it may still run."""
-    chosen, left = [], budget_s
-    for repeat in todo:
-        if repeat.trial.gpu_seconds <= left:
-            chosen.append(repeat)
-            left -= repeat.trial.gpu_seconds
-    return chosen
-
-
 def stored_repeats(study: optuna.Study) -> dict[str, dict[str, float]] | None:
     """The repeats a study holds: trial number -> {repeat index: primary value} (None: none ran)."""
     return study.user_attrs.get(ATTR)
@@ -108,7 +103,8 @@ def remeasure(
     budget_s: float | None = None,
 ) -> int:
     """Run the repeats not yet in the study; returns how many ran. `budget_s`: the GPU-seconds they may
-    still spend (None: no limit), each charged what its trial's first run cost. Raises KeyboardInterrupt
+    still spend (None: no limit); one starts only when its expected cost (`Repeat.cost_s`), with the
+    running ones', fits what is left after the finished ones' actual costs. Raises KeyboardInterrupt
     when `interrupted()` turns true (what finished is already stored)."""
     maximize = [o.maximize for o in objectives.objectives]
     done: dict[str, dict[str, float]] = {k: dict(v) for k, v in (stored_repeats(study) or {}).items()}
@@ -117,8 +113,7 @@ def remeasure(
         for r in plan(targets(records(study), maximize), repeats)
         if str(r.index) not in done.get(str(r.trial.number), {})
     ]
-    if budget_s is not None:
-        todo = affordable(todo, budget_s)
+    left_s = math.inf if budget_s is None else budget_s
     running: dict[int, Repeat] = {}
     ran = 0
     while todo or running:
@@ -128,6 +123,8 @@ def remeasure(
         todo = [r for r in todo if executor.fits(r.trial.engine_config())]
         while todo and executor.can_start(todo[0].trial.engine_config()):
             repeat = todo.pop(0)
+            if repeat.cost_s > left_s - sum(r.cost_s for r in running.values()):
+                continue  # it would pass the budget; a cheaper one after it may still fit
             trial_dir = (
                 run_dir / "trials" / str(repeat.trial.number) / f"repeat-{repeat.index}" if run_dir else None
             )
@@ -140,5 +137,6 @@ def remeasure(
             study.set_user_attr(ATTR, done)
             gpus = max(1, repeat.trial.engine_config().tensor_parallel_size)
             study.set_user_attr(GPU_ATTR, repeats_gpu_seconds(study) + result.gpu_seconds * gpus)
+            left_s -= result.gpu_seconds * gpus
             ran += 1
     return ran
