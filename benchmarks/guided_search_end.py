@@ -45,15 +45,17 @@ def finish(
         for i, (key, value, cost) in enumerate(zip(keys, trace.values[:within], costs, strict=True))
     ]
     left_s = math.inf if budget_h is None else (budget_h - sum(costs)) * 3600
+    todo = plan(targets(recs, MAXIMIZE), repeats)
+    dearest = max((r.trial.gpu_seconds for r in todo), default=0.0)
     remeasured: dict[str, dict[str, float]] = {}
     spent_s, ran = 0.0, 0
-    for repeat in plan(targets(recs, MAXIMIZE), repeats):
-        if repeat.cost_s > left_s - spent_s:  # one at a time, as the run skips what would pass the budget
-            continue
+    for repeat in todo:
+        if dearest > left_s - spent_s:  # one at a time, charged as the run charges it (remeasure.py)
+            break
         key = keys[repeat.trial.number]
         m = world.trials.measure(key, world.grid_keys[key], trace.seed + repeat.index)
         remeasured.setdefault(str(repeat.trial.number), {})[str(repeat.index)] = m.value
-        spent_s, ran = spent_s + m.gpu_s, ran + 1
+        spent_s, ran, dearest = spent_s + m.gpu_s, ran + 1, max(dearest, m.gpu_s)
     decision = decide(recs, MAXIMIZE, ["output_throughput"], remeasured)
     deployed = keys[decision.trial.number] if decision.trial is not None else None
     return Ending(deployed, spent_s / 3600, ran, decision.keeps_defaults)

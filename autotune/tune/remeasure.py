@@ -40,11 +40,6 @@ class Repeat:
     index: int  # 1..repeats: the seed is the run's seed + index
 
     @property
-    def cost_s(self) -> float:
-        """What it is expected to cost under a budget: its config's first run (GPU-seconds, all GPUs)."""
-        return self.trial.gpu_seconds
-
-    @property
     def job_number(self) -> int:
         """The executor's key: negative, so it never meets a trial number."""
         return -(self.trial.number * 1000 + self.index)
@@ -102,10 +97,13 @@ def remeasure(
     interrupted: Callable[[], bool] = lambda: False,
     budget_s: float | None = None,
 ) -> int:
-    """Run the repeats not yet in the study; returns how many ran. `budget_s`: the GPU-seconds they may
-    still spend (None: no limit); one starts only when its expected cost (`Repeat.cost_s`), with the
-    running ones', fits what is left after the finished ones' actual costs. Raises KeyboardInterrupt
-    when `interrupted()` turns true (what finished is already stored)."""
+    """Run the repeats not yet in the study; returns how many ran. Raises KeyboardInterrupt when
+    `interrupted()` turns true (what finished is already stored).
+
+    `budget_s`: the GPU-seconds they may still spend (None: no limit). Each is charged the dearest run
+    of a target so far (first runs and finished repeats), itself and the running ones: one config's
+    search costs up to 4x more in one run than in another (its noise decides how many probes it takes),
+    so its own first run is no bound, and the budget is a cap."""
     maximize = [o.maximize for o in objectives.objectives]
     done: dict[str, dict[str, float]] = {k: dict(v) for k, v in (stored_repeats(study) or {}).items()}
     todo = [
@@ -114,6 +112,7 @@ def remeasure(
         if str(r.index) not in done.get(str(r.trial.number), {})
     ]
     left_s = math.inf if budget_s is None else budget_s
+    dearest = max((r.trial.gpu_seconds for r in todo), default=0.0)
     running: dict[int, Repeat] = {}
     ran = 0
     while todo or running:
@@ -122,9 +121,10 @@ def remeasure(
         # A config that no longer fits (a node of the cluster was lost) is not re-measured.
         todo = [r for r in todo if executor.fits(r.trial.engine_config())]
         while todo and executor.can_start(todo[0].trial.engine_config()):
+            if dearest * (len(running) + 1) > left_s:
+                todo.clear()  # the next could pass the budget: the run stops re-measuring
+                break
             repeat = todo.pop(0)
-            if repeat.cost_s > left_s - sum(r.cost_s for r in running.values()):
-                continue  # it would pass the budget; a cheaper one after it may still fit
             trial_dir = (
                 run_dir / "trials" / str(repeat.trial.number) / f"repeat-{repeat.index}" if run_dir else None
             )
@@ -138,5 +138,6 @@ def remeasure(
             gpus = max(1, repeat.trial.engine_config().tensor_parallel_size)
             study.set_user_attr(GPU_ATTR, repeats_gpu_seconds(study) + result.gpu_seconds * gpus)
             left_s -= result.gpu_seconds * gpus
+            dearest = max(dearest, result.gpu_seconds * gpus)
             ran += 1
     return ran
