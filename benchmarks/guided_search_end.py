@@ -25,8 +25,10 @@ MAXIMIZE = [True]
 
 @dataclass(frozen=True)
 class Ending:
-    """What the run deploys after its repeats (None: nothing met the SLOs) and what the repeats cost."""
+    """The best config found after the repeats, what the run deploys (vLLM's defaults unless the gain
+    clears the margin; None: nothing met the SLOs) and what the repeats cost."""
 
+    picked: str | None
     deployed: str | None
     gpu_h: float
     repeats: int
@@ -57,8 +59,9 @@ def finish(
         remeasured.setdefault(str(repeat.trial.number), {})[str(repeat.index)] = m.value
         spent_s, ran, dearest = spent_s + m.gpu_s, ran + 1, max(dearest, m.gpu_s)
     decision = decide(recs, MAXIMIZE, ["output_throughput"], remeasured)
+    picked = keys[decision.candidate.number] if decision.candidate is not None else None
     deployed = keys[decision.trial.number] if decision.trial is not None else None
-    return Ending(deployed, spent_s / 3600, ran, decision.keeps_defaults)
+    return Ending(picked, deployed, spent_s / 3600, ran, decision.keeps_defaults)
 
 
 def _record(number: int, value: float, baseline: bool, gpu_s: float) -> TrialRecord:
