@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from guide_accuracy import Case, cases  # noqa: E402
 from guided_search_end import finish  # noqa: E402
 from guided_search_realities import Reality, realities  # noqa: E402
-from guided_search_trials import TRUTH_TOP, Trials  # noqa: E402
+from guided_search_trials import NOISE, TRUTH_TOP, Trials, TruthSpec  # noqa: E402
 
 from autotune.catalog.gpus import get_gpu  # noqa: E402
 from autotune.commands.run_options import DEFAULT_REPEATS  # noqa: E402
@@ -270,6 +270,12 @@ def main() -> None:
     parser.add_argument("--realities", nargs="*", default=None, help="names (default: all, or --quick's)")
     parser.add_argument("--truth-seeds", type=int, default=1, help="seeds the ground truth averages")
     parser.add_argument(
+        "--truth-noise",
+        type=float,
+        default=0.0,
+        help=f"the truth's searches with this noise (trials: {NOISE:g})",
+    )
+    parser.add_argument(
         "--repeats", type=int, default=DEFAULT_REPEATS, help="the run's --repeats at the end (0: none)"
     )
     args = parser.parse_args()
@@ -290,7 +296,7 @@ def main() -> None:
             args.budget,
             args.processes,
             strategies,
-            args.truth_seeds,
+            TruthSpec(args.truth_seeds, args.truth_noise),
             args.repeats,
         )
     print(f"\nwall {time.monotonic() - wall:.0f} s, CPU (this process) {time.process_time() - cpu:.0f} s")
@@ -303,7 +309,7 @@ def report_case(
     budget: float,
     processes: int,
     strategies: tuple[str, ...],
-    truth_seeds: int = 1,
+    truth_spec: TruthSpec,
     repeats: int = DEFAULT_REPEATS,
 ) -> None:
     results: dict[tuple[str, str], list[tuple[float, ...]]] = {}
@@ -321,7 +327,7 @@ def report_case(
         }
         world.trials.save()
         keys = {k for t in traces.values() for k in t.measured} | set(world.reality_top)
-        truth = world.trials.truth([(k, world.grid_keys[k]) for k in keys], processes, truth_seeds)
+        truth = world.trials.truth([(k, world.grid_keys[k]) for k in keys], processes, truth_spec)
         world.trials.save()
         best = max(truth.values())
         for (strategy, seed), trace in traces.items():
@@ -336,7 +342,7 @@ def report_case(
         print(note, file=sys.stderr, flush=True)
     budget_h = budget * (2 if "tp2" in case.name else 1)
     print(
-        f"\n## {case.name} (budget {budget_h:g} GPU-h; {seeds} seeds; truth over {truth_seeds} seeds; "
+        f"\n## {case.name} (budget {budget_h:g} GPU-h; {seeds} seeds; {truth_spec}; "
         f"{repeats} repeats at the end)"
     )
     head = "GPU-h to 3 % med | p90 | trials med | p90 | regret med | p90 | regret <= 3 % | GPU-h spent med"

@@ -3,7 +3,7 @@ the simulated engine with a reality's calibration and 2 % noise, its cost the si
 search charges (startup + saturation + probe windows, x TP), cached on disk per (reality, config, seed,
 hint) so that reruns and strategies that measure the same config pay once.
 
-Ground truth: the same search with the noise off on seeds no strategy uses (their mean), over the
+Ground truth: the same search on seeds no strategy uses (their mean), noise off unless asked, over the
 union of every config any strategy measured and the reality's own top TRUTH_TOP by its fast estimate
 (the exhaustive grid costs ~0.5-2 CPU-s a config x 1,470 configs x 11 realities: hours on this machine).
 """
@@ -28,6 +28,18 @@ from autotune.tune.objectives import Objective, constraints, is_feasible
 NOISE = 0.02
 TRUTH_SEED = 10**6  # far from the strategies' seeds (0, 1, ...) and their windows' (seed + window)
 TRUTH_TOP = 50  # the reality's own best configs by its fast estimate, always in the truth set
+
+
+@dataclass(frozen=True)
+class TruthSpec:
+    """How the ground truth is measured: the mean of `seeds` searches, with `noise` (0: noise-free)."""
+
+    seeds: int = 1
+    noise: float = 0.0
+
+    def __str__(self) -> str:
+        noise = f"noise {self.noise:g}" if self.noise else "noise off"
+        return f"truth over {self.seeds} seed{'s' if self.seeds > 1 else ''}, {noise}"
 
 
 @dataclass(frozen=True)
@@ -112,14 +124,16 @@ class Trials:
         return {k: self.cache[self.slot(k, seed, noise, hint)] for k, _ in items}
 
     def truth(
-        self, items: Iterable[tuple[str, Mapping[str, Any]]], processes: int, seeds: int = 1
+        self, items: Iterable[tuple[str, Mapping[str, Any]]], processes: int, spec: TruthSpec
     ) -> dict[str, float]:
-        """The noise-free search of every config in `items` on `seeds` seeds: key -> its mean value.
+        """Every config in `items` searched on `spec.seeds` seeds no strategy uses: key -> its mean value.
         One search spreads 2-5 % over seeds (median; 11-14 % p90 on the L4 case), and the best of many
-        near-tied configs' single searches is the luckiest draw: more seeds, a truer best."""
+        near-tied configs' single searches is the luckiest draw: more seeds, a truer best. With
+        `spec.noise` the searches carry the trials' noise: near an SLO's limit a noisy GPU sustains less
+        than a noise-free engine, and by how much differs between configs."""
         unique = list(dict(items).items())
-        found = [self.many(unique, TRUTH_SEED + i, 0.0, None, processes) for i in range(seeds)]
-        return {k: sum(f[k].value for f in found) / seeds for k, _ in unique}
+        found = [self.many(unique, TRUTH_SEED + i, spec.noise, None, processes) for i in range(spec.seeds)]
+        return {k: sum(f[k].value for f in found) / spec.seeds for k, _ in unique}
 
     def save(self) -> None:
         if self._dirty:
