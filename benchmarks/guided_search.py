@@ -24,7 +24,10 @@ Strategies, each from vLLM's defaults as trial #0 (guided: as trial #1, after th
   guided-ties            the same, a pick by best prediction taking the first of those within 3 % of it
 Per strategy and case, over seeds x realities: GPU-hours and trials until the recommendation (the best
 measured so far) is within RESOLUTION of the reality's best (its true value), and the regret at the
-budget (guided: where it stopped). Usage: python benchmarks/guided_search.py [--quick] [--cases ...]
+budget (guided: where it stopped); then the run's end as `autotune run` ends it (benchmarks/
+guided_search_end.py: the top and the defaults re-measured with --repeats other seeds, the guided runs'
+repeats within the budget), the regret of its pick and of what it deploys, and the GPU-hours with the
+repeats. Usage: python benchmarks/guided_search.py [--quick] [--cases ...]
 """
 
 from __future__ import annotations

@@ -38,15 +38,16 @@ class Ending:
 def finish(
     world: Any, trace: Any, within: int, base_key: str, repeats: int, budget_h: float | None
 ) -> Ending:
-    """Re-measure and decide over the trace's first `within` trials (those inside the budget).
-    `budget_h`: the guided run's --gpu-hours (None: repeats are not bounded, as in an unguided run)."""
+    """Re-measure and decide over the trace's first `within` trials (those inside the budget: the
+    benchmark's rule for regret). `budget_h`: the guided run's --gpu-hours, less every trial it ran, a
+    last one that passed it included (None: repeats are not bounded, as in an unguided run)."""
     keys = trace.measured[:within]
     costs = [h - (trace.gpu_h[i - 1] if i else 0.0) for i, h in enumerate(trace.gpu_h[:within])]
     recs = [
         _record(i, value, key == base_key, cost * 3600)
         for i, (key, value, cost) in enumerate(zip(keys, trace.values[:within], costs, strict=True))
     ]
-    left_s = math.inf if budget_h is None else (budget_h - sum(costs)) * 3600
+    left_s = math.inf if budget_h is None else (budget_h - trace.gpu_h[-1]) * 3600  # every trial it ran
     todo = plan(targets(recs, MAXIMIZE), repeats)
     dearest = max((r.trial.gpu_seconds for r in todo), default=0.0)
     remeasured: dict[str, dict[str, float]] = {}
