@@ -147,6 +147,23 @@ def test_the_config_the_recommendation_picks_is_re_measured(tmp_path: Path) -> N
     assert chosen[0] == 4 and len(chosen) == TOP_CANDIDATES + 1 and chosen[-1] == 0  # and the baseline
 
 
+def test_the_runner_up_by_throughput_is_re_measured_even_off_the_pareto_front(tmp_path: Path) -> None:
+    """Trial 2 measured 1 % below trial 1 with higher latencies (dominated), trial 3 far below with the
+    lowest: the runner-up by throughput is the one that may truly be best, so it is re-measured."""
+    from autotune.tune.remeasure import targets
+
+    study = build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, capacity(5000, 0.03)),
+            ({"max_num_seqs": 512}, capacity(5600, 0.03, ttft_ms=900, itl_ms=20)),
+            ({"max_num_seqs": 256}, capacity(5550, 0.03, ttft_ms=1500, itl_ms=60)),
+            ({"max_num_seqs": 32}, capacity(4000, 0.03, ttft_ms=200, itl_ms=5)),
+        ],
+    )
+    assert [r.number for r in targets(records(study), MAXIMIZE)] == [1, 2, 0]
+
+
 def test_with_repeats_the_pick_is_the_best_mean_not_the_luckiest_first_run(tmp_path: Path) -> None:
     """Trial 1 measured highest once and trial 2 higher in both repeats: trial 2 is picked (by its mean
     over three runs), and the text says why the highest single run lost."""
