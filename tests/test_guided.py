@@ -298,7 +298,8 @@ def test_re_measuring_the_top_stays_within_the_budget(folder: Path) -> None:
     """Three trials (~0.14 GPU-h each) under 1 GPU-h leave room for some of their six repeats (two seeds
     each: the top and the defaults), not all: those that fit run, and guide.json's spend, the
     trials' and the repeats', stays within the budget."""
-    guided_run(folder, "--n-trials", "3", "--gpu-hours", "1", "--repeats", "2")
+    out = guided_run(folder, "--n-trials", "3", "--gpu-hours", "1", "--repeats", "2")
+    assert "repeat(s) left out" in out.stderr and "more than the budget has left" in out.stderr
     study = study_of(folder)
     guide = json.loads((folder / "runs/g/guide.json").read_text())
     trials_h = sum(t.user_attrs["gpu_seconds"] for t in study.trials if t.user_attrs.get("launched", True))

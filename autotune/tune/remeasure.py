@@ -14,6 +14,7 @@ budget (a guided run's --gpu-hours) only the repeats the budget still affords ru
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,8 +122,13 @@ def remeasure(
         # A config that no longer fits (a node of the cluster was lost) is not re-measured.
         todo = [r for r in todo if executor.fits(r.trial.engine_config())]
         while todo and executor.can_start(todo[0].trial.engine_config()):
-            if dearest * (len(running) + 1) > left_s:
-                todo.clear()  # the next could pass the budget: the run stops re-measuring
+            if dearest * (len(running) + 1) > left_s:  # the next could pass the budget
+                print(
+                    f"autotune: {len(todo)} repeat(s) left out: each could cost up to "
+                    f"{dearest / 3600:.2f} GPU-h, more than the budget has left",
+                    file=sys.stderr,
+                )
+                todo.clear()
                 break
             repeat = todo.pop(0)
             trial_dir = (

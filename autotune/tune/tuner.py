@@ -161,6 +161,9 @@ class Tuner:
         if self.progress:
             self.progress.close()
         left_s = self._budget_left_s()
+        if left_s is not None and left_s <= 0:
+            print("autotune: the GPU-hour budget is spent: no re-measuring", file=sys.stderr)
+            return 0
         within = (
             f", as many as the {left_s / 3600:.2f} GPU-h left in the budget allow"
             if left_s is not None
