@@ -31,8 +31,6 @@ class Ending:
     picked: str | None
     deployed: str | None
     gpu_h: float
-    repeats: int
-    keeps_defaults: bool
 
 
 def finish(
@@ -51,18 +49,18 @@ def finish(
     todo = plan(targets(recs, MAXIMIZE), repeats)
     dearest = max((r.trial.gpu_seconds for r in todo), default=0.0)
     remeasured: dict[str, dict[str, float]] = {}
-    spent_s, ran = 0.0, 0
+    spent_s = 0.0
     for repeat in todo:
         if dearest > left_s - spent_s:  # one at a time, charged as the run charges it (remeasure.py)
             break
         key = keys[repeat.trial.number]
         m = world.trials.measure(key, world.grid_keys[key], trace.seed + repeat.index)
         remeasured.setdefault(str(repeat.trial.number), {})[str(repeat.index)] = m.value
-        spent_s, ran, dearest = spent_s + m.gpu_s, ran + 1, max(dearest, m.gpu_s)
+        spent_s, dearest = spent_s + m.gpu_s, max(dearest, m.gpu_s)
     decision = decide(recs, MAXIMIZE, ["output_throughput"], remeasured)
     picked = keys[decision.candidate.number] if decision.candidate is not None else None
     deployed = keys[decision.trial.number] if decision.trial is not None else None
-    return Ending(picked, deployed, spent_s / 3600, ran, decision.keeps_defaults)
+    return Ending(picked, deployed, spent_s / 3600)
 
 
 def _record(number: int, value: float, baseline: bool, gpu_s: float) -> TrialRecord:

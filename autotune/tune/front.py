@@ -17,9 +17,14 @@ from autotune.tune.study import TrialRecord
 TIE_TOLERANCE = 0.01
 
 
+def contenders(recs: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """The trials that can be recommended: feasible, measured, not a duplicate of another."""
+    return [r for r in recs if r.feasible and r.duplicate_of is None and r.values]
+
+
 def pareto_front(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> list[TrialRecord]:
     """The feasible, non-dominated trials (duplicates left out), best primary objective first."""
-    pool = [r for r in recs if r.feasible and r.duplicate_of is None and r.values]
+    pool = contenders(recs)
     signs = [-1.0 if m else 1.0 for m in maximize]
 
     def cost(r: TrialRecord) -> list[float]:

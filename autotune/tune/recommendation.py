@@ -66,8 +66,10 @@ def decide(
 ) -> Recommendation:
     """The recommendation of a study's records (`remeasured`: trial number -> {repeat: primary value})."""
     decision = _decide(recs, maximize, objective_names, remeasured or {})
+    if not remeasured or decision.candidate is None:
+        return decision  # picked by single runs already
     once = recommend(recs, maximize, resolution_of)
-    if decision.candidate is None or once is None or once.number == decision.candidate.number:
+    if once is None or once.number == decision.candidate.number:
         return decision
     note = (
         f" Each re-measured config is judged by the mean of its runs: trial #{once.number} measured "

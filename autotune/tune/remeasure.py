@@ -22,7 +22,7 @@ from pathlib import Path
 import optuna
 
 from autotune.dispatch.executor import Executor
-from autotune.tune.front import baseline, recommend
+from autotune.tune.front import baseline, contenders, recommend
 from autotune.tune.objectives import ObjectiveSet
 from autotune.tune.recommendation import resolution_of
 from autotune.tune.study import TrialRecord, records
@@ -56,8 +56,7 @@ def targets(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> list[Trial
     """
     pick = recommend(recs, maximize, resolution_of)
     sign = -1.0 if maximize[0] else 1.0
-    pool = [r for r in recs if r.feasible and r.duplicate_of is None and r.values]
-    ranked = sorted(pool, key=lambda r: sign * (r.values or [0.0])[0])
+    ranked = sorted(contenders(recs), key=lambda r: sign * (r.values or [0.0])[0])
     chosen = ([pick] if pick is not None else []) + [
         r for r in ranked if pick is None or r.number != pick.number
     ]
@@ -72,9 +71,8 @@ def plan(chosen: Sequence[TrialRecord], repeats: int) -> list[Repeat]:
     """The repeats in the order they run: round by round (every target's first repeat, then the
     second...), the pick and the baseline first in each, so that a budget that stops them early still
     leaves the gain paired runs and every candidate as many repeats as can be afforded."""
-    base = next((r for r in chosen if r.baseline), None)
-    ordered = [*chosen[:1], *([base] if base is not None and base is not chosen[0] else [])]
-    ordered += [r for r in chosen if all(r is not o for o in ordered)]
+    rest = list(chosen[1:])
+    ordered = [*chosen[:1], *(r for r in rest if r.baseline), *(r for r in rest if not r.baseline)]
     return [Repeat(trial, index) for index in range(1, repeats + 1) for trial in ordered]
 
 
@@ -123,12 +121,13 @@ def remeasure(
         todo = [r for r in todo if executor.fits(r.trial.engine_config())]
         while todo and executor.can_start(todo[0].trial.engine_config()):
             if dearest * (len(running) + 1) > left_s:  # the next could pass the budget
-                print(
-                    f"autotune: {len(todo)} repeat(s) left out: each could cost up to "
-                    f"{dearest / 3600:.2f} GPU-h, more than the budget has left",
-                    file=sys.stderr,
-                )
-                todo.clear()
+                if not running:  # nothing running will hand budget back: the rest cannot fit
+                    print(
+                        f"autotune: {len(todo)} repeat(s) left out: each could cost up to "
+                        f"{dearest / 3600:.2f} GPU-h, more than the budget has left",
+                        file=sys.stderr,
+                    )
+                    todo.clear()
                 break
             repeat = todo.pop(0)
             trial_dir = (

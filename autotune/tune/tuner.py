@@ -187,10 +187,14 @@ class Tuner:
 
     def _budget_left_s(self) -> float | None:
         """GPU-seconds left under --gpu-hours after every trial and repeat so far (None: no budget)."""
-        budget_h = getattr(getattr(self.guide, "options", None), "gpu_hours", None)
-        if budget_h is None:
+        if self._budget_h is None:
             return None
-        return max(0.0, budget_h * 3600 - self._tally.gpu_s - repeats_gpu_seconds(self.study))
+        return max(0.0, self._budget_h * 3600 - self._tally.gpu_s - repeats_gpu_seconds(self.study))
+
+    @property
+    def _budget_h(self) -> float | None:
+        """A guided run's --gpu-hours (None: no budget, or not a guided run)."""
+        return getattr(getattr(self.guide, "options", None), "gpu_hours", None)
 
     def _loop(self, start: float) -> bool:
         """Ask, dispatch and tell until the budget is spent or the timeout passed (then True)."""
@@ -394,6 +398,6 @@ class Tuner:
                 running_since={n: now - self._submitted[n] for n, _ in running if n in self._submitted},
                 probes={n: read_probe(d) for n, d in trial_dirs.items()},
                 gpu_hours=c.gpu_s / 3600 if self.guide is not None else None,
-                budget_h=getattr(getattr(self.guide, "options", None), "gpu_hours", None),
+                budget_h=self._budget_h,
             )
         )
