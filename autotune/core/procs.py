@@ -7,8 +7,12 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def pid_alive(text: str) -> bool:
@@ -57,6 +61,21 @@ def end_workers(pool: ProcessPoolExecutor) -> None:
         process.terminate()
     for process in workers:
         process.join(timeout=5)
+
+
+def map_in_workers(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], processes: int) -> list[T]:
+    """`fn(*job)` for every job, in order: in this process when one process (or one job) is asked
+    for, else on a `worker_pool`, which an error or a Ctrl-C ends at once (`end_workers`)."""
+    if processes <= 1 or len(jobs) <= 1:
+        return [fn(*job) for job in jobs]
+    pool = worker_pool(min(processes, len(jobs)))
+    try:
+        results = [f.result() for f in [pool.submit(fn, *job) for job in jobs]]
+    except BaseException:
+        end_workers(pool)
+        raise
+    pool.shutdown()
+    return results
 
 
 PARENT_CHECK_S = 1.0  # how often a worker looks whether its driver still runs

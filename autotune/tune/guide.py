@@ -19,7 +19,6 @@ import itertools
 import json
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from autotune.catalog.models import get_model
 from autotune.core.atomic import atomic_write_text
 from autotune.core.config import EngineConfig
 from autotune.core.errors import EngineStartupError, FailureKind
-from autotune.core.procs import end_workers, worker_pool
+from autotune.core.procs import map_in_workers
 from autotune.measure.slo import Slo
 from autotune.sim.engine import SimEngine
 from autotune.tune.guide_estimate import Estimator, GuideSettings, Pool
@@ -239,27 +238,11 @@ def _predict(
     jobs = [(members, space.gpu, workload, list(slos), settings, calibration) for members in classes.values()]
     jobs.sort(key=lambda job: -len(job[0]))  # the largest classes first: the workers finish together
     cpu_s = 0.0
-    for estimated, job_cpu_s in _run_jobs(jobs, processes):
+    for estimated, job_cpu_s in map_in_workers(_estimate_class, jobs, processes):
         cpu_s += job_cpu_s
         predictions.update(estimated)
     tp = int(space.fixed.get("tensor_parallel_size", 1))
     return GuideTable([predictions[i] for i in range(len(points))], tp, cpu_s=cpu_s)
-
-
-def _run_jobs(jobs: list[tuple[Any, ...]], processes: int) -> list[tuple[dict[int, Prediction], float]]:
-    if processes <= 1 or len(jobs) <= 1:
-        return [_estimate_class(*job) for job in jobs]
-    pool = worker_pool(min(processes, len(jobs)))
-    try:
-        futures: list[Future[tuple[dict[int, Prediction], float]]] = [
-            pool.submit(_estimate_class, *job) for job in jobs
-        ]
-        results = [f.result() for f in futures]
-    except BaseException:
-        end_workers(pool)
-        raise
-    pool.shutdown()
-    return results
 
 
 def _estimate_class(

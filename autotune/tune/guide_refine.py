@@ -23,13 +23,12 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from autotune.backends.sim import SimBackend
 from autotune.core.atomic import atomic_write_text
-from autotune.core.procs import end_workers, worker_pool
+from autotune.core.procs import map_in_workers
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
@@ -86,17 +85,7 @@ def search_points(
     order; and the CPU seconds the searches took (every process)."""
     cal = calibration or DEFAULT_CALIBRATION
     jobs = [(space, params, workload, list(slos), cal) for params in points]
-    if processes <= 1 or len(jobs) <= 1:
-        results = [_search(*job) for job in jobs]
-    else:
-        pool = worker_pool(min(processes, len(jobs)))
-        try:
-            futures: list[Future[tuple[Prediction, float]]] = [pool.submit(_search, *job) for job in jobs]
-            results = [f.result() for f in futures]
-        except BaseException:
-            end_workers(pool)
-            raise
-        pool.shutdown()
+    results = map_in_workers(_search, jobs, processes)
     return [p for p, _ in results], sum(s for _, s in results)
 
 
