@@ -294,11 +294,13 @@ def test_the_residual_model_learns_a_noisier_measurement_from_alike_configs_that
     assert calm.noise_factor == 1
 
 
-def test_re_measuring_the_top_stays_within_the_budget(folder: Path) -> None:
+@pytest.mark.parametrize("parallel", ["1", "2"])
+def test_re_measuring_the_top_stays_within_the_budget(folder: Path, parallel: str) -> None:
     """Three trials (~0.14 GPU-h each) under 1 GPU-h leave room for some of their six repeats (two seeds
     each: the top and the defaults), not all: those that fit run, and guide.json's spend, the
-    trials' and the repeats', stays within the budget."""
-    out = guided_run(folder, "--n-trials", "3", "--gpu-hours", "1", "--repeats", "2")
+    trials' and the repeats', stays within the budget. Two at a time, each running repeat is charged
+    as the next one: a repeat that does not fit beside them waits for them."""
+    out = guided_run(folder, "--n-trials", "3", "--gpu-hours", "1", "--repeats", "2", "--parallel", parallel)
     assert "repeat(s) left out" in out.stderr and "more than the budget has left" in out.stderr
     study = study_of(folder)
     guide = json.loads((folder / "runs/g/guide.json").read_text())
