@@ -10,14 +10,13 @@ searches do not keep their bracket).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from autotune.measure.capacity_report import CapacityReport
 from autotune.trial.capacity import RESOLUTION
 from autotune.tune.recommendation import decide
-from autotune.tune.remeasure import plan, targets
+from autotune.tune.remeasure import RepeatBudget, plan, targets
 from autotune.tune.study import TrialRecord
 
 MAXIMIZE = [True]
@@ -45,18 +44,19 @@ def finish(
         _record(i, value, key == base_key, cost * 3600)
         for i, (key, value, cost) in enumerate(zip(keys, trace.values[:within], costs, strict=True))
     ]
-    left_s = math.inf if budget_h is None else (budget_h - trace.gpu_h[-1]) * 3600  # every trial it ran
     todo = plan(targets(recs, MAXIMIZE), repeats)
-    dearest = max((r.trial.gpu_seconds for r in todo), default=0.0)
+    left_s = None if budget_h is None else (budget_h - trace.gpu_h[-1]) * 3600  # every trial it ran
+    budget = RepeatBudget.of(todo, left_s)
     remeasured: dict[str, dict[str, float]] = {}
     spent_s = 0.0
     for repeat in todo:
-        if dearest > left_s - spent_s:  # one at a time, charged as the run charges it (remeasure.py)
+        if not budget.fits():  # one at a time, charged as the run charges it
             break
         key = keys[repeat.trial.number]
         m = world.trials.measure(key, world.grid_keys[key], trace.seed + repeat.index)
         remeasured.setdefault(str(repeat.trial.number), {})[str(repeat.index)] = m.value
-        spent_s, dearest = spent_s + m.gpu_s, max(dearest, m.gpu_s)
+        spent_s += m.gpu_s
+        budget.charge(m.gpu_s)
     decision = decide(recs, MAXIMIZE, ["output_throughput"], remeasured)
     picked = keys[decision.candidate.number] if decision.candidate is not None else None
     deployed = keys[decision.trial.number] if decision.trial is not None else None

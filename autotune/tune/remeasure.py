@@ -46,6 +46,32 @@ class Repeat:
         return -(self.trial.number * 1000 + self.index)
 
 
+@dataclass
+class RepeatBudget:
+    """What the repeats may still spend, in GPU-seconds (inf: no limit). A repeat is charged the dearest
+    run of a target so far (first runs and finished repeats): one config's search costs up to 4x more
+    in one run than in another (its noise decides how many probes it takes), so its own first run is no
+    bound, and the budget is a cap."""
+
+    left_s: float
+    dearest_s: float
+
+    @classmethod
+    def of(cls, todo: Sequence[Repeat], budget_s: float | None) -> RepeatBudget:
+        """The budget for `todo` (None: no limit), charging from its targets' first runs."""
+        left = math.inf if budget_s is None else budget_s
+        return cls(left, max((r.trial.gpu_seconds for r in todo), default=0.0))
+
+    def fits(self, running: int = 0) -> bool:
+        """Whether one more repeat fits beside `running` ones, each charged as the next one."""
+        return self.dearest_s * (running + 1) <= self.left_s
+
+    def charge(self, gpu_s: float) -> None:
+        """A finished repeat's cost (all of its GPUs)."""
+        self.left_s -= gpu_s
+        self.dearest_s = max(self.dearest_s, gpu_s)
+
+
 def targets(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> list[TrialRecord]:
     """The config the recommendation would pick, the best others by the primary objective
     (TOP_CANDIDATES in all, best first) and the baseline.
@@ -99,10 +125,8 @@ def remeasure(
     """Run the repeats not yet in the study; returns how many ran. Raises KeyboardInterrupt when
     `interrupted()` turns true (what finished is already stored).
 
-    `budget_s`: the GPU-seconds they may still spend (None: no limit). Each is charged the dearest run
-    of a target so far (first runs and finished repeats), itself and the running ones: one config's
-    search costs up to 4x more in one run than in another (its noise decides how many probes it takes),
-    so its own first run is no bound, and the budget is a cap."""
+    `budget_s`: the GPU-seconds they may still spend (None: no limit), charged as RepeatBudget says:
+    a repeat starts only when it and every running one fit, each at the dearest run so far."""
     maximize = [o.maximize for o in objectives.objectives]
     done: dict[str, dict[str, float]] = {k: dict(v) for k, v in (stored_repeats(study) or {}).items()}
     todo = [
@@ -110,8 +134,7 @@ def remeasure(
         for r in plan(targets(records(study), maximize), repeats)
         if str(r.index) not in done.get(str(r.trial.number), {})
     ]
-    left_s = math.inf if budget_s is None else budget_s
-    dearest = max((r.trial.gpu_seconds for r in todo), default=0.0)
+    budget = RepeatBudget.of(todo, budget_s)
     running: dict[int, Repeat] = {}
     ran = 0
     while todo or running:
@@ -120,11 +143,11 @@ def remeasure(
         # A config that no longer fits (a node of the cluster was lost) is not re-measured.
         todo = [r for r in todo if executor.fits(r.trial.engine_config())]
         while todo and executor.can_start(todo[0].trial.engine_config()):
-            if dearest * (len(running) + 1) > left_s:  # the next could pass the budget
+            if not budget.fits(len(running)):  # the next could pass the budget
                 if not running:  # nothing running will hand budget back: the rest cannot fit
                     print(
                         f"autotune: {len(todo)} repeat(s) left out: each could cost up to "
-                        f"{dearest / 3600:.2f} GPU-h, more than the budget has left",
+                        f"{budget.dearest_s / 3600:.2f} GPU-h, more than the budget has left",
                         file=sys.stderr,
                     )
                     todo.clear()
@@ -142,7 +165,6 @@ def remeasure(
             study.set_user_attr(ATTR, done)
             gpus = max(1, repeat.trial.engine_config().tensor_parallel_size)
             study.set_user_attr(GPU_ATTR, repeats_gpu_seconds(study) + result.gpu_seconds * gpus)
-            left_s -= result.gpu_seconds * gpus
-            dearest = max(dearest, result.gpu_seconds * gpus)
+            budget.charge(result.gpu_seconds * gpus)
             ran += 1
     return ran
