@@ -199,3 +199,29 @@ def test_repeats_run_round_by_round_the_pick_and_baseline_first(tmp_path: Path) 
     chosen = [recs[1], recs[2], recs[0]]  # as remeasure.targets orders them: the baseline last
     order = [(r.trial.number, r.index) for r in plan(chosen, 2)]
     assert order == [(1, 1), (0, 1), (2, 1), (1, 2), (0, 2), (2, 2)]
+
+
+def test_runs_of_the_pick_far_apart_are_flagged_as_sensitive_to_noise(tmp_path: Path) -> None:
+    """The pick's three runs 24 % apart (a capacity near a flat p99 ITL SLO): the summary and the report's
+    flags say so; the same config measured 2 % apart is not flagged."""
+    from autotune.outputs.outcome import outcome
+    from autotune.outputs.report import summary_text
+
+    outcomes = [
+        ({"max_num_seqs": 1024, "baseline": True}, capacity(4000, 0.03)),
+        ({"max_num_seqs": 256}, capacity(5300, 0.03)),
+    ]
+    recs = records(build_run(tmp_path, outcomes))
+
+    def flagged(repeats: dict) -> str:
+        out = outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"], remeasured=repeats)
+        assert out.best is not None and out.best.number == 1
+        note = out.spread_note()
+        assert (note in out.flags()) if note else all("Sensitive" not in f for f in out.flags())
+        assert ("Sensitive to noise" in summary_text(out)) == bool(note)
+        return note
+
+    note = flagged({"1": {"1": 4600, "2": 5700}, "0": {"1": 4050, "2": 3990}})
+    assert "Sensitive to noise: trial #1's 3 runs measured 4,600 to 5,700 (24% apart)" in note
+    assert "#0" not in note  # the defaults' runs agree within 2 %
+    assert flagged({"1": {"1": 5250, "2": 5350}, "0": {"1": 4050, "2": 3990}}) == ""

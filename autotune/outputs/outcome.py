@@ -19,6 +19,11 @@ SIMULATED_NOTE = (
     "simulated: these results come from autotune's simulated vLLM engine, not a GPU; confirm them on "
     "one before you deploy (autotune bench --url against the deployment, --capacity for its capacity)"
 )
+# One config's runs further apart than this: at these SLOs its capacity, not the config, is what is
+# uncertain (a capacity search's repeats spread 2-5 % on well-conditioned cases, 10-35 % near a p99 ITL SLO
+# on which the latency barely moves with the rate: docs/guided-search.md, "A ground truth with the
+# trials' noise").
+SENSITIVE_SPREAD = 0.10
 
 
 def is_simulated(context: Mapping[str, Any]) -> bool:
@@ -42,6 +47,7 @@ class Outcome:
     context: dict[str, Any] = field(default_factory=dict)  # the study's settings (model, gpu, workload...)
     cost: CostView | None = None
     sizing: Sizing | None = None
+    remeasured: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # trial -> repeat -> value
 
     def gain(self, record: TrialRecord) -> float | None:
         """Relative change of the primary objective against the baseline (+0.23 = 23% better)."""
@@ -134,6 +140,26 @@ class Outcome:
             )
         return ""
 
+    def spread_note(self) -> str:
+        """One sentence when the recommended config's or the baseline's runs (its first and its repeats)
+        lie more than SENSITIVE_SPREAD apart ("" otherwise): a gain smaller than that spread is not
+        established by a few runs, whatever their mean says."""
+        chosen = [r for r in (self.best, self.baseline) if r is not None and r.values]
+        spreads = []
+        for record in {r.number: r for r in chosen}.values():
+            runs = [(record.values or [0.0])[0], *self.remeasured.get(str(record.number), {}).values()]
+            low, high = min(runs), max(runs)
+            if len(runs) > 1 and low > 0 and high / low - 1 > SENSITIVE_SPREAD:
+                what = f"{fmt_number(low)} to {fmt_number(high)} ({high / low - 1:.0%} apart)"
+                spreads.append(f"#{record.number}'s {len(runs)} runs measured {what}")
+        if not spreads:
+            return ""
+        return (
+            f"Sensitive to noise: trial {' and trial '.join(spreads)} of {self.objective_names[0]}. At "
+            "these SLOs a small change in speed moves the capacity far: read differences smaller than "
+            "that as ties, and confirm on the deployment (autotune bench --url ... --capacity)."
+        )
+
     def feasible(self) -> list[TrialRecord]:
         """Feasible trials (duplicates left out)."""
         return [r for r in self.records if r.feasible and r.duplicate_of is None]
@@ -171,6 +197,8 @@ class Outcome:
                 out.append(f"capacity measured to within {resolution:.1%}")
             if self.best.kept_up is False:
                 out.append("at the fixed load the recommended config did not keep up with the arrivals")
+        if self.spread_note():
+            out.append(self.spread_note())
         return out
 
 
@@ -182,7 +210,7 @@ def outcome(
     context: dict[str, Any] | None = None,
     target_rate: float | None = None,
     gpu_price: float | None = None,
-    remeasured: dict[str, list[float]] | None = None,
+    remeasured: Mapping[str, Mapping[str, float]] | None = None,
     repeats_gpu_s: float = 0.0,
 ) -> Outcome:
     """Front, recommendation (with its gain), baseline and costs of a study's records."""
@@ -204,6 +232,7 @@ def outcome(
             records, simulated, int(ctx.get("gpus") or 0), str(ctx.get("gpu") or ""), repeats_gpu_s
         ),
         sizing=sizing(best, target_rate, gpu_price, simulated) if best is not None and target_rate else None,
+        remeasured=remeasured or {},
     )
 
 
