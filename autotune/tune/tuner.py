@@ -238,7 +238,7 @@ class Tuner:
         while self._queued and self.executor.can_start(self._queued[0].config):
             self._submit(self._queued.pop(0))
         while not timed_out and not self._queued and self.executor.can_start():
-            if self._budget_spent() or self._guide_stops():
+            if self._budget_spent() or self._guide_waits() or self._guide_stops():
                 return
             trial = self.study.ask()
             params = self.space.suggest(trial)
@@ -297,6 +297,11 @@ class Tuner:
             or sampler_exhausted(self.study)
             or self._stop_reason is not None
         )
+
+    def _guide_waits(self) -> bool:
+        """A guided run under a budget waits for the first trial's cost before it starts another."""
+        busy = len(self._running) + len(self._queued)
+        return self.guide is not None and self.guide.waits(self.study, busy)
 
     def _guide_stops(self) -> bool:
         """A guided run: the guide enqueues the next config, or says why the run stops."""
