@@ -133,8 +133,17 @@ def test_a_second_call_reads_the_cache_and_other_slos_or_calibration_miss_it(
 def test_predictions_are_deterministic_in_any_number_of_processes(
     tmp_path: Path, chat: WorkloadSpec, table: GuideTable
 ) -> None:
-    again = predict_space(SPACE, chat, SLOS, runs_dir=tmp_path, processes=1)
+    heard: list[tuple[int, int]] = []
+
+    def progress(done: int, total: int) -> None:
+        heard.append((done, total))
+
+    again = predict_space(SPACE, chat, SLOS, runs_dir=tmp_path, processes=1, progress=progress)
     assert not again.from_cache and again.predictions == table.predictions
+    # progress: configs predicted so far, rising to all of them
+    total = len(table.predictions)
+    assert len(heard) > 1 and heard[-1] == (total, total) and {t for _, t in heard} == {total}
+    assert [d for d, _ in heard] == sorted(d for d, _ in heard)
 
 
 def test_a_config_estimated_with_its_class_gets_what_it_gets_alone(chat: WorkloadSpec) -> None:

@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from autotune.core.inputs import arg
 
 GUIDES = ("sim", "none")
 CALIBRATION_FILE = "calibration.yaml"
+PROGRESS_EVERY_S = 30.0
 
 
 def add_guide_options(parser: Any) -> None:
@@ -96,7 +98,9 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
         "autotune: guide: predicting the whole space on the simulated engine ...", file=sys.stderr, flush=True
     )
     runs_dir = Path(args.runs_dir)
-    table = predict_space(s.space, s.workload, s.slos, s.objectives, calibration=cal, runs_dir=runs_dir)
+    table = predict_space(
+        s.space, s.workload, s.slos, s.objectives, calibration=cal, runs_dir=runs_dir, progress=Progress()
+    )
     top = REFINE_TOP if args.guide_top is None else args.guide_top
     table = refine_table(table, s.space, s.workload, s.slos, s.objectives.objectives[0], cal, top)
     baseline = s.space.baseline_params(s.gpu.memory_gib, s.max_position_embeddings)
@@ -128,6 +132,21 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
     )
     print(f"autotune: guide: {budget_text(args.gpu_hours, first_trial_gpu_s)}", file=sys.stderr)
     return search
+
+
+class Progress:
+    """How far the guide's prediction of the space is, on stderr every PROGRESS_EVERY_S (a small fast
+    model's space can take many minutes: each config simulates thousands of requests)."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_EVERY_S and done < total:
+            self.last = now
+            line = f"{done:,} of {total:,} configs predicted ({(now - self.start) / 60:.0f} min)"
+            print(f"autotune: guide: {line}", file=sys.stderr, flush=True)
 
 
 def budget_text(budget_h: float | None, trial_gpu_s: float | None) -> str:

@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -63,14 +63,31 @@ def end_workers(pool: ProcessPoolExecutor) -> None:
         process.join(timeout=5)
 
 
-def map_in_workers(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], processes: int) -> list[T]:
+def map_in_workers(
+    fn: Callable[..., T],
+    jobs: Sequence[tuple[Any, ...]],
+    processes: int,
+    done: Callable[[int], None] | None = None,
+) -> list[T]:
     """`fn(*job)` for every job, in order: in this process when one process (or one job) is asked
-    for, else on a `worker_pool`, which an error or a Ctrl-C ends at once (`end_workers`)."""
+    for, else on a `worker_pool`, which an error or a Ctrl-C ends at once (`end_workers`). `done(i)`
+    hears of job i's end as it happens (for progress), in whatever order the jobs end."""
     if processes <= 1 or len(jobs) <= 1:
-        return [fn(*job) for job in jobs]
+        results = []
+        for i, job in enumerate(jobs):
+            results.append(fn(*job))
+            if done is not None:
+                done(i)
+        return results
     pool = worker_pool(min(processes, len(jobs)))
     try:
-        results = [f.result() for f in [pool.submit(fn, *job) for job in jobs]]
+        futures = [pool.submit(fn, *job) for job in jobs]
+        index = {f: i for i, f in enumerate(futures)}
+        for future in as_completed(futures):
+            future.result()  # an error ends the pool now, not after the jobs before it
+            if done is not None:
+                done(index[future])
+        results = [f.result() for f in futures]
     except BaseException:
         end_workers(pool)
         raise

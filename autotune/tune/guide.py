@@ -18,7 +18,7 @@ import hashlib
 import itertools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,10 +131,12 @@ def predict_space(
     runs_dir: Path = Path("runs"),
     processes: int = 2,
     settings: GuideSettings = GuideSettings(),  # noqa: B008 (frozen)
+    progress: Callable[[int, int], None] | None = None,
 ) -> GuideTable:
     """The guide's table for every grid point of `space` on `gpu` (default the space's), read from
     <runs_dir>/guide/ when it was made before with the same inputs. `objectives` order the table's
-    ranking (`GuideTable.ranking`) and change no prediction. `calibration` goes to the simulator."""
+    ranking (`GuideTable.ranking`) and change no prediction. `calibration` goes to the simulator.
+    `progress(done, total)` hears how many configs are predicted as they are."""
     space = space.with_overrides(gpu=gpu)
     grid = space.grid(GRID_STEPS)
     points = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
@@ -144,7 +146,7 @@ def predict_space(
         table = GuideTable.from_json(path.read_text(), path)
     else:
         start = time.process_time()
-        table = _predict(space, points, workload, slos, calibration, settings, processes)
+        table = _predict(space, points, workload, slos, calibration, settings, processes, progress)
         table.cpu_s += time.process_time() - start
         table.cache_path = path
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -215,6 +217,7 @@ def _predict(
     calibration: object | None,
     settings: GuideSettings,
     processes: int,
+    progress: Callable[[int, int], None] | None = None,
 ) -> GuideTable:
     """Startup verdicts here, estimates by class on `processes` workers (1: in this process)."""
     gpu, model = get_gpu(space.gpu), get_model(space.model)
@@ -237,8 +240,16 @@ def _predict(
         )
     jobs = [(members, space.gpu, workload, list(slos), settings, calibration) for members in classes.values()]
     jobs.sort(key=lambda job: -len(job[0]))  # the largest classes first: the workers finish together
+    finished = len(predictions)  # the configs that do not start are predicted already
+
+    def done(i: int) -> None:
+        nonlocal finished
+        finished += len(jobs[i][0])
+        if progress is not None:
+            progress(finished, len(points))
+
     cpu_s = 0.0
-    for estimated, job_cpu_s in map_in_workers(_estimate_class, jobs, processes):
+    for estimated, job_cpu_s in map_in_workers(_estimate_class, jobs, processes, done):
         cpu_s += job_cpu_s
         predictions.update(estimated)
     tp = int(space.fixed.get("tensor_parallel_size", 1))
