@@ -145,8 +145,13 @@ class Progress:
         now = time.monotonic()
         if now - self.last >= PROGRESS_EVERY_S and done < total:
             self.last = now
-            line = f"{done:,} of {total:,} configs predicted ({(now - self.start) / 60:.0f} min)"
-            print(f"autotune: guide: {line}", file=sys.stderr, flush=True)
+            took = now - self.start
+            when = f"{took:.0f} s" if took < 120 else f"{took / 60:.0f} min"
+            print(
+                f"autotune: guide: {done:,} of {total:,} configs predicted ({when})",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def budget_text(budget_h: float | None, trial_gpu_s: float | None) -> str:
