@@ -11,7 +11,7 @@ from autotune.measure.evidence import UNSURE
 from autotune.outputs.cost import CostView, Sizing, cost_view, sizing
 from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, gpus_per_replica, pareto_front
 from autotune.tune.objectives import PER_GPU
-from autotune.tune.recommendation import Recommendation, decide, resolution_of
+from autotune.tune.recommendation import Recommendation, decide, resolution_of, runs_of
 from autotune.tune.study import TrialRecord
 
 # Said wherever a simulated run's results go (report, summary, best.json, exports, dashboard note).
@@ -147,7 +147,7 @@ class Outcome:
         chosen = [r for r in (self.best, self.baseline) if r is not None and r.values]
         spreads = []
         for record in {r.number: r for r in chosen}.values():
-            runs = [(record.values or [0.0])[0], *self.remeasured.get(str(record.number), {}).values()]
+            runs = runs_of(record, self.remeasured)
             low, high = min(runs), max(runs)
             if len(runs) > 1 and low > 0 and high / low - 1 > SENSITIVE_SPREAD:
                 what = f"{fmt_number(low)} to {fmt_number(high)} ({high / low - 1:.0%} apart)"
@@ -197,8 +197,9 @@ class Outcome:
                 out.append(f"capacity measured to within {resolution:.1%}")
             if self.best.kept_up is False:
                 out.append("at the fixed load the recommended config did not keep up with the arrivals")
-        if self.spread_note():
-            out.append(self.spread_note())
+        spread = self.spread_note()
+        if spread:
+            out.append(spread)
         return out
 
 

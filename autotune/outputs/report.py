@@ -74,8 +74,9 @@ def summary_text(out: Outcome) -> str:
             parts.append(f"  {capacity[0].upper()}{capacity[1:]}.")
     if out.sizing is not None:
         parts.append(f"  for {out.sizing.text()}")
-    if out.spread_note():
-        parts.append(f"  {out.spread_note()}")
+    spread = out.spread_note()
+    if spread:
+        parts.append(f"  {spread}")
     if out.simulated:
         parts.append(f"  {SIMULATED_NOTE[0].upper()}{SIMULATED_NOTE[1:]}.")
     return "\n".join(parts)

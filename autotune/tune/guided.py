@@ -244,8 +244,8 @@ class GuidedSearch:
 
     def waits(self, study: optuna.Study, busy: int) -> bool:
         """Whether to start nothing more until a running trial ends: under --gpu-hours, while no trial's
-        cost is known (no pre-run estimate, none finished), each more trial would start blind, and four
-        at once on four GPUs passed a 3 GPU-h budget five times over."""
+        cost is known (no pre-run estimate, none finished), the budget cannot charge another one, and
+        every free GPU would start one blind."""
         if self.options.gpu_hours is None or not busy or self.options.first_trial_gpu_s:
             return False
         return not any(o.gpu_s > 0 for o in self.observations(study))

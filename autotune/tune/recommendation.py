@@ -136,15 +136,20 @@ def pick(
     repeated = [r for r in recs if remeasured.get(str(r.number)) and r.values]
     if not repeated:
         return recommend(recs, maximize, resolution_of)
-    means = [_with_mean(r, remeasured[str(r.number)]) for r in repeated]
+    means = [_with_mean(r, remeasured) for r in repeated]
     chosen = recommend(means, maximize, resolution_of)
     return next((r for r in repeated if chosen is not None and r.number == chosen.number), None)
 
 
-def _with_mean(record: TrialRecord, repeats: Mapping[str, float]) -> TrialRecord:
+def runs_of(record: TrialRecord, remeasured: Mapping[str, Mapping[str, float]]) -> list[float]:
+    """A measured trial's primary objective over its first run and its repeats, in that order."""
+    return [(record.values or [0.0])[0], *remeasured.get(str(record.number), {}).values()]
+
+
+def _with_mean(record: TrialRecord, remeasured: Mapping[str, Mapping[str, float]]) -> TrialRecord:
     """`record` with its primary objective replaced by the mean over its first run and its repeats."""
     values = list(record.values or [])
-    values[0] = statistics.fmean([values[0], *repeats.values()])
+    values[0] = statistics.fmean(runs_of(record, remeasured))
     return dataclasses.replace(record, values=values)
 
 
