@@ -261,6 +261,44 @@ def test_the_speed_refit_recovers_a_slower_gpu_from_a_few_measurements() -> None
     assert len(calls) <= 3 * 9  # a bisection over the grid, each point predicted once
 
 
+def test_the_refit_compares_measurements_on_the_refined_tables_scale() -> None:
+    """The refined table's fast estimates are scaled by the full search's ratio to them (here 5 %): a
+    GPU that measures what that table predicts keeps the speed factor at 1, and what the refit hands
+    out (the re-predicted space, extra points) is on that scale; measured against the raw estimate the
+    same GPU reads as 5 % faster."""
+    import yaml
+
+    from autotune.measure.slo import parse_slos
+    from autotune.tune.guide import GuideTable, predict_points
+    from autotune.tune.guide_refit import Refit
+    from autotune.tune.objectives import Objective
+    from autotune.tune.space import space_from_dict
+    from autotune.workloads.files import load_workload
+
+    space = space_from_dict(yaml.safe_load(SPACE))
+    chat, slos = load_workload("chat"), parse_slos(["ttft_p99=2s"])
+    objective = Objective("output_throughput", "maximize")
+    points = [
+        {"max_num_seqs": s, "max_num_batched_tokens": b} for s, b in ((32, 2048), (256, 16384), (1024, 2048))
+    ]
+
+    def predict(calibration, params):  # noqa: ANN001, ANN202
+        return predict_points(space, params, chat, slos, calibration).predictions
+
+    fast = predict(DEFAULT_CALIBRATION, points)
+    measured = [(p.key, p.params, p.value(objective) / 0.95) for p in fast]
+    raw = Refit(lambda c: GuideTable(predict(c, points)), predict, objective)
+    refined = Refit(raw.predict_table, predict, objective, estimate_scale=1 / 0.95)
+    assert refined.fit(measured) == 0
+    assert raw.fit(measured) >= 1  # read as a faster GPU than the model, by the scale
+    table = refined.table(-4)
+    assert table.estimate_scale == pytest.approx(1 / 0.95)
+    for got, plain in zip(table.predictions, predict(refined.calibration(-4), points), strict=True):
+        assert got.value(objective) == pytest.approx(plain.value(objective) / 0.95, rel=1e-3)
+    extra = refined.points(-4, points[:1])[0]
+    assert extra.value(objective) == pytest.approx(table.predictions[0].value(objective), rel=1e-6)
+
+
 def test_the_residual_model_with_nothing_measured_is_its_prior() -> None:
     """No trial yet with both a prediction and a measurement (the defaults missed the SLOs, or the
     refitted guide predicts they meet none): the prior, not a crash."""

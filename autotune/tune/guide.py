@@ -79,6 +79,9 @@ class GuideTable:
     from_cache: bool = False
     cpu_s: float = 0.0  # CPU seconds the predictions took (all processes; 0 when read from the cache)
     objectives: tuple[Objective, ...] = ()  # the study's: the first is `ranking`'s default
+    # The factor its fast estimates were scaled by to the full search's scale (tune/guide_refine.py);
+    # 1.0 for the fast estimate's own table.
+    estimate_scale: float = 1.0
     _by_key: dict[str, Prediction] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -100,6 +103,7 @@ class GuideTable:
     def to_json(self) -> str:
         """The table as the cache file stores it."""
         data = {"tensor_parallel_size": self.tensor_parallel_size, "cpu_s": round(self.cpu_s, 3)}
+        data["estimate_scale"] = self.estimate_scale
         return json.dumps({**data, "predictions": [asdict(p) for p in self.predictions]}, indent=0)
 
     @classmethod
@@ -107,7 +111,9 @@ class GuideTable:
         """A table read back from its cache file."""
         data = json.loads(text)
         predictions = [Prediction(**p) for p in data["predictions"]]
-        return cls(predictions, data["tensor_parallel_size"], path, from_cache=True)
+        table = cls(predictions, data["tensor_parallel_size"], path, from_cache=True)
+        table.estimate_scale = float(data.get("estimate_scale", 1.0))
+        return table
 
 
 @dataclass(frozen=True)

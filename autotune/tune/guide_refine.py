@@ -134,11 +134,11 @@ def _merge(table: GuideTable, searched: dict[str, Prediction], objective: Object
         if fast_value and full:
             ratios.append(math.log(full / fast_value))
     ratio = math.exp(statistics.median(ratios)) if ratios else 1.0
-    predictions = [searched.get(p.key) or _scaled(p, ratio, objective) for p in table.predictions]
-    return GuideTable(predictions, tp, cpu_s=table.cpu_s)
+    predictions = [searched.get(p.key) or scaled(p, ratio, objective) for p in table.predictions]
+    return GuideTable(predictions, tp, cpu_s=table.cpu_s, estimate_scale=ratio)
 
 
-def _scaled(prediction: Prediction, ratio: float, objective: Objective) -> Prediction:
+def scaled(prediction: Prediction, ratio: float, objective: Objective) -> Prediction:
     """A fast estimate moved by `ratio` on the objective's scale. For a throughput objective the rate and
     every throughput move together (each is the rate times tokens per request)."""
     if not prediction.starts or prediction.capacity_rate <= 0 or ratio == 1.0:

@@ -281,8 +281,7 @@ class GuidedSearch:
         self.index = index
         table, extra = self._base
         if index != 0:
-            params = [p.params for p in extra.values()]
-            points = self.refit.predict_points(self.refit.calibration(index), params) if params else []
+            points = self.refit.points(index, [p.params for p in extra.values()])
             table, extra = self.refit.table(index), {p.key: p for p in points}
         self.use_table(table, extra)
         return True
