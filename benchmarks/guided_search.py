@@ -158,7 +158,7 @@ def build_world(case: Case, reality: Reality, processes: int) -> World:
         lambda c, points: predict_points(space, points, workload, slos, c).predictions,
         OBJECTIVE,
         guide_table.tensor_parallel_size,
-        estimate_scale=guide_table.estimate_scale,
+        scale_of=guide_table.scale_of,
     )
     slug = "".join(c if c.isalnum() else "-" for c in reality.name)
     # keyed by the simulator's code as the guide's tables are: a changed model measures anew
@@ -226,7 +226,7 @@ def _guided(world: World, trace: Trace, budget_h: float, name: str) -> Trace:
     )
     guide.options = options
     # one refit (its point predictions shared), on the scale of the table it refits
-    refit = dataclasses.replace(world.refit, estimate_scale=1.0) if name == UNREFINED else world.refit
+    refit = dataclasses.replace(world.refit, scale_of=lambda key: 1.0) if name == UNREFINED else world.refit
     guide.refit = None if name == "guided-residual" else refit
     guide.reset()  # from the guide's own calibration, whatever an earlier run refitted
     space = world.case.space()

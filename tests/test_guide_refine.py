@@ -51,7 +51,9 @@ def test_the_top_carries_the_full_search_and_the_rest_moves_by_the_median_ratio(
         assert mine is not None and mine.capacity_rate == pytest.approx(result.capacity.rate, abs=1e-4)
         assert mine.output_throughput == pytest.approx(result.benchmark.output_throughput, abs=1e-3)
         ratios.append(math.log(mine.output_throughput / p.output_throughput))
+        assert refined.scale_of(p.key) == pytest.approx(math.exp(ratios[-1]), rel=1e-3)  # its own
     ratio = math.exp(statistics.median(ratios))
+    assert refined.estimate_scale == pytest.approx(ratio, rel=1e-3)
     rest = [p for p in fast.ranking(OBJECTIVE)[2:]]
     assert rest  # the small space has more configs that meet the SLO than the refined top
     for p in rest:
@@ -60,9 +62,11 @@ def test_the_top_carries_the_full_search_and_the_rest_moves_by_the_median_ratio(
         assert moved.output_throughput == pytest.approx(p.output_throughput * ratio, rel=1e-3)
         assert moved.capacity_rate == pytest.approx(p.capacity_rate * ratio, rel=1e-3)
         assert moved.p99_ttft_ms == p.p99_ttft_ms  # a latency is not a throughput: it stays
+        assert refined.scale_of(p.key) == refined.estimate_scale
     failed = [p for p in fast.predictions if not p.starts]
     assert failed and all(refined.lookup(p.key) == p for p in failed)
 
     again = refine_table(fast, SPACE, chat, SLOS, OBJECTIVE, top=2, processes=1)
     assert again.from_cache and again.predictions == refined.predictions
+    assert again.searched_scales == refined.searched_scales
     assert refine_table(fast, SPACE, chat, SLOS, OBJECTIVE, top=0) is fast

@@ -262,10 +262,10 @@ def test_the_speed_refit_recovers_a_slower_gpu_from_a_few_measurements() -> None
 
 
 def test_the_refit_compares_measurements_on_the_refined_tables_scale() -> None:
-    """The refined table's fast estimates are scaled by the full search's ratio to them (here 5 %): a
-    GPU that measures what that table predicts keeps the speed factor at 1, and what the refit hands
-    out (the re-predicted space, extra points) is on that scale; measured against the raw estimate the
-    same GPU reads as 5 % faster."""
+    """The refined table's fast estimates are scaled by the full search's ratio to them (here 5 % for
+    most, 10 % the other way for one config searched in full): a GPU that measures what that table
+    predicts keeps the speed factor at 1, and what the refit hands out (the re-predicted space, extra
+    points) is on that scale; measured against the raw estimate the same GPU reads as faster."""
     import yaml
 
     from autotune.measure.slo import parse_slos
@@ -286,17 +286,19 @@ def test_the_refit_compares_measurements_on_the_refined_tables_scale() -> None:
         return predict_points(space, params, chat, slos, calibration).predictions
 
     fast = predict(DEFAULT_CALIBRATION, points)
-    measured = [(p.key, p.params, p.value(objective) / 0.95) for p in fast]
+    searched = GuideTable(fast, estimate_scale=1 / 0.95, searched_scales={fast[1].key: 0.9})
+    measured = [(p.key, p.params, p.value(objective) * searched.scale_of(p.key)) for p in fast]
     raw = Refit(lambda c: GuideTable(predict(c, points)), predict, objective)
-    refined = Refit(raw.predict_table, predict, objective, estimate_scale=1 / 0.95)
+    refined = Refit(raw.predict_table, predict, objective, scale_of=searched.scale_of)
     assert refined.fit(measured) == 0
-    assert raw.fit(measured) >= 1  # read as a faster GPU than the model, by the scale
+    assert refined.fit(measured[1:2]) == 0  # the config searched in full, on its own ratio
+    assert raw.fit(measured) >= 1  # read as a faster GPU than the model, by the median scale
     table = refined.table(-4)
-    assert table.estimate_scale == pytest.approx(1 / 0.95)
     for got, plain in zip(table.predictions, predict(refined.calibration(-4), points), strict=True):
-        assert got.value(objective) == pytest.approx(plain.value(objective) / 0.95, rel=1e-3)
-    extra = refined.points(-4, points[:1])[0]
-    assert extra.value(objective) == pytest.approx(table.predictions[0].value(objective), rel=1e-6)
+        expected = plain.value(objective) * searched.scale_of(got.key)
+        assert got.value(objective) == pytest.approx(expected, rel=1e-3)
+    extra = refined.points(-4, points[1:2])[0]
+    assert extra.value(objective) == pytest.approx(table.predictions[1].value(objective), rel=1e-6)
 
 
 def test_the_residual_model_with_nothing_measured_is_its_prior() -> None:

@@ -116,7 +116,7 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
         table.tensor_parallel_size,
         cal,
         say=lambda line: print(f"autotune: guide: {line}; predicting the space again ...", file=sys.stderr),
-        estimate_scale=table.estimate_scale,
+        scale_of=table.scale_of,
     )
     search = GuidedSearch(table, s.space, s.objectives.objectives[0], options, extra, refit, baseline)
     ranked = table.ranking()

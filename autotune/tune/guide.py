@@ -79,9 +79,11 @@ class GuideTable:
     from_cache: bool = False
     cpu_s: float = 0.0  # CPU seconds the predictions took (all processes; 0 when read from the cache)
     objectives: tuple[Objective, ...] = ()  # the study's: the first is `ranking`'s default
-    # The factor its fast estimates were scaled by to the full search's scale (tune/guide_refine.py);
-    # 1.0 for the fast estimate's own table.
+    # The factor its fast estimates were scaled by to the full search's scale (tune/guide_refine.py):
+    # the median over the configs searched in full; 1.0 for the fast estimate's own table.
     estimate_scale: float = 1.0
+    # Each config searched in full: its own full search over its fast estimate.
+    searched_scales: dict[str, float] = field(default_factory=dict)
     _by_key: dict[str, Prediction] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -90,6 +92,10 @@ class GuideTable:
     def lookup(self, config: EngineConfig | str) -> Prediction | None:
         """The prediction of a config (or its config_key); None when it is not a grid point."""
         return self._by_key.get(config if isinstance(config, str) else config_key(config))
+
+    def scale_of(self, key: str) -> float:
+        """The factor from a config's fast estimate to this table's prediction of it."""
+        return self.searched_scales.get(key, self.estimate_scale)
 
     def ranking(self, objective: Objective | None = None) -> list[Prediction]:
         """Configs that meet the SLOs at some rate, best first by the objective's predicted value (by
@@ -103,7 +109,7 @@ class GuideTable:
     def to_json(self) -> str:
         """The table as the cache file stores it."""
         data = {"tensor_parallel_size": self.tensor_parallel_size, "cpu_s": round(self.cpu_s, 3)}
-        data["estimate_scale"] = self.estimate_scale
+        data |= {"estimate_scale": self.estimate_scale, "searched_scales": self.searched_scales}
         return json.dumps({**data, "predictions": [asdict(p) for p in self.predictions]}, indent=0)
 
     @classmethod
@@ -113,6 +119,7 @@ class GuideTable:
         predictions = [Prediction(**p) for p in data["predictions"]]
         table = cls(predictions, data["tensor_parallel_size"], path, from_cache=True)
         table.estimate_scale = float(data.get("estimate_scale", 1.0))
+        table.searched_scales = {k: float(v) for k, v in data.get("searched_scales", {}).items()}
         return table
 
 

@@ -11,8 +11,10 @@ of the table, not for the space.
 The refined table: its top `top` configs by the fast estimate carry the full search's prediction; every
 other config's objective is scaled by the median ratio of the full search to the fast estimate over the
 refined ones (at the top the fast estimate reads 5 % high on the 70B case, within 1 % on the 8B
-cases of docs/guided-search.md), so refined and unrefined configs compare on one scale. Cached next
-to the table (<runs-dir>/guide/<key>.top<N>-<code>.json).
+cases of docs/guided-search.md), so refined and unrefined configs compare on one scale. Each refined
+config keeps its own ratio, with which the speed refit (tune/guide_refit.py) moves its full search's
+value as the factor moves its fast estimate. Cached next to the table
+(<runs-dir>/guide/<key>.top<N>-<code>.json).
 """
 
 from __future__ import annotations
@@ -127,15 +129,15 @@ def _prediction(key: str, params: dict[str, Any], result: TrialResult, slos: Seq
 def _merge(table: GuideTable, searched: dict[str, Prediction], objective: Objective) -> GuideTable:
     """The table with `searched` in place of the fast estimates, the rest scaled to the searched ones."""
     tp = table.tensor_parallel_size
-    ratios = []
+    ratios = {}
     for key, found in searched.items():
         fast, full = table.lookup(key), found.value(objective, tp)
         fast_value = fast.value(objective, tp) if fast is not None else None
         if fast_value and full:
-            ratios.append(math.log(full / fast_value))
-    ratio = math.exp(statistics.median(ratios)) if ratios else 1.0
+            ratios[key] = full / fast_value
+    ratio = math.exp(statistics.median(math.log(r) for r in ratios.values())) if ratios else 1.0
     predictions = [searched.get(p.key) or scaled(p, ratio, objective) for p in table.predictions]
-    return GuideTable(predictions, tp, cpu_s=table.cpu_s, estimate_scale=ratio)
+    return GuideTable(predictions, tp, cpu_s=table.cpu_s, estimate_scale=ratio, searched_scales=ratios)
 
 
 def scaled(prediction: Prediction, ratio: float, objective: Objective) -> Prediction:

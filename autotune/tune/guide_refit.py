@@ -49,9 +49,10 @@ class Refit:
     `predict_table(calibration)` predicts the whole space (cached on disk by the caller's predict_space);
     `predict_points(calibration, params)` a few configs, in their order. Point predictions are kept in
     memory. `say` hears of each whole-space prediction (it takes a while on first use).
-    `estimate_scale`: the guide table's full search over its fast estimate (GuideTable.estimate_scale).
-    Both callables give fast estimates; every prediction the refit uses or hands out is put on the
-    table's scale by it, so a GPU that behaves as the model keeps the factor at 1 (against the raw
+    `scale_of(key)`: the guide table's prediction of a config over its fast estimate
+    (GuideTable.scale_of: a refined config's own full search, the median ratio for the others). Both
+    callables give fast estimates; every prediction the refit uses or hands out is put on the table's
+    scale by it, so a GPU that measures what the table predicts keeps the factor at 1 (against the raw
     estimate, the gap between the two, 5 % on the 70B case, reads as a GPU that much slower).
     """
 
@@ -61,7 +62,7 @@ class Refit:
     tensor_parallel_size: int = 1
     base: Calibration = DEFAULT_CALIBRATION
     say: Callable[[str], None] | None = None
-    estimate_scale: float = 1.0
+    scale_of: Callable[[str], float] = lambda key: 1.0
     _points: dict[tuple[int, str], Prediction | None] = field(default_factory=dict, repr=False)
 
     def calibration(self, index: int) -> Calibration:
@@ -77,15 +78,15 @@ class Refit:
         if self.say is not None:
             self.say(f"speed refitted to x{self.factor(index):.3f} of its calibration by the measurements")
         table = self.predict_table(self.calibration(index))
-        if self.estimate_scale == 1.0:
-            return table
-        predictions = [scaled(p, self.estimate_scale, self.objective) for p in table.predictions]
-        return dataclasses.replace(table, predictions=predictions, estimate_scale=self.estimate_scale)
+        return dataclasses.replace(table, predictions=[self._on_scale(p) for p in table.predictions])
 
     def points(self, index: int, params: list[dict[str, Any]]) -> list[Prediction]:
         """Configs (not in the table) predicted at grid point `index`, on the table's scale."""
         found = self.predict_points(self.calibration(index), params) if params else []
-        return [scaled(p, self.estimate_scale, self.objective) for p in found]
+        return [self._on_scale(p) for p in found]
+
+    def _on_scale(self, prediction: Prediction) -> Prediction:
+        return scaled(prediction, self.scale_of(prediction.key), self.objective)
 
     def fit(self, measured: Sequence[tuple[str, dict[str, Any], float]]) -> int:
         """The grid point where the median of the measured configs' signed log errors (measured over
@@ -119,7 +120,7 @@ class Refit:
     def _error(self, index: int, key: str, value: float) -> float:
         prediction = self._points[(index, key)]
         if prediction is not None:
-            prediction = scaled(prediction, self.estimate_scale, self.objective)
+            prediction = self._on_scale(prediction)
         predicted = prediction.value(self.objective, self.tensor_parallel_size) if prediction else None
         if not predicted or predicted <= 0:
             return CLIFF  # measured to meet the SLOs, predicted not to: the model is too slow here
