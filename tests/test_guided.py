@@ -261,6 +261,30 @@ def test_the_speed_refit_recovers_a_slower_gpu_from_a_few_measurements() -> None
     assert len(calls) <= 3 * 9  # a bisection over the grid, each point predicted once
 
 
+def test_of_the_factors_that_fit_exactly_the_refit_keeps_the_one_nearest_the_guides_calibration() -> None:
+    """The fast estimate's rates lie on a ladder, so neighbouring factors can predict the same value: a
+    measurement equal to the guide's prediction (here, factors 0.93 to 1.04 all predict it) keeps the
+    factor at 1; one on a plateau of other factors moves to that plateau's end nearest 1."""
+    from autotune.tune.guide import Prediction
+    from autotune.tune.guide_refit import Refit
+    from autotune.tune.objectives import Objective
+
+    objective = Objective("output_throughput", "maximize")
+
+    def predict(calibration, params):  # noqa: ANN001, ANN202
+        rung = math.floor(math.log(calibration.gemm_eff / DEFAULT_CALIBRATION.gemm_eff) / math.log(1.1) + 0.7)
+        value = 100 * 1.1**rung  # 100 for factors 0.935-1.028, 90.9 below, 110 above
+        return [
+            Prediction(p["key"], p, starts=True, capacity_rate=1.0, metrics={"output_throughput": value})
+            for p in params
+        ]
+
+    refit = Refit(lambda c: None, predict, objective)  # type: ignore[arg-type, return-value]
+    assert refit.fit([("a", {"key": "a"}, 100.0)]) == 0
+    slower = refit.fit([("a", {"key": "a"}, 100 / 1.1)])
+    assert 0.85 < refit.factor(slower) < 0.935 and refit.factor(slower + 1) >= 0.935  # the plateau's top
+
+
 def test_the_refit_compares_measurements_on_the_refined_tables_scale() -> None:
     """The refined table's fast estimates are scaled by the full search's ratio to them (here 5 % for
     most, 10 % the other way for one config searched in full): a GPU that measures what that table

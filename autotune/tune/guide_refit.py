@@ -29,6 +29,9 @@ SPEED_DOWN = ("step_base_s", "per_seq_s", "eager_per_layer_s", "intake_per_reque
 STEP = math.log(1.025)  # the factor's grid, on the log scale
 LIMIT = 40  # the factor stays within 1.025^+-40 (0.37x .. 2.7x)
 CLIFF = 5.0  # a measured config predicted to meet no rate counts as this far off (log), in the fit
+# A median error this small (log) is an exact fit, a rounding: the fast estimate's rates lie on a
+# ladder, so neighbouring factors can predict the same value and fit equally well.
+EXACT = 1e-3
 
 
 def scaled_calibration(calibration: Calibration, factor: float) -> Calibration:
@@ -91,21 +94,33 @@ class Refit:
     def fit(self, measured: Sequence[tuple[str, dict[str, Any], float]]) -> int:
         """The grid point where the median of the measured configs' signed log errors (measured over
         predicted, better-is-positive) crosses zero: the least-absolute-deviation fit of one factor,
-        which a config past a cliff cannot drag. `measured`: (config key, params, objective value)."""
+        which a config past a cliff cannot drag. Of the points that fit exactly, the one nearest the
+        guide's calibration. `measured`: (config key, params, objective value)."""
         if not measured:
             return 0
+
+        def error(index: int) -> float:
+            median = self._median_error(index, measured)
+            return 0.0 if abs(median) <= EXACT else median
+
+        if error(0) == 0:
+            return 0
         lo, hi = -LIMIT, LIMIT
-        if self._median_error(lo, measured) <= 0:
+        if error(lo) <= 0:
             return lo
-        if self._median_error(hi, measured) >= 0:
+        if error(hi) >= 0:
             return hi
         while hi - lo > 1:  # faster (higher index) predicts better values: the median error falls
             mid = (lo + hi) // 2
-            if self._median_error(mid, measured) > 0:
+            if error(mid) > 0:
                 lo = mid
             else:
                 hi = mid
-        return lo if abs(self._median_error(lo, measured)) < abs(self._median_error(hi, measured)) else hi
+        if error(hi) == 0:  # the lowest exact fit: walk up its plateau towards the guide's calibration
+            while hi + 1 < 0 and error(hi + 1) == 0:
+                hi += 1
+            return hi
+        return lo if abs(error(lo)) < abs(error(hi)) else hi
 
     def _median_error(self, index: int, measured: Sequence[tuple[str, dict[str, Any], float]]) -> float:
         missing = [(key, params) for key, params, _ in measured if (index, key) not in self._points]
