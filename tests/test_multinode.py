@@ -119,21 +119,24 @@ def crashed_on(tmp_path: Path, node_id: str) -> bool:
     )
 
 
-def _parent(pid: int) -> int:
+def _stat(pid: int, field: int) -> int | None:
+    """A numeric field of /proc/<pid>/stat, counted from the one after the command name (None: gone)."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[field])
     except (OSError, IndexError, ValueError):
-        return 0
+        return None
+
+
+def _parent(pid: int) -> int:
+    return _stat(pid, 1) or 0
 
 
 def _age_s(pid: int) -> float:
     """Seconds since the process started (infinite when it is gone)."""
-    try:
-        started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, IndexError, ValueError):
+    started = _stat(pid, 19)
+    if started is None:
         return float("inf")
-    return uptime - started / os.sysconf("SC_CLK_TCK")
+    return float(Path("/proc/uptime").read_text().split()[0]) - started / os.sysconf("SC_CLK_TCK")
 
 
 def servers_under(raylet_pid: int, younger_than_s: float = float("inf")) -> list[int]:
@@ -177,8 +180,8 @@ def test_ray_places_trials_survives_a_lost_node_stops_with_the_cluster_and_resum
             wait_for(lambda: len(finished(tmp_path)) >= 2, run, 120, "2 finished trials")
             # a server still in its 3 s startup: one found later may be a finished trial's, shutting
             # down, and a node killed then loses no trial
-            starting = lambda: servers_under(lost["raylet_pid"], younger_than_s=1.5)  # noqa: E731
-            wait_for(starting, run, 60, "a trial starting on the 3-GPU node")
+            starting = "a trial starting on the 3-GPU node"
+            wait_for(lambda: servers_under(lost["raylet_pid"], younger_than_s=1.5), run, 60, starting)
             before = finished(tmp_path)
             cluster.kill(1)
             wait_for(lambda: crashed_on(tmp_path, lost["node_id"]), run, 120, "the lost node's crash")

@@ -108,19 +108,28 @@ class GuideTable:
 
     def to_json(self) -> str:
         """The table as the cache file stores it."""
-        data = {"tensor_parallel_size": self.tensor_parallel_size, "cpu_s": round(self.cpu_s, 3)}
-        data |= {"estimate_scale": self.estimate_scale, "searched_scales": self.searched_scales}
-        return json.dumps({**data, "predictions": [asdict(p) for p in self.predictions]}, indent=0)
+        data = {
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "cpu_s": round(self.cpu_s, 3),
+            "estimate_scale": self.estimate_scale,
+            "searched_scales": self.searched_scales,
+            "predictions": [asdict(p) for p in self.predictions],
+        }
+        return json.dumps(data, indent=0)
 
     @classmethod
     def from_json(cls, text: str, path: Path | None = None) -> GuideTable:
         """A table read back from its cache file."""
         data = json.loads(text)
         predictions = [Prediction(**p) for p in data["predictions"]]
-        table = cls(predictions, data["tensor_parallel_size"], path, from_cache=True)
-        table.estimate_scale = float(data.get("estimate_scale", 1.0))
-        table.searched_scales = {k: float(v) for k, v in data.get("searched_scales", {}).items()}
-        return table
+        return cls(
+            predictions,
+            data["tensor_parallel_size"],
+            path,
+            from_cache=True,
+            estimate_scale=float(data.get("estimate_scale", 1.0)),
+            searched_scales={k: float(v) for k, v in data.get("searched_scales", {}).items()},
+        )
 
 
 @dataclass(frozen=True)
