@@ -234,3 +234,30 @@ def test_with_resolution_ties_the_first_pick_is_the_tables_first_within_the_reso
     assert picks[0] == best_key != order[0].key  # strict: the best prediction
     assert picks[1] == order[0].key  # within 3 % of it: the table's first
     assert picks[2] == best_key  # within 1 %: the 2 % lower one is not tied
+
+
+def test_a_trial_that_failed_to_start_does_not_lower_the_charge_of_the_next_below_the_estimate(
+    table: GuideTable,
+) -> None:
+    """A config that failed to start cost its startup only: until a trial served load, the budget
+    charges the next at least the pre-run estimate (charged at the startup's cost, a 1 GPU-h budget
+    would start trials it cannot pay for), and without an estimate a second GPU waits for a search."""
+    objective = load_objectives().objectives[0]
+    study = optuna.create_study(direction="maximize")
+    key = table.predictions[0].key
+    attrs = {"config_key": key, "feasible": False, "failure": "startup_oom", "gpu_seconds": 60.0}
+    study.add_trial(optuna.trial.create_trial(value=0.0, user_attrs=attrs))
+    options = GuidedOptions(gpu_hours=1.0, first_trial_gpu_s=1800.0)
+    search = GuidedSearch(table, SPACE, objective, options)
+    failed = search.observations(study)
+    assert [o.searched for o in failed] == [False]
+    assert search.next_cost_s(failed, 100.0) == 1800.0
+    assert search.trials_left(failed, 100.0) == pytest.approx((3600 - 60) / 1800)
+    assert GuidedSearch(table, SPACE, objective, GuidedOptions(gpu_hours=1.0)).waits(study, busy=1)
+    # Once a trial served load (here it met no rate), its cost is a search's: the estimate steps aside.
+    searched = {**attrs, "failure": None, "gpu_seconds": 900.0, "config_key": table.predictions[1].key}
+    study.add_trial(optuna.trial.create_trial(value=0.0, user_attrs=searched))
+    both = search.observations(study)
+    assert [o.searched for o in both] == [False, True]
+    assert search.next_cost_s(both, 100.0) == 900.0
+    assert not GuidedSearch(table, SPACE, objective, GuidedOptions(gpu_hours=1.0)).waits(study, busy=1)

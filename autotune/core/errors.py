@@ -44,3 +44,15 @@ class FailureKind(StrEnum):
     REQUESTS_FAILED = "requests_failed"  # the server answered some requests with an error (e.g. too long)
     EARLY_ABORT = "early_abort"  # stopped early: the SLOs could no longer be met (partial metrics kept)
     ERROR = "error"  # anything else
+
+
+# The failures that end a trial before any load was served: it cost a startup, not a search.
+STARTUP_FAILURES = frozenset(
+    {
+        FailureKind.INVALID_CONFIG,
+        FailureKind.KV_CACHE_OOM,
+        FailureKind.STARTUP_OOM,
+        FailureKind.STARTUP_TIMEOUT,
+        FailureKind.PORT_IN_USE,
+    }
+)

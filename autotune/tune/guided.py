@@ -34,6 +34,7 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
+from autotune.core.errors import STARTUP_FAILURES
 from autotune.tune.guide import GuideTable, Prediction
 from autotune.tune.guide_features import grid_positions, operating_point, ranges
 from autotune.tune.guide_refit import Refit
@@ -87,6 +88,7 @@ class Observation:
     measured: float | None  # the objective's value when feasible (None: failed or missed the SLOs)
     gpu_s: float
     chosen: dict[str, Any] = field(default_factory=dict)  # the prediction when it was chosen (ATTR)
+    searched: bool = True  # it served load (False: it failed to start, and cost a startup only)
 
 
 class GuidedSearch:
@@ -202,6 +204,7 @@ class GuidedSearch:
                     measured if measured is not None and measured > 0 else None,
                     float(attrs.get("gpu_seconds", 0.0)),
                     dict(attrs.get(ATTR) or {}),
+                    attrs.get("failure") not in STARTUP_FAILURES,
                 )
             )
         return out
@@ -244,11 +247,11 @@ class GuidedSearch:
 
     def waits(self, study: optuna.Study, busy: int) -> bool:
         """Whether to start nothing more until a running trial ends: under --gpu-hours, while no trial's
-        cost is known (no pre-run estimate, none finished), the budget cannot charge another one, and
-        every free GPU would start one blind."""
+        cost is known (no pre-run estimate, none searched: one that failed to start cost its startup
+        only), the budget cannot charge another one, and every free GPU would start one blind."""
         if self.options.gpu_hours is None or not busy or self.options.first_trial_gpu_s:
             return False
-        return not any(o.gpu_s > 0 for o in self.observations(study))
+        return not any(o.searched for o in self.observations(study))
 
     @property
     def baseline_key(self) -> str | None:
@@ -290,13 +293,15 @@ class GuidedSearch:
         """What the next trial (predicted objective `value`; None: not predicted) is charged: the dearest
         trial so far, scaled to its rate when the objective is a throughput (a capacity search's windows
         hold a set number of requests, so its GPU time goes as 1 / capacity: a 70B config at half the
-        defaults' rate costs twice their search); before the first, the pre-run estimate's."""
+        defaults' rate costs twice their search); until a trial searched, at least the pre-run estimate's
+        (trials that failed to start cost their startup only)."""
         costs = [o.gpu_s for o in observed if o.gpu_s > 0]
         if self.objective.maximize and value is not None and value > 0:
             scaled = [o.gpu_s * o.measured / value for o in observed if o.gpu_s > 0 and o.measured]
             if scaled:
                 return max(scaled)
-        return max(costs) if costs else (self.options.first_trial_gpu_s or 0.0)
+        searched = any(o.searched for o in observed)
+        return max([*costs, 0.0 if searched else (self.options.first_trial_gpu_s or 0.0)])
 
     def trials_left(self, observed: Sequence[Observation], value: float | None, in_flight: int = 0) -> float:
         """How many trials like the next (predicted objective `value`) the budget still affords, the
