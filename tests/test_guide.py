@@ -251,13 +251,13 @@ def test_a_trial_that_failed_to_start_does_not_lower_the_charge_of_the_next_belo
     search = GuidedSearch(table, SPACE, objective, options)
     failed = search.observations(study)
     assert [o.searched for o in failed] == [False]
-    assert search.next_cost_s(failed, 100.0) == 1800.0
-    assert search.trials_left(failed, 100.0) == pytest.approx((3600 - 60) / 1800)
+    assert search.budget.next_cost_s(failed, 100.0) == 1800.0
+    assert search.budget.trials_left(failed, 100.0) == pytest.approx((3600 - 60) / 1800)
     assert GuidedSearch(table, SPACE, objective, GuidedOptions(gpu_hours=1.0)).waits(study, busy=1)
     # Once a trial served load (here it met no rate), its cost is a search's: the estimate steps aside.
     searched = {**attrs, "failure": None, "gpu_seconds": 900.0, "config_key": table.predictions[1].key}
     study.add_trial(optuna.trial.create_trial(value=0.0, user_attrs=searched))
     both = search.observations(study)
     assert [o.searched for o in both] == [False, True]
-    assert search.next_cost_s(both, 100.0) == 900.0
+    assert search.budget.next_cost_s(both, 100.0) == 900.0
     assert not GuidedSearch(table, SPACE, objective, GuidedOptions(gpu_hours=1.0)).waits(study, busy=1)

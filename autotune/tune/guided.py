@@ -13,7 +13,7 @@ affords at most EXPLOIT_LEFT more trials). Trial #0 is the guide's best predicti
 vLLM's defaults come second (every result is compared to them): where the guide ranks well the first
 trial is already the answer, and the defaults, often the dearest search of all (a low capacity is a
 long window), no longer stand before it (docs/guided-search.md). The run stops when
-- the next trial would pass `--gpu-hours` (its cost: the dearest trial so far, scaled to its
+- the next trial would pass `--gpu-hours` (tune/guide_budget.py: the dearest trial so far, scaled to its
   predicted rate; trials still running are charged the same), or
 - no untried config's 95 % upper bound beats the incumbent by more than the measurement's
   resolution (the guide predicts nothing better is left), or
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ from optuna.trial import TrialState
 
 from autotune.core.errors import STARTUP_FAILURES
 from autotune.tune.guide import GuideTable, Prediction
+from autotune.tune.guide_budget import Budget, Observation
 from autotune.tune.guide_features import grid_positions, operating_point, ranges
 from autotune.tune.guide_refit import Refit
 from autotune.tune.guide_residual import NOISE_FACTORS, SCALES, ResidualModel
@@ -77,20 +78,6 @@ class GuidedOptions:
     resolution_ties: bool = False
 
 
-@dataclass(frozen=True)
-class Observation:
-    """A finished real trial as the guide sees it."""
-
-    number: int
-    key: str
-    params: dict[str, Any]
-    predicted: float | None  # the guide's raw prediction (None: not predicted to meet the SLOs)
-    measured: float | None  # the objective's value when feasible (None: failed or missed the SLOs)
-    gpu_s: float
-    chosen: dict[str, Any] = field(default_factory=dict)  # the prediction when it was chosen (ATTR)
-    searched: bool = True  # it served load (False: it failed to start, and cost a startup only)
-
-
 class GuidedSearch:
     """Chooses the next real trial from the guide's table and the measurements (module docstring)."""
 
@@ -111,6 +98,7 @@ class GuidedSearch:
         self.options = options
         self.grid = space.grid()
         self.sign = 1.0 if objective.maximize else -1.0
+        self.budget = Budget(options.gpu_hours, options.first_trial_gpu_s, objective.maximize)
         self.refit = refit  # None: the guide keeps its calibration, the residual model alone corrects it
         self.baseline = dict(baseline) if baseline is not None else None
         self.index = 0  # the refitted speed factor's grid point (Refit)
@@ -246,12 +234,8 @@ class GuidedSearch:
         return self.stop_reason
 
     def waits(self, study: optuna.Study, busy: int) -> bool:
-        """Whether to start nothing more until a running trial ends: under --gpu-hours, while no trial's
-        cost is known (no pre-run estimate, none searched: one that failed to start cost its startup
-        only), the budget cannot charge another one, and every free GPU would start one blind."""
-        if self.options.gpu_hours is None or not busy or self.options.first_trial_gpu_s:
-            return False
-        return not any(o.searched for o in self.observations(study))
+        """Whether to start nothing more until one of the `busy` running trials ends (Budget.waits)."""
+        return self.budget.waits(self.observations(study), busy)
 
     @property
     def baseline_key(self) -> str | None:
@@ -268,7 +252,7 @@ class GuidedSearch:
     ) -> str | None:
         """Enqueue vLLM's defaults, or say why the budget cannot afford them."""
         assert self.baseline is not None and self.baseline_key is not None  # _defaults_due
-        over_budget = self._budget_stop(observed, self.raw(self.prediction(self.baseline_key)), busy)
+        over_budget = self.budget.stop(observed, self.raw(self.prediction(self.baseline_key)), busy)
         if over_budget:
             return over_budget
         study.enqueue_trial(dict(self.baseline), user_attrs={"baseline": True}, skip_if_exists=False)
@@ -289,45 +273,6 @@ class GuidedSearch:
         self.use_table(table, extra)
         return True
 
-    def next_cost_s(self, observed: Sequence[Observation], value: float | None) -> float:
-        """What the next trial (predicted objective `value`; None: not predicted) is charged: the dearest
-        trial so far, scaled to its rate when the objective is a throughput (a capacity search's windows
-        hold a set number of requests, so its GPU time goes as 1 / capacity: a 70B config at half the
-        defaults' rate costs twice their search); until a trial searched, at least the pre-run estimate's
-        (trials that failed to start cost their startup only)."""
-        costs = [o.gpu_s for o in observed if o.gpu_s > 0]
-        if self.objective.maximize and value is not None and value > 0:
-            scaled = [o.gpu_s * o.measured / value for o in observed if o.gpu_s > 0 and o.measured]
-            if scaled:
-                return max(scaled)
-        searched = any(o.searched for o in observed)
-        return max([*costs, 0.0 if searched else (self.options.first_trial_gpu_s or 0.0)])
-
-    def trials_left(self, observed: Sequence[Observation], value: float | None, in_flight: int = 0) -> float:
-        """How many trials like the next (predicted objective `value`) the budget still affords, the
-        `in_flight` running ones charged as such; infinite without --gpu-hours or before any trial has a
-        cost."""
-        budget = self.options.gpu_hours
-        next_s = self.next_cost_s(observed, value)
-        if budget is None or next_s <= 0:
-            return math.inf
-        return (budget * 3600 - sum(o.gpu_s for o in observed)) / next_s - in_flight
-
-    def _budget_stop(
-        self, observed: Sequence[Observation], value: float | None, in_flight: int
-    ) -> str | None:
-        """Why the next trial must not start: the spend, the running trials (each charged as the next)
-        and the next would pass --gpu-hours. None: it fits."""
-        if self.trials_left(observed, value, in_flight) >= 1:
-            return None
-        spent = sum(o.gpu_s for o in observed) / 3600
-        next_s = self.next_cost_s(observed, value)
-        running = f", {in_flight} trial(s) running" if in_flight else ""
-        return (
-            f"budget: the next trial (about {next_s / 3600:.2f} GPU-h) would pass --gpu-hours "
-            f"{self.options.gpu_hours:g} ({spent:.2f} GPU-h spent{running})"
-        )
-
     def _choose(self, study: optuna.Study, observed: Sequence[Observation], busy: set[str]) -> str | None:
         tried = {o.key for o in observed} | busy
         free = [i for i, p in enumerate(self.candidates) if p.key not in tried]
@@ -345,7 +290,7 @@ class GuidedSearch:
                     f"{self.options.resolution:.0%} (95 % bound {math.exp(self.sign * bound):,.1f}, "
                     f"best measured {math.exp(self.sign * best):,.1f} after the measurement's noise)"
                 )
-        left = self.trials_left(observed, math.exp(self.sign * float(np.max(mean))), len(busy))
+        left = self.budget.trials_left(observed, math.exp(self.sign * float(np.max(mean))), len(busy))
         exploit = best is None or left <= EXPLOIT_LEFT
         scores = mean if exploit else _expected_improvement(mean, sd, best)  # type: ignore[arg-type]
         tolerance = math.log1p(self.options.resolution) if exploit and self.options.resolution_ties else 0.0
@@ -353,7 +298,7 @@ class GuidedSearch:
         chosen = self.candidates[pick]
         at = free.index(pick)
         corrected = math.exp(self.sign * mean[at])
-        over_budget = self._budget_stop(observed, corrected, len(busy))
+        over_budget = self.budget.stop(observed, corrected, len(busy))
         if over_budget:
             return over_budget
         attrs = {"predicted": round(corrected, 4), "raw": round(self.own_prediction(chosen.key) or 0.0, 4)}

@@ -1,0 +1,80 @@
+"""The guided run's GPU-hour budget (`--gpu-hours`): what the next trial is charged, and whether it fits.
+
+A trial's cost is known only once it ran, so the next is charged the dearest trial so far, scaled to its
+predicted rate when the objective is a throughput (a capacity search's windows hold a set number of
+requests, so its GPU time goes as 1 / capacity: a 70B config at half the defaults' rate costs twice their
+search). Before any trial served load the charge is at least the pre-run estimate: a config that failed
+to start cost its startup only. Trials still running are charged as the next (tune/guided.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A finished real trial as the guide sees it."""
+
+    number: int
+    key: str
+    params: dict[str, Any]
+    predicted: float | None  # the guide's raw prediction (None: not predicted to meet the SLOs)
+    measured: float | None  # the objective's value when feasible (None: failed or missed the SLOs)
+    gpu_s: float
+    chosen: dict[str, Any] = field(default_factory=dict)  # the prediction when it was chosen
+    searched: bool = True  # it served load (False: it failed to start, and cost a startup only)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The spend limit and how a trial is charged against it (module docstring)."""
+
+    gpu_hours: float | None = None  # None: no limit
+    first_trial_gpu_s: float | None = None  # the pre-run estimate of a trial's cost
+    maximize: bool = True  # the objective is a throughput (its cost scales with 1 / value)
+
+    def next_cost_s(self, observed: Sequence[Observation], value: float | None) -> float:
+        """What the next trial (predicted objective `value`; None: not predicted) is charged, in GPU
+        seconds: the dearest so far, scaled to `value` for a throughput; until a trial served load, at
+        least the pre-run estimate."""
+        costs = [o.gpu_s for o in observed if o.gpu_s > 0]
+        if self.maximize and value is not None and value > 0:
+            scaled = [o.gpu_s * o.measured / value for o in observed if o.gpu_s > 0 and o.measured]
+            if scaled:
+                return max(scaled)
+        searched = any(o.searched for o in observed)
+        return max([*costs, 0.0 if searched else (self.first_trial_gpu_s or 0.0)])
+
+    def trials_left(self, observed: Sequence[Observation], value: float | None, in_flight: int = 0) -> float:
+        """How many trials like the next (predicted objective `value`) the budget still affords, the
+        `in_flight` running ones charged as such; infinite without a limit or before any trial has a
+        cost."""
+        next_s = self.next_cost_s(observed, value)
+        if self.gpu_hours is None or next_s <= 0:
+            return math.inf
+        return (self.gpu_hours * 3600 - sum(o.gpu_s for o in observed)) / next_s - in_flight
+
+    def stop(self, observed: Sequence[Observation], value: float | None, in_flight: int) -> str | None:
+        """Why the next trial must not start: the spend, the running trials (each charged as the next)
+        and the next would pass the budget. None: it fits."""
+        if self.trials_left(observed, value, in_flight) >= 1:
+            return None
+        spent = sum(o.gpu_s for o in observed) / 3600
+        next_s = self.next_cost_s(observed, value)
+        running = f", {in_flight} trial(s) running" if in_flight else ""
+        return (
+            f"budget: the next trial (about {next_s / 3600:.2f} GPU-h) would pass --gpu-hours "
+            f"{self.gpu_hours:g} ({spent:.2f} GPU-h spent{running})"
+        )
+
+    def waits(self, observed: Sequence[Observation], busy: int) -> bool:
+        """Whether to start nothing more until a running trial ends: with a limit, while no trial's cost
+        is known (no pre-run estimate, none served load), the budget cannot charge another one, and
+        every free GPU would start one blind."""
+        if self.gpu_hours is None or not busy or self.first_trial_gpu_s:
+            return False
+        return not any(o.searched for o in observed)
