@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from guide_accuracy import Case, cases  # noqa: E402
 from guided_search_end import finish  # noqa: E402
 from guided_search_realities import Reality, realities  # noqa: E402
-from guided_search_trials import NOISE, TRUTH_TOP, Trials, TruthSpec  # noqa: E402
+from guided_search_trials import NOISE, SEARCHING, TRUTH_TOP, Trials, TruthSpec  # noqa: E402
 
 from autotune.catalog.gpus import get_gpu  # noqa: E402
 from autotune.commands.run_options import DEFAULT_REPEATS  # noqa: E402
@@ -161,8 +161,9 @@ def build_world(case: Case, reality: Reality, processes: int) -> World:
         scale_of=guide_table.scale_of,
     )
     slug = "".join(c if c.isalnum() else "-" for c in reality.name)
-    # keyed by the simulator's code as the guide's tables are: a changed model measures anew
-    trials = Trials(RUNS / "trials" / code_digest() / case.name / f"{slug}.json", case, cal, OBJECTIVE)
+    # keyed by the code a search runs (SEARCHING): a changed model or search measures anew
+    cache = RUNS / "trials" / code_digest(SEARCHING) / case.name / f"{slug}.json"
+    trials = Trials(cache, case, cal, OBJECTIVE)
     world = World(case, reality, guide, fast_guide, trials, baseline, guide_table.tensor_parallel_size, refit)
     world.grid_keys = {p.key: p.params for p in [*guide_table.predictions, *guide_extra.predictions]}
     world.launchable = {p.key for p in [*guide_table.predictions, *guide_extra.predictions] if p.starts}

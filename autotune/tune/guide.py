@@ -219,11 +219,11 @@ def _workload_key(workload: Any) -> str:
     return repr(workload) + "".join(contents)
 
 
-def code_digest() -> str:
-    """A hash of the source the predictions depend on (PREDICTING)."""
+def code_digest(names: Sequence[str] = PREDICTING) -> str:
+    """A hash of the source the predictions depend on (`names`: packages and modules of autotune/)."""
     root = Path(__file__).resolve().parents[1]
     files: list[Path] = []
-    for name in PREDICTING:
+    for name in names:
         files += sorted((root / name).glob("*.py")) if (root / name).is_dir() else [root / name]
     digest = hashlib.sha256()
     for path in files:
