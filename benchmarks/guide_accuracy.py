@@ -42,7 +42,7 @@ from autotune.backends.sim import SimBackend, SimSession  # noqa: E402
 from autotune.catalog.models import get_model  # noqa: E402
 from autotune.core.procs import worker_pool  # noqa: E402
 from autotune.trial.capacity import find_capacity  # noqa: E402
-from autotune.tune.guide import predict_space  # noqa: E402
+from autotune.tune.guide import code_digest, predict_space  # noqa: E402
 from autotune.tune.space import SearchSpace, load_space, violations  # noqa: E402
 from autotune.tune.study import config_key  # noqa: E402
 
@@ -179,7 +179,9 @@ def _top_overlap(sample: list, guide: np.ndarray, full: np.ndarray) -> int:
 def _full_search(case: Case, space: SearchSpace, points: list[dict], processes: int) -> dict:
     """config key -> (capacity, CPU seconds) of the capacity search on each point (cached)."""
     keys = [config_key(space.config(p)) for p in points]
-    digest = hashlib.sha256(json.dumps([case.scenario.digest(), keys, _code()]).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(
+        json.dumps([case.scenario.digest(), keys, code_digest(MEASURING)]).encode()
+    ).hexdigest()[:12]
     path = CACHE / f"{case.name}-{digest}.json"
     if path.is_file():
         return {k: tuple(v) for k, v in json.loads(path.read_text()).items()}
@@ -197,15 +199,6 @@ def _search_one(job: tuple) -> tuple[float, float]:
     start = time.process_time()
     result = find_capacity(SimBackend(case.scenario.gpu), config, case.workload(), case.scenario.slo_list())
     return (result.capacity.rate if result.capacity else 0.0), time.process_time() - start
-
-
-def _code() -> str:
-    root = Path(__file__).resolve().parent.parent / "autotune"
-    digest = hashlib.sha256()
-    for name in MEASURING:
-        for path in sorted((root / name).glob("*.py")) if (root / name).is_dir() else [root / name]:
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
 
 
 if __name__ == "__main__":

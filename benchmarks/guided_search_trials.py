@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from guide_accuracy import MEASURING
+
 from autotune.backends.sim import SimBackend
 from autotune.core.atomic import atomic_write_text
 from autotune.sim.calibration import Calibration
@@ -28,10 +30,10 @@ from autotune.tune.objectives import Objective, constraints, is_feasible
 NOISE = 0.02
 TRUTH_SEED = 10**6  # far from the strategies' seeds (0, 1, ...) and their windows' (seed + window)
 TRUTH_TOP = 50  # the reality's own best configs by its fast estimate, always in the truth set
-# The source a search's result depends on (the simulated engine, the search, the objective), the cache's
-# key: not the guide's code, whose changes leave every search as it was.
-SEARCHING = ("sim", "catalog", "workloads", "measure", "trial", "core", "backends/base.py", "backends/sim.py")
-SEARCHING += ("tune/objectives.py",)
+# The source a search's result depends on, the cache's key: what a capacity search runs on the simulated
+# engine (guide_accuracy.MEASURING), and the objective and failure kinds a trial is told with; not the
+# guide's code, whose changes leave every search as it was.
+SEARCHING = (*MEASURING, "core", "backends/base.py", "tune/objectives.py")
 
 
 @dataclass(frozen=True)
