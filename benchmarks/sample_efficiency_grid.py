@@ -10,7 +10,6 @@ code that measures, so each strategy looks results up instead of simulating.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import pickle
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -28,6 +27,7 @@ from autotune.catalog.models import get_model
 from autotune.core.config import EngineConfig
 from autotune.measure.result import TrialResult
 from autotune.trial.task import evaluate_trial
+from autotune.tune.guide import code_digest
 from autotune.tune.objectives import constraints, is_feasible
 from autotune.tune.space import SearchSpace, violations
 from autotune.tune.study import config_key
@@ -132,7 +132,7 @@ def build_oracle(scenario: Scenario, cache_dir: Path, pool: ProcessPoolExecutor 
     The cache is keyed by the scenario and by the source of the code that measures (the simulator,
     the capacity search): results of an older simulator are never reused.
     """
-    path = cache_dir / f"{scenario.name}-{scenario.digest()}-{code_digest()}.pkl"
+    path = cache_dir / f"{scenario.name}-{scenario.digest()}-{grid_digest()}.pkl"
     space = scenario.space()
     max_pos = get_model(scenario.model).max_position_embeddings
     configs = grid_configs(space)
@@ -152,15 +152,9 @@ def build_oracle(scenario: Scenario, cache_dir: Path, pool: ProcessPoolExecutor 
     return oracle
 
 
-def code_digest() -> str:
-    """A short hash of the source that decides a grid's results."""
-    root = Path(__file__).resolve().parent.parent / "autotune"
-    files = sorted([*root.glob("sim/*.py"), *root.glob("catalog/*.py"), root / "backends/sim.py"])
-    files += [root / n for n in MEASURING]
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:8]
+def grid_digest() -> str:
+    """A short hash of the source that decides a grid's results (8 hex digits: the caches' names)."""
+    return code_digest(("backends/sim.py", "catalog", "sim", *MEASURING))[:8]
 
 
 def check_deterministic(
