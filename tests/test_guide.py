@@ -158,12 +158,12 @@ def test_a_config_estimated_with_its_class_gets_what_it_gets_alone(chat: Workloa
     shared = Estimator(gpu, chat, SLOS)
     together = [shared.estimate(config, pool, shared.scan(config, pool)) for config, pool in members]
     assert len({pool.behaviour for _, pool in members}) == 1 and len({m[1] for m in members}) == 4
-    alone = []
-    for config, pool in members:
-        estimator = Estimator(gpu, chat, SLOS)
-        alone.append(estimator.estimate(config, pool, estimator.scan(config, pool)))
+    estimators = [Estimator(gpu, chat, SLOS) for _ in members]
+    pairs = zip(estimators, members, strict=True)
+    alone = [e.estimate(config, pool, e.scan(config, pool)) for e, (config, pool) in pairs]
     assert together == alone
     assert len({e.capacity_rate for e in alone}) > 1  # a smaller KV cache serves less here
+    assert shared.simulated < sum(estimator.simulated for estimator in estimators)  # runs were shared
 
 
 @pytest.mark.parametrize(("sd", "below"), [(0.04, 0.04), (0.35, 0.1)])

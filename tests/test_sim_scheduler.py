@@ -80,6 +80,29 @@ def test_preempted_requests_still_produce_exact_records() -> None:
     assert all(len(r.itl) == r.output_len - 1 for r in run.records)
 
 
+def test_a_run_never_short_of_blocks_runs_the_same_on_any_pool_its_blocks_fit() -> None:
+    """The guide shares a run between configs that differ only in their KV pool when no request waited
+    for blocks and none was preempted (tune/guide_estimate.py): on the smallest pool that holds the most
+    blocks it used, it runs step for step the same; one block per mille of GPU memory less, it does not."""
+    requests = mixed_requests(200)
+    roomy = simulate(EngineConfig(model=LLAMA_8B, max_model_len=8192), "H100", requests)
+    assert not roomy.waited_for_blocks and roomy.stats.num_preemptions == 0
+    held = roomy.memory.num_gpu_blocks - roomy.min_free_blocks
+
+    def config(utilization: float) -> EngineConfig:
+        return EngineConfig(model=LLAMA_8B, max_model_len=8192, gpu_memory_utilization=utilization)
+
+    shares = [u / 1000 for u in range(400, 900)]
+    fitting = next(u for u in shares if SimEngine(config(u), "H100").memory.num_gpu_blocks >= held)
+    same = simulate(config(fitting), "H100", requests)
+    assert same.memory.num_gpu_blocks - same.min_free_blocks == held  # the same blocks at its fullest
+    assert not same.waited_for_blocks and same.stats.num_preemptions == 0
+    assert [(r.ttft, r.itl) for r in same.records] == [(r.ttft, r.itl) for r in roomy.records]
+    short = simulate(config(fitting - 0.001), "H100", requests)
+    assert short.waited_for_blocks or short.stats.num_preemptions > 0
+    assert [(r.ttft, r.itl) for r in short.records] != [(r.ttft, r.itl) for r in roomy.records]
+
+
 def test_chunked_prefill_off_runs_whole_prompts() -> None:
     engine = tight_engine(enable_chunked_prefill=False, gpu_memory_utilization=0.9)
     assert engine.config.max_num_batched_tokens == 4096  # defaults to max_model_len

@@ -86,6 +86,7 @@ class SimEngine:
         self._decode_context = 0  # sum of decoding requests' KV tokens before the current step
         self._done: dict[int, EngineRequest] = {}
         self._admitted = 0
+        self._waited_for_blocks = False  # an admission stopped because the pool was short (_admit)
 
     # -- public API ------------------------------------------------------------------------------
     def add_request(
@@ -162,6 +163,11 @@ class SimEngine:
         """The fewest free KV blocks there were so far: a run never short of blocks would have run the same
         on any pool of at least num_gpu_blocks - min_free_blocks blocks (tune/guide_estimate.py)."""
         return self._pool.low
+
+    @property
+    def waited_for_blocks(self) -> bool:
+        """Whether a waiting request was ever held back because the KV pool was short (min_free_blocks)."""
+        return self._waited_for_blocks
 
     @property
     def num_steps(self) -> int:
@@ -327,6 +333,7 @@ class SimEngine:
             need = -(-(cached + chunk) // bs) - len(hits)
             revived = sum(1 for b in hits if pool.ref[b] == 0)
             if need + revived > pool.num_free:
+                self._waited_for_blocks = True
                 break
             if self._caching:
                 stats.prefix_cache_queries += num_tokens

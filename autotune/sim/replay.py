@@ -28,6 +28,7 @@ class SimRun:
     memory: MemoryPlan
     num_steps: int
     min_free_blocks: int  # the fewest free KV blocks at any point of the run (SimEngine.min_free_blocks)
+    waited_for_blocks: bool  # a request waited because the KV pool was short (SimEngine)
 
 
 def simulate(
@@ -92,4 +93,5 @@ def simulate(
         memory=engine.memory,
         num_steps=engine.num_steps,
         min_free_blocks=engine.min_free_blocks,
+        waited_for_blocks=engine.waited_for_blocks,
     )

@@ -24,9 +24,10 @@ Every window at a rung replays the same requests (one seed), so configs compare 
 Runs are shared between configs that differ only in what sizes the KV pool (gpu_memory_utilization,
 block_size, prefix caching), on a workload without shared prefixes: they schedule the same steps as long
 as the pool never runs short. A run is reused by such a config when it provably would not have run
-short there (`_Run.fits`): it had no preemption and no prefix-cache hit, never had fewer free blocks
-than one request can ask for, and the tokens it held, in the other config's blocks (each running
-request rounds up by one block at most), plus one more request, fit that config's pool. The ladder is
+short there (`_Run.fits`): it had no preemption and no prefix-cache hit, no waiting request was held
+back for blocks (SimEngine.waited_for_blocks), and the most tokens it held, in the other config's
+blocks (each running request rounds up by one block at most), fit that config's pool: then every
+allocation it made succeeds there too, in the same steps. The ladder is
 what makes this pay: the configs of a class probe the same rungs. Saturation bursts fill the KV cache
 (no config shares one), so they are run with 16-token blocks whatever the config's (`scan`).
 """
@@ -118,24 +119,18 @@ class Pool:
     num_blocks: int
     caching: bool
     max_num_seqs: int
-    max_model_len: int
 
     @classmethod
     def of(cls, config: EngineConfig, memory: MemoryPlan, shares_prefixes: bool) -> Pool:
         """The pool of a resolved config that starts, on a workload that shares prefixes or not."""
-        assert config.max_num_seqs is not None and config.max_model_len is not None
+        assert config.max_num_seqs is not None
         return cls(
             behaviour_key(config, shares_prefixes),
             config.block_size,
             memory.num_gpu_blocks,
             config.enable_prefix_caching,
             config.max_num_seqs,
-            config.max_model_len,
         )
-
-    def request_blocks(self) -> int:
-        """The most blocks one request can ask for at once (its whole context)."""
-        return -(-self.max_model_len // self.block_size)
 
 
 @dataclass
@@ -144,17 +139,17 @@ class _Run:
 
     pool: Pool
     held_tokens: int  # the most KV it held: blocks in use at the fullest, in tokens
-    clean: bool  # never short of blocks (nor near it), no preemption, no prefix-cache hit
+    clean: bool  # never short of blocks, no preemption, no prefix-cache hit
     outcome: Any
 
     def fits(self, pool: Pool) -> bool:
         """Whether `pool` would have run it the same: its own pool, or a run that was never short and
-        whose tokens, rounded up a block per running request, leave one request's blocks free there."""
+        whose tokens, rounded up a block per running request, fit there."""
         if pool == self.pool:
             return True
         if pool.behaviour != self.pool.behaviour:
             return False
-        need = self.held_tokens / pool.block_size + pool.max_num_seqs + pool.request_blocks()
+        need = self.held_tokens / pool.block_size + pool.max_num_seqs
         return self.clean and need <= pool.num_blocks
 
 
@@ -177,6 +172,11 @@ class Estimator:
         self.calibration = calibration
         self._runs: dict[Hashable, list[_Run]] = {}
         self._sizing: dict[int, float] = {}  # max_num_seqs -> tokens per request of its sizing burst
+
+    @property
+    def simulated(self) -> int:
+        """Runs simulated so far (a run that configs of a class share counts once)."""
+        return sum(len(runs) for runs in self._runs.values())
 
     def scan(self, config: EngineConfig, pool: Pool) -> Scan:
         """The config's saturation, measured as the capacity search measures it (a burst of four
@@ -304,9 +304,7 @@ class Estimator:
                 return run.outcome
         outcome, sim = make()
         clean = (
-            sim.stats.num_preemptions == 0
-            and sim.stats.prefix_cache_hits == 0
-            and sim.min_free_blocks >= pool.request_blocks()
+            sim.stats.num_preemptions == 0 and sim.stats.prefix_cache_hits == 0 and not sim.waited_for_blocks
         )
         held = (pool.num_blocks - sim.min_free_blocks) * pool.block_size
         runs.append(_Run(pool, held, clean, outcome))
