@@ -83,7 +83,7 @@ def test_preempted_requests_still_produce_exact_records() -> None:
 def test_a_run_never_short_of_blocks_runs_the_same_on_any_pool_its_blocks_fit() -> None:
     """The guide shares a run between configs that differ only in their KV pool when no request waited
     for blocks and none was preempted (tune/guide_estimate.py): on the smallest pool that holds the most
-    blocks it used, it runs step for step the same; one block per mille of GPU memory less, it does not."""
+    blocks it used, it runs step for step the same; with 0.1 % less of the GPU's memory, it does not."""
     requests = mixed_requests(200)
     roomy = simulate(EngineConfig(model=LLAMA_8B, max_model_len=8192), "H100", requests)
     assert not roomy.waited_for_blocks and roomy.stats.num_preemptions == 0
