@@ -1,12 +1,13 @@
 """How long the guide takes to predict a whole search space (tune/guide.py predict_space, no cache).
 
-Prints the CPU seconds of every worker process, the wall time, and a hash of the predictions.
+Prints the CPU seconds of every worker process, the wall time on `--processes` workers (default: every
+core this process may use, as `autotune run`), and a hash of the predictions.
 `--before REV` runs the same prediction on REV's code first (a temporary git worktree, in a child
 process), then on this tree's, one after the other: the CPU-time ratio, and whether both tables are
 identical (a speed-up of the guide must not change a prediction).
 
     python benchmarks/guide_speed.py [--space vllm] [--model M] [--gpu G] [--workload chat]
-        [--slo ttft_p99=2s ...] [--processes 2] [--before REV]
+        [--slo ttft_p99=2s ...] [--processes N] [--before REV]
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
         table = predict_space(space, workload, parse_slos(args.slo), runs_dir=runs, processes=args.processes)
     rows = json.dumps([asdict(p) for p in table.predictions], sort_keys=True)
     return {
+        "processes": args.processes,
         "cpu_s": round(table.cpu_s, 1),
         "wall_s": round(time.perf_counter() - start, 1),
         "configs": len(table.predictions),
@@ -54,16 +56,22 @@ def main() -> None:
     parser.add_argument("--gpu")
     parser.add_argument("--workload", default="chat")
     parser.add_argument("--slo", action="append", default=None, help="default: ttft_p99=2s")
-    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--processes", type=int, help="worker processes (default: the usable cores)")
     parser.add_argument("--before", metavar="REV", help="measure REV's code first, side by side")
     parser.add_argument("--json", action="store_true", help="print one JSON line (the child's output)")
     args = parser.parse_args()
     args.slo = args.slo or ["ttft_p99=2s"]
+    if args.processes is None:  # resolved here, passed on: a --before child runs older code
+        from autotune.core.procs import usable_cpus
+
+        args.processes = usable_cpus()
     if args.before is None:
         found = measure(args)
         print(json.dumps(found) if args.json else found)
         return
-    child = [sys.executable, __file__, *(a for a in sys.argv[1:] if a != args.before and a != "--before")]
+    child = [sys.executable, __file__, "--space", args.space, "--workload", args.workload]
+    child += [f"--{name}={value}" for name, value in (("model", args.model), ("gpu", args.gpu)) if value]
+    child += [f"--slo={slo}" for slo in args.slo] + ["--processes", str(args.processes)]
     with checkout(args.before) as tree:
         out = subprocess.run(
             [*child, "--json"], env=environment(tree), capture_output=True, text=True, check=True
@@ -72,7 +80,8 @@ def main() -> None:
     print(f"{args.before}: {before}")
     print(f"this tree: {now}")
     print(
-        f"CPU time ratio (before / now): {before['cpu_s'] / now['cpu_s']:.2f}x; "
+        f"CPU time ratio (before / now): {before['cpu_s'] / now['cpu_s']:.2f}x, wall time "
+        f"{before['wall_s'] / now['wall_s']:.2f}x; "
         f"tables {'identical' if before['table'] == now['table'] else 'DIFFER'}"
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import time
 from pathlib import Path
 
 import optuna
@@ -138,8 +139,11 @@ def test_predictions_are_deterministic_in_any_number_of_processes(
     def progress(done: int, total: int) -> None:
         heard.append((done, total))
 
+    start = time.process_time()
     again = predict_space(SPACE, chat, SLOS, runs_dir=tmp_path, processes=1, progress=progress)
+    spent = time.process_time() - start
     assert not again.from_cache and again.predictions == table.predictions
+    assert 0.8 * spent <= again.cpu_s <= spent  # in this process: its CPU time, each second counted once
     # progress: configs predicted so far, rising to all of them
     total = len(table.predictions)
     assert len(heard) > 1 and heard[-1] == (total, total) and {t for _, t in heard} == {total}

@@ -1,13 +1,16 @@
 """Worker pools for simulations (autotune/core/procs.py): results in order, each job's end heard as it
-happens, an error raised at once."""
+happens, an error raised at once, background workers at the lowest CPU priority."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 
-from autotune.core.procs import map_in_workers
+from autotune.core.procs import BACKGROUND_NICE, map_in_workers, usable_cpus
 
 
 def slow_square(x: int, wait_s: float) -> int:
@@ -30,3 +33,26 @@ def test_results_come_in_order_and_each_end_is_heard_as_it_happens(processes: in
 def test_an_error_in_a_worker_is_raised() -> None:
     with pytest.raises(ValueError, match="negative: -1"):
         map_in_workers(slow_square, [(1, 0.0), (-1, 0.0)], 2)
+
+
+def niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_background_workers_run_at_the_lowest_cpu_priority_and_others_at_the_drivers() -> None:
+    """The guide's workers must yield the CPU to a vLLM server on the same host."""
+    own = niceness()
+    assert map_in_workers(niceness, [(), ()], 2, background=True) == [min(19, own + BACKGROUND_NICE)] * 2
+    assert map_in_workers(niceness, [(), ()], 2) == [own, own]
+
+
+def test_usable_cpus_are_the_cores_the_affinity_mask_allows_not_the_machine_s() -> None:
+    """Under `taskset` (or a container's cpuset) the guide must not start a worker per machine core."""
+    one_core = min(os.sched_getaffinity(0))
+    code = (
+        f"import os; os.sched_setaffinity(0, {{{one_core}}}); "
+        "from autotune.core.procs import usable_cpus; print(usable_cpus())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "1"
+    assert usable_cpus() == len(os.sched_getaffinity(0))

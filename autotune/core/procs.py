@@ -39,16 +39,29 @@ def pid_alive(text: str) -> bool:
     return state not in ("Z", "X")
 
 
-def worker_pool(processes: int) -> ProcessPoolExecutor:
+def usable_cpus() -> int:
+    """The cores this process may run on (its affinity mask: a container or `taskset` may allow fewer
+    than the machine has)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+# The niceness of background workers (the guide's predictions): a vLLM server's API and engine-core
+# processes on the same host get the CPU first, so the guide never skews a trial's latencies.
+BACKGROUND_NICE = 19
+
+
+def worker_pool(processes: int, background: bool = False) -> ProcessPoolExecutor:
     """Worker processes for CPU-bound work (simulations). Spawned, not forked: the driver has threads
     (a study's lease) whose locks a fork would copy. They ignore Ctrl-C: the driver takes it and ends
     them (`end_workers`); a driver killed outright (SIGKILL, the OOM killer) cannot, so each worker
-    exits by itself once its parent is gone."""
+    exits by itself once its parent is gone. `background` workers run at the lowest CPU priority."""
     return ProcessPoolExecutor(
         max(1, processes),
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_init_worker,
-        initargs=(os.getpid(),),
+        initargs=(os.getpid(), BACKGROUND_NICE if background else 0),
     )
 
 
@@ -68,10 +81,12 @@ def map_in_workers(
     jobs: Sequence[tuple[Any, ...]],
     processes: int,
     done: Callable[[int], None] | None = None,
+    background: bool = False,
 ) -> list[T]:
     """`fn(*job)` for every job, in order: in this process when one process (or one job) is asked
-    for, else on a `worker_pool`, which an error or a Ctrl-C ends at once (`end_workers`). `done(i)`
-    hears of job i's end as it happens (for progress), in whatever order the jobs end."""
+    for, else on a `worker_pool` (`background`: at the lowest CPU priority), which an error or a
+    Ctrl-C ends at once (`end_workers`). `done(i)` hears of job i's end as it happens (for progress),
+    in whatever order the jobs end."""
     if processes <= 1 or len(jobs) <= 1:
         results = []
         for i, job in enumerate(jobs):
@@ -79,7 +94,7 @@ def map_in_workers(
             if done is not None:
                 done(i)
         return results
-    pool = worker_pool(min(processes, len(jobs)))
+    pool = worker_pool(min(processes, len(jobs)), background)
     try:
         futures = [pool.submit(fn, *job) for job in jobs]
         index = {f: i for i, f in enumerate(futures)}
@@ -98,8 +113,10 @@ def map_in_workers(
 PARENT_CHECK_S = 1.0  # how often a worker looks whether its driver still runs
 
 
-def _init_worker(parent: int) -> None:
+def _init_worker(parent: int, nice: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if nice:
+        os.nice(nice)
     threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="parent-watch").start()
 
 

@@ -10,7 +10,6 @@ cancelling ends them).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -21,7 +20,7 @@ from typing import Any
 from autotune.backends.base import Backend
 from autotune.core.config import EngineConfig
 from autotune.core.errors import FailureKind
-from autotune.core.procs import end_workers, worker_pool
+from autotune.core.procs import end_workers, usable_cpus, worker_pool
 from autotune.dispatch.local import LocalExecutor
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
@@ -42,7 +41,7 @@ class ProcessExecutor(LocalExecutor):
     ) -> None:
         super().__init__(backend, workload, slos)
         self.capacity = max(1, in_flight)
-        self.processes = max(1, min(self.capacity, processes or os.cpu_count() or 1))
+        self.processes = max(1, min(self.capacity, processes or usable_cpus()))
         self._pool: ProcessPoolExecutor | None = None
         self._jobs: dict[int, tuple[EngineConfig, Future[TrialResult]]] = {}  # in submission order
 

@@ -28,7 +28,7 @@ from autotune.catalog.models import get_model
 from autotune.core.atomic import atomic_write_text
 from autotune.core.config import EngineConfig
 from autotune.core.errors import EngineStartupError, FailureKind
-from autotune.core.procs import map_in_workers
+from autotune.core.procs import map_in_workers, usable_cpus
 from autotune.measure.slo import Slo
 from autotune.sim.engine import SimEngine
 from autotune.tune.guide_estimate import Estimator, GuideSettings, Pool
@@ -151,14 +151,15 @@ def predict_space(
     gpu: str | None = None,
     calibration: object | None = None,
     runs_dir: Path = Path("runs"),
-    processes: int = 2,
+    processes: int | None = None,
     settings: GuideSettings = GuideSettings(),  # noqa: B008 (frozen)
     progress: Callable[[int, int], None] | None = None,
 ) -> GuideTable:
     """The guide's table for every grid point of `space` on `gpu` (default the space's), read from
     <runs_dir>/guide/ when it was made before with the same inputs. `objectives` order the table's
     ranking (`GuideTable.ranking`) and change no prediction. `calibration` goes to the simulator.
-    `progress(done, total)` hears how many configs are predicted as they are."""
+    `progress(done, total)` hears how many configs are predicted as they are. `processes`: worker
+    processes at the lowest CPU priority (default: every core this process may use)."""
     space = space.with_overrides(gpu=gpu)
     grid = space.grid(GRID_STEPS)
     points = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
@@ -167,9 +168,8 @@ def predict_space(
     if path.is_file():
         table = GuideTable.from_json(path.read_text(), path)
     else:
-        start = time.process_time()
-        table = _predict(space, points, workload, slos, calibration, settings, processes, progress)
-        table.cpu_s += time.process_time() - start
+        workers = processes or usable_cpus()
+        table = _predict(space, points, workload, slos, calibration, settings, workers, progress)
         table.cache_path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, table.to_json())
@@ -241,7 +241,9 @@ def _predict(
     processes: int,
     progress: Callable[[int, int], None] | None = None,
 ) -> GuideTable:
-    """Startup verdicts here, estimates by class on `processes` workers (1: in this process)."""
+    """Startup verdicts here, estimates by class on `processes` workers (1: in this process); the
+    table's `cpu_s` counts both."""
+    start = time.process_time()
     gpu, model = get_gpu(space.gpu), get_model(space.model)
     predictions: dict[int, Prediction] = {}
     classes: dict[str, list[Member]] = {}
@@ -261,7 +263,9 @@ def _predict(
             Member(i, params, config_key(config), engine.config, pool)
         )
     jobs = [(members, space.gpu, workload, list(slos), settings, calibration) for members in classes.values()]
-    jobs.sort(key=lambda job: -len(job[0]))  # the largest classes first: the workers finish together
+    # The dearest classes first, so the workers finish together: a run's CPU cost grows with the
+    # sequences it holds a step (max_num_seqs), a class's with its members.
+    jobs.sort(key=lambda job: (-(job[0][0].resolved.max_num_seqs or 0), -len(job[0])))
     finished = len(predictions)  # the configs that do not start are predicted already
 
     def done(i: int) -> None:
@@ -270,8 +274,8 @@ def _predict(
         if progress is not None:
             progress(finished, len(points))
 
-    cpu_s = 0.0
-    for estimated, job_cpu_s in map_in_workers(_estimate_class, jobs, processes, done):
+    cpu_s = time.process_time() - start  # the startup verdicts; each job counts its own time
+    for estimated, job_cpu_s in map_in_workers(_estimate_class, jobs, processes, done, background=True):
         cpu_s += job_cpu_s
         predictions.update(estimated)
     tp = int(space.fixed.get("tensor_parallel_size", 1))

@@ -30,7 +30,7 @@ from typing import Any
 
 from autotune.backends.sim import SimBackend
 from autotune.core.atomic import atomic_write_text
-from autotune.core.procs import map_in_workers
+from autotune.core.procs import map_in_workers, usable_cpus
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
@@ -52,7 +52,7 @@ def refine_table(
     objective: Objective,
     calibration: Calibration | None = None,
     top: int = REFINE_TOP,
-    processes: int = 2,
+    processes: int | None = None,
 ) -> GuideTable:
     """`table` with its `top` best configs by `objective` predicted by the full capacity search on the
     simulated engine at `calibration`, the others rescaled to them (module docstring); read from the
@@ -81,13 +81,13 @@ def search_points(
     workload: Any,
     slos: Sequence[Slo],
     calibration: Calibration | None = None,
-    processes: int = 2,
+    processes: int | None = None,
 ) -> tuple[list[Prediction], float]:
     """Each config's full capacity search on the simulated engine (noise off), as a Prediction, in
     order; and the CPU seconds the searches took (every process)."""
     cal = calibration or DEFAULT_CALIBRATION
     jobs = [(space, params, workload, list(slos), cal) for params in points]
-    results = map_in_workers(_search, jobs, processes)
+    results = map_in_workers(_search, jobs, processes or usable_cpus(), background=True)
     return [p for p, _ in results], sum(s for _, s in results)
 
 
