@@ -15,6 +15,7 @@ from cli import autotune
 from autotune.calibrate.fit import candidates
 from autotune.catalog.gpus import get_gpu
 from autotune.catalog.models import get_model
+from autotune.core.procs import usable_cpus
 from autotune.sim.calibration import DEFAULT_CALIBRATION, load_calibration
 from autotune.sim.costs import CostModel
 from autotune.tune.guide_residual import BIAS, ResidualModel
@@ -71,6 +72,7 @@ def test_a_guided_run_measures_the_guides_best_then_the_defaults_then_its_picks_
     spent = sum(t.user_attrs["gpu_seconds"] for t in trials) / 3600
     assert guide["gpu_hours"] == pytest.approx(spent, abs=1e-3)
     assert "GPU-h spent" in out.stderr and "predicted vs measured" in out.stderr
+    assert f"simulated engine ({usable_cpus()} core(s), lowest CPU priority)" in out.stderr  # as a child
     assert f"  #{trials[1].number}: predicted" in out.stderr and "GPU-h; vLLM's defaults)" in out.stderr
     # The report shows it: best.json's guide section, report.html's plot and table.
     best = json.loads((folder / "runs/g/best.json").read_text())

@@ -84,6 +84,7 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
     """The guided search of the run set up in `s` (run._Setup): the guide's table of the whole space
     (cached in <runs-dir>/guide/) and its prediction of vLLM's defaults; None when the run is not
     guided. `estimate`: the pre-run estimate (its baseline trial's GPU time is the first trial's cost)."""
+    from autotune.core.procs import usable_cpus
     from autotune.tune.guide import predict_points, predict_space
     from autotune.tune.guide_refine import REFINE_TOP, refine_table
     from autotune.tune.guide_refit import Refit
@@ -95,7 +96,10 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
         return None
     first_trial_gpu_s = estimate.baseline_gpu_s if estimate is not None else None
     print(
-        "autotune: guide: predicting the whole space on the simulated engine ...", file=sys.stderr, flush=True
+        f"autotune: guide: predicting the whole space on the simulated engine ({usable_cpus()} core(s), "
+        "lowest CPU priority) ...",
+        file=sys.stderr,
+        flush=True,
     )
     runs_dir = Path(args.runs_dir)
     table = predict_space(
