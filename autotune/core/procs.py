@@ -47,8 +47,8 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-# The niceness of background workers (the guide's predictions): a vLLM server's API and engine-core
-# processes on the same host get the CPU first, so the guide never skews a trial's latencies.
+# The niceness of background workers (the guide's predictions): where cores are short, a vLLM server's
+# API and engine-core processes on the same host get the CPU first (docs/gpus.md).
 BACKGROUND_NICE = 19
 
 
