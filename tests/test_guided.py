@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +96,15 @@ def test_the_budget_stops_the_run_before_a_trial_would_pass_it(folder: Path) -> 
     guided_run(folder, "--n-trials", "6", "--gpu-hours", "0.5")
     guide = json.loads((folder / "runs/g/guide.json").read_text())
     assert guide["stop_reason"].startswith("budget")
+    # ... and says what more budget could buy: the untried configs' 95 % bound against the incumbent.
+    outlook = re.search(
+        r"is ([+-][0-9.]+)% against the best measured \(([0-9,.]+) vs ([0-9,.]+)\), (\w+)",
+        guide["stop_reason"],
+    )
+    assert outlook is not None, guide["stop_reason"]
+    gain, bound, best = (float(g.replace(",", "")) for g in outlook.groups()[:3])
+    assert gain == pytest.approx(100 * (bound / best - 1), abs=0.1)
+    assert outlook.group(4) == ("beyond" if gain > 3 else "within")
     # A trial was launched only when the spend so far plus the dearest trial so far fitted the budget
     # (a capacity search's cost is known only once it ran: a dearer one can pass it by the difference).
     costs = [r["gpu_hours"] for r in guide["trials"]]

@@ -281,8 +281,8 @@ class GuidedSearch:
         model = self.model(observed)
         mean, sd = self.corrected(model, free)
         best = self._best(observed, model)
+        bound = float(np.max(mean + self.options.z * sd))  # the best any untried config may be (95 %)
         if best is not None and len(observed) >= MIN_MEASURED and not busy:
-            bound = float(np.max(mean + self.options.z * sd))
             target = best + math.log1p(self.options.resolution)
             if bound < target:
                 return (
@@ -300,7 +300,7 @@ class GuidedSearch:
         corrected = math.exp(self.sign * mean[at])
         over_budget = self.budget.stop(observed, corrected, len(busy))
         if over_budget:
-            return over_budget
+            return over_budget + self._outlook(bound, best)
         attrs = {"predicted": round(corrected, 4), "raw": round(self.own_prediction(chosen.key) or 0.0, 4)}
         attrs["speed_factor"] = round(self.refit.factor(self.index), 4) if self.refit else 1.0
         attrs["by"] = "best predicted" if exploit else "expected improvement"
@@ -313,6 +313,19 @@ class GuidedSearch:
             user_attrs["baseline"] = True  # the guide's pick is vLLM's defaults: they are measured once
         study.enqueue_trial(dict(chosen.params), user_attrs=user_attrs, skip_if_exists=False)
         return None
+
+    def _outlook(self, bound: float, best: float | None) -> str:
+        """What more budget could buy, said when the budget stops the run: how far the untried configs'
+        95 % bound lies above the incumbent (sign-adjusted logs; tune/guided.py's stop rule)."""
+        if best is None:
+            return ""
+        gain = math.exp(bound - best) - 1
+        beyond = "beyond" if gain > self.options.resolution else "within"
+        return (
+            f"; more budget: the guide's 95 % bound for an untried config is {gain:+.1%} against the best "
+            f"measured ({math.exp(self.sign * bound):,.1f} vs {math.exp(self.sign * best):,.1f}), {beyond} "
+            f"the {self.options.resolution:.0%} resolution"
+        )
 
     def _argmax(self, scores: np.ndarray, free: Sequence[int], tolerance: float = 0.0) -> int:
         """The position in `free` of the best score; among those within `tolerance` of it (0: equal
