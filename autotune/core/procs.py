@@ -79,14 +79,15 @@ def end_workers(pool: ProcessPoolExecutor) -> None:
 def map_in_workers(
     fn: Callable[..., T],
     jobs: Sequence[tuple[Any, ...]],
-    processes: int,
+    processes: int | None = None,
     done: Callable[[int], None] | None = None,
     background: bool = False,
 ) -> list[T]:
     """`fn(*job)` for every job, in order: in this process when one process (or one job) is asked
-    for, else on a `worker_pool` (`background`: at the lowest CPU priority), which an error or a
-    Ctrl-C ends at once (`end_workers`). `done(i)` hears of job i's end as it happens (for progress),
-    in whatever order the jobs end."""
+    for, else on a `worker_pool` of `processes` (default: `usable_cpus()`; `background`: at the
+    lowest CPU priority), which an error or a Ctrl-C ends at once (`end_workers`). `done(i)` hears of
+    job i's end as it happens (for progress), in whatever order the jobs end."""
+    processes = processes or usable_cpus()
     if processes <= 1 or len(jobs) <= 1:
         results = []
         for i, job in enumerate(jobs):

@@ -28,7 +28,7 @@ from autotune.catalog.models import get_model
 from autotune.core.atomic import atomic_write_text
 from autotune.core.config import EngineConfig
 from autotune.core.errors import EngineStartupError, FailureKind
-from autotune.core.procs import map_in_workers, usable_cpus
+from autotune.core.procs import map_in_workers
 from autotune.measure.slo import Slo
 from autotune.sim.engine import SimEngine
 from autotune.tune.guide_estimate import Estimator, GuideSettings, Pool
@@ -168,8 +168,7 @@ def predict_space(
     if path.is_file():
         table = GuideTable.from_json(path.read_text(), path)
     else:
-        workers = processes or usable_cpus()
-        table = _predict(space, points, workload, slos, calibration, settings, workers, progress)
+        table = _predict(space, points, workload, slos, calibration, settings, processes, progress)
         table.cache_path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, table.to_json())
@@ -238,10 +237,11 @@ def _predict(
     slos: Sequence[Slo],
     calibration: object | None,
     settings: GuideSettings,
-    processes: int,
+    processes: int | None,
     progress: Callable[[int, int], None] | None = None,
 ) -> GuideTable:
-    """Startup verdicts here, estimates by class on `processes` workers (1: in this process); the
+    """Startup verdicts here, estimates by class on `processes` workers (1: in this process; None:
+    every usable core); the
     table's `cpu_s` counts both."""
     start = time.process_time()
     gpu, model = get_gpu(space.gpu), get_model(space.model)
@@ -262,10 +262,12 @@ def _predict(
         classes.setdefault(pool.behaviour, []).append(
             Member(i, params, config_key(config), engine.config, pool)
         )
-    jobs = [(members, space.gpu, workload, list(slos), settings, calibration) for members in classes.values()]
     # The dearest classes first, so the workers finish together: a run's CPU cost grows with the
     # sequences it holds a step (max_num_seqs), a class's with its members.
-    jobs.sort(key=lambda job: (-(job[0][0].resolved.max_num_seqs or 0), -len(job[0])))
+    ordered = sorted(
+        classes.values(), key=lambda members: (-(members[0].resolved.max_num_seqs or 0), -len(members))
+    )
+    jobs = [(members, space.gpu, workload, list(slos), settings, calibration) for members in ordered]
     finished = len(predictions)  # the configs that do not start are predicted already
 
     def done(i: int) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 from autotune.backends.sim import SimBackend
 from autotune.core.atomic import atomic_write_text
-from autotune.core.procs import map_in_workers, usable_cpus
+from autotune.core.procs import map_in_workers
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
@@ -87,7 +87,7 @@ def search_points(
     order; and the CPU seconds the searches took (every process)."""
     cal = calibration or DEFAULT_CALIBRATION
     jobs = [(space, params, workload, list(slos), cal) for params in points]
-    results = map_in_workers(_search, jobs, processes or usable_cpus(), background=True)
+    results = map_in_workers(_search, jobs, processes, background=True)
     return [p for p, _ in results], sum(s for _, s in results)
 
 
