@@ -3,6 +3,7 @@ backend playing a reality the guide does not know (`--sim-calibration`, `--noise
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -118,6 +119,22 @@ def test_the_budget_stops_the_run_before_a_trial_would_pass_it(folder: Path) -> 
     by = [r["by"] for r in guide["trials"]]
     assert by == [picks[0], "vLLM's defaults", picks[1]]  # guide.json says so
     assert "<th>chosen by</th>" in (folder / "runs/g/report.html").read_text()  # as does the report
+
+
+def test_a_budget_that_stops_before_the_defaults_says_what_the_guide_predicts_for_them(folder: Path) -> None:
+    out = guided_run(folder, "--n-trials", "6", "--gpu-hours", "0.2")
+    guide = json.loads((folder / "runs/g/guide.json").read_text())
+    assert [r["by"] for r in guide["trials"]] == ["best predicted"]  # the defaults did not fit
+    assert guide["stop_reason"].startswith("budget: the next trial (vLLM's defaults), about")
+    defaults = guide["defaults"]
+    # the guide's prediction of vLLM's defaults (1024 / 2048 here), below its own best pick's
+    assert defaults["starts"] and 0 < defaults["raw"] < guide["trials"][0]["raw"]
+    assert defaults["predicted"] > 0
+    said = "vLLM's defaults: not measured (the run stopped before them); the guide predicts "
+    said += f"{defaults['predicted']:,.1f}"
+    assert said in out.stderr
+    assert html.escape(said) in (folder / "runs/g/report.html").read_text()
+    assert json.loads((folder / "runs/g/best.json").read_text())["guide"]["defaults"] == defaults
 
 
 def test_two_trials_at_a_time_choose_the_second_before_anything_is_measured(folder: Path) -> None:

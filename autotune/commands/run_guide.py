@@ -179,7 +179,7 @@ def finish_guided(search: Any, study: Any, run_dir: Path, stop_reason: str | Non
     if search is None:
         return None
     from autotune.core.atomic import atomic_write_text
-    from autotune.outputs.guide_view import GUIDE_FILE, predicted_vs_measured
+    from autotune.outputs.guide_view import GUIDE_FILE, predicted_vs_measured, unmeasured_defaults
     from autotune.sim.calibration import calibration_yaml
     from autotune.tune.remeasure import repeats_gpu_seconds
 
@@ -196,6 +196,9 @@ def finish_guided(search: Any, study: Any, run_dir: Path, stop_reason: str | Non
         "speed_factor": round(factor, 4),
         "trials": rows,
     }
+    defaults = unmeasured_defaults(search, study)
+    if defaults is not None:
+        data["defaults"] = defaults
     atomic_write_text(run_dir / GUIDE_FILE, json.dumps(data, indent=1))
     measured = sum(r["measured"] is not None for r in rows)
     header = (
@@ -210,7 +213,7 @@ def finish_guided(search: Any, study: Any, run_dir: Path, stop_reason: str | Non
 
 def guide_summary(data: dict[str, Any]) -> str:
     """The guided run's lines: predicted vs measured per trial, spend against the budget, why it stopped."""
-    from autotune.outputs.guide_view import spend_text
+    from autotune.outputs.guide_view import defaults_text, spend_text
 
     lines = ["guide: predicted vs measured per real trial:"]
     for r in data["trials"]:
@@ -220,6 +223,8 @@ def guide_summary(data: dict[str, Any]) -> str:
         lines.append(
             f"  #{r['trial']}: predicted {predicted}, measured {measured} ({r['gpu_hours']:.2f} GPU-h{by})"
         )
+    if data.get("defaults"):
+        lines.append(f"  {defaults_text(data['defaults'])}")
     lines.append(f"guide: {spend_text(data)}")
     return "\n".join(lines)
 

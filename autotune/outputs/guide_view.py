@@ -42,6 +42,33 @@ def predicted_vs_measured(search: GuidedSearch, study: optuna.Study) -> list[dic
     return rows
 
 
+def unmeasured_defaults(search: GuidedSearch, study: optuna.Study) -> dict[str, Any] | None:
+    """vLLM's defaults as the guide predicts them, when the run ended before measuring them (the budget
+    stopped it first): the guide's prediction at its refitted speed ("predicted"; None: it predicts they
+    do not start, or meet no rate) and at its own calibration ("raw"), and whether they start. None: they
+    were measured, or the run does not compare with them."""
+    key = search.baseline_key
+    if key is None or any(o.key == key for o in search.observations(study)):
+        return None
+    prediction = search.prediction(key)
+    return {
+        "predicted": search.raw(prediction),
+        "raw": search.own_prediction(key),
+        "starts": prediction.starts if prediction is not None else None,
+    }
+
+
+def defaults_text(defaults: dict[str, Any]) -> str:
+    """The line that says what the guide predicts for vLLM's defaults, which the run did not measure."""
+    if defaults.get("predicted") is not None:
+        guess = f"the guide predicts {defaults['predicted']:,.1f}"
+    elif defaults.get("starts") is False:
+        guess = "the guide predicts they do not start"
+    else:
+        guess = "the guide predicts they meet no rate under the SLOs"
+    return f"vLLM's defaults: not measured (the run stopped before them); {guess}"
+
+
 def _not_picked(search: GuidedSearch, key: str) -> str | None:
     """Why a trial the guide did not pick was measured (None: not known, e.g. a resumed older study)."""
     return "vLLM's defaults" if key == search.baseline_key else None
@@ -119,6 +146,8 @@ def guide_html(run_dir: Path, escape: Any, metric: str) -> str:
     import base64
 
     parts = ["<h2>Guided search</h2>", f"<p>{escape(spend_text(data))}</p>"]
+    if data.get("defaults"):
+        parts.append(f"<p>{escape(defaults_text(data['defaults']))}.</p>")
     if error_text(data["trials"]):
         parts.append(f"<p class='sub'>{escape(error_text(data['trials']))}</p>")
     png = plot_guide(Path(run_dir) / PLOT_FILE, data, metric)

@@ -177,6 +177,8 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
             k: guide.get(k)
             for k in ("gpu_hours", "remeasure_gpu_hours", "budget_gpu_hours", "stop_reason", "trials")
         }
+        if guide.get("defaults"):  # vLLM's defaults, not measured: the guide's prediction of them
+            data["guide"]["defaults"] = guide["defaults"]
     if out.progress_note():
         data["progress_note"] = out.progress_note()
     if out.decision.candidate is not None:

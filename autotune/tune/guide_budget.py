@@ -58,16 +58,22 @@ class Budget:
             return math.inf
         return (self.gpu_hours * 3600 - sum(o.gpu_s for o in observed)) / next_s - in_flight
 
-    def stop(self, observed: Sequence[Observation], value: float | None, in_flight: int) -> str | None:
-        """Why the next trial must not start: the spend, the running trials (each charged as the next)
-        and the next would pass the budget. None: it fits."""
+    def stop(
+        self,
+        observed: Sequence[Observation],
+        value: float | None,
+        in_flight: int,
+        what: str = "the next trial",
+    ) -> str | None:
+        """Why the next trial (`what`, e.g. "vLLM's defaults") must not start: the spend, the running
+        trials (each charged as the next) and the next would pass the budget. None: it fits."""
         if self.trials_left(observed, value, in_flight) >= 1:
             return None
         spent = sum(o.gpu_s for o in observed) / 3600
         next_s = self.next_cost_s(observed, value)
         running = f", {in_flight} trial(s) running" if in_flight else ""
         return (
-            f"budget: the next trial (about {next_s / 3600:.2f} GPU-h) would pass --gpu-hours "
+            f"budget: {what}, about {next_s / 3600:.2f} GPU-h, would pass --gpu-hours "
             f"{self.gpu_hours:g} ({spent:.2f} GPU-h spent{running})"
         )
 

@@ -252,7 +252,8 @@ class GuidedSearch:
     ) -> str | None:
         """Enqueue vLLM's defaults, or say why the budget cannot afford them."""
         assert self.baseline is not None and self.baseline_key is not None  # _defaults_due
-        over_budget = self.budget.stop(observed, self.raw(self.prediction(self.baseline_key)), busy)
+        predicted = self.raw(self.prediction(self.baseline_key))
+        over_budget = self.budget.stop(observed, predicted, busy, "the next trial (vLLM's defaults)")
         if over_budget:
             return over_budget
         study.enqueue_trial(dict(self.baseline), user_attrs={"baseline": True}, skip_if_exists=False)
