@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
+import pytest
 
 from autotune.core.config import EngineConfig
 from autotune.measure.metrics import compute_metrics
 from autotune.sim.engine import SimEngine
+from autotune.sim.noise import StepNoise
 from autotune.sim.replay import simulate
 from autotune.workloads.spec import Request
 
@@ -60,6 +63,55 @@ def test_invariants_hold_every_step_under_kv_pressure() -> None:
     assert all(emitted[r.request_id] == r.output_len for r in requests)
     assert engine.stats.generation_tokens == sum(r.output_len for r in requests)
     assert engine.num_free_blocks == engine.memory.num_gpu_blocks  # everything released
+
+
+@pytest.mark.parametrize("tight", [False, True])
+def test_advance_runs_the_very_steps_of_step(tight: bool) -> None:
+    """A replay's `advance` runs decode-only steps without the prefill and admission work and several
+    steps a call: the same steps, clock and records as `step` one at a time, with noise and under
+    preemption (the L4)."""
+    rng = np.random.default_rng(3)
+    requests = mixed_requests(150, seed=3)
+    arrivals = np.cumsum(rng.exponential(1 / 1.5, len(requests)))  # light load: decode-only stretches
+    config = EngineConfig(model=LLAMA_8B, max_model_len=4096, max_num_seqs=64)
+    engines = [
+        SimEngine(config.replace(gpu_memory_utilization=0.8) if tight else config, "L4" if tight else "H100",
+                  StepNoise(0.02, [7]))
+        for _ in range(2)
+    ]  # fmt: skip
+    for engine in engines:
+        for r, at in zip(requests, arrivals, strict=True):
+            engine.add_request(r, send_time=float(at))
+    stepped, advanced = engines
+    while stepped.has_unfinished():
+        stepped.step()
+    calls = 0
+    while advanced.has_unfinished():
+        advanced.advance()
+        calls += 1
+    assert calls < advanced.num_steps  # several steps a call
+    assert advanced.step_times == stepped.step_times
+    assert advanced.finished_records() == stepped.finished_records()
+    assert advanced.stats == stepped.stats
+    assert (advanced.stats.num_preemptions > 0) == tight
+
+
+@pytest.mark.parametrize("concurrency", [None, 8])
+def test_a_replay_sends_each_request_before_the_step_it_may_join(
+    concurrency: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """simulate() lets `advance` run several steps a call, up to the next send: the same run as a replay
+    that takes one generic step a call (the reference, patched in)."""
+    rng = np.random.default_rng(5)
+    requests = [
+        dataclasses.replace(r, arrival_time=float(at))
+        for r, at in zip(mixed_requests(120, seed=5), np.cumsum(rng.exponential(0.5, 120)), strict=True)
+    ]
+    config = EngineConfig(model=LLAMA_8B, max_model_len=4096)
+    fast = simulate(config, "H100", requests, max_concurrency=concurrency)
+    monkeypatch.setattr(SimEngine, "advance", lambda engine, until=0.0: engine._step(emit=False))
+    plain = simulate(config, "H100", requests, max_concurrency=concurrency)
+    assert fast.records == plain.records and fast.num_steps == plain.num_steps
 
 
 def test_no_preemption_when_kv_is_plentiful_and_decodes_run_every_step() -> None:

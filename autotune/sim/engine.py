@@ -14,6 +14,7 @@ The engine does no Python work per decoded token (how: docs/simulator.md, "Sched
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 
@@ -144,9 +145,20 @@ class SimEngine:
         """Run one engine step; advance `now` by its duration."""
         return self._step(emit=True)
 
-    def advance(self) -> StepOutput:
-        """Run one engine step without listing its new tokens (a replay reads them at the end)."""
-        return self._step(emit=False)
+    def advance(self, until: float = math.inf) -> StepOutput:
+        """Run engine steps without listing their new tokens (a replay reads them at the end): one, then
+        more while requests remain, none finished and the next step starts before `until` (when the
+        driver sends its next request). Returns their summed duration and what the last one finished."""
+        duration = 0.0
+        while True:
+            if self._decodes_only():  # the same step as `_step`'s, with less work
+                step_s, finished = self._decode_step(len(self.step_times))
+            else:
+                out = self._step(emit=False)
+                step_s, finished = out.duration, out.finished
+            duration += step_s
+            if finished or not self.has_unfinished() or self.next_start() >= until:
+                return StepOutput(duration=duration, finished=finished)
 
     def finished_records(self) -> dict[int, RequestRecord]:
         """The record of every finished request, by request id."""
@@ -243,13 +255,7 @@ class SimEngine:
             pairs,
             prefill_ctx,
         )
-        if self.noise is not None:
-            duration *= self.noise.factor()
-        self.now += duration
-        # The core hands the step's outputs to the API server and goes on: the server delays what the
-        # client sees, never the next step (frontend.py).
-        self.frontend.stream(step, self.now, num_decode + len(completing))
-        self.step_times.append(self.now)
+        duration = self._run(step, duration, num_decode + len(completing))
         # -- effects ------------------------------------------------------------------------------
         self._decode_context += num_decode
         self.stats.generation_tokens += num_decode
@@ -268,14 +274,58 @@ class SimEngine:
                 finished.append(self._finish(r, step))
             else:
                 self._start_decode(r, step + 1)
+        self._finish_due(step, finished)
+        self._update_gauges()
+        # A real-time driver sleeps the idle wait too.
+        return StepOutput(duration=idle + duration, new_tokens=new_tokens if emit else [], finished=finished)
+
+    def _decodes_only(self) -> bool:
+        """Whether the next step can only decode: requests run, none is mid-prefill, and none waiting can
+        be admitted (none waits, the first is still in the API server, or the batch is full)."""
+        if not self._running or self._prefilling is not None:
+            return False
+        waiting = self._waiting
+        return not waiting or waiting[0].ready > self.now or len(self._running) >= self._max_seqs
+
+    def _decode_step(self, step: int) -> tuple[float, list[int]]:
+        """`_step` where it can only decode (`_decodes_only`), without its prefill and admission work:
+        the same blocks, cost, clock and finishes (a low-load window is mostly such steps). Returns its
+        duration and the requests it finished."""
+        self._grow_decodes(step)  # a preemption here stops admission in `_step` too
+        num_decode = len(self._running)
+        if num_decode == 0:  # everything running was preempted: an empty step
+            return 0.0, []
+        cost = self.costs.step_time(
+            num_decode, num_decode, num_decode, self._decode_context + num_decode, 0.0, 0
+        )
+        duration = self._run(step, cost, num_decode)
+        self._decode_context += num_decode
+        self.stats.generation_tokens += num_decode
+        finished: list[int] = []
+        self._finish_due(step, finished)
+        self._update_gauges()
+        return duration, finished
+
+    def _run(self, step: int, duration: float, tokens: int) -> float:
+        """Step `step` takes `duration` (with noise, when on): the clock moves, its `tokens` go to the API
+        server; returns the duration."""
+        if self.noise is not None:
+            duration *= self.noise.factor()
+        self.now += duration
+        # The core hands the step's outputs to the API server and goes on: the server delays what the
+        # client sees, never the next step (frontend.py).
+        self.frontend.stream(step, self.now, tokens)
+        self.step_times.append(self.now)
+        return duration
+
+    def _finish_due(self, step: int, finished: list[int]) -> None:
+        """Finish the decodes whose last token was this step's (their finish events)."""
+        running = self._running
         for r, gen in self._finish_events.pop(step, ()):
             if r.gen == gen and r.rid in running:
                 self._decode_context -= r.prompt_len + r.output_len - 1
                 r.outputs = r.output_len
                 finished.append(self._finish(r, step))
-        self._update_gauges()
-        # A real-time driver sleeps the idle wait too.
-        return StepOutput(duration=idle + duration, new_tokens=new_tokens if emit else [], finished=finished)
 
     def _grow_decodes(self, step: int) -> bool:
         """Give a new block to every decoding request crossing a block boundary; preempt when short."""

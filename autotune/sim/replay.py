@@ -4,6 +4,7 @@ concurrency cap, every request's record."""
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,7 +61,7 @@ def simulate(
             req = order[i]
             if slots is not None and not slots:
                 break  # every slot is busy
-            send = req.arrival_time if slots is None else max(req.arrival_time, slots[0])
+            send = _send_time(req, slots)
             if send > engine.next_start():  # it joins the intake wave the next step waits for
                 break
             if slots is not None:
@@ -75,14 +76,15 @@ def simulate(
                 if slots is not None:
                     heapq.heappush(slots, send)
         if engine.has_unfinished():
-            out = engine.advance()
+            sendable = i < len(order) and (slots is None or bool(slots))
+            # The engine steps on by itself until the next request is sent (engine.advance).
+            out = engine.advance(_send_time(order[i], slots) if sendable else math.inf)
             if slots is not None and out.finished:
                 seen = engine.frontend.expected_delivery(engine.now)  # the client sees the end then
                 for _ in out.finished:
                     heapq.heappush(slots, seen)
         elif i < len(order):
-            req = order[i]
-            engine.now = req.arrival_time if slots is None else max(req.arrival_time, slots[0])
+            engine.now = _send_time(order[i], slots)
         else:
             break
     records.update(engine.finished_records())
@@ -95,3 +97,9 @@ def simulate(
         min_free_blocks=engine.min_free_blocks,
         waited_for_blocks=engine.waited_for_blocks,
     )
+
+
+def _send_time(request: Request, slots: list[float] | None) -> float:
+    """When the client sends `request`: at its arrival, or once a slot is free (`slots`: the times the
+    busy ones free up, a heap; None: no concurrency cap)."""
+    return request.arrival_time if slots is None else max(request.arrival_time, slots[0])
