@@ -71,6 +71,7 @@ class CostModel:
         self._eager_s = model.num_layers * cal.eager_per_layer_s
         self._layers_s = model.num_layers * cal.per_layer_s
         self._max_graph_tokens = max_graph_tokens
+        self._decode_terms: dict[int, tuple[float, float, float, float]] = {}  # by batch size
 
     def step_time(
         self,
@@ -99,6 +100,18 @@ class CostModel:
             + self.comm_s(num_tokens)
             + self.cpu_s(num_tokens, num_seqs)
         )
+
+    def decode_step_time(self, num_decodes: int, decode_context: int) -> float:
+        """`step_time` of a step of `num_decodes` decodes alone, to the last bit (its prefill attention
+        is 0.0 there, and x + 0.0 is x): the terms that depend on the batch size alone are kept per size,
+        as a low-load window runs the same few sizes for thousands of steps."""
+        terms = self._decode_terms.get(num_decodes)
+        if terms is None:
+            n = num_decodes
+            terms = (self.gemm_s(n, n), 1.0 + self._attn_per_seq * n, self.comm_s(n), self.cpu_s(n, n))
+            self._decode_terms[n] = terms
+        gemm, per_seq, comm, cpu = terms
+        return gemm + self.decode_attention_s(decode_context) * per_seq + comm + cpu
 
     # The terms step_time adds (public so that benchmarks/gpu_step_compare.py compares them one by one).
     def gemm_s(self, num_tokens: int, num_sampled: int) -> float:

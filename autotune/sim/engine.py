@@ -295,9 +295,7 @@ class SimEngine:
         num_decode = len(self._running)
         if num_decode == 0:  # everything running was preempted: an empty step
             return 0.0, []
-        cost = self.costs.step_time(
-            num_decode, num_decode, num_decode, self._decode_context + num_decode, 0.0, 0
-        )
+        cost = self.costs.decode_step_time(num_decode, self._decode_context + num_decode)
         duration = self._run(step, cost, num_decode)
         self._decode_context += num_decode
         self.stats.generation_tokens += num_decode
