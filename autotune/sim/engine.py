@@ -9,7 +9,7 @@ Full blocks are hashed (shared-prefix blocks by (prefix_id, i), the rest per req
 after they are freed until the LRU allocation evicts them. An aborted request (its client went away)
 frees its blocks like a finished one, at once, between steps.
 
-The engine does no Python work per decoded token (how: docs/simulator.md, "Scheduler").
+The engine does no Python work per decoded token: the decodes' bookkeeping is sim/decodes.py's.
 """
 
 from __future__ import annotations
@@ -26,16 +26,17 @@ from autotune.core.config import EngineConfig
 from autotune.measure.metrics import RequestRecord
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.costs import CostModel
+from autotune.sim.decodes import DecodeEvents, Events
 from autotune.sim.frontend import FrontendModel
 from autotune.sim.kv_cache import KvCache
-from autotune.sim.kv_pool import ANONYMOUS, BlockPool
+from autotune.sim.kv_pool import BlockPool
 from autotune.sim.memory import MemoryPlan, plan_memory
 from autotune.sim.noise import StepNoise
-from autotune.sim.state import EngineRequest, EngineStats, StepOutput, by_admission, client_record
+from autotune.sim.state import EngineRequest, EngineStats, StepOutput, client_record
 from autotune.workloads.spec import Request
 
 
-class SimEngine:
+class SimEngine(DecodeEvents):
     """The simulated vLLM V1 engine with a virtual clock. Raises EngineStartupError like vLLM.
 
     Every fitted constant of its cost, memory and API-server models comes from `calibration`.
@@ -82,8 +83,8 @@ class SimEngine:
         self._last_added: EngineRequest | None = None  # its further choices share its intake wave
         self._running: dict[int, EngineRequest] = {}  # admission order; the last one is the newest
         self._prefilling: EngineRequest | None = None  # the running request mid-prefill (always the newest)
-        self._block_events: dict[int, list[tuple[EngineRequest, int]]] = {}
-        self._finish_events: dict[int, list[tuple[EngineRequest, int]]] = {}
+        self._block_events: Events = {}
+        self._finish_events: Events = {}
         self._decode_context = 0  # sum of decoding requests' KV tokens before the current step
         self._done: dict[int, EngineRequest] = {}
         self._admitted = 0
@@ -316,50 +317,6 @@ class SimEngine:
         self.step_times.append(self.now)
         return duration
 
-    def _finish_due(self, step: int, finished: list[int]) -> None:
-        """Finish the decodes whose last token was this step's (their finish events)."""
-        running = self._running
-        for r, gen in self._finish_events.pop(step, ()):
-            if r.gen == gen and r.rid in running:
-                self._decode_context -= r.prompt_len + r.output_len - 1
-                r.outputs = r.output_len
-                finished.append(self._finish(r, step))
-
-    def _grow_decodes(self, step: int) -> bool:
-        """Give a new block to every decoding request crossing a block boundary; preempt when short."""
-        events = self._block_events.pop(step, None)
-        if not events:
-            return False
-        running = self._running
-        live = [r for r, gen in events if r.gen == gen and r.rid in running]
-        pool = self._pool
-        if pool.num_free >= len(live) and not (self._caching and any(r.preempted for r in live)):
-            # Nothing to preempt and nothing to cache (only a preempted request's decode blocks are
-            # registered, see _cache): one allocation takes the blocks one by one would, in any order.
-            pool.allocate(len(live))
-            events_at, later = self._block_events, step + self._bs
-            for r in live:
-                r.blocks.append(ANONYMOUS)
-                if later <= r.finish_step:
-                    events_at.setdefault(later, []).append((r, r.gen))
-            return False
-        live.sort(key=by_admission)
-        preempted = False
-        for r in live:
-            if r.rid not in running:
-                continue  # preempted earlier in this loop
-            while pool.num_free < 1:
-                victim = self._preempt_newest(step)
-                preempted = True
-                if victim is r:
-                    break
-            if r.rid not in running:
-                continue
-            r.blocks.extend(pool.allocate(1))
-            self._kv.cache(r, len(r.blocks) - 1)
-            self._schedule_block_event(r, step + self._bs)
-        return preempted
-
     def _admit(self, budget: int, chunks: list[tuple[EngineRequest, int]]) -> int:
         """Admit waiting requests FCFS; stop at the first that does not fit (head-of-line blocking)."""
         waiting, running, pool, bs = self._waiting, self._running, self._pool, self._bs
@@ -408,38 +365,6 @@ class SimEngine:
             r.prompt_counted = True
             self.stats.prompt_tokens += r.prompt_len
 
-    def _start_decode(self, r: EngineRequest, first_step: int) -> None:
-        r.decode_start = first_step
-        r.decode_outputs = r.outputs
-        r.finish_step = first_step + r.output_len - r.outputs - 1
-        self._decode_context += r.prompt_len + r.outputs - 1
-        self._finish_events.setdefault(r.finish_step, []).append((r, r.gen))
-        self._schedule_block_event(r, first_step + len(r.blocks) * self._bs - r.computed)
-
-    def _schedule_block_event(self, r: EngineRequest, step: int) -> None:
-        if step <= r.finish_step:
-            self._block_events.setdefault(step, []).append((r, r.gen))
-
-    def _finish(self, r: EngineRequest, step: int) -> int:
-        first, _ = r.segments[-1]
-        r.segments[-1] = (first, step)
-        del self._running[r.rid]
-        self._kv.free(r, (r.prompt_len + r.output_len - 1) // self._bs)
-        self._done[r.rid] = r
-        return r.rid
-
-    def _drop_running(self, r: EngineRequest, step: int) -> int:
-        """Take r (already out of `running`) off the batch before `step` runs; returns its KV tokens."""
-        if r is self._prefilling:
-            self._prefilling = None
-            return r.computed
-        computed = r.computed_at(step)
-        self._decode_context -= computed
-        r.outputs = r.decode_outputs + (step - r.decode_start)
-        first, _ = r.segments[-1]
-        r.segments[-1] = (first, step - 1)
-        return computed
-
     def _update_gauges(self) -> None:
         pool, stats = self._pool, self.stats
         usage = 1.0 - pool.num_free / max(pool.num_blocks, 1)
@@ -447,16 +372,3 @@ class SimEngine:
         stats.peak_kv_cache_usage = max(stats.peak_kv_cache_usage, usage)
         stats.num_running = len(self._running)
         stats.num_waiting = len(self._waiting)
-
-    def _preempt_newest(self, step: int) -> EngineRequest:
-        """Recompute preemption of the newest running request: to the front of the waiting queue."""
-        rid = next(reversed(self._running))
-        r = self._running.pop(rid)
-        r.preempted = True
-        self._kv.free(r, self._drop_running(r, step) // self._bs)
-        r.computed = 0
-        r.decode_start = -1
-        r.gen += 1
-        self._waiting.appendleft(r)
-        self.stats.num_preemptions += 1
-        return r
