@@ -39,7 +39,7 @@ def add_guide_options(parser: Any) -> None:
         type=arg(values.bounded_int, 0),
         metavar="N",
         help="measure the guide's N best configs by the full simulated capacity search before the first "
-        "trial, 1-7 CPU-s each (default 16, tune/guide_refine.py REFINE_TOP; 0: the fast estimate alone)",
+        "trial, 0.5-3 CPU-s each (default 16, tune/guide_refine.py REFINE_TOP; 0: the fast estimate alone)",
     )
     parser.add_argument(
         "--gpu-hours",
