@@ -99,13 +99,16 @@ def test_the_budget_stops_the_run_before_a_trial_would_pass_it(folder: Path) -> 
     assert guide["stop_reason"].startswith("budget")
     # ... and says what more budget could buy: the untried configs' 95 % bound against the incumbent.
     outlook = re.search(
-        r"is ([+-][0-9.]+)% against the best measured \(([0-9,.]+) vs ([0-9,.]+)\), (\w+)",
+        r"is ([+-][0-9.]+)% against the best measured \(([0-9,.]+) vs ([0-9,.]+): "
+        r"the best measured, ([0-9,.]+), counts as \3 after the measurement's noise\), (\w+)",
         guide["stop_reason"],
     )
     assert outlook is not None, guide["stop_reason"]
     gain, bound, best = (float(g.replace(",", "")) for g in outlook.groups()[:3])
     assert gain == pytest.approx(100 * (bound / best - 1), abs=0.1)
-    assert outlook.group(4) == ("beyond" if gain > 3 else "within")
+    assert outlook.group(5) == ("beyond" if gain > 3 else "within")
+    measured = [r["measured"] for r in guide["trials"] if r["measured"]]
+    assert float(outlook.group(4).replace(",", "")) == pytest.approx(max(measured), abs=0.06)
     # A trial was launched only when the spend so far plus the dearest trial so far fitted the budget
     # (a capacity search's cost is known only once it ran: a dearer one can pass it by the difference).
     costs = [r["gpu_hours"] for r in guide["trials"]]
@@ -119,6 +122,21 @@ def test_the_budget_stops_the_run_before_a_trial_would_pass_it(folder: Path) -> 
     by = [r["by"] for r in guide["trials"]]
     assert by == [picks[0], "vLLM's defaults", picks[1]]  # guide.json says so
     assert "<th>chosen by</th>" in (folder / "runs/g/report.html").read_text()  # as does the report
+
+
+def test_the_run_stops_when_the_guide_predicts_nothing_better_is_left(folder: Path) -> None:
+    guided_run(folder, "--n-trials", "20")  # more than the space's six configs: the stop rule ends it
+    guide = json.loads((folder / "runs/g/guide.json").read_text())
+    said = re.fullmatch(
+        r"the guide predicts no untried config beats the best measured by more than 3% \(95 % bound "
+        r"([0-9,.]+); the best measured, ([0-9,.]+), counts as ([0-9,.]+) after the measurement's noise\)",
+        guide["stop_reason"],
+    )
+    assert said is not None, guide["stop_reason"]
+    bound, top, counted = (float(g.replace(",", "")) for g in said.groups())
+    assert bound < counted * 1.03  # the rule as it says
+    assert top == pytest.approx(max(r["measured"] for r in guide["trials"] if r["measured"]), abs=0.06)
+    assert len(guide["trials"]) < 6  # it ended before measuring every config
 
 
 def test_a_budget_that_stops_before_the_defaults_says_what_the_guide_predicts_for_them(folder: Path) -> None:

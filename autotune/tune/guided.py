@@ -288,8 +288,8 @@ class GuidedSearch:
             if bound < target:
                 return (
                     f"the guide predicts no untried config beats the best measured by more than "
-                    f"{self.options.resolution:.0%} (95 % bound {math.exp(self.sign * bound):,.1f}, "
-                    f"best measured {math.exp(self.sign * best):,.1f} after the measurement's noise)"
+                    f"{self.options.resolution:.0%} (95 % bound {math.exp(self.sign * bound):,.1f}; "
+                    f"{self._incumbent_text(observed, best)})"
                 )
         left = self.budget.trials_left(observed, math.exp(self.sign * float(np.max(mean))), len(busy))
         exploit = best is None or left <= EXPLOIT_LEFT
@@ -301,7 +301,7 @@ class GuidedSearch:
         corrected = math.exp(self.sign * mean[at])
         over_budget = self.budget.stop(observed, corrected, len(busy))
         if over_budget:
-            return over_budget + self._outlook(bound, best)
+            return over_budget + self._outlook(bound, best, observed)
         attrs = {"predicted": round(corrected, 4), "raw": round(self.own_prediction(chosen.key) or 0.0, 4)}
         attrs["speed_factor"] = round(self.refit.factor(self.index), 4) if self.refit else 1.0
         attrs["by"] = "best predicted" if exploit else "expected improvement"
@@ -315,7 +315,7 @@ class GuidedSearch:
         study.enqueue_trial(dict(chosen.params), user_attrs=user_attrs, skip_if_exists=False)
         return None
 
-    def _outlook(self, bound: float, best: float | None) -> str:
+    def _outlook(self, bound: float, best: float | None, observed: Sequence[Observation]) -> str:
         """What more budget could buy, said when the budget stops the run: how far the untried configs'
         95 % bound lies above the incumbent (sign-adjusted logs; tune/guided.py's stop rule)."""
         if best is None:
@@ -324,8 +324,18 @@ class GuidedSearch:
         beyond = "beyond" if gain > self.options.resolution else "within"
         return (
             f"; more budget: the guide's 95 % bound for an untried config is {gain:+.1%} against the best "
-            f"measured ({math.exp(self.sign * bound):,.1f} vs {math.exp(self.sign * best):,.1f}), {beyond} "
-            f"the {self.options.resolution:.0%} resolution"
+            f"measured ({math.exp(self.sign * bound):,.1f} vs {math.exp(self.sign * best):,.1f}: "
+            f"{self._incumbent_text(observed, best)}), {beyond} the {self.options.resolution:.0%} resolution"
+        )
+
+    def _incumbent_text(self, observed: Sequence[Observation], best: float) -> str:
+        """The incumbent in words: what was measured and what the stop rule counts it as (the two differ
+        by the shrinkage toward the corrected prediction: _best)."""
+        measured = [o.measured for o in observed if o.measured]
+        top = max(measured) if self.objective.maximize else min(measured)  # type: ignore[type-var]
+        return (
+            f"the best measured, {top:,.1f}, counts as {math.exp(self.sign * best):,.1f} after the "
+            f"measurement's noise"
         )
 
     def _argmax(self, scores: np.ndarray, free: Sequence[int], tolerance: float = 0.0) -> int:
