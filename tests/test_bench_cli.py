@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -61,3 +62,39 @@ def test_bench_url_measures_a_running_server_without_launching(
         assert report["num_gpu_blocks"] > 0  # read from the server's /metrics
         assert server.process.poll() is None  # still running: bench did not own it
     assert main(["bench", "--url", "http://127.0.0.1:9", "--workload", workload]) == 2
+
+
+def test_bench_capacity_says_what_its_brackets_unmeasured_top_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """A TTFT SLO caps the probed rates below the saturation throughput (a queue must settle within a
+    probe): the capacity line names that ceiling, the progress names the burst's saturation figure,
+    and --json's capacity holds the figures the line was drawn from."""
+    assert main(["bench", "--capacity", "--slo", "ttft_p99=2s"]) == 0
+    out, err = capsys.readouterr()
+    line = next(x for x in out.splitlines() if x.startswith("Capacity: "))
+    assert "its top is the highest rate whose queue settles within a probe" in line, line
+    sat = float(next(x for x in out.splitlines() if x.startswith("Saturation throughput")).split()[-2])
+    assert f"{sat:.2f} while its batch was full (the saturation throughput)" in err
+    assert main(["bench", "--capacity", "--slo", "ttft_p99=2s", "--json"]) == 0
+    capacity = json.loads(capsys.readouterr().out)["capacity"]
+    assert not capacity["bound_measured"] and capacity["bracket"][1] < 1.1 * capacity["saturation_throughput"]
+
+
+def test_a_bracket_topped_by_the_saturation_margin_says_so() -> None:
+    from autotune.commands.bench_report import capacity_lines
+    from autotune.measure.capacity_report import CapacityReport
+
+    report = CapacityReport(
+        rate=20.0,
+        kept_up=True,
+        bracket=(20.0, 22.0),
+        resolution=0.1,
+        bound_measured=False,
+        saturation_throughput=20.0,
+        goodput=None,
+    )
+    line = capacity_lines({**dataclasses.asdict(report), "probes": []}, [])[0]
+    assert line.endswith(
+        "(bracket 20.00-22.00 req/s, 10.0%; its top is 1.1x the saturation throughput, not a measured rate)"
+    )
+    measured = dataclasses.replace(report, bound_measured=True)
+    assert capacity_lines({**dataclasses.asdict(measured), "probes": []}, [])[0].endswith("10.0%)")

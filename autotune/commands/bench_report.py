@@ -14,6 +14,7 @@ from typing import Any
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
+from autotune.trial.capacity import SATURATION_MARGIN
 
 SIMULATED_NOTE = "simulated: these figures come from autotune's simulated engine; confirm them on a GPU"
 
@@ -157,6 +158,18 @@ def verdict_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def _unmeasured_top(c: CapacityReport) -> str:
+    """What a bracket's top is when no probe failed there: the saturation throughput's margin, or the
+    queue ceiling that a TTFT or E2EL SLO imposes (trial/capacity.py `queue_ceiling`), the lower."""
+    sat, high = c.saturation_throughput, c.bracket[1] if c.bracket else None
+    if sat and high and abs(high / (SATURATION_MARGIN * sat) - 1) < 1e-3:
+        return f"its top is {SATURATION_MARGIN:g}x the saturation throughput, not a measured rate"
+    return (
+        "its top is the highest rate whose queue settles within a probe: a TTFT or E2EL SLO cannot be "
+        "confirmed above it"
+    )
+
+
 def capacity_lines(capacity: dict[str, Any], slos: Sequence[Slo]) -> list[str]:
     """The search in words, then one line per probe (as stored: `CapacityReport` as a dict)."""
     c = CapacityReport(**{**capacity, "probes": ()})
@@ -166,7 +179,7 @@ def capacity_lines(capacity: dict[str, Any], slos: Sequence[Slo]) -> list[str]:
     else:
         bracket = ""
         if c.bracket is not None and c.resolution is not None:
-            top = "" if c.bound_measured else "; its top is the saturation estimate"
+            top = "" if c.bound_measured else f"; {_unmeasured_top(c)}"
             bracket = f" (bracket {c.bracket[0]:.2f}-{c.bracket[1]:.2f} req/s, {c.resolution:.1%}{top})"
         lines = [f"Capacity: {c.rate:.2f} req/s{within}{bracket}"]
     if c.limited_by:
