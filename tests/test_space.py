@@ -31,6 +31,35 @@ def test_fixed_section_and_overrides() -> None:
     assert "gpu" not in space.config({}).params()  # the GPU is not a vLLM flag
 
 
+@pytest.mark.parametrize(
+    ("typed", "launched"),
+    [
+        ("Qwen3-8B", "Qwen/Qwen3-8B"),
+        ("qwen3-8b", "Qwen/Qwen3-8B"),  # the catalog's spelling, not only its organization
+        ("llama-3.1-8b-instruct", "meta-llama/Llama-3.1-8B-Instruct"),
+        ("Mistral-7B-Instruct-v0.3", "mistralai/Mistral-7B-Instruct-v0.3"),
+        ("Qwen/Qwen3-8B", "Qwen/Qwen3-8B"),  # an org/name id: as given
+        ("my-finetune", "my-finetune"),  # not in the catalog: as given (a real backend serves it)
+    ],
+)
+def test_a_catalog_model_typed_without_its_organization_is_launched_and_exported_with_it(
+    typed: str, launched: str, tmp_path: Path
+) -> None:
+    """`vllm serve Qwen3-8B` finds no such model on the Hub: the id a trial launches and the exports
+    print carries the organization, from --model or a space file's fixed model."""
+    assert load_space("vllm").with_overrides(model=typed).config({}).model == launched
+    (tmp_path / "space.yaml").write_text(
+        f"fixed: {{model: {typed}}}\nparams: {{max_num_seqs: {{type: int, low: 8, high: 64}}}}\n"
+    )
+    assert load_space(str(tmp_path / "space.yaml")).model == launched
+
+
+def test_a_local_model_folder_keeps_its_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "Qwen3-8B").mkdir()  # a folder named like a catalog model, given by a relative path
+    monkeypatch.chdir(tmp_path)
+    assert load_space("vllm").with_overrides(model="Qwen3-8B").model == "Qwen3-8B"
+
+
 def test_baseline_is_vllms_default_for_the_gpu() -> None:
     space = load_space("vllm")
     h100 = space.baseline_params(79.2, 131072)

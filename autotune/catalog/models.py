@@ -150,6 +150,23 @@ def known_models_text() -> str:
     )
 
 
+def qualified_name(name: str) -> str:
+    """A catalog model typed without its organization, with it ('Qwen3-8B' -> 'Qwen/Qwen3-8B'): the id
+    that `vllm serve` and the exports need. Any other name as given: an org/name id, a local folder, a
+    model the catalog does not know."""
+    if "/" in name or Path(name).expanduser().exists():
+        return name
+    spec = _lookup(name)
+    if spec is None or "/" not in spec.name:
+        return name
+    org, base = spec.name.split("/")
+    typed = name.strip()
+    for spelled in (base, f"{base}-Instruct"):  # the catalog's spelling where only the case differs
+        if typed.lower() == spelled.lower():
+            return f"{org}/{spelled}"
+    return f"{org}/{typed}"
+
+
 def get_model(name_or_path: str) -> ModelSpec:
     """A model by HF id or short name, or from a local directory / config.json; AutotuneError if unknown."""
     path = Path(name_or_path).expanduser()

@@ -119,12 +119,14 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
         if not args.gpu:
             raise AutotuneError("--gpu: which GPU the server runs on (e.g. H100)")
         get_gpu(args.gpu)
-        job["target"] = Target(args.model, args.gpu, parse_settings(args.settings))
-        job["name"] = f"{(args.model or 'server').split('/')[-1]}-{args.gpu}".lower()
-        if args.model:
-            from autotune.catalog.models import get_model
+        model = args.model
+        if model:
+            from autotune.catalog.models import get_model, qualified_name
 
-            get_model(args.model)
+            get_model(model)
+            model = qualified_name(model)
+        job["target"] = Target(model, args.gpu, parse_settings(args.settings))
+        job["name"] = f"{(model or 'server').split('/')[-1]}-{args.gpu}".lower()
     if args.url:
         from autotune.calibrate.measure import probe_server
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.catalog.models import qualified_name
 from autotune.core.config import ENGINE_FLAGS, POSITIVE_INT_FLAGS, EngineConfig, flag_problem
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import read_yaml
@@ -161,7 +162,7 @@ class SearchSpace:
         return SearchSpace(
             params=self.params,
             fixed=self.fixed,
-            model=model or self.model,
+            model=qualified_name(model) if model else self.model,
             gpu=gpu or self.gpu,
             source=self.source,
         )
@@ -260,7 +261,8 @@ def space_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> SearchSp
     both = set(fixed) & {p.name for p in params}
     if both:
         raise AutotuneError(f"search space {source}: {', '.join(sorted(both))} is both fixed and tuned")
-    return SearchSpace(params=params, fixed=fixed, model=str(model), gpu=str(gpu), source=source)
+    model = qualified_name(str(model))
+    return SearchSpace(params=params, fixed=fixed, model=model, gpu=str(gpu), source=source)
 
 
 def _param(name: str, spec: Any, source: str) -> Param:
