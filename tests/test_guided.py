@@ -7,6 +7,7 @@ import html
 import json
 import math
 import re
+import struct
 from pathlib import Path
 
 import optuna
@@ -75,6 +76,10 @@ def test_a_guided_run_measures_the_guides_best_then_the_defaults_then_its_picks_
     assert best["guide"]["trials"] == guide["trials"] and best["guide"]["stop_reason"]
     html = (folder / "runs/g/report.html").read_text()
     assert "Guided search" in html and "guide: predicted vs measured" in html
+    # guide.png: predicted vs measured, and beside it each trial's error in trial order (two panels)
+    png = (folder / "runs/g/guide.png").read_bytes()
+    width, height = struct.unpack(">II", png[16:24])
+    assert png.startswith(b"\x89PNG") and width > 2 * height
     # The reality is slower than the guide's model: the guide over-predicted, and the fitted
     # calibration it writes says so (a reusable file: --guide-calibration / --sim-calibration).
     assert guide["speed_factor"] < 0.95

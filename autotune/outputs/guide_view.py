@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.tune.guided import RESOLUTION
+
 if TYPE_CHECKING:
     import optuna
 
@@ -86,14 +88,25 @@ def read_guide(run_dir: Path) -> dict[str, Any] | None:
 
 def plot_guide(path: Path, data: dict[str, Any], metric: str) -> Path | None:
     """Predicted (the guide's raw prediction, and corrected by the measurements so far, when the trial
-    was chosen) vs measured, one point per real trial that met the SLOs; None when none did."""
+    was chosen) vs measured, one point per real trial that met the SLOs; beside it each trial's error,
+    in trial order (configs measured alike share one spot on the first plot); None when none met them."""
     rows = [r for r in data["trials"] if r.get("measured") and r.get("predicted")]
     if not rows:
         return None
     from autotune.outputs.plots import _pyplot
 
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 5))
+    fig, (ax, err) = plt.subplots(1, 2, figsize=(10, 4.6), gridspec_kw={"width_ratios": [1, 1.2]})
+    _plot_scatter(ax, rows, metric)
+    _plot_errors(err, rows)
+    fig.suptitle("Guide: predicted vs measured per real trial", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_scatter(ax: Any, rows: Sequence[dict[str, Any]], metric: str) -> None:
     measured = [r["measured"] for r in rows]
     ax.scatter([r["raw"] for r in rows], measured, marker="x", color="#999", label="guide (raw)")
     ax.scatter([r["predicted"] for r in rows], measured, color="#1f77b4", label="guide corrected")
@@ -104,12 +117,22 @@ def plot_guide(path: Path, data: dict[str, Any], metric: str) -> Path | None:
     lo, hi = min(values) * 0.95, max(values) * 1.05
     ax.plot([lo, hi], [lo, hi], color="#444", linewidth=0.8, label="predicted = measured")
     ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel=f"predicted {metric}", ylabel=f"measured {metric}")
-    ax.set_title("Guide: predicted vs measured per real trial", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+
+
+def _plot_errors(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
+    """Each trial's measured value against its predictions, in %, in the order the trials ran: how the
+    correction learns, and which misses lie within the measurement's resolution."""
+    trials = [r["trial"] for r in rows]
+    for key, style in (("raw", {"marker": "x", "color": "#999"}), ("predicted", {"color": "#1f77b4"})):
+        errors = [100 * (r["measured"] / r[key] - 1) for r in rows]
+        ax.scatter(trials, errors, label="vs guide (raw)" if key == "raw" else "vs guide corrected", **style)
+    ax.axhline(0, color="#444", linewidth=0.8)
+    ax.axhspan(-100 * RESOLUTION, 100 * RESOLUTION, color="#1f77b4", alpha=0.08,
+               label=f"within {RESOLUTION:.0%} (the resolution)")  # fmt: skip
+    ax.set(xlabel="trial", ylabel="measured vs predicted (%)")
+    ax.set_xticks(trials)
+    ax.legend(fontsize=8)
 
 
 def spend_text(data: dict[str, Any]) -> str:
