@@ -80,6 +80,16 @@ def test_a_guided_run_measures_the_guides_best_then_the_defaults_then_its_picks_
     png = (folder / "runs/g/guide.png").read_bytes()
     width, height = struct.unpack(">II", png[16:24])
     assert png.startswith(b"\x89PNG") and width > 2 * height
+    # The dashboard's figure: each chosen trial that met the SLOs at its prediction and its measurement.
+    from optuna_dashboard._custom_plot_data import get_plotly_graph_objects
+
+    study = study_of(folder)
+    figures = get_plotly_graph_objects(study._storage.get_study_system_attrs(study._study_id))
+    points = json.loads(figures["guide-predicted-vs-measured"])["data"][-1]
+    shown = [t for t in picks if t.user_attrs["feasible"]]
+    assert points["text"] == [f"#{t.number}" for t in shown]
+    assert points["x"] == [t.user_attrs["guide"]["predicted"] for t in shown]
+    assert points["y"] == [t.values[0] for t in shown]
     # The reality is slower than the guide's model: the guide over-predicted, and the fitted
     # calibration it writes says so (a reusable file: --guide-calibration / --sim-calibration).
     assert guide["speed_factor"] < 0.95

@@ -1,8 +1,9 @@
 """optuna-dashboard on a study's storage, served from a thread on 127.0.0.1 (a free port by default),
 and what the run writes for it to show: the study's note (markdown: SLOs, progress, best feasible vs the
-baseline, the current recommendation and its flags, failures by class) and a Pareto figure with
+baseline, the current recommendation and its flags, failures by class), a Pareto figure with
 feasibility (optuna-dashboard 0.21 does not read Optuna 5 constraints, so its own plots cannot tell a
-feasible trial from one that broke an SLO or failed to start).
+feasible trial from one that broke an SLO or failed to start) and, in a guided run, the guide's
+predicted vs measured per trial.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 HOST = "127.0.0.1"
 NOTE_EVERY_S = 5.0  # the note and figure are rewritten at most this often during a run (~0.1 s each)
 FIGURE_ID = "pareto-feasibility"
+GUIDE_FIGURE_ID = "guide-predicted-vs-measured"  # a guided run's
 
 
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
@@ -90,6 +92,7 @@ class StudyNote:
         from optuna_dashboard import save_note
         from optuna_dashboard._custom_plot_data import SYSTEM_ATTR_PLOT_DATA, save_graph_object_json
 
+        from autotune.outputs.guide_view import guide_figure
         from autotune.outputs.outcome import outcome
         from autotune.tune.remeasure import repeats_gpu_seconds, stored_repeats
         from autotune.tune.study import records
@@ -106,9 +109,11 @@ class StudyNote:
             repeats_gpu_s=repeats_gpu_seconds(self.study),
         )
         save_note(self.study, note_markdown(self.study.study_name, out))
-        figure = json.dumps(pareto_figure(out))
-        key = f"{SYSTEM_ATTR_PLOT_DATA}{FIGURE_ID}:"
-        save_graph_object_json(self.study._storage, self.study._study_id, key, figure)
+        figures = {FIGURE_ID: pareto_figure(out), GUIDE_FIGURE_ID: guide_figure(out.records)}
+        for name, figure in figures.items():
+            if figure is not None:
+                key = f"{SYSTEM_ATTR_PLOT_DATA}{name}:"
+                save_graph_object_json(self.study._storage, self.study._study_id, key, json.dumps(figure))
 
 
 def note_markdown(name: str, out: Any) -> str:

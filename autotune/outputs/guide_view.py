@@ -203,5 +203,47 @@ def note_lines(records: Sequence[Any], budget_h: float | None) -> list[str]:
     return lines
 
 
+def guide_figure(records: Sequence[Any]) -> dict[str, Any] | None:
+    """The dashboard's plotly figure of a guided run: the guide's corrected prediction when each trial
+    was chosen against what it measured, with the 3 % resolution about the diagonal (None: no trial the
+    guide chose met the SLOs yet)."""
+    chosen = [r for r in records if isinstance(r.user_attrs.get("guide"), dict) and r.feasible]
+    rows = [
+        (r.number, float(r.user_attrs["guide"]["predicted"]), float((r.values or [0.0])[0]))
+        for r in chosen
+        if r.user_attrs["guide"].get("predicted")
+    ]
+    if not rows:
+        return None
+    values = [v for _, p, m in rows for v in (p, m)]
+    lo, hi = min(values) * 0.95, max(values) * 1.05
+    line = {"type": "scatter", "mode": "lines", "x": [lo, hi], "hoverinfo": "skip"}
+    dotted = {"color": "#999", "dash": "dot"}
+    return {
+        "data": [
+            {**line, "name": "predicted = measured", "y": [lo, hi], "line": {"color": "#444", "width": 1}},
+            *(
+                {**line, "name": f"{f - 1:+.0%}", "y": [lo * f, hi * f], "line": dotted}
+                for f in (1 + RESOLUTION, 1 - RESOLUTION)
+            ),
+            {
+                "type": "scatter",
+                "mode": "markers+text",
+                "name": "real trials",
+                "x": [p for _, p, _ in rows],
+                "y": [m for _, _, m in rows],
+                "text": [f"#{n}" for n, _, _ in rows],
+                "textposition": "top right",
+                "marker": {"color": "#1f77b4", "size": 9},
+            },
+        ],
+        "layout": {
+            "title": {"text": "Guide: predicted (when chosen) vs measured per real trial"},
+            "xaxis": {"title": {"text": "predicted"}, "range": [lo, hi]},
+            "yaxis": {"title": {"text": "measured"}, "range": [lo, hi]},
+        },
+    }
+
+
 def _num(value: Any, missing: str = "-") -> str:
     return f"{value:,.1f}" if isinstance(value, (int, float)) else missing
