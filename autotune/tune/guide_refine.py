@@ -3,10 +3,10 @@ measured on the simulated engine by the capacity search a real trial runs.
 
 The fast estimate (tune/guide_estimate.py) probes rates on a ladder 2.9 % apart with short windows:
 configs tie at its top (12 on the L4 case, 210 on the default space, docs/guided-search.md), and it
-differs from the full search by 5-8 % median. Which of the tied configs the first GPU trial measured was
-then the table's order: on the L4 a token budget 5.4 % below the best (docs/guided-search.md), even on
-a GPU that behaves as the model. The full search costs 1-7 CPU-s a config: affordable for the top
-of the table, not for the space.
+differs from the full search by 3.5-7.4 % median (docs/simulator.md, "Guide"). Which of the tied
+configs the first GPU trial measured was then the table's order: on the L4 a token budget 5.4 % below
+the best (docs/guided-search.md), even on a GPU that behaves as the model. The full search costs 1-8
+CPU-s a config: affordable for the top of the table, not for the space.
 
 The refined table: its top `top` configs by the fast estimate carry the full search's prediction; every
 other config's objective is scaled by the median ratio of the full search to the fast estimate over the

@@ -27,7 +27,7 @@ import numpy as np
 
 BIAS = 0.35  # prior sd of the global log bias: the simulator's real errors reach 30-45 % (docs/simulator.md)
 # Prior sd of the local residual. Its floor is the guide's own error against the capacity search (median
-# 5-8 %, p90 11-22 %: docs/simulator.md "Guide"), before any real-vs-simulated error: with less, a few
+# 3.5-7.4 %, p90 7.3-21 %: docs/simulator.md "Guide"), before any real-vs-simulated error: with less, a few
 # alike residuals from one corner of the space would vouch for every other corner.
 SCALES = (0.1, 0.15, 0.25)
 LENGTHSCALES = (0.25, 0.5)  # in weighted grid-range units (tune/guided.py feature_weights)
