@@ -85,7 +85,9 @@ def test_a_guided_run_measures_the_guides_best_then_the_defaults_then_its_picks_
 
     study = study_of(folder)
     figures = get_plotly_graph_objects(study._storage.get_study_system_attrs(study._study_id))
-    points = json.loads(figures["guide-predicted-vs-measured"])["data"][-1]
+    figure = json.loads(figures["guide-predicted-vs-measured"])
+    assert figure["layout"]["xaxis"]["title"]["text"] == "predicted output_throughput"
+    points = figure["data"][-1]
     shown = [t for t in picks if t.user_attrs["feasible"]]
     assert points["text"] == [f"#{t.number}" for t in shown]
     assert points["x"] == [t.user_attrs["guide"]["predicted"] for t in shown]

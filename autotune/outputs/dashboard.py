@@ -109,7 +109,7 @@ class StudyNote:
             repeats_gpu_s=repeats_gpu_seconds(self.study),
         )
         save_note(self.study, note_markdown(self.study.study_name, out))
-        figures = {FIGURE_ID: pareto_figure(out), GUIDE_FIGURE_ID: guide_figure(out.records)}
+        figures = {FIGURE_ID: pareto_figure(out), GUIDE_FIGURE_ID: guide_figure(out.records, self.names[0])}
         for name, figure in figures.items():
             if figure is not None:
                 key = f"{SYSTEM_ATTR_PLOT_DATA}{name}:"

@@ -203,7 +203,7 @@ def note_lines(records: Sequence[Any], budget_h: float | None) -> list[str]:
     return lines
 
 
-def guide_figure(records: Sequence[Any]) -> dict[str, Any] | None:
+def guide_figure(records: Sequence[Any], metric: str) -> dict[str, Any] | None:
     """The dashboard's plotly figure of a guided run: the guide's corrected prediction when each trial
     was chosen against what it measured, with the 3 % resolution about the diagonal (None: no trial the
     guide chose met the SLOs yet)."""
@@ -239,8 +239,8 @@ def guide_figure(records: Sequence[Any]) -> dict[str, Any] | None:
         ],
         "layout": {
             "title": {"text": "Guide: predicted (when chosen) vs measured per real trial"},
-            "xaxis": {"title": {"text": "predicted"}, "range": [lo, hi]},
-            "yaxis": {"title": {"text": "measured"}, "range": [lo, hi]},
+            "xaxis": {"title": {"text": f"predicted {metric}"}, "range": [lo, hi]},
+            "yaxis": {"title": {"text": f"measured {metric}"}, "range": [lo, hi]},
         },
     }
 
