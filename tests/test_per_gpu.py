@@ -94,3 +94,44 @@ def test_the_verdict_compares_per_gpu_when_gpu_counts_differ(tmp_path: Path) -> 
     assert "Per GPU (4 GPUs per replica vs 2): output_throughput +25.9% (27.5 vs 21.9)." in verdict
     assert out.gain_per_gpu(out.best) == pytest.approx(110 / 4 / (43.7 / 2) - 1)
     assert "+25.9%" in report.front_table(out)
+
+
+def test_the_guide_predicts_per_gpu_with_each_configs_own_tp(folder: Path) -> None:
+    """A guided run whose space tunes TP under a per-GPU objective: the guide divides each config's
+    throughput by that config's GPUs (it used the space's fixed TP, 1, and so predicted TP=4 configs
+    4x too high, read the gap as a GPU twice slower and ranked TP by the replica)."""
+    args = [
+        "--n-trials",
+        "2",
+        "--study",
+        "g",
+        "--objectives",
+        "per_gpu",
+        "--guide",
+        "sim",
+        "--guide-top",
+        "0",
+    ]
+    run(folder, *args, "--repeats", "0")
+    guide = json.loads((folder / "runs/g/guide.json").read_text())
+    first = guide["trials"][0]
+    assert first["measured"] and abs(first["raw"] / first["measured"] - 1) < 0.25, first
+    assert guide["speed_factor"] > 0.8  # the engine is the guide's own: nothing to refit
+
+
+def test_a_per_gpu_prediction_divides_by_the_configs_own_tp() -> None:
+    from autotune.tune.guide import Prediction
+    from autotune.tune.objectives import Objective
+
+    per_gpu, per_replica = (
+        Objective("output_throughput_per_gpu", "maximize"),
+        Objective("output_throughput", "maximize"),
+    )
+    tuned = Prediction(
+        "a", {"tensor_parallel_size": 4}, True, capacity_rate=1.0, metrics={"output_throughput": 800.0}
+    )
+    fixed = Prediction(
+        "b", {"max_num_seqs": 8}, True, capacity_rate=1.0, metrics={"output_throughput": 800.0}
+    )
+    assert tuned.value(per_gpu, tp=2) == 200 and fixed.value(per_gpu, tp=2) == 400
+    assert tuned.value(per_replica, tp=2) == fixed.value(per_replica) == 800

@@ -61,12 +61,14 @@ class Prediction:
     metrics: dict[str, float] = field(default_factory=dict)  # vllm bench serve keys at capacity
 
     def value(self, objective: Objective, tp: int = 1) -> float | None:
-        """The objective's predicted value (None: the config does not start or meets no rate)."""
+        """The objective's predicted value (None: the config does not start or meets no rate). `tp`: the
+        space's fixed tensor parallel size; a config that tunes it divides a per-GPU metric by its own."""
         metric = objective.metric.removesuffix("_per_gpu")
         value = self.metrics.get(metric) if self.capacity_rate > 0 else None
         if value is None:
             return None
-        return value / tp if objective.metric.endswith("_per_gpu") else value
+        gpus = int(self.params.get("tensor_parallel_size", tp))
+        return value / gpus if objective.metric.endswith("_per_gpu") else value
 
 
 @dataclass
