@@ -85,6 +85,14 @@ def test_a_simulated_run_says_its_gpu_hours_as_time_on_the_users_gpus(tmp_path: 
     assert "(on real H100 GPUs: about 8h00m on 1 GPU; --gpus N: on N)" in alone
     real = outcome(recs, names, maximize, [], {"simulated": False, "gpus": 4}).cost.text()
     assert "on real" not in real  # a real run's hours were spent on its GPUs: nothing to translate
+    # Without --gpus, as many GPUs as its widest trial took: one GPU cannot run a TP=4 trial.
+    wide = records(
+        build_run(tmp_path / "tp", [({"tensor_parallel_size": 4, "baseline": True}, ok(4000, 1500, 20))])
+    )
+    wide[0].gpu_seconds = 8 * 3600.0
+    assert wide[0].engine_config().tensor_parallel_size == 4
+    text = outcome(wide, names, maximize, [], context).cost.text()
+    assert "(on real H100 GPUs: about 2h00m on 4 GPUs; --gpus N: on N)" in text
 
 
 def test_re_measurements_count_in_the_gpu_time_spent(folder: Path) -> None:

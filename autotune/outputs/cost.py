@@ -36,6 +36,7 @@ class CostView:
     gpus: int = 0  # the GPUs the run was given (--gpus; 0: not given)
     gpu: str = ""  # their type
     repeats_h: float = 0.0  # of spent_h: re-measuring the top configs and the baseline
+    widest: int = 1  # the most GPUs one trial took (its tensor parallel size)
 
     def text(self) -> str:
         """One sentence for the run summary and the report."""
@@ -50,10 +51,11 @@ class CostView:
         return f"{kind}GPU time spent {self.spent_h:.2f} GPU-h{repeats}{self._on_real_gpus()}{tail}."
 
     def _on_real_gpus(self) -> str:
-        """A simulated run's GPU-hours as time on the user's GPUs (its --gpus, else one)."""
+        """A simulated run's GPU-hours as time on the user's GPUs (its --gpus, else as many as its widest
+        trial took: one GPU cannot run a TP=4 trial)."""
         if not self.simulated:
             return ""
-        gpus, kind = max(1, self.gpus), f" {self.gpu}" if self.gpu else ""
+        gpus, kind = max(1, self.gpus or self.widest), f" {self.gpu}" if self.gpu else ""
         hint = "" if self.gpus else "; --gpus N: on N"
         plural = "s" if gpus > 1 else ""
         return f" (on real{kind} GPUs: about {clock(self.spent_h * 3600 / gpus)} on {gpus} GPU{plural}{hint})"
@@ -80,6 +82,7 @@ def cost_view(
         gpus=gpus,
         gpu=gpu,
         repeats_h=repeats_s / 3600,
+        widest=max((r.engine_config().tensor_parallel_size for r in records if r.launched), default=1),
     )
 
 
