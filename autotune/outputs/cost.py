@@ -17,6 +17,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autotune.tune.front import gpus_per_replica
 from autotune.tune.progress import clock
 from autotune.tune.study import TrialRecord
 
@@ -36,7 +37,7 @@ class CostView:
     gpus: int = 0  # the GPUs the run was given (--gpus; 0: not given)
     gpu: str = ""  # their type
     repeats_h: float = 0.0  # of spent_h: re-measuring the top configs and the baseline
-    widest: int = 1  # the most GPUs one trial took (its tensor parallel size)
+    widest: int = 1  # the most GPUs one trial took (front.gpus_per_replica)
 
     def text(self) -> str:
         """One sentence for the run summary and the report."""
@@ -82,7 +83,7 @@ def cost_view(
         gpus=gpus,
         gpu=gpu,
         repeats_h=repeats_s / 3600,
-        widest=max((r.engine_config().tensor_parallel_size for r in records if r.launched), default=1),
+        widest=max((gpus_per_replica(r.config) for r in records if r.launched), default=1),
     )
 
 
