@@ -162,7 +162,9 @@ def _unmeasured_top(c: CapacityReport) -> str:
     """What a bracket's top is when no probe failed there: the saturation throughput's margin, or the
     queue ceiling that a TTFT or E2EL SLO imposes (trial/capacity.py `queue_ceiling`), the lower."""
     sat, high = c.saturation_throughput, c.bracket[1] if c.bracket else None
-    if sat and high and abs(high / (SATURATION_MARGIN * sat) - 1) < 1e-3:
+    # the search rounds the bracket to 4 decimals (and a stored saturation throughput may be too): equal
+    # within that, at any rate, rather than within a relative share that low rates' rounding exceeds
+    if sat and high and abs(high - SATURATION_MARGIN * sat) <= 2e-4:
         return f"its top is {SATURATION_MARGIN:g}x the saturation throughput, not a measured rate"
     return (
         "its top is the highest rate whose queue settles within a probe: a TTFT or E2EL SLO cannot be "
