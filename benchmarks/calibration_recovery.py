@@ -57,6 +57,12 @@ HELD_OUT = {
     "seqs32-util0.8": {"max_num_seqs": 32, "gpu_memory_utilization": 0.8},
 }
 PROMPT_MEAN = 1500  # held-out prompts: longer than the designed set's, so TTFT tails are prefill queues
+# A held-out p99 TTFT is the near-maximum of a short run: on some arrival draws one request's wait flips
+# with a small speed change (seed 12's 60 requests: -15.8 % at a 2 % faster GEMM, docs/simulator.md
+# "Recovery"). A draw is kept only when the truth's own p99 moves at most STEADY at SPEED_ERROR either way.
+SPEED_ERROR = 0.02  # about what the fit leaves in prefill speed (its designed set is fitted within ~1 %)
+STEADY = 0.05
+SPEED_CONSTANTS = ("gemm_eff", "attn_eff", "bw_eff", "step_base_s", "per_layer_s")
 METRICS = ("output_throughput", "p99_ttft_ms", "mean_tpot_ms")
 
 
@@ -92,6 +98,25 @@ def held_out_requests(n: int, seed: int, rate: float | None) -> list[Request]:
         Request(i, int(p), int(o), float(t))
         for i, (p, o, t) in enumerate(zip(prompts, outputs, arrivals, strict=True))
     ]
+
+
+def steady_half_load(
+    setup: Setup, flags: dict[str, Any], truth: Calibration, n: int, rate: float, first_seed: int = 12
+) -> list[Request]:
+    """The first Poisson draw at `rate` (seeds from `first_seed`) whose p99 TTFT, replayed with the
+    truth, moves at most STEADY when any one of the step's speed constants moves by SPEED_ERROR either
+    way: a held-out statistic that measures the fit, not one request's luck."""
+    for seed in range(first_seed, first_seed + 20):
+        requests = held_out_requests(n, seed, rate)
+        base = predict(setup, flags, requests, truth)["p99_ttft_ms"]
+        moved = (
+            predict(setup, flags, requests, truth.replace(**{name: getattr(truth, name) * f}))["p99_ttft_ms"]
+            for name in SPEED_CONSTANTS
+            for f in (1 - SPEED_ERROR, 1 + SPEED_ERROR)
+        )
+        if all(abs(m / base - 1) <= STEADY for m in moved):
+            return requests
+    raise RuntimeError(f"no steady half-load draw of {n} requests at {rate:.3g} req/s in 20 seeds")
 
 
 @dataclass(frozen=True)
@@ -156,7 +181,7 @@ def held_out(
         with start_sim_server(setup.server_args(truth_file, flags), gpu=setup.gpu) as server:
             burst_requests = held_out_requests(n_burst, 11, None)
             measured, burst = measure_http(setup, server.base_url, burst_requests, 1)
-            half = held_out_requests(n_half, 12, measured["request_throughput"] / 2)
+            half = steady_half_load(setup, flags, truth, n_half, measured["request_throughput"] / 2)
             # Twice, keeping the run with the lower p99 TTFT: on a shared machine another process's
             # interference only ever adds latency, and a p99 of 100 requests is where it lands.
             repeats = [measure_http(setup, server.base_url, half, salt) for salt in (2, 3)]

@@ -303,10 +303,9 @@ def test_a_time_scaled_sim_server_keeps_the_simulated_clock() -> None:
 def test_calibrate_over_http_recovers_a_perturbed_server(tmp_path: Path) -> None:
     """`autotune calibrate --url` against a sim-server whose constants were moved 20-50 % (P1), at 2x
     real time: on a config and loads the designed set did not use, measured over HTTP, the fitted
-    simulator is within 5 % (burst throughput, TPOT at half that rate; p99 TTFT there: below), the
-    built-in one is not.
-    (At 4x it failed once in a full-suite run where it passed alone: at 2x the HTTP path's own delays are
-    half as large a share of each simulated latency, docs/simulator.md "Recovery".)"""
+    simulator is within 5 % (burst throughput; p99 TTFT and TPOT at half that rate), the built-in one
+    is not. (At 4x it failed once in a full-suite run where it passed alone: at 2x the HTTP path's own
+    delays are half as large a share of each simulated latency, docs/simulator.md "Recovery".)"""
     setup = recovery.Setup(scale=2.0)
     truth_file = tmp_path / "perturbed.yaml"
     truth_file.write_text(calibration_yaml(recovery.perturbed("P1"), "P1"))
@@ -322,7 +321,7 @@ def test_calibrate_over_http_recovers_a_perturbed_server(tmp_path: Path) -> None
             "--gpu",
             setup.gpu,
         ]
-        # 2 GPU-minutes, as the benchmark: with 1, about one fit in eight misses this p99 TTFT by 5 %
+        # 2 GPU-minutes, as the benchmark (docs/simulator.md "Recovery")
         cmd += ["--model", setup.model, "--gpu-minutes", "2", "-o", str(out)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -333,14 +332,8 @@ def test_calibrate_over_http_recovers_a_perturbed_server(tmp_path: Path) -> None
     table = "\n".join(f"{r.metric}: measured {r.measured:.1f} before {r.error('before'):+.1%} "
                       f"after {r.error('after'):+.1%} truth {r.truth / r.measured - 1:+.1%}"
                       for r in rows)  # fmt: skip
-    # Burst throughput and TPOT within 5 %. The p99 TTFT at half load is the near-maximum of 60 requests:
-    # the fit's spread between confounded constants (attention efficiency against the fixed per-request
-    # cost, which also holds the HTTP path's lag) moved it by up to 16 % on the arrivals a run really
-    # sent, while 1.7 % on ideal ones (docs/simulator.md, "Recovery"); here it must recover most of the
-    # built-in error. The benchmark's 100-request, two-config run is the 5 % evidence.
+    # The half-load draw is one whose p99 TTFT a 2 % error in any one speed constant moves by at most 5 %
+    # (recovery.steady_half_load): on a draw where one request's wait flips, that p99 says nothing of the fit.
     for r in rows:
-        if r.metric.startswith("p99_ttft_ms"):
-            assert abs(r.error("after")) <= min(0.2, abs(r.error("before")) / 2), table
-        else:
-            assert abs(r.error("after")) <= 0.05, table
+        assert abs(r.error("after")) <= 0.05, table
     assert max(abs(r.error("before")) for r in rows) > 0.15, table
