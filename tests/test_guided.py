@@ -291,3 +291,29 @@ def test_re_measuring_the_top_stays_within_the_budget(folder: Path, parallel: st
     assert guide["remeasure_gpu_hours"] == pytest.approx(repeats_h, abs=1e-3)
     assert guide["gpu_hours"] == pytest.approx(trials_h / 3600 + repeats_h, abs=1e-3)
     assert guide["gpu_hours"] <= 1.0
+
+
+def test_a_trial_cut_short_counts_against_the_budget_on_resume(folder: Path) -> None:
+    """A trial that Ctrl-C stopped on a real backend stores the GPU time it held (tune/tuner.py; the
+    process backend's case: tests/test_hostile_faults.py). The resumed guided run counts it as spent and
+    lists it as measuring nothing: here its half GPU-hour leaves no room for another trial."""
+    guided_run(folder, "--n-trials", "2")
+    study = study_of(folder)
+    spent = sum(t.user_attrs["gpu_seconds"] for t in study.trials) / 3600
+    assert 0.1 < spent < 0.4  # two trials of ~0.14 GPU-h: 0.9 would afford a third without the cut one
+    first = study.trials[0]
+    cut = optuna.trial.create_trial(
+        state=optuna.trial.TrialState.FAIL,
+        params={"max_num_seqs": 32, "max_num_batched_tokens": 2048},
+        distributions=first.distributions,
+        user_attrs={"failure": "interrupted", "gpu_seconds": 1800.0},
+    )
+    study.add_trial(cut)
+    out = guided_run(folder, "--n-trials", "4", "--gpu-hours", "0.9", "--resume")
+    guide = json.loads((folder / "runs/g/guide.json").read_text())
+    assert guide["stop_reason"].startswith("budget"), guide["stop_reason"]
+    assert len(study_of(folder).get_trials(states=(optuna.trial.TrialState.COMPLETE,))) == 2
+    rows = [r for r in guide["trials"] if r.get("interrupted")]
+    assert [(r["trial"], r["gpu_hours"], r["measured"]) for r in rows] == [(2, 0.5, None)]
+    assert guide["gpu_hours"] == pytest.approx(spent + 0.5, abs=1e-3)
+    assert "#2: predicted" in out.stderr and "nothing (interrupted)" in out.stderr

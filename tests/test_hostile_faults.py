@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import optuna
 import pytest
 from test_run_cli import _completed
 
@@ -160,21 +161,27 @@ def _gone(mark: str, cwd: Path, within_s: float) -> list[str]:
     return left
 
 
+def _driver(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """A run in the background, as a shell starts one: Ctrl-C ignored, stopped by the signal a test sends."""
+    return subprocess.Popen(
+        cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_stopped_or_killed_driver_leaves_no_server_nor_ray_process(
     stop: signal.Signals, tmp_path: Path
 ) -> None:
     """The process backend (a real `autotune sim-server` per trial, Ray tasks): SIGTERM stops the run
-    cleanly, SIGKILL stops it dead; either way every server and Ray process it started is gone."""
+    cleanly, the stopped trial's GPU time kept, SIGKILL stops it dead; either way every server and Ray
+    process it started is gone."""
     mark = f"{os.getpid()}-{stop.name}"
     env = {**ENV, "AUTOTUNE_TEST_MARK": mark, "PATH": f"{Path(AUTOTUNE).parent}:{os.environ['PATH']}"}
     (tmp_path / "tiny.yaml").write_text(TINY)
     cmd = [AUTOTUNE, "run", "--backend", "vllm", "--serve-cmd", "autotune sim-server", "--gpus", "1"]
     cmd += ["--space", "small", "--workload", "tiny.yaml", "--study", "p", "--n-trials", "1000", "--quiet"]
-    proc = subprocess.Popen(
-        cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )  # fmt: skip
+    proc = _driver(cmd, tmp_path, env)
     try:
         deadline = time.monotonic() + 180
         while _completed(tmp_path / "runs" / "p" / "study.db", "p")[0] < 1 and time.monotonic() < deadline:
@@ -190,6 +197,10 @@ def test_a_stopped_or_killed_driver_leaves_no_server_nor_ray_process(
     if stop == signal.SIGTERM:
         assert proc.returncode == 130 and "finished trials kept" in err, err
         assert "Token authentication" not in err  # Ray's notice stays out of the run's output
+        # The trial it stopped held its GPU until then: that time is stored as spent (a budget counts it).
+        study = optuna.load_study(study_name="p", storage=f"sqlite:///{tmp_path / 'runs' / 'p' / 'study.db'}")
+        cut = [t for t in study.trials if t.user_attrs.get("failure") == "interrupted"]
+        assert cut and all(t.user_attrs["gpu_seconds"] > 0 for t in cut), [t.user_attrs for t in cut]
     assert not _gone(mark, tmp_path, within_s=20), _marked(mark, tmp_path)
 
 
@@ -326,3 +337,42 @@ def test_another_slo_on_the_same_model_is_another_study(
         "llama-3.1-8b-instruct-h100-tiny-ttft-p99-2s",
         "llama-3.1-8b-instruct-h100-tiny-ttft-p99-500ms-itl-p99-50ms",
     ]
+
+
+# `python serve.py sim-server ...`: every launch after the first 30 s slow to start (the re-measurement's).
+SLOW_AFTER_FIRST = """
+import os, sys
+from pathlib import Path
+count = Path("launches")
+n = int(count.read_text()) if count.exists() else 0
+count.write_text(str(n + 1))
+extra = ["--startup-delay", "30"] if n else []
+os.execv(sys.executable, [sys.executable, "-m", "autotune.cli", *sys.argv[1:], *extra])
+"""
+
+
+def test_a_stopped_remeasurement_keeps_the_gpu_time_it_held(tmp_path: Path) -> None:
+    """SIGTERM while the top config is measured again (a real server per run): the repeat measured
+    nothing, and the time its server held the GPU is kept as the repeats' spend."""
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    (tmp_path / "serve.py").write_text(SLOW_AFTER_FIRST)
+    serve = f"{sys.executable} serve.py sim-server"
+    cmd = [AUTOTUNE, "run", "--backend", "vllm", "--serve-cmd", serve, "--gpus", "1", "--space", "small"]
+    cmd += ["--workload", "tiny.yaml", "--study", "r", "--n-trials", "1", "--repeats", "1"]
+    proc = _driver(cmd, tmp_path, ENV)
+    try:
+        deadline = time.monotonic() + 120
+        launches = tmp_path / "launches"
+        while not (launches.exists() and launches.read_text() == "2") and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(3)  # the repeat's server starting (30 s): held, nothing measured
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    study = optuna.load_study(study_name="r", storage=f"sqlite:///{tmp_path / 'runs' / 'r' / 'study.db'}")
+    assert not study.user_attrs.get("remeasured"), study.user_attrs  # no repeat finished
+    assert study.user_attrs.get("remeasured_gpu_seconds", 0) >= 3, study.user_attrs

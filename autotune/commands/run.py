@@ -248,6 +248,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
                 seed=args.seed,
                 run_dir=s.run_dir,
                 repeats=args.repeats if s.backend.noisy else 0,
+                real_time=s.backend.runs_servers,
             ),
             progress=progress,
             max_position_embeddings=s.max_position_embeddings,

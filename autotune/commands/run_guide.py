@@ -218,6 +218,7 @@ def guide_summary(data: dict[str, Any]) -> str:
     lines = ["guide: predicted vs measured per real trial:"]
     for r in data["trials"]:
         measured = f"{r['measured']:,.1f}" if r["measured"] is not None else "infeasible"
+        measured = "nothing (interrupted)" if r.get("interrupted") else measured
         predicted = f"{r['predicted']:,.1f}" if r["predicted"] is not None else "-"
         by = f"; {r['by']}" if r.get("by") else ""
         lines.append(

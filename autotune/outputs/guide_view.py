@@ -41,6 +41,8 @@ def predicted_vs_measured(search: GuidedSearch, study: optuna.Study) -> list[dic
                 "by": o.chosen.get("by") or _not_picked(search, o.key),  # the pick's rule
             }
         )
+        if o.interrupted:
+            rows[-1]["interrupted"] = True
     return rows
 
 
@@ -50,7 +52,7 @@ def unmeasured_defaults(search: GuidedSearch, study: optuna.Study) -> dict[str, 
     do not start, or meet no rate) and at its own calibration ("raw"), and whether they start. None: they
     were measured, or the run does not compare with them."""
     key = search.baseline_key
-    if key is None or any(o.key == key for o in search.observations(study)):
+    if key is None or any(o.key == key and not o.interrupted for o in search.observations(study)):
         return None
     prediction = search.prediction(key)
     return {

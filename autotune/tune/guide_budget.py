@@ -27,6 +27,7 @@ class Observation:
     gpu_s: float
     chosen: dict[str, Any] = field(default_factory=dict)  # the prediction when it was chosen
     searched: bool = True  # it served load (False: it failed to start, and cost a startup only)
+    interrupted: bool = False  # cut short (Ctrl-C): its GPU time was spent, nothing measured
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Budget:
         """What the next trial (predicted objective `value`; None: not predicted) is charged, in GPU
         seconds: the dearest so far, scaled to `value` for a throughput; until a trial served load, at
         least the pre-run estimate."""
-        costs = [o.gpu_s for o in observed if o.gpu_s > 0]
+        costs = [o.gpu_s for o in observed if o.gpu_s > 0 and not o.interrupted]  # a part is no trial's cost
         if self.maximize and value is not None and value > 0:
             scaled = [o.gpu_s * o.measured / value for o in observed if o.gpu_s > 0 and o.measured]
             if scaled:

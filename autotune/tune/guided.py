@@ -175,10 +175,15 @@ class GuidedSearch:
         return {name: max(MIN_WEIGHT, s / top) if top > 0 else 1.0 for name, s in spread.items()}
 
     def observations(self, study: optuna.Study) -> list[Observation]:
-        """The study's finished real trials (launched, not duplicates), oldest first."""
+        """The study's finished real trials (launched, not duplicates), oldest first; a trial cut short
+        with GPU time spent (tune/tuner.py) too, as `interrupted`: the budget counts it, nothing else."""
         out = []
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
             attrs = t.user_attrs
+            if t.state == TrialState.FAIL:
+                if float(attrs.get("gpu_seconds", 0.0)) > 0:
+                    out.append(self._interrupted(t))
+                continue
             if not attrs.get("launched", True) or "duplicate_of" in attrs or "config_key" not in attrs:
                 continue
             key = attrs["config_key"]
@@ -196,6 +201,12 @@ class GuidedSearch:
                 )
             )
         return out
+
+    def _interrupted(self, trial: optuna.trial.FrozenTrial) -> Observation:
+        key = config_key(self.space.config(trial.params))
+        gpu_s, chosen = float(trial.user_attrs["gpu_seconds"]), dict(trial.user_attrs.get(ATTR) or {})
+        predicted = self.raw(self.prediction(key))
+        return Observation(trial.number, key, dict(trial.params), predicted, None, gpu_s, chosen, False, True)
 
     def model(self, observed: Sequence[Observation]) -> ResidualModel:
         """The residual GP conditioned on every trial with both a prediction and a measurement."""
@@ -275,7 +286,7 @@ class GuidedSearch:
         return True
 
     def _choose(self, study: optuna.Study, observed: Sequence[Observation], busy: set[str]) -> str | None:
-        tried = {o.key for o in observed} | busy
+        tried = {o.key for o in observed if not o.interrupted} | busy
         free = [i for i, p in enumerate(self.candidates) if p.key not in tried]
         if not free:
             return "every config the guide predicts to meet the SLOs has been measured"

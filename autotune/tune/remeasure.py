@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from pathlib import Path
 import optuna
 
 from autotune.dispatch.executor import Executor
-from autotune.tune.front import baseline, contenders, recommend
+from autotune.tune.front import baseline, contenders, gpus_per_replica, recommend
 from autotune.tune.objectives import ObjectiveSet
 from autotune.tune.recommendation import resolution_of
 from autotune.tune.study import TrialRecord, records
@@ -112,6 +113,23 @@ def repeats_gpu_seconds(study: optuna.Study) -> float:
     return float(study.user_attrs.get(GPU_ATTR) or 0.0)
 
 
+def announce(repeats: int, budget_s: float | None) -> bool:
+    """Say what the re-measuring does (`budget_s`: the GPU-seconds left; None: no limit); False when
+    the budget has nothing left for it."""
+    if budget_s is not None and budget_s <= 0:
+        print("autotune: the GPU-hour budget is spent: no re-measuring", file=sys.stderr)
+        return False
+    within = ""
+    if budget_s is not None:
+        within = f", as many as the {budget_s / 3600:.2f} GPU-h left in the budget allow"
+    print(
+        f"autotune: re-measuring the top {TOP_CANDIDATES} configs and the baseline with {repeats} other "
+        f"seed(s) each{within}",
+        file=sys.stderr,
+    )
+    return True
+
+
 def remeasure(
     study: optuna.Study,
     executor: Executor,
@@ -121,12 +139,14 @@ def remeasure(
     run_dir: Path | None,
     interrupted: Callable[[], bool] = lambda: False,
     budget_s: float | None = None,
+    real_time: bool = False,
 ) -> int:
     """Run the repeats not yet in the study; returns how many ran. Raises KeyboardInterrupt when
     `interrupted()` turns true (what finished is already stored).
 
     `budget_s`: the GPU-seconds they may still spend (None: no limit), charged as RepeatBudget says:
-    a repeat starts only when it and every running one fit, each at the dearest run so far."""
+    a repeat starts only when it and every running one fit, each at the dearest run so far.
+    `real_time` (a server per run): repeats cut short by an interrupt spent the GPU time they held."""
     maximize = [o.maximize for o in objectives.objectives]
     done: dict[str, dict[str, float]] = {k: dict(v) for k, v in (stored_repeats(study) or {}).items()}
     todo = [
@@ -136,9 +156,12 @@ def remeasure(
     ]
     budget = RepeatBudget.of(todo, budget_s)
     running: dict[int, Repeat] = {}
+    started: dict[int, float] = {}  # job number -> when it was submitted
     ran = 0
     while todo or running:
         if interrupted():
+            if real_time:
+                _charge_held(study, running, started)
             raise KeyboardInterrupt
         # A config that no longer fits (a node of the cluster was lost) is not re-measured.
         todo = [r for r in todo if executor.fits(r.trial.engine_config())]
@@ -158,13 +181,21 @@ def remeasure(
             )
             executor.submit(repeat.job_number, repeat.trial.engine_config(), seed + repeat.index, trial_dir)
             running[repeat.job_number] = repeat
+            started[repeat.job_number] = time.monotonic()
         for number, result in executor.wait(POLL_S):
             repeat = running.pop(number)
             value = objectives.objectives[0].value(result)
             done.setdefault(str(repeat.trial.number), {})[str(repeat.index)] = value
             study.set_user_attr(ATTR, done)
-            gpus = max(1, repeat.trial.engine_config().tensor_parallel_size)
-            study.set_user_attr(GPU_ATTR, repeats_gpu_seconds(study) + result.gpu_seconds * gpus)
-            budget.charge(result.gpu_seconds * gpus)
+            gpu_s = result.gpu_seconds * gpus_per_replica(repeat.trial.config)
+            study.set_user_attr(GPU_ATTR, repeats_gpu_seconds(study) + gpu_s)
+            budget.charge(gpu_s)
             ran += 1
     return ran
+
+
+def _charge_held(study: optuna.Study, running: dict[int, Repeat], started: dict[int, float]) -> None:
+    """The repeats an interrupt cut short held their GPUs until now: that time was spent."""
+    now = time.monotonic()
+    held = sum((now - started[n]) * gpus_per_replica(r.trial.config) for n, r in running.items())
+    study.set_user_attr(GPU_ATTR, repeats_gpu_seconds(study) + held)

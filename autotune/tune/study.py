@@ -225,14 +225,17 @@ def _check_same_calibration(name: str, stored: Mapping[str, float] | None, setti
             )
 
 
-def fail_stale_trials(study: optuna.Study) -> int:
-    """Mark this driver's RUNNING trials FAIL (an interrupted run: their results were never told).
+def fail_stale_trials(study: optuna.Study, held_gpu_s: Mapping[int, float] | None = None) -> int:
+    """Mark this driver's RUNNING trials FAIL (an interrupted run: their results were never told), each
+    with the GPU seconds it held (`held_gpu_s` by trial number; 0 when unknown).
 
     Every RUNNING trial is this driver's: a study has one driver at a time (autotune.store.lease).
     """
     stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for trial in stale:
         study._storage.set_trial_user_attr(trial._trial_id, "failure", "interrupted")
+        held = (held_gpu_s or {}).get(trial.number, 0.0)
+        study._storage.set_trial_user_attr(trial._trial_id, "gpu_seconds", round(held, 3))
         study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
     return len(stale)
 

@@ -17,7 +17,6 @@ land in a finalizer, where Python prints it and goes on, and the run would not s
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,14 +34,15 @@ from autotune.dispatch.ray_cluster import ClusterLost
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.trial.live import read_probe
+from autotune.tune.front import gpus_per_replica
 from autotune.tune.objectives import ObjectiveSet, metric_unit
 from autotune.tune.progress import Progress, ProgressState, running_params
-from autotune.tune.remeasure import TOP_CANDIDATES, remeasure, repeats_gpu_seconds
+from autotune.tune.remeasure import announce, remeasure, repeats_gpu_seconds
 from autotune.tune.result_attrs import PLACEMENT_ATTRS, placement_attr
 from autotune.tune.samplers import sampler_exhausted
 from autotune.tune.screen import MemoryScreen, Screening
 from autotune.tune.space import SearchSpace, violations
-from autotune.tune.study import config_key, fail_stale_trials, tell_duplicate, tell_result
+from autotune.tune.study import config_attr, config_key, fail_stale_trials, tell_duplicate, tell_result
 from autotune.tune.tally import Tally
 
 POLL_S = 0.5
@@ -63,6 +63,7 @@ class TunerOptions:
     seed: int = 0  # the workload seed: every trial replays the same requests, so configs compare fairly
     run_dir: Path | None = None
     repeats: int = 0  # other seeds for the top candidates and the baseline at the end (noisy backends)
+    real_time: bool = False  # a server per trial: a trial cut short by Ctrl-C spent the GPU time it held
 
 
 @dataclass
@@ -161,19 +162,8 @@ class Tuner:
         if self.progress:
             self.progress.close()
         left_s = self._budget_left_s()
-        if left_s is not None and left_s <= 0:
-            print("autotune: the GPU-hour budget is spent: no re-measuring", file=sys.stderr)
+        if not announce(self.options.repeats, left_s):
             return 0
-        within = (
-            f", as many as the {left_s / 3600:.2f} GPU-h left in the budget allow"
-            if left_s is not None
-            else ""
-        )
-        print(
-            f"autotune: re-measuring the top {TOP_CANDIDATES} configs and the baseline with "
-            f"{self.options.repeats} other seed(s) each{within}",
-            file=sys.stderr,
-        )
         return remeasure(
             self.study,
             self.executor,
@@ -183,6 +173,7 @@ class Tuner:
             self.options.run_dir,
             interrupted=lambda: self._interrupted,
             budget_s=left_s,
+            real_time=self.options.real_time,
         )
 
     def _budget_left_s(self) -> float | None:
@@ -362,6 +353,8 @@ class Tuner:
             if key and frozen.user_attrs.get("launched", True) and "duplicate_of" not in frozen.user_attrs:
                 self._known.setdefault(key, frozen)
             self._record(frozen)
+        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+            self._tally.gpu_s += float(frozen.user_attrs.get("gpu_seconds", 0.0))  # cut short, yet spent
         self._told = 0
 
     def _abandon(self) -> None:
@@ -371,9 +364,21 @@ class Tuner:
         `ask` and the bookkeeping, or in the middle of its `tell`.
         """
         self.executor.cancel_all()
-        fail_stale_trials(self.study)
+        fail_stale_trials(self.study, self._held_gpu_seconds())
         self._running.clear()
         self._queued.clear()
+
+    def _held_gpu_seconds(self) -> dict[int, float]:
+        """With a server per trial (real time), the GPU time each running trial has held so far: spent,
+        though nothing was measured (the budget counts it). None for in-process simulated trials."""
+        if not self.options.real_time:
+            return {}
+        now = time.monotonic()
+        return {
+            n: (now - self._submitted[n]) * gpus_per_replica(config_attr(p.config))
+            for n, p in self._running.items()
+            if n in self._submitted
+        }
 
     def _timed_out(self, start: float) -> bool:
         return self.options.timeout_s is not None and time.monotonic() - start >= self.options.timeout_s
