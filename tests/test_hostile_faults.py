@@ -201,6 +201,7 @@ def test_a_stopped_or_killed_driver_leaves_no_server_nor_ray_process(
         study = optuna.load_study(study_name="p", storage=f"sqlite:///{tmp_path / 'runs' / 'p' / 'study.db'}")
         cut = [t for t in study.trials if t.user_attrs.get("failure") == "interrupted"]
         assert cut and all(t.user_attrs["gpu_seconds"] > 0 for t in cut), [t.user_attrs for t in cut]
+        assert all(t.user_attrs["config"]["max_model_len"] == 8192 for t in cut)  # as launched: exportable
     assert not _gone(mark, tmp_path, within_s=20), _marked(mark, tmp_path)
 
 

@@ -323,8 +323,9 @@ def tell_duplicate(study: optuna.Study, trial: optuna.Trial, original: FrozenTri
 def records(study: optuna.Study) -> list[TrialRecord]:
     """Every finished (COMPLETE or FAIL) trial, in trial order.
 
-    A trial that failed before it was told (interrupted, or its driver died) has no `config` attr:
-    its config is the study's model with the params it was given, and its failure "interrupted".
+    A trial that failed before it was told (interrupted, or its driver died) has the `config` it was
+    launched with (tune/tuner.py), or none when it was not launched yet: then its config is the study's
+    model with the params it was given. Its failure is "interrupted".
     """
     out = []
     model = study.user_attrs.get(SETTINGS_ATTR, {}).get("model", "")

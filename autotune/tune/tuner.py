@@ -315,6 +315,7 @@ class Tuner:
         number = pending.trial.number
         trial_dir = self.options.run_dir / "trials" / str(number) if self.options.run_dir else None
         hint = self.guide.hint_rate(pending.trial) if self.guide is not None else None
+        pending.trial.set_user_attr("config", config_attr(pending.config))  # kept should it be cut short
         self.executor.submit(number, pending.config, self.options.seed, trial_dir, hint)
         self._running[number] = pending
         self._submitted[number] = time.monotonic()
