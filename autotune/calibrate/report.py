@@ -31,8 +31,11 @@ def warnings(result: FitResult) -> list[str]:
         names = ", ".join(group[:-1]) + f" and {group[-1]}"
         out.append(f"{names} move together in this data: only their combination is fitted")
     if result.prior_bound:
-        names = ", ".join(result.prior_bound)
-        out.append(f"the data barely constrains {names}: they stay near their prior")
+        moved = ", ".join(f"{n} ({_change(result, n):+.1%})" for n in result.prior_bound)
+        out.append(
+            f"the data barely constrains {moved}: the prior weighs on them as much as the data, so "
+            "their values are loose (a load that leans on them may be predicted worse)"
+        )
     for cls, value in class_medians(result.after).items():
         if value > CLASS_BOUND:
             out.append(
@@ -60,7 +63,7 @@ def constants_table(result: FitResult) -> list[str]:
     for name in result.free:
         old, new = getattr(result.prior, name), getattr(result.fitted, name)
         mark = "  (bound)" if name in result.at_bound else ""
-        lines.append(f"{name:34} {old:12.5g} {new:12.5g} {new / old - 1:+8.1%}  {units[name]}{mark}")
+        lines.append(f"{name:34} {old:12.5g} {new:12.5g} {_change(result, name):+8.1%}  {units[name]}{mark}")
     return lines
 
 
@@ -98,3 +101,9 @@ def fit_report(result: FitResult, header: Sequence[str] = ()) -> str:
     lines.append("")
     lines += points_table(result.before, result.after)
     return "\n".join(lines) + "\n"
+
+
+def _change(result: FitResult, name: str) -> float:
+    """A constant's relative move from the prior to the fitted value."""
+    prior = getattr(result.prior, name)
+    return getattr(result.fitted, name) / prior - 1 if prior else 0.0
