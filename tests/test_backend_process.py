@@ -312,5 +312,5 @@ def test_port_taken_by_someone_else_is_reported(tmp_path: Path) -> None:
 def test_backend_is_picklable_and_checks_its_command() -> None:
     original = backend()
     assert pickle.loads(pickle.dumps(original)) == original
-    with pytest.raises(AutotuneError, match="not found"):
+    with pytest.raises(AutotuneError, match="'no-such-vllm-binary' not found on PATH: give its full path"):
         ProcessBackend("H100", serve_cmd=("no-such-vllm-binary", "serve")).evaluate(CONFIG, WORKLOAD)

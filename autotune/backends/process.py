@@ -63,10 +63,10 @@ class ProcessBackend(Backend):
 
     def preflight(self) -> None:
         """Raise AutotuneError when the serve command cannot be run on this host."""
-        if shutil.which(self.serve_cmd[0]) is None:
-            raise AutotuneError(
-                f"serve command {self.serve_cmd[0]!r} not found: install vLLM or pass --serve-cmd"
-            )
+        program = self.serve_cmd[0]
+        if shutil.which(program) is None:
+            fix = "install vLLM or pass --serve-cmd" if program == "vllm" else "give its full path"
+            raise AutotuneError(f"serve command {program!r} not found on PATH: {fix}")
 
     def session(
         self, config: EngineConfig, gpu_ids: Sequence[int] = (), trial_dir: Path | None = None
