@@ -143,3 +143,13 @@ def test_export_cli_recommended_and_chosen_trial(tmp_path: Path, capsys: pytest.
     assert main(["export", str(run_dir), "--trial", "99"]) == 2
     assert main(["export", str(tmp_path / "nope")]) == 2
     assert "run folder not found" in capsys.readouterr().err
+
+
+def test_a_pipeline_parallel_replica_asks_for_all_its_gpus() -> None:
+    """TP 2 x PP 2 takes four GPUs (the trials' GPU time counts four too): docker, k8s and helm ask for 4."""
+    config = CONFIG.replace(pipeline_parallel_size=2)
+    assert shlex.split(render(config, "docker"))[:4] == ["docker", "run", "--gpus", "4"]
+    pod = yaml.safe_load(render(config, "k8s"))
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
+    helm = yaml.safe_load(render(config, "helm"))
+    assert helm["servingEngineSpec"]["modelSpec"][0]["requestGPU"] == 4

@@ -89,6 +89,14 @@ def ok(throughput: float, ttft_ms: float, itl_ms: float) -> TrialResult:
     return TrialResult(config=EngineConfig(model=MODEL), benchmark=bench(throughput, ttft_ms, itl_ms))
 
 
+def test_a_trials_gpu_time_counts_every_gpu_of_its_replica(tmp_path: Path) -> None:
+    """TP 2 x PP 2: a replica of four GPUs, so 10 s of its server is 40 GPU-seconds."""
+    result = ok(4000, 1500, 20)
+    result.startup_s, result.benchmark_s = 4.0, 6.0
+    study = build_run(tmp_path, [({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, result)])
+    assert study.trials[0].user_attrs["gpu_seconds"] == 40.0
+
+
 def test_constraints_fixed_order_and_failures_are_violations(tmp_path: Path) -> None:
     study = build_run(
         tmp_path,

@@ -17,9 +17,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autotune.tune.front import gpus_per_replica
 from autotune.tune.progress import clock
-from autotune.tune.study import TrialRecord
+from autotune.tune.study import TrialRecord, gpus_per_replica
 
 STARTUP_FAILURES = ("invalid_config", "kv_cache_oom", "startup_oom", "startup_timeout")
 
@@ -37,7 +36,7 @@ class CostView:
     gpus: int = 0  # the GPUs the run was given (--gpus; 0: not given)
     gpu: str = ""  # their type
     repeats_h: float = 0.0  # of spent_h: re-measuring the top configs and the baseline
-    widest: int = 1  # the most GPUs one trial took (front.gpus_per_replica)
+    widest: int = 1  # the most GPUs one trial took (study.gpus_per_replica)
 
     def text(self) -> str:
         """One sentence for the run summary and the report."""

@@ -9,10 +9,10 @@ from typing import Any
 from autotune.measure.capacity_report import KEEPING_UP
 from autotune.measure.evidence import UNSURE
 from autotune.outputs.cost import CostView, Sizing, cost_view, sizing
-from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, gpus_per_replica, pareto_front
+from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, pareto_front
 from autotune.tune.objectives import PER_GPU
 from autotune.tune.recommendation import Recommendation, decide, resolution_of, runs_of
-from autotune.tune.study import TrialRecord
+from autotune.tune.study import TrialRecord, gpus_per_replica
 
 # Said wherever a simulated run's results go (report, summary, best.json, exports, dashboard note).
 SIMULATED_NOTE = (

@@ -7,8 +7,7 @@ latencies together.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from autotune.tune.study import TrialRecord
 
@@ -96,12 +95,6 @@ def baseline(recs: Sequence[TrialRecord]) -> TrialRecord | None:
     was interrupted)."""
     measured = next((r for r in recs if r.baseline and r.state == "COMPLETE"), None)
     return measured or next((r for r in recs if r.baseline), None)
-
-
-def gpus_per_replica(config: Mapping[str, Any]) -> int:
-    """The GPUs one replica of a config takes: its tensor- times pipeline-parallel size."""
-    tp = int(config.get("tensor_parallel_size") or 1)
-    return tp * int(config.get("pipeline_parallel_size") or 1)
 
 
 def defaults_label(base: TrialRecord | None) -> str:

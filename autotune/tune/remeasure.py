@@ -23,10 +23,10 @@ from pathlib import Path
 import optuna
 
 from autotune.dispatch.executor import Executor
-from autotune.tune.front import baseline, contenders, gpus_per_replica, recommend
+from autotune.tune.front import baseline, contenders, recommend
 from autotune.tune.objectives import ObjectiveSet
 from autotune.tune.recommendation import resolution_of
-from autotune.tune.study import TrialRecord, records
+from autotune.tune.study import TrialRecord, gpus_per_replica, records
 
 TOP_CANDIDATES = 3
 ATTR = "remeasured"

@@ -245,6 +245,12 @@ def config_attr(config: EngineConfig) -> dict[str, Any]:
     return {"model": config.model, **config.params()}
 
 
+def gpus_per_replica(config: Mapping[str, Any]) -> int:
+    """The GPUs one replica of a config takes: its tensor- times pipeline-parallel size."""
+    tp = int(config.get("tensor_parallel_size") or 1)
+    return tp * int(config.get("pipeline_parallel_size") or 1)
+
+
 def config_from_attr(attr: Mapping[str, Any]) -> EngineConfig:
     """Inverse of `config_attr`."""
     values = dict(attr)
@@ -268,9 +274,10 @@ def tell_result(
     cons = constraints(result, slos)
     for name, value in cons.items():
         trial.set_constraint(name, value)
-    gpus = max(1, result.config.tensor_parallel_size)
+    config = config_attr(result.config)
+    gpus = gpus_per_replica(config)
     attrs = {
-        "config": config_attr(result.config),
+        "config": config,
         "config_key": key,
         "feasible": is_feasible(cons),
         "failure": str(result.failure) if result.failure else None,

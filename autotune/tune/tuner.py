@@ -34,7 +34,6 @@ from autotune.dispatch.ray_cluster import ClusterLost
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.trial.live import read_probe
-from autotune.tune.front import gpus_per_replica
 from autotune.tune.objectives import ObjectiveSet, metric_unit
 from autotune.tune.progress import Progress, ProgressState, running_params
 from autotune.tune.remeasure import announce, remeasure, repeats_gpu_seconds
@@ -42,7 +41,14 @@ from autotune.tune.result_attrs import PLACEMENT_ATTRS, placement_attr
 from autotune.tune.samplers import sampler_exhausted
 from autotune.tune.screen import MemoryScreen, Screening
 from autotune.tune.space import SearchSpace, violations
-from autotune.tune.study import config_attr, config_key, fail_stale_trials, tell_duplicate, tell_result
+from autotune.tune.study import (
+    config_attr,
+    config_key,
+    fail_stale_trials,
+    gpus_per_replica,
+    tell_duplicate,
+    tell_result,
+)
 from autotune.tune.tally import Tally
 
 POLL_S = 0.5
