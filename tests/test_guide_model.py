@@ -79,7 +79,7 @@ def test_of_the_factors_that_fit_exactly_the_refit_keeps_the_one_nearest_the_gui
     measurement equal to the guide's prediction (here, factors 0.93 to 1.04 all predict it) keeps the
     factor at 1; one on a plateau of other factors moves to that plateau's end nearest 1."""
     from autotune.tune.guide import Prediction
-    from autotune.tune.guide_refit import Refit
+    from autotune.tune.guide_refit import LIMIT, Refit
     from autotune.tune.objectives import Objective
 
     objective = Objective("output_throughput", "maximize")
@@ -96,6 +96,24 @@ def test_of_the_factors_that_fit_exactly_the_refit_keeps_the_one_nearest_the_gui
     assert refit.fit([("a", {"key": "a"}, 100.0)]) == 0
     slower = refit.fit([("a", {"key": "a"}, 100 / 1.1)])
     assert 0.85 < refit.factor(slower) < 0.935 and refit.factor(slower + 1) >= 0.935  # the plateau's top
+    # Where the search starts (a run passes the last fit's point) changes its cost, not its answer.
+    for value, answer in ((100.0, 0), (100 / 1.1, slower), (100 / 1.1**5, None), (1000.0, LIMIT)):
+        fits = {refit.fit([("b", {"key": "b"}, value)], near=near) for near in range(-50, 51, 7)}
+        assert len(fits) == 1 and (answer is None or fits == {answer})
+    # A value that moves as the speed does is found in a few predictions (a bisection of the grid: nine).
+    calls = []
+
+    def proportional(calibration, params):  # noqa: ANN001, ANN202
+        calls.append(calibration)
+        value = 100 * calibration.gemm_eff / DEFAULT_CALIBRATION.gemm_eff
+        return [
+            Prediction(p["key"], p, starts=True, capacity_rate=1.0, metrics={"output_throughput": value})
+            for p in params
+        ]
+
+    cold = Refit(lambda c: None, proportional, objective)  # type: ignore[arg-type, return-value]
+    assert cold.factor(cold.fit([("a", {"key": "a"}, 80.0)])) == pytest.approx(0.8, rel=0.013)
+    assert len(calls) <= 4
 
 
 def test_the_refit_compares_measurements_on_the_refined_tables_scale() -> None:

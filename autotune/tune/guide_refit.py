@@ -91,11 +91,13 @@ class Refit:
     def _on_scale(self, prediction: Prediction) -> Prediction:
         return scaled(prediction, self.scale_of(prediction.key), self.objective)
 
-    def fit(self, measured: Sequence[tuple[str, dict[str, Any], float]]) -> int:
+    def fit(self, measured: Sequence[tuple[str, dict[str, Any], float]], near: int = 0) -> int:
         """The grid point where the median of the measured configs' signed log errors (measured over
         predicted, better-is-positive) crosses zero: the least-absolute-deviation fit of one factor,
         which a config past a cliff cannot drag. Of the points that fit exactly, the one nearest the
-        guide's calibration. `measured`: (config key, params, objective value)."""
+        guide's calibration. `measured`: (config key, params, objective value). `near`: where to look
+        first (the last fit's point: one more measurement seldom moves it far, and each grid point
+        costs a prediction of the new config); the answer does not depend on it."""
         if not measured:
             return 0
 
@@ -105,11 +107,12 @@ class Refit:
 
         if error(0) == 0:
             return 0
-        lo, hi = -LIMIT, LIMIT
-        if error(lo) <= 0:
-            return lo
-        if error(hi) >= 0:
-            return hi
+        near = min(max(near, -LIMIT), LIMIT)
+        guess = near + round(error(near) / STEP)  # a value moves about as much as the speed does
+        bracket = _bracket(error, min(max(guess, -LIMIT), LIMIT))
+        if isinstance(bracket, int):
+            return bracket
+        lo, hi = bracket
         while hi - lo > 1:  # faster (higher index) predicts better values: the median error falls
             mid = (lo + hi) // 2
             if error(mid) > 0:
@@ -141,3 +144,24 @@ class Refit:
             return CLIFF  # measured to meet the SLOs, predicted not to: the model is too slow here
         sign = 1.0 if self.objective.maximize else -1.0
         return sign * (math.log(value) - math.log(predicted))
+
+
+def _bracket(error: Callable[[int], float], start: int) -> tuple[int, int] | int:
+    """Grid points (lo, hi) with error(lo) > 0 >= error(hi), found by steps doubling away from `start`;
+    a limit of the grid where the crossing lies beyond it (the factor stops there)."""
+    step = 1
+    if error(start) > 0:
+        lo = start
+        while lo < LIMIT:
+            hi = min(lo + step, LIMIT)
+            if error(hi) <= 0:
+                return lo, hi
+            lo, step = hi, 2 * step
+        return LIMIT
+    hi = start
+    while hi > -LIMIT:
+        lo = max(hi - step, -LIMIT)
+        if error(lo) > 0:
+            return lo, hi
+        hi, step = lo, 2 * step
+    return -LIMIT

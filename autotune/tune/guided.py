@@ -274,7 +274,7 @@ class GuidedSearch:
         """Refit the guide's speed factor to every measurement; re-predict the space when it moved."""
         assert self.refit is not None
         measured = [(o.key, o.params, o.measured) for o in observed if o.measured is not None]
-        index = self.refit.fit(measured)  # type: ignore[arg-type]
+        index = self.refit.fit(measured, near=self.index)  # type: ignore[arg-type]
         if index == self.index:
             return False
         self.index = index
