@@ -7,6 +7,7 @@ import html
 import json
 import math
 import re
+import shutil
 import struct
 from pathlib import Path
 
@@ -31,10 +32,36 @@ params:
 REALITY = "gemm_eff: 0.42\nattn_eff: 0.42\nstep_base_s: 5.0e-3\n"
 
 
+def _folder(path: Path) -> Path:
+    (path / "space.yaml").write_text(SPACE)
+    (path / "reality.yaml").write_text(REALITY)
+    return path
+
+
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    (tmp_path / "space.yaml").write_text(SPACE)
-    (tmp_path / "reality.yaml").write_text(REALITY)
+    return _folder(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def unbudgeted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A guided run with more trials than the space's six configs and no budget (its folder and stderr),
+    read by the tests below: the stop rule, not --n-trials, ends it."""
+    folder = _folder(tmp_path_factory.mktemp("unbudgeted"))
+    return folder, guided_run(folder, "--n-trials", "20").stderr
+
+
+@pytest.fixture(scope="module")
+def two_trials(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A guided run stopped at two trials, for the tests that resume it (each on a copy)."""
+    folder = _folder(tmp_path_factory.mktemp("two-trials"))
+    guided_run(folder, "--n-trials", "2")
+    return folder
+
+
+def resumable(two_trials: Path, tmp_path: Path) -> Path:
+    """A copy of the two-trial run's folder, to resume."""
+    shutil.copytree(two_trials, tmp_path, dirs_exist_ok=True)
     return tmp_path
 
 
@@ -51,9 +78,9 @@ def study_of(folder: Path) -> optuna.Study:
 
 
 def test_a_guided_run_measures_the_guides_best_then_the_defaults_then_its_picks_and_says_what_it_spent(
-    folder: Path,
+    unbudgeted: tuple[Path, str],
 ) -> None:
-    out = guided_run(folder, "--n-trials", "6")
+    folder, stderr = unbudgeted
     trials = [t for t in study_of(folder).trials if t.user_attrs.get("launched", True)]
     assert trials[0].user_attrs["guide"]["by"] == "best predicted"  # trial #0: the guide's best
     assert not trials[0].user_attrs.get("baseline")
@@ -68,9 +95,9 @@ def test_a_guided_run_measures_the_guides_best_then_the_defaults_then_its_picks_
     assert [r["trial"] for r in guide["trials"]] == [t.number for t in trials]
     spent = sum(t.user_attrs["gpu_seconds"] for t in trials) / 3600
     assert guide["gpu_hours"] == pytest.approx(spent, abs=1e-3)
-    assert "GPU-h spent" in out.stderr and "predicted vs measured" in out.stderr
-    assert f"simulated engine ({usable_cpus()} core(s), lowest CPU priority)" in out.stderr  # as a child
-    assert f"  #{trials[1].number}: predicted" in out.stderr and "GPU-h; vLLM's defaults)" in out.stderr
+    assert "GPU-h spent" in stderr and "predicted vs measured" in stderr
+    assert f"simulated engine ({usable_cpus()} core(s), lowest CPU priority)" in stderr  # as a child
+    assert f"  #{trials[1].number}: predicted" in stderr and "GPU-h; vLLM's defaults)" in stderr
     # The report shows it: best.json's guide section, report.html's plot and table.
     best = json.loads((folder / "runs/g/best.json").read_text())
     assert best["guide"]["trials"] == guide["trials"] and best["guide"]["stop_reason"]
@@ -135,8 +162,8 @@ def test_the_budget_stops_the_run_before_a_trial_would_pass_it(folder: Path) -> 
     assert "<th>chosen by</th>" in (folder / "runs/g/report.html").read_text()  # as does the report
 
 
-def test_the_run_stops_when_the_guide_predicts_nothing_better_is_left(folder: Path) -> None:
-    guided_run(folder, "--n-trials", "20")  # more than the space's six configs: the stop rule ends it
+def test_the_run_stops_when_the_guide_predicts_nothing_better_is_left(unbudgeted: tuple[Path, str]) -> None:
+    folder, _ = unbudgeted
     guide = json.loads((folder / "runs/g/guide.json").read_text())
     said = re.fullmatch(
         r"the guide predicts no untried config beats the best measured by more than 3% \(95 % bound "
@@ -194,8 +221,10 @@ def test_trials_still_running_count_against_the_budget(folder: Path) -> None:
     assert any(t.datetime_start < u.datetime_complete for u, t in zip(later, later[1:], strict=False))
 
 
-def test_resume_rebuilds_the_guide_from_the_study_and_measures_nothing_twice(folder: Path) -> None:
-    guided_run(folder, "--n-trials", "2")
+def test_resume_rebuilds_the_guide_from_the_study_and_measures_nothing_twice(
+    two_trials: Path, tmp_path: Path
+) -> None:
+    folder = resumable(two_trials, tmp_path)
     guided_run(folder, "--n-trials", "4", "--resume")
     trials = [t for t in study_of(folder).trials if t.user_attrs.get("launched", True)]
     keys = [t.user_attrs["config_key"] for t in trials]
@@ -293,11 +322,11 @@ def test_re_measuring_the_top_stays_within_the_budget(folder: Path, parallel: st
     assert guide["gpu_hours"] <= 1.0
 
 
-def test_a_trial_cut_short_counts_against_the_budget_on_resume(folder: Path) -> None:
+def test_a_trial_cut_short_counts_against_the_budget_on_resume(two_trials: Path, tmp_path: Path) -> None:
     """A trial that Ctrl-C stopped on a real backend stores the GPU time it held (tune/tuner.py; the
     process backend's case: tests/test_hostile_faults.py). The resumed guided run counts it as spent and
     lists it as measuring nothing: here its half GPU-hour leaves no room for another trial."""
-    guided_run(folder, "--n-trials", "2")
+    folder = resumable(two_trials, tmp_path)
     study = study_of(folder)
     spent = sum(t.user_attrs["gpu_seconds"] for t in study.trials) / 3600
     assert 0.1 < spent < 0.4  # two trials of ~0.14 GPU-h: 0.9 would afford a third without the cut one
