@@ -26,7 +26,7 @@ from autotune.dispatch.executor import Executor
 from autotune.tune.front import baseline, contenders, recommend
 from autotune.tune.objectives import ObjectiveSet
 from autotune.tune.recommendation import resolution_of
-from autotune.tune.study import TrialRecord, gpus_per_replica, records
+from autotune.tune.study import TrialRecord, gpus_per_replica, held_gpu_seconds, records
 
 TOP_CANDIDATES = 3
 ATTR = "remeasured"
@@ -196,6 +196,5 @@ def remeasure(
 
 def _charge_held(study: optuna.Study, running: dict[int, Repeat], started: dict[int, float]) -> None:
     """The repeats an interrupt cut short held their GPUs until now: that time was spent."""
-    now = time.monotonic()
-    held = sum((now - started[n]) * gpus_per_replica(r.trial.config) for n, r in running.items())
+    held = sum(held_gpu_seconds(started[n], r.trial.config) for n, r in running.items())
     study.set_user_attr(GPU_ATTR, repeats_gpu_seconds(study) + held)

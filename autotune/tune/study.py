@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -249,6 +250,12 @@ def gpus_per_replica(config: Mapping[str, Any]) -> int:
     """The GPUs one replica of a config takes: its tensor- times pipeline-parallel size."""
     tp = int(config.get("tensor_parallel_size") or 1)
     return tp * int(config.get("pipeline_parallel_size") or 1)
+
+
+def held_gpu_seconds(since: float, config: Mapping[str, Any]) -> float:
+    """The GPU time a server of `config` launched at `since` (time.monotonic()) has held until now: on a
+    real backend a run cut short spent it, though it measured nothing."""
+    return (time.monotonic() - since) * gpus_per_replica(config)
 
 
 def config_from_attr(attr: Mapping[str, Any]) -> EngineConfig:

@@ -45,7 +45,7 @@ from autotune.tune.study import (
     config_attr,
     config_key,
     fail_stale_trials,
-    gpus_per_replica,
+    held_gpu_seconds,
     tell_duplicate,
     tell_result,
 )
@@ -380,9 +380,8 @@ class Tuner:
         though nothing was measured (the budget counts it). None for in-process simulated trials."""
         if not self.options.real_time:
             return {}
-        now = time.monotonic()
         return {
-            n: (now - self._submitted[n]) * gpus_per_replica(config_attr(p.config))
+            n: held_gpu_seconds(self._submitted[n], config_attr(p.config))
             for n, p in self._running.items()
             if n in self._submitted
         }
