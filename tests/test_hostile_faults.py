@@ -346,38 +346,49 @@ os.execv(sys.executable, [sys.executable, "-m", "autotune.cli", *sys.argv[1:], *
 """
 
 
-@pytest.mark.parametrize("phase", ["trial", "repeat"])
+@pytest.mark.parametrize("phase", ["trial", "repeat", "killed"])
 def test_a_stopped_trial_or_repeat_keeps_the_gpu_time_it_held(phase: str, tmp_path: Path) -> None:
     """SIGTERM while the second server starts (a real server per run): the second trial, or the top
     config's re-measurement, measured nothing, and the time its server held the GPU is kept as spent
-    (the trial's `gpu_seconds`, with the config it was launched with; the repeats' spend)."""
+    (the trial's `gpu_seconds`, with the config it was launched with; the repeats' spend). SIGKILL
+    instead (`killed`): nothing runs to record it, so the resume does, up to the dead driver's last
+    lease renewal."""
     (tmp_path / "tiny.yaml").write_text(TINY)
     (tmp_path / "serve.py").write_text(SLOW_AFTER_FIRST)
     serve = f"{sys.executable} serve.py sim-server"
     cmd = [AUTOTUNE, "run", "--backend", "vllm", "--serve-cmd", serve, "--gpus", "1", "--space", "small"]
     cmd += ["--workload", "tiny.yaml", "--study", "r", "--sampler", "random"]
-    trials, repeats = ("2", "0") if phase == "trial" else ("1", "1")
-    cmd += ["--n-trials", trials, "--repeats", repeats]
-    proc = _driver(cmd, tmp_path, ENV)
+    trials, repeats = ("1", "1") if phase == "repeat" else ("2", "0")
+    proc = _driver([*cmd, "--n-trials", trials, "--repeats", repeats], tmp_path, ENV)
     try:
         deadline = time.monotonic() + 120
         launches = tmp_path / "launches"
         while not (launches.exists() and launches.read_text() == "2") and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.2)
-        time.sleep(3)  # the second server starting (30 s): held, nothing measured
-        proc.send_signal(signal.SIGTERM)
+        second = time.time()
+        # the second server starting (30 s): held, nothing measured; SIGKILL waits for a lease renewal
+        time.sleep(8 if phase == "killed" else 3)
+        proc.send_signal(signal.SIGKILL if phase == "killed" else signal.SIGTERM)
         _, err = proc.communicate(timeout=90)
+        held = time.time() - second
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
-    study = optuna.load_study(study_name="r", storage=f"sqlite:///{tmp_path / 'runs' / 'r' / 'study.db'}")
-    if phase == "trial":
-        cut = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
-        assert [t.user_attrs.get("failure") for t in cut] == ["interrupted"], [t.user_attrs for t in cut]
-        assert cut[0].user_attrs["gpu_seconds"] >= 3
-        assert cut[0].user_attrs["config"]["max_model_len"] == 8192  # as launched: it exports as it ran
+    if phase == "killed":
+        assert proc.returncode == -signal.SIGKILL
+        resume = [*cmd, "--n-trials", "1", "--repeats", "0", "--resume"]
+        resumed = subprocess.run(resume, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+        assert resumed.returncode == 0, resumed.stderr
     else:
+        assert proc.returncode == 130, err
+    study = optuna.load_study(study_name="r", storage=f"sqlite:///{tmp_path / 'runs' / 'r' / 'study.db'}")
+    if phase == "repeat":
         assert not study.user_attrs.get("remeasured"), study.user_attrs  # no repeat finished
         assert study.user_attrs.get("remeasured_gpu_seconds", 0) >= 3, study.user_attrs
+        return
+    cut = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert [t.user_attrs.get("failure") for t in cut] == ["interrupted"], [t.user_attrs for t in cut]
+    # from its launch to the signal; killed, to the last renewal before it (every 5 s: one in the 8 s)
+    assert 2 <= cut[0].user_attrs["gpu_seconds"] <= held + 1
+    assert cut[0].user_attrs["config"]["max_model_len"] == 8192  # as launched: it exports as it ran

@@ -31,7 +31,7 @@ from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.measure.server_report import ServerReport
 from autotune.measure.slo import Slo
-from autotune.store.lease import Driver, claim, fail_stale, refuse_live_driver
+from autotune.store.lease import Driver, claim, current_driver, fail_stale, refuse_live_driver
 from autotune.store.storage import check_sqlite_file, connect_storage
 from autotune.tune.objectives import ObjectiveSet, constraints, failed_values, is_feasible
 from autotune.tune.result_attrs import INFO_ATTR, info_attr, parse_info
@@ -39,6 +39,7 @@ from autotune.tune.space import plain_params
 
 LOG_TAIL_CHARS = 2000
 SETTINGS_ATTR = "autotune"
+LAUNCHED_AT_ATTR = "launched_at"  # a real-backend trial's launch, time.time(): what a dead driver's held
 
 
 @dataclass(frozen=True)
@@ -155,12 +156,26 @@ def open_study(
         return study
     study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     check_resume(study, settings)
+    previous = current_driver(study)
     if driver is not None:
         claim(study, driver)
     else:
         refuse_live_driver(study)
+    charge_dead_driver(study, previous)
     fail_stale(study)
     return study
+
+
+def charge_dead_driver(study: optuna.Study, previous: Driver | None) -> None:
+    """The trials a dead driver left RUNNING on a real backend held their GPUs from launch until it
+    died: their `gpu_seconds` counts that time up to its last lease renewal (a lower bound; its servers
+    die with it), so the budget and the spend on resume count it. Nothing when that is unknown."""
+    died = previous.renewed if previous is not None else 0.0
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        launched = trial.user_attrs.get(LAUNCHED_AT_ATTR)
+        if died and launched is not None and "config" in trial.user_attrs:
+            held = max(0.0, died - float(launched)) * gpus_per_replica(trial.user_attrs["config"])
+            study._storage.set_trial_user_attr(trial._trial_id, "gpu_seconds", round(held, 3))
 
 
 def start_study(

@@ -42,6 +42,7 @@ from autotune.tune.samplers import sampler_exhausted
 from autotune.tune.screen import MemoryScreen, Screening
 from autotune.tune.space import SearchSpace, violations
 from autotune.tune.study import (
+    LAUNCHED_AT_ATTR,
     config_attr,
     config_key,
     fail_stale_trials,
@@ -322,6 +323,8 @@ class Tuner:
         trial_dir = self.options.run_dir / "trials" / str(number) if self.options.run_dir else None
         hint = self.guide.hint_rate(pending.trial) if self.guide is not None else None
         pending.trial.set_user_attr("config", config_attr(pending.config))  # kept should it be cut short
+        if self.options.real_time:  # should the driver die, a resume charges the GPU time until then
+            pending.trial.set_user_attr(LAUNCHED_AT_ATTR, round(time.time(), 3))
         self.executor.submit(number, pending.config, self.options.seed, trial_dir, hint)
         self._running[number] = pending
         self._submitted[number] = time.monotonic()
