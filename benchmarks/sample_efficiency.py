@@ -9,9 +9,9 @@ scenario's SLOs, and the feasible Pareto front of throughput / p99 TTFT / p99 IT
 in runs/sample_efficiency/cache/, so each strategy then looks results up instead of simulating.
 
 The Optuna strategies run autotune's real loop: `Tuner` (autotune/tune/tuner.py) with the sampler from
-`make_sampler` (autotune/tune/samplers.py) and the study from `start_study` (autotune/tune/study.py: vLLM's
-default config is the first trial), validity rules, startup screening (autotune/tune/screen.py) and dedupe
-as in `autotune run`; only the executor is replaced by a lookup in the grid. A strategy named
+`make_sampler` (autotune/tune/samplers.py) and the study from `start_study` (autotune/tune/study_open.py:
+vLLM's default config is the first trial), validity rules, startup screening (autotune/tune/screen.py)
+and dedupe as in `autotune run`; only the executor is replaced by a lookup in the grid. A strategy named
 `NAME-noscreen` is NAME with `--no-screen`: on the simulated engine the screen shares the engine's memory
 model and is exact, so the pair shows what screening saves and what the sampler finds without that
 oracle. vLLM's auto_tune.sh is replayed step by step (gpu-memory-utilization back-off, then its 2x4

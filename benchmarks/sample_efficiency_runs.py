@@ -24,7 +24,8 @@ from autotune.measure.result import TrialResult
 from autotune.tune.objectives import load_objectives
 from autotune.tune.samplers import make_sampler
 from autotune.tune.screen import make_screen
-from autotune.tune.study import StudySettings, start_study
+from autotune.tune.study import StudySettings
+from autotune.tune.study_open import start_study
 from autotune.tune.tuner import Tuner, TunerOptions
 
 NO_SCREEN = "-noscreen"  # suffix: the strategy as `autotune run --no-screen` runs it

@@ -241,7 +241,8 @@ import sys, time
 import optuna
 from autotune.core.errors import AutotuneError
 from autotune.store.lease import Lease, new_driver
-from autotune.tune.study import StudySettings, start_study
+from autotune.tune.study import StudySettings
+from autotune.tune.study_open import start_study
 
 settings = StudySettings(["output_throughput"], ["maximize"], [], "m", "H100", "w", "sim")
 url, start = sys.argv[1], float(sys.argv[2])

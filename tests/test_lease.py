@@ -18,7 +18,9 @@ from optuna.trial import TrialState
 
 from autotune.core.errors import AutotuneError
 from autotune.store.lease import LEASE_KEY, Lease
-from autotune.tune.study import StudySettings, connect_storage, fail_stale_trials, open_study, start_study
+from autotune.store.storage import connect_storage
+from autotune.tune.study import StudySettings, fail_stale_trials
+from autotune.tune.study_open import open_study, start_study
 
 SETTINGS = StudySettings(
     objectives=["output_throughput"],

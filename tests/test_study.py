@@ -19,21 +19,14 @@ from autotune.measure.metrics import BenchmarkResult
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import parse_slos
 from autotune.outputs.export import RunInfo
+from autotune.store.storage import connect_storage
 from autotune.tune.front import pareto_front, recommend
 from autotune.tune.objectives import FAILED_KEY, KEPT_UP_KEY, load_objectives
 from autotune.tune.progress import ProgressState
 from autotune.tune.samplers import GP_MODULES, auto_sampler, make_sampler
 from autotune.tune.space import space_from_dict
-from autotune.tune.study import (
-    StudySettings,
-    config_key,
-    connect_storage,
-    open_study,
-    records,
-    sqlite_url,
-    start_study,
-    tell_result,
-)
+from autotune.tune.study import StudySettings, config_key, records, tell_result
+from autotune.tune.study_open import open_study, sqlite_url, start_study
 from autotune.tune.tuner import MAX_DUPLICATES_IN_A_ROW, Tuner, TunerOptions
 from autotune.workloads.files import load_workload
 

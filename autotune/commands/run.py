@@ -70,12 +70,12 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.tune.objectives import load_objectives
     from autotune.tune.screen import check_tensor_parallel
     from autotune.tune.space import load_space
-    from autotune.tune.study import sqlite_url
     from autotune.tune.study_checks import (
         check_not_driven,
         check_results_kept,
         default_study_name,
     )
+    from autotune.tune.study_open import sqlite_url
     from autotune.workloads.files import load_workload
     from autotune.workloads.spec import check_fits
 
@@ -201,7 +201,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
     from autotune.store.urls import for_run_file
     from autotune.tune.progress import Progress
     from autotune.tune.screen import describe, make_screen
-    from autotune.tune.study import start_study
+    from autotune.tune.study_open import start_study
     from autotune.tune.tuner import Tuner, TunerOptions
 
     # The study is created only once the GPUs checked out: a corrected command must not meet a

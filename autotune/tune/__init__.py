@@ -5,7 +5,8 @@ from autotune.tune.guide import GuideTable, Prediction, predict_space
 from autotune.tune.objectives import ObjectiveSet, load_objectives
 from autotune.tune.recommendation import Recommendation, decide
 from autotune.tune.space import SearchSpace, load_space
-from autotune.tune.study import TrialRecord, records, start_study
+from autotune.tune.study import TrialRecord, records
+from autotune.tune.study_open import start_study
 from autotune.tune.tuner import Tuner, TunerOptions
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""The Optuna study of a tuning run: create or resume it, tell results, read its records back.
+"""The Optuna study of a tuning run: tell results, read its records back (opening it:
+autotune/tune/study_open.py).
 
 The driver is the only writer (ask/tell). Every trial carries user attrs that the report, the export
 and optuna-dashboard read: `config` (the flags), `config_key`, `feasible`, `failure`, `message`,
@@ -11,28 +12,21 @@ read from the records by autotune/tune/front.py and autotune/tune/recommendation
 from __future__ import annotations
 
 import json
-import sys
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.config import EngineConfig
-from autotune.core.errors import AutotuneError
-from autotune.core.secrets import masked
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.load_report import LoadReport
 from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.measure.server_report import ServerReport
 from autotune.measure.slo import Slo
-from autotune.store.lease import Driver, claim, current_driver, fail_stale, refuse_live_driver
-from autotune.store.storage import check_sqlite_file, connect_storage
 from autotune.tune.objectives import ObjectiveSet, constraints, failed_values, is_feasible
 from autotune.tune.result_attrs import INFO_ATTR, info_attr, parse_info
 from autotune.tune.space import plain_params
@@ -102,143 +96,11 @@ class TrialRecord:
         return config_from_attr(self.config)
 
 
-def sqlite_url(run_dir: Path) -> str:
-    """The default storage of a run: runs/<study>/study.db."""
-    return f"sqlite:///{(run_dir / 'study.db').resolve()}"
-
-
-def open_study(
-    name: str,
-    storage: str | optuna.storages.BaseStorage,
-    settings: StudySettings,
-    sampler: optuna.samplers.BaseSampler,
-    resume: bool,
-    results_dir: Path | None = None,
-    driver: Driver | None = None,
-) -> optuna.Study:
-    """Create a new study, or resume an existing one with the same settings.
-
-    Resuming refuses while another process drives the study (autotune.store.lease) and fails only the
-    trials nobody runs any more. `results_dir` (the run folder): with --resume and no study in the
-    storage, results there mean the study was lost, and nothing is overwritten; without --resume, they
-    mean the same (a run never overwrites another run's results). With `driver`, the study's lease is
-    taken for it (atomically: two runs started together cannot both have it) before any stale trial
-    is failed.
-    """
-    # Errors only: Optuna's warnings are about its internals (a locked SQLite read "falling back to a
-    # slower alternative", multi-line): what the user must know, autotune says in its own one line.
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    if isinstance(storage, str):
-        check_sqlite_file(storage, resume)
-    where, storage = masked(str(storage)), connect_storage(storage)
-    exists = name in optuna.study.get_all_study_names(storage)
-    if exists and not resume:
-        raise AutotuneError(
-            f"study {name!r} already exists in {where}: add --resume to continue it or pick --study"
-        )
-    if not exists:
-        if results_dir is not None and (results_dir / "trials.csv").exists():
-            raise AutotuneError(
-                f"no study {name!r} in {where}, but {results_dir} holds its results: the storage was lost "
-                "or moved; nothing was changed (pass its --storage, or remove the folder to start over)"
-            )
-        if resume:
-            print(f"autotune: no study {name!r} to resume; starting it", file=sys.stderr)
-        study = optuna.create_study(
-            study_name=name, storage=storage, sampler=sampler, directions=settings.directions
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(settings.objectives)
-        study.set_user_attr(SETTINGS_ATTR, settings.to_dict())
-        if driver is not None:
-            claim(study, driver)
-        return study
-    study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
-    check_resume(study, settings)
-    previous = current_driver(study)
-    if driver is not None:
-        claim(study, driver)
-    else:
-        refuse_live_driver(study)
-    charge_dead_driver(study, previous)
-    fail_stale(study)
-    return study
-
-
-def charge_dead_driver(study: optuna.Study, previous: Driver | None) -> None:
-    """The trials a dead driver left RUNNING on a real backend held their GPUs from launch until it
-    died: their `gpu_seconds` counts that time up to its last lease renewal (a lower bound; its servers
-    die with it), so the budget and the spend on resume count it. Nothing when that is unknown."""
-    died = previous.renewed if previous is not None else 0.0
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        launched = trial.user_attrs.get(LAUNCHED_AT_ATTR)
-        if died and launched is not None and "config" in trial.user_attrs:
-            held = max(0.0, died - float(launched)) * gpus_per_replica(trial.user_attrs["config"])
-            study._storage.set_trial_user_attr(trial._trial_id, "gpu_seconds", round(held, 3))
-
-
-def start_study(
-    name: str,
-    storage: str | optuna.storages.BaseStorage,
-    settings: StudySettings,
-    sampler: optuna.samplers.BaseSampler,
-    resume: bool,
-    baseline: Mapping[str, Any] | None,
-    results_dir: Path | None = None,
-    driver: Driver | None = None,
-) -> optuna.Study:
-    """`open_study`, then a new study gets `baseline` (vLLM's default config) as its first trial (None:
-    the caller orders it, as the guided search does).
-
-    A resumed study already has its baseline (measured, or still queued): it is not enqueued again,
-    unless it was interrupted before it was measured.
-    """
-    study = open_study(name, storage, settings, sampler, resume, results_dir, driver)
-    if baseline is None:
-        return study
-    if not has_baseline(study):
-        study.enqueue_trial(dict(baseline), user_attrs={"baseline": True})
-    return study
-
-
 def has_baseline(study: optuna.Study) -> bool:
     """Whether the study's baseline trial is measured, queued or running. One interrupted before it was
     measured (FAIL) does not count: it is queued again, since every result is compared to it."""
     alive = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
     return any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False, states=alive))
-
-
-def check_resume(study: optuna.Study, settings: StudySettings) -> None:
-    """A resumed study must optimise the same thing (load_study ignores the directions we would pass)."""
-    directions = [d.name.lower() for d in study.directions]
-    if directions != settings.directions or (study.metric_names or []) != settings.objectives:
-        raise AutotuneError(
-            f"study {study.study_name!r} optimises {study.metric_names} ({', '.join(directions)}), not "
-            f"{settings.objectives}: use the same --objectives or another --study"
-        )
-    stored = study.user_attrs.get(SETTINGS_ATTR, {})
-    for key in ("slos", "model", "gpu", "workload", "backend"):
-        if key in stored and stored[key] != getattr(settings, key):
-            raise AutotuneError(
-                f"study {study.study_name!r} was run with {key} {stored[key]!r}, not "
-                f"{getattr(settings, key)!r}: resume with the same settings or pick another --study"
-            )
-    _check_same_calibration(study.study_name, stored.get("sim_calibration"), settings)
-
-
-def _check_same_calibration(name: str, stored: Mapping[str, float] | None, settings: StudySettings) -> None:
-    """A simulated study's results come from its calibration: resuming it with other constants would mix
-    two simulators. (Studies from before calibrations were recorded have none: nothing to compare.)"""
-    if not stored or settings.backend != "sim":
-        return
-    for key in sorted(set(stored) | set(settings.sim_calibration)):
-        old, new = stored.get(key), settings.sim_calibration.get(key)
-        if old != new:
-            raise AutotuneError(
-                f"study {name!r} was simulated with {key} = {old}, not {new}: resume with the same "
-                "--sim-calibration (run.json records its values) or pick another --study"
-            )
 
 
 def fail_stale_trials(study: optuna.Study, held_gpu_s: Mapping[int, float] | None = None) -> int:
