@@ -21,7 +21,7 @@ from autotune.measure.slo import parse_slos
 from autotune.outputs.export import RunInfo
 from autotune.store.storage import connect_storage
 from autotune.tune.front import pareto_front, recommend
-from autotune.tune.objectives import FAILED_KEY, KEPT_UP_KEY, load_objectives
+from autotune.tune.objectives import FAILED_KEY, KEPT_UP_KEY, Objective, load_objectives
 from autotune.tune.progress import ProgressState
 from autotune.tune.samplers import GP_MODULES, auto_sampler, make_sampler
 from autotune.tune.space import space_from_dict
@@ -88,6 +88,10 @@ def test_a_trials_gpu_time_counts_every_gpu_of_its_replica(tmp_path: Path) -> No
     result.startup_s, result.benchmark_s = 4.0, 6.0
     study = build_run(tmp_path, [({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, result)])
     assert study.trials[0].user_attrs["gpu_seconds"] == 40.0
+    # and a per-GPU objective divides by the same four
+    per_gpu = Objective("output_throughput_per_gpu", "maximize")
+    config = EngineConfig(model=MODEL).replace(tensor_parallel_size=2, pipeline_parallel_size=2)
+    assert per_gpu.value(dataclasses.replace(result, config=config)) == 1000.0
 
 
 def test_constraints_fixed_order_and_failures_are_violations(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,3 +211,10 @@ def _parse_value(text: str) -> Any:
 def parse_value(text: str) -> Any:
     """A flag value as typed on a command line: int, then float, then true/false, else the text."""
     return _parse_value(text)
+
+
+def gpus_per_replica(params: Mapping[str, Any]) -> int:
+    """The GPUs one replica of a config takes (its flags, as `EngineConfig.params()` or a trial's `config`
+    attr): its tensor- times pipeline-parallel size."""
+    tp = int(params.get("tensor_parallel_size") or 1)
+    return tp * int(params.get("pipeline_parallel_size") or 1)

@@ -17,8 +17,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autotune.core.config import gpus_per_replica
 from autotune.tune.progress import clock
-from autotune.tune.study import TrialRecord, gpus_per_replica
+from autotune.tune.study import TrialRecord
 
 STARTUP_FAILURES = ("invalid_config", "kv_cache_oom", "startup_oom", "startup_timeout")
 
@@ -121,11 +122,11 @@ def sizing(
     if rate <= 0 or target_rate <= 0:
         return None
     replicas = math.ceil(target_rate / rate)
-    tp = int(best.config.get("tensor_parallel_size", 1) or 1)
+    gpus = gpus_per_replica(best.config)
     usd = None
     completed = best.metrics.get("completed") or 0
     out_tokens = best.metrics.get("total_output_tokens") or 0
     if gpu_price and completed and out_tokens:
         tokens_per_hour = target_rate * (out_tokens / completed) * 3600
-        usd = gpu_price * replicas * tp / (tokens_per_hour / 1e6)
-    return Sizing(target_rate, rate, replicas, replicas * tp, known, usd, simulated)
+        usd = gpu_price * replicas * gpus / (tokens_per_hour / 1e6)
+    return Sizing(target_rate, rate, replicas, replicas * gpus, known, usd, simulated)

@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.core.config import gpus_per_replica
 from autotune.tune.progress import clock
-from autotune.tune.study import config_attr, gpus_per_replica
+from autotune.tune.study import config_attr
 
 SAMPLE = 8  # configs simulated besides the baseline (about 2 CPU-seconds each for an 8B chat trial)
 SAMPLE_TRIES = 10  # suggestions per sampled config at most (the rest being rejected before launch)

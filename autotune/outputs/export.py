@@ -18,10 +18,10 @@ from typing import Any
 import yaml
 
 from autotune.core.atomic import atomic_write_text
-from autotune.core.config import DEFAULT_IMAGE, VLLM_IMAGE, VLLM_RELEASE, EngineConfig
+from autotune.core.config import DEFAULT_IMAGE, VLLM_IMAGE, VLLM_RELEASE, EngineConfig, gpus_per_replica
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import read_json
-from autotune.tune.study import config_attr, gpus_per_replica
+from autotune.tune.study import config_attr
 
 FORMATS = ("flags", "cmd", "docker", "yaml", "k8s", "helm")
 IMAGE = VLLM_IMAGE

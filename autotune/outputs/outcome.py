@@ -6,13 +6,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.core.config import gpus_per_replica
 from autotune.measure.capacity_report import KEEPING_UP
 from autotune.measure.evidence import UNSURE
 from autotune.outputs.cost import CostView, Sizing, cost_view, sizing
 from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, pareto_front
 from autotune.tune.objectives import PER_GPU
 from autotune.tune.recommendation import Recommendation, decide, resolution_of, runs_of
-from autotune.tune.study import TrialRecord, gpus_per_replica
+from autotune.tune.study import TrialRecord
 
 # Said wherever a simulated run's results go (report, summary, best.json, exports, dashboard note).
 SIMULATED_NOTE = (

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.atomic import atomic_write_text
+from autotune.core.config import gpus_per_replica
 from autotune.outputs.export import render, serve_flags
 from autotune.outputs.guide_view import read_guide
 from autotune.outputs.outcome import SIMULATED_NOTE, Outcome, capacity_text, fmt_number, limited_by
@@ -22,7 +23,7 @@ from autotune.outputs.plots import plot_pairs, plot_probes
 from autotune.outputs.report_html import write_html
 from autotune.tune.front import defaults_label
 from autotune.tune.progress import short_params
-from autotune.tune.study import TrialRecord, gpus_per_replica
+from autotune.tune.study import TrialRecord
 
 SUMMARY_METRICS = ("request_throughput", "p99_tpot_ms", "p99_e2el_ms", "num_preemptions", "capacity_rate")
 

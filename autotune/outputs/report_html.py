@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.atomic import atomic_write_text
+from autotune.core.config import gpus_per_replica
 from autotune.outputs.export import render
 from autotune.outputs.guide_view import guide_html
 from autotune.outputs.outcome import Outcome, capacity_text, fmt_number, limited_by
 from autotune.tune.front import defaults_label
 from autotune.tune.objectives import metric_label
 from autotune.tune.progress import short_params
-from autotune.tune.study import TrialRecord, gpus_per_replica
+from autotune.tune.study import TrialRecord
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222}

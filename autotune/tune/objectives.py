@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.core.config import gpus_per_replica
 from autotune.core.errors import AutotuneError, FailureKind
 from autotune.core.inputs import read_yaml
 from autotune.measure.metrics import LATENCY_METRICS, PERCENTILES
@@ -69,7 +70,7 @@ class Objective:
             return 0.0 if self.maximize else FAILED_LATENCY_MS
         if self.metric.endswith(PER_GPU):
             base = result.benchmark.get(self.metric.removesuffix(PER_GPU)) or 0.0
-            return float(base) / max(1, result.config.tensor_parallel_size)
+            return float(base) / gpus_per_replica(result.config.params())
         value = result.benchmark.get(self.metric)
         return float(value) if value is not None else (0.0 if self.maximize else FAILED_LATENCY_MS)
 

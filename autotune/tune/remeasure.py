@@ -22,11 +22,12 @@ from pathlib import Path
 
 import optuna
 
+from autotune.core.config import gpus_per_replica
 from autotune.dispatch.executor import Executor
 from autotune.tune.front import baseline, contenders, recommend
 from autotune.tune.objectives import ObjectiveSet
 from autotune.tune.recommendation import resolution_of
-from autotune.tune.study import TrialRecord, gpus_per_replica, held_gpu_seconds, records
+from autotune.tune.study import TrialRecord, held_gpu_seconds, records
 
 TOP_CANDIDATES = 3
 ATTR = "remeasured"

@@ -20,7 +20,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.core.config import EngineConfig
+from autotune.core.config import EngineConfig, gpus_per_replica
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.load_report import LoadReport
 from autotune.measure.placement import Placement
@@ -121,12 +121,6 @@ def fail_stale_trials(study: optuna.Study, held_gpu_s: Mapping[int, float] | Non
 def config_attr(config: EngineConfig) -> dict[str, Any]:
     """The flags of a config as a JSON-able dict (model first), stored on each trial."""
     return {"model": config.model, **config.params()}
-
-
-def gpus_per_replica(config: Mapping[str, Any]) -> int:
-    """The GPUs one replica of a config takes: its tensor- times pipeline-parallel size."""
-    tp = int(config.get("tensor_parallel_size") or 1)
-    return tp * int(config.get("pipeline_parallel_size") or 1)
 
 
 def held_gpu_seconds(since: float, config: Mapping[str, Any]) -> float:

@@ -14,11 +14,12 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from autotune.core.config import gpus_per_replica
 from autotune.core.errors import AutotuneError
 from autotune.core.secrets import masked
 from autotune.store.lease import Driver, claim, current_driver, fail_stale, refuse_live_driver
 from autotune.store.storage import check_sqlite_file, connect_storage
-from autotune.tune.study import LAUNCHED_AT_ATTR, SETTINGS_ATTR, StudySettings, gpus_per_replica, has_baseline
+from autotune.tune.study import LAUNCHED_AT_ATTR, SETTINGS_ATTR, StudySettings, has_baseline
 
 
 def sqlite_url(run_dir: Path) -> str:
