@@ -176,6 +176,7 @@ def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> No
         [*cmd[:-1], str(target), "--resume"], capture_output=True, text=True, env=env, timeout=180
     )
     assert resume.returncode == 0, resume.stderr
+    assert f"{target} trial(s), {done} measured before this resume)" in resume.stderr  # not the FAIL one
     assert _completed(db, "intr") == (target, 0)
     study = optuna.load_study(study_name="intr", storage=f"sqlite:///{db}")
     assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1

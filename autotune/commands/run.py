@@ -278,11 +278,15 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
 
 
 def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> None:
+    from autotune.tune.study import records
+
     slos = ", ".join(str(slo) for slo in s.slos) or "none"
-    resumed = f", resuming at {len(study.trials)} trials" if args.resume and study.trials else ""
+    # --n-trials counts measured configs: not the rejected, screened, interrupted or duplicate trials
+    counted = [r for r in records(study) if r.state == "COMPLETE" and r.launched and r.duplicate_of is None]
+    resumed = f", {len(counted)} measured before this resume" if args.resume and study.trials else ""
     print(
         f"autotune: study {s.study_name} ({args.backend}: {s.space.model} on {s.space.gpu}, workload "
-        f"{s.workload.name} at {_load_text(s)}, SLO {slos}; {where}; {args.n_trials} trials{resumed})",
+        f"{s.workload.name} at {_load_text(s)}, SLO {slos}; {where}; {args.n_trials} trial(s){resumed})",
         file=sys.stderr,
     )
 
