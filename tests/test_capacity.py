@@ -195,6 +195,9 @@ def test_a_server_that_dies_mid_search_ends_it_without_a_relaunch(tmp_path: Path
     assert launches.read_text().splitlines() == ["launch"]
     assert len(result.capacity.probes) == 1
     assert result.failure is FailureKind.CRASHED and "server exited with code 1" in result.message
+    # The probe's warm-up alone is ~20 s: the load ended when a warm-up request found the server gone,
+    # not once measuring began (it took 22 s so), and the trial's GPU time says so.
+    assert result.benchmark_s < 10
 
 
 @pytest.mark.parametrize(

@@ -163,8 +163,8 @@ def _judge(
 class ServerWatch:
     """The load's guard: the SLO guard's verdict, and a server process that exited ends the load at once
     (its remaining requests would only be refused, one arrival at a time). The process is asked only once
-    a measured request failed: asking a container's state is a Docker API call, kept off a healthy load's
-    event loop."""
+    a request (warm-up or measured) failed: asking a container's state is a Docker API call, kept off a
+    healthy load's event loop."""
 
     def __init__(self, handle: ServerHandle, slos: SloGuard | None) -> None:
         self.handle = handle
@@ -177,6 +177,11 @@ class ServerWatch:
         self._failed |= not record.success
         if self.slos is not None:
             self.slos.add(record)
+
+    def warmup(self, record: RequestRecord) -> None:
+        """A warm-up request finished: a failed one may mean the server is gone, too (a warm-up can be
+        long: a server dead at its start would otherwise be found only once measuring begins)."""
+        self._failed |= not record.success
 
     def check(self, in_flight: Iterable[InFlight] = (), now: float = 0.0) -> str | None:
         """Why the load must stop now, or None."""

@@ -103,6 +103,9 @@ class LoadGuard(Protocol):
     def add(self, record: RequestRecord) -> None:
         """A measured request finished."""
 
+    def warmup(self, record: RequestRecord) -> None:
+        """A warm-up request finished (it counts toward no SLO)."""
+
     def check(self, in_flight: Iterable[InFlight] = (), now: float = 0.0) -> str | None:
         """Why the load must stop now, or None."""
 
@@ -132,6 +135,9 @@ class SloGuard:
     def for_requests(cls, slos: Sequence[Slo], output_lens: Sequence[int]) -> SloGuard:
         """A guard for a run of requests with these (exact) output lengths."""
         return cls(slos, len(output_lens), expected_output_lens=output_lens)
+
+    def warmup(self, record: RequestRecord) -> None:
+        """Warm-up requests count toward no SLO."""
 
     def add(self, record: RequestRecord) -> None:
         """Account for one finished request (successful or not)."""

@@ -89,7 +89,7 @@ class _Run:
     timeout_s: float
     t0: float
     guard: LoadGuard | None
-    measure_from: float = 0.0  # requests sent earlier are a warm-up: the guard ignores them
+    measure_from: float = 0.0  # requests sent earlier are a warm-up: the guard counts them toward no SLO
     records: list[RequestRecord] = field(default_factory=list)
     request_ids: list[int] = field(default_factory=list)
     in_flight: dict[int, _Stream] = field(default_factory=dict)
@@ -100,9 +100,13 @@ class _Run:
     def finish(self, request_id: int, record: RequestRecord) -> None:
         self.records.append(record)
         self.request_ids.append(request_id)
-        if self.guard is not None and self.aborted is None and record.start_time >= self.measure_from:
+        if self.guard is None or self.aborted is not None:
+            return
+        if record.start_time >= self.measure_from:
             self.guard.add(record)
-            self.check()
+        else:
+            self.guard.warmup(record)
+        self.check()
 
     def check(self) -> None:
         if self.guard is None or self.aborted is not None:
@@ -291,8 +295,9 @@ async def run_load(
     `endpoint` is "/v1/completions" or "/v1/chat/completions"; `vocab_size` bounds the token ids of
     token-id prompts; a different `salt` per run keeps a server's prefix cache from serving one run's
     prompts to the next. Requests are replayed in `arrival_time` order. Never raises for a failed
-    request: its record has success=False and the error text. The `guard` sees only the requests sent
-    from `measure_from` (s) on: earlier ones are a warm-up that no statistic includes.
+    request: its record has success=False and the error text. The `guard` counts only the requests
+    sent from `measure_from` (s) on (`add`): earlier ones are a warm-up that no statistic includes
+    (`warmup`: a failed one can still tell that the server is gone).
     """
     ordered = sorted(requests, key=lambda r: r.arrival_time)
     chat = endpoint.rstrip("/").endswith("chat/completions")
