@@ -22,7 +22,6 @@ from typing import Any
 
 from autotune.core.config import gpus_per_replica
 from autotune.tune.progress import clock
-from autotune.tune.study import config_attr
 
 SAMPLE = 8  # configs simulated besides the baseline (about 2 CPU-seconds each for an 8B chat trial)
 SAMPLE_TRIES = 10  # suggestions per sampled config at most (the rest being rejected before launch)
@@ -102,7 +101,7 @@ def estimate_run(
 
     def cost(config: Any) -> float:
         result = evaluate_trial(sim, config, workload, slos, seed, (), None)
-        return result.gpu_seconds * gpus_per_replica(config_attr(config))
+        return result.gpu_seconds * gpus_per_replica(config.params())
 
     gpu = _gpu(space.gpu)
     if gpu is None:

@@ -21,7 +21,6 @@ from autotune.core.atomic import atomic_write_text
 from autotune.core.config import DEFAULT_IMAGE, VLLM_IMAGE, VLLM_RELEASE, EngineConfig, gpus_per_replica
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import read_json
-from autotune.tune.study import config_attr
 
 FORMATS = ("flags", "cmd", "docker", "yaml", "k8s", "helm")
 IMAGE = VLLM_IMAGE
@@ -191,7 +190,7 @@ def _container_model(config: EngineConfig) -> tuple[list[str], Path | None]:
 
 def docker_command(config: EngineConfig, image: str = DEFAULT_IMAGE) -> list[str]:
     """`docker run` of vLLM's OpenAI image with this config (HF_TOKEN passed through by name)."""
-    gpus = gpus_per_replica(config_attr(config))
+    gpus = gpus_per_replica(config.params())
     model_args, local = _container_model(config)
     mount = ["-v", f"{local}:{MODEL_MOUNT}/{local.name}:ro"] if local is not None else []
     return [
@@ -245,7 +244,7 @@ def k8s_pod_spec(config: EngineConfig, options: ExportOptions = ExportOptions())
         "args": [*model_args, *serve_flags(config)],
         "env": [{"name": "HF_TOKEN", "valueFrom": secret}],
         "ports": [{"containerPort": PORT, "name": "http"}],
-        "resources": {"limits": {"nvidia.com/gpu": gpus_per_replica(config_attr(config))}},
+        "resources": {"limits": {"nvidia.com/gpu": gpus_per_replica(config.params())}},
         "readinessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 10},
         "volumeMounts": mounts,
     }
@@ -285,7 +284,7 @@ def helm_values(config: EngineConfig, options: ExportOptions = ExportOptions()) 
     if local is not None:
         extra += model_args[2:]  # --served-model-name
     vllm_config["extraArgs"] = extra
-    gpus = gpus_per_replica(config_attr(config))
+    gpus = gpus_per_replica(config.params())
     spec: dict[str, Any] = {
         "name": re.sub(r"[^a-z0-9-]+", "-", config.model.rstrip("/").split("/")[-1].lower()).strip("-")[:40]
         or "model",

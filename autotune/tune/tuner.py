@@ -380,11 +380,12 @@ class Tuner:
 
     def _held_gpu_seconds(self) -> dict[int, float]:
         """With a server per trial (real time), the GPU time each running trial has held so far: spent,
-        though nothing was measured (the budget counts it). None for in-process simulated trials."""
+        though nothing was measured (the budget counts it). Empty for in-process simulated trials: their
+        GPU time is simulated, not held."""
         if not self.options.real_time:
             return {}
         return {
-            n: held_gpu_seconds(self._submitted[n], config_attr(p.config))
+            n: held_gpu_seconds(self._submitted[n], p.config.params())
             for n, p in self._running.items()
             if n in self._submitted
         }
