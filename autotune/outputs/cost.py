@@ -37,7 +37,7 @@ class CostView:
     gpus: int = 0  # the GPUs the run was given (--gpus; 0: not given)
     gpu: str = ""  # their type
     repeats_h: float = 0.0  # of spent_h: re-measuring the top configs and the baseline
-    widest: int = 1  # the most GPUs one trial took (study.gpus_per_replica)
+    widest: int = 1  # the most GPUs one trial took (core.config.gpus_per_replica)
 
     def text(self) -> str:
         """One sentence for the run summary and the report."""
