@@ -334,7 +334,9 @@ def test_calibrate_over_http_recovers_a_perturbed_server(tmp_path: Path) -> None
     assert "calibrate: [9/9]" in done.stderr  # progress lines
     assert len(load_points(tmp_path / "fitted-points.yaml")) == 10  # saved to refit with --points
     fitted = load_calibration(out)
-    rows = recovery.held_out(setup, truth_file, fitted, configs=["budget4096-seqs64"], n_burst=80, n_half=60)
+    rows = recovery.held_out(
+        setup, truth_file, fitted, configs=["budget4096-seqs64"], n_burst=80, n_half=60, tolerance=0.05
+    )
     table = "\n".join(f"{r.metric}: measured {r.measured:.1f} before {r.error('before'):+.1%} "
                       f"after {r.error('after'):+.1%} truth {r.truth / r.measured - 1:+.1%}"
                       for r in rows)  # fmt: skip

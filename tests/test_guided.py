@@ -39,8 +39,17 @@ def _folder(path: Path) -> Path:
 
 
 @pytest.fixture
-def folder(tmp_path: Path) -> Path:
+def bare(tmp_path: Path) -> Path:
+    """A folder with the space and the reality, and no runs yet."""
     return _folder(tmp_path)
+
+
+@pytest.fixture
+def folder(bare: Path, unbudgeted: tuple[Path, str]) -> Path:
+    """A folder whose runs directory holds the guide tables the unbudgeted run predicted (its cache:
+    tune/guide.py), as a user's next run in that directory has them: that run tests predicting them."""
+    shutil.copytree(unbudgeted[0] / "runs" / "guide", bare / "runs" / "guide")
+    return bare
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +61,10 @@ def unbudgeted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 @pytest.fixture(scope="module")
-def two_trials(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def two_trials(tmp_path_factory: pytest.TempPathFactory, unbudgeted: tuple[Path, str]) -> Path:
     """A guided run stopped at two trials, for the tests that resume it (each on a copy)."""
     folder = _folder(tmp_path_factory.mktemp("two-trials"))
+    shutil.copytree(unbudgeted[0] / "runs" / "guide", folder / "runs" / "guide")
     guided_run(folder, "--n-trials", "2")
     return folder
 
@@ -244,14 +254,14 @@ def test_resume_rebuilds_the_guide_from_the_study_and_measures_nothing_twice(
     ],
 )
 def test_bad_guide_inputs_give_one_line_exit_2_and_write_nothing(
-    folder: Path, extra: list[str], message: str
+    bare: Path, extra: list[str], message: str
 ) -> None:
-    (folder / "broken.yaml").write_text("gemm_eff: [1\n")
+    (bare / "broken.yaml").write_text("gemm_eff: [1\n")
     args = ["run", "--space", "space.yaml", "--guide", "sim", *extra]
-    out = autotune(folder, *args, check=False)
+    out = autotune(bare, *args, check=False)
     assert out.returncode == 2
     assert message in out.stderr
-    assert not (folder / "runs").exists()
+    assert not (bare / "runs").exists()
 
 
 def test_the_first_pick_is_the_best_of_the_guides_top_searched_in_full(folder: Path) -> None:
@@ -273,11 +283,11 @@ def test_the_first_pick_is_the_best_of_the_guides_top_searched_in_full(folder: P
     assert len(searched) >= 3  # the full search reports no knee: the fast estimate's configs do
 
 
-def test_the_default_simulated_run_is_not_guided(folder: Path) -> None:
+def test_the_default_simulated_run_is_not_guided(bare: Path) -> None:
     args = ["run", "--space", "space.yaml", "--n-trials", "2", "--study", "g", "--repeats", "0"]
-    out = autotune(folder, *args)
+    out = autotune(bare, *args)
     assert "guide:" not in out.stderr
-    assert not (folder / "runs/g/guide.json").exists()
+    assert not (bare / "runs/g/guide.json").exists()
 
 
 def test_the_guide_is_on_by_default_on_real_backends_and_off_on_the_simulated_one() -> None:

@@ -83,6 +83,7 @@ def test_sim_server_as_serve_command_needs_no_gpu(tmp_path: Path) -> None:
     workload.write_text("name: tiny\nnum_requests: 16\nrequest_rate: inf\nprompt_len: 64\noutput_len: 16\n")
     cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--workload", str(workload)]
     cmd += ["--backend", "vllm", "--serve-cmd", SIM_SERVER, "--gpus", "1,3", "--n-trials", "3"]
+    cmd += ["--repeats", "0"]  # re-measuring on a real backend: tests/test_estimate.py
     cmd += ["--slo", "ttft_p99=10s", "--runs-dir", str(tmp_path), "--study", "virt", "--quiet"]
     env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
