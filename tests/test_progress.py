@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
+
 from autotune.trial.live import read_probe, write_probe
 from autotune.tune.progress import Progress, ProgressState, clock, render, render_lines
 
@@ -33,7 +35,8 @@ def test_every_running_trial_gets_a_line_with_its_time_and_probe() -> None:
     assert clock(7384) == "2h03m"
 
 
-def test_the_tty_display_redraws_all_its_lines_in_place() -> None:
+def test_the_tty_display_redraws_all_its_lines_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "121")  # the display fits the terminal's width: one known here
     stream = io.StringIO()
     progress = Progress(stream, tty=True)
     progress.show(state())
