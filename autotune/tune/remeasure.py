@@ -32,6 +32,9 @@ from autotune.tune.study import TrialRecord, held_gpu_seconds, records
 TOP_CANDIDATES = 3
 ATTR = "remeasured"
 GPU_ATTR = "remeasured_gpu_seconds"  # what the repeats cost, all of their GPUs (the run's GPU time spent)
+# Repeats on a real backend still running: job number -> [launch, time.time(); GPUs]. A driver killed
+# outright (SIGKILL) charges nothing itself; the next one charges these (charge_dead_repeats).
+IN_FLIGHT_ATTR = "remeasuring"
 POLL_S = 0.5
 
 
@@ -158,6 +161,7 @@ def remeasure(
     budget = RepeatBudget.of(todo, budget_s)
     running: dict[int, Repeat] = {}
     started: dict[int, float] = {}  # job number -> when it was submitted
+    in_flight: dict[str, list[float]] = {}  # IN_FLIGHT_ATTR, on a real backend
     ran = 0
     while todo or running:
         if interrupted():
@@ -183,6 +187,10 @@ def remeasure(
             executor.submit(repeat.job_number, repeat.trial.engine_config(), seed + repeat.index, trial_dir)
             running[repeat.job_number] = repeat
             started[repeat.job_number] = time.monotonic()
+            if real_time:
+                gpus = gpus_per_replica(repeat.trial.config)
+                in_flight[str(repeat.job_number)] = [round(time.time(), 3), gpus]
+                study.set_user_attr(IN_FLIGHT_ATTR, in_flight)
         for number, result in executor.wait(POLL_S):
             repeat = running.pop(number)
             value = objectives.objectives[0].value(result)
@@ -190,6 +198,8 @@ def remeasure(
             study.set_user_attr(ATTR, done)
             gpu_s = result.gpu_seconds * gpus_per_replica(repeat.trial.config)
             study.set_user_attr(GPU_ATTR, repeats_gpu_seconds(study) + gpu_s)
+            if in_flight.pop(str(number), None) is not None:
+                study.set_user_attr(IN_FLIGHT_ATTR, in_flight)
             budget.charge(gpu_s)
             ran += 1
     return ran
@@ -199,3 +209,15 @@ def _charge_held(study: optuna.Study, running: dict[int, Repeat], started: dict[
     """The repeats an interrupt cut short held their GPUs until now: that time was spent."""
     held = sum(held_gpu_seconds(started[n], r.trial.config) for n, r in running.items())
     study.set_user_attr(GPU_ATTR, repeats_gpu_seconds(study) + held)
+    study.set_user_attr(IN_FLIGHT_ATTR, {})
+
+
+def charge_dead_repeats(study: optuna.Study, died: float) -> None:
+    """The repeats a dead driver left in flight held their GPUs from launch until it died (`died`: its
+    last lease renewal, time.time(); 0: unknown, nothing is charged): the repeats' spend counts that."""
+    in_flight = study.user_attrs.get(IN_FLIGHT_ATTR)
+    if not in_flight:
+        return
+    held = sum(max(0.0, died - launched) * gpus for launched, gpus in in_flight.values()) if died else 0.0
+    study.set_user_attr(GPU_ATTR, repeats_gpu_seconds(study) + held)
+    study.set_user_attr(IN_FLIGHT_ATTR, {})

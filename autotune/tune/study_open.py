@@ -19,6 +19,7 @@ from autotune.core.errors import AutotuneError
 from autotune.core.secrets import masked
 from autotune.store.lease import Driver, claim, current_driver, fail_stale, refuse_live_driver
 from autotune.store.storage import check_sqlite_file, connect_storage
+from autotune.tune.remeasure import charge_dead_repeats
 from autotune.tune.study import LAUNCHED_AT_ATTR, SETTINGS_ATTR, StudySettings, has_baseline
 
 
@@ -89,8 +90,10 @@ def open_study(
 def charge_dead_driver(study: optuna.Study, previous: Driver | None) -> None:
     """The trials a dead driver left RUNNING on a real backend held their GPUs from launch until it
     died: their `gpu_seconds` counts that time up to its last lease renewal (a lower bound; its servers
-    die with it), so the budget and the spend on resume count it. Nothing when that is unknown."""
+    die with it), so the budget and the spend on resume count it; its repeats in flight alike
+    (remeasure.charge_dead_repeats). Nothing when that is unknown."""
     died = previous.renewed if previous is not None else 0.0
+    charge_dead_repeats(study, died)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         launched = trial.user_attrs.get(LAUNCHED_AT_ATTR)
         if died and launched is not None and "config" in trial.user_attrs:
