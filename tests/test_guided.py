@@ -44,12 +44,17 @@ def bare(tmp_path: Path) -> Path:
     return _folder(tmp_path)
 
 
+def _with_tables(folder: Path, unbudgeted: tuple[Path, str]) -> Path:
+    """`folder` with the guide tables the unbudgeted run predicted in its runs directory (their cache:
+    tune/guide.py), as a user's next run in that directory has them: that run tests predicting them."""
+    shutil.copytree(unbudgeted[0] / "runs" / "guide", folder / "runs" / "guide")
+    return folder
+
+
 @pytest.fixture
 def folder(bare: Path, unbudgeted: tuple[Path, str]) -> Path:
-    """A folder whose runs directory holds the guide tables the unbudgeted run predicted (its cache:
-    tune/guide.py), as a user's next run in that directory has them: that run tests predicting them."""
-    shutil.copytree(unbudgeted[0] / "runs" / "guide", bare / "runs" / "guide")
-    return bare
+    """A folder with the space, the reality and the unbudgeted run's guide tables."""
+    return _with_tables(bare, unbudgeted)
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +68,7 @@ def unbudgeted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 @pytest.fixture(scope="module")
 def two_trials(tmp_path_factory: pytest.TempPathFactory, unbudgeted: tuple[Path, str]) -> Path:
     """A guided run stopped at two trials, for the tests that resume it (each on a copy)."""
-    folder = _folder(tmp_path_factory.mktemp("two-trials"))
-    shutil.copytree(unbudgeted[0] / "runs" / "guide", folder / "runs" / "guide")
+    folder = _with_tables(_folder(tmp_path_factory.mktemp("two-trials")), unbudgeted)
     guided_run(folder, "--n-trials", "2")
     return folder
 
