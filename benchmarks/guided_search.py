@@ -55,10 +55,12 @@ from guided_search_trials import NOISE, SEARCHING, TRUTH_TOP, Trials, TruthSpec 
 from autotune.catalog.gpus import get_gpu  # noqa: E402
 from autotune.commands.run_options import DEFAULT_REPEATS  # noqa: E402
 from autotune.tune.guide import code_digest, predict_points, predict_space  # noqa: E402
+from autotune.tune.guide_check import replay_bursts  # noqa: E402
 from autotune.tune.guide_refine import refine_table  # noqa: E402
 from autotune.tune.guide_refit import Refit  # noqa: E402
 from autotune.tune.guided import GuidedOptions, GuidedSearch  # noqa: E402
 from autotune.tune.objectives import Objective  # noqa: E402
+from autotune.tune.result_attrs import INFO_ATTR  # noqa: E402
 from autotune.tune.samplers import make_sampler  # noqa: E402
 from autotune.tune.space import violations  # noqa: E402
 from autotune.tune.study import config_key  # noqa: E402
@@ -75,7 +77,8 @@ DEFAULTS_FIRST = "guided-defaults-first"
 NEAR_DEFAULTS = "guided-near-defaults"
 UNREFINED = "guided-unrefined"
 RESOLUTION_TIES = "guided-ties"
-ABLATION = ("guided-bias", "guided-flags", "guided-residual", DEFAULTS_FIRST, "guided-fixed-noise")
+UNCHECKED = "guided-unchecked"  # the stop never trusts the guide's predictions (GuidedOptions.check_bursts)
+ABLATION = ("guided-bias", "guided-flags", "guided-residual", DEFAULTS_FIRST, "guided-fixed-noise", UNCHECKED)
 BRACKET = "guided-bracket"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -159,6 +162,7 @@ def build_world(case: Case, reality: Reality, processes: int) -> World:
         OBJECTIVE,
         guide_table.tensor_parallel_size,
         scale_of=guide_table.scale_of,
+        replay=lambda c, params, bursts: replay_bursts(space.gpu, space.config(params), workload, bursts, c),
     )
     slug = "".join(c if c.isalnum() else "-" for c in reality.name)
     # keyed by the code a search runs (SEARCHING): a changed model or search measures anew
@@ -224,6 +228,7 @@ def _guided(world: World, trace: Trace, budget_h: float, name: str) -> Trace:
         bracket=name == BRACKET,
         prefer_defaults=name == NEAR_DEFAULTS,
         resolution_ties=name == RESOLUTION_TIES,
+        check_bursts=name != UNCHECKED,
     )
     guide.options = options
     # one refit (its point predictions shared), on the scale of the table it refits
@@ -246,8 +251,10 @@ def _guided(world: World, trace: Trace, budget_h: float, name: str) -> Trace:
             study.tell(trial, 0.0)
             continue
         value, cost = trace.add(world, key, guide.hint_rate(trial))
+        bursts = world.trials.measure(key, world.grid_keys[key], trace.seed, guide.hint_rate(trial)).bursts
         for attr_name, attr in (("config_key", key), ("feasible", value > 0), ("gpu_seconds", cost * 3600)):
             trial.set_user_attr(attr_name, attr)
+        trial.set_user_attr(INFO_ATTR, {"saturation_bursts": bursts})  # as a run stores them
         study.tell(trial, value)
     return trace
 

@@ -14,7 +14,7 @@ import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +51,13 @@ class TruthSpec:
 @dataclass(frozen=True)
 class Measured:
     """One capacity search: the objective's value (0: failed or met no rate), its GPU seconds (x TP),
-    its capacity rate (req/s) and how many probes it ran."""
+    its capacity rate (req/s), how many probes it ran and its saturation bursts."""
 
     value: float
     gpu_s: float
     rate: float = 0.0
     probes: int = 0
+    bursts: list[dict[str, Any]] = field(default_factory=list)  # its saturation bursts, as a study has them
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ def run_job(job: Job) -> Measured:
     cap = result.capacity
     value = job.objective.value(result) if ok else 0.0
     rate = cap.rate if cap is not None else 0.0
-    return Measured(value, result.gpu_seconds * tp, rate, len(cap.probes) if cap is not None else 0)
+    bursts = [dataclasses.asdict(b) for b in cap.bursts] if cap is not None else []
+    return Measured(value, result.gpu_seconds * tp, rate, len(cap.probes) if cap is not None else 0, bursts)
 
 
 class Trials:

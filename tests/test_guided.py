@@ -287,6 +287,22 @@ def test_the_first_pick_is_the_best_of_the_guides_top_searched_in_full(folder: P
     assert len(searched) >= 3  # the full search reports no knee: the fast estimate's configs do
 
 
+def test_on_a_gpu_the_guide_describes_the_run_ends_after_its_pick_and_the_defaults(folder: Path) -> None:
+    """Where every trial's saturation bursts replay on the guide's model (tune/guide_check.py: the reality
+    is the guide's calibration, with 2 % session noise), the guide's own predictions bound the untried
+    configs and the run stops at two trials. On the slower reality the bursts miss: the residual
+    model's bound stays, and the run measures more."""
+    args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=2s", "--guide", "sim", "--parallel", "1"]
+    args += ["--noise", "0.02", "--repeats", "0", "--guide-top", "3", "--n-trials", "6"]
+    autotune(folder, *args, "--study", "same")
+    guide = json.loads((folder / "runs/same/guide.json").read_text())
+    assert [r["by"] for r in guide["trials"]] == ["best predicted", "vLLM's defaults"]
+    assert "fitting every trial's bursts" in guide["stop_reason"]
+    autotune(folder, *args, "--study", "slower", "--sim-calibration", "reality.yaml")
+    guide = json.loads((folder / "runs/slower/guide.json").read_text())
+    assert len(guide["trials"]) > 2 and "bursts" not in guide["stop_reason"]
+
+
 def test_the_default_simulated_run_is_not_guided(bare: Path) -> None:
     args = ["run", "--space", "space.yaml", "--n-trials", "2", "--study", "g", "--repeats", "0"]
     out = autotune(bare, *args)

@@ -32,6 +32,16 @@ class ProbeSummary:
 
 
 @dataclass(frozen=True)
+class BurstSummary:
+    """A saturation burst as the guide can replay it (tune/guide_check.py): its size and seed (the same
+    requests, from the workload spec) and what it measured (vllm bench serve keys)."""
+
+    requests: int
+    seed: int
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
 class CapacityReport:
     """A capacity search's outcome. The trial's metrics are the window at `rate`, with throughputs set
     to the sustained ones at that rate; the window's own throughputs are kept in `measured_*`."""
@@ -52,3 +62,4 @@ class CapacityReport:
     # what keeps it from being higher: the rate above it fell short of these (KEEPING_UP, SLOs), or
     # KEEPING_UP when above it lies only the saturation throughput; None: not known (an old study)
     limited_by: tuple[str, ...] | None = None
+    bursts: tuple[BurstSummary, ...] = ()  # the saturation bursts that opened the search, in order

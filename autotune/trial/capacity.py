@@ -29,7 +29,7 @@ from autotune.measure.slo import Slo
 from autotune.measure.steady_state import MIN_WARMUP_S, MIN_WINDOW_S, Window, plan_window, relaxation_s
 from autotune.trial.live import write_probe
 from autotune.trial.probe import MIN_SERVED, Probe, judge_probes
-from autotune.trial.saturation import saturation_runs
+from autotune.trial.saturation import burst_summaries, saturation_runs
 from autotune.workloads.spec import WorkloadSpec
 
 MAX_PROBES = 8  # rate probes after the saturation run
@@ -162,7 +162,10 @@ def _search(
         stopped_by = f"{last.failure}: {last.message}"
     window_s = (round(window.start, 2), round(window.length, 2))
     assert annotated.capacity is not None
-    annotated.capacity = dataclasses.replace(annotated.capacity, stopped_by=stopped_by, window_s=window_s)
+    bursts = burst_summaries(sat_runs, seed)
+    annotated.capacity = dataclasses.replace(
+        annotated.capacity, stopped_by=stopped_by, window_s=window_s, bursts=bursts
+    )
     return annotated
 
 

@@ -5,9 +5,11 @@ rates worth probing and its decode time sets the config's request lifetime (tria
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from autotune.backends.base import Session
 from autotune.core.config import EngineConfig
+from autotune.measure.capacity_report import BurstSummary
 from autotune.measure.result import TrialResult
 from autotune.measure.server_report import EngineFacts, ServerReport
 from autotune.workloads.spec import WorkloadSpec
@@ -16,6 +18,10 @@ SATURATION_BATCHES = 4  # the saturation run sends this many times the batch the
 MAX_SATURATION_REQUESTS = 4096
 SIZING_REQUESTS = 256  # the first burst: it saturates a batch that KV memory limits, and sizes the next
 DEFAULT_MAX_NUM_SEQS = 1024  # vLLM's largest per-GPU default, when the config leaves it unset
+# What a burst shows of the engine's speed, which the guide's replay of it is checked against
+# (tune/guide_check.py): the prefill queue (mean TTFT), the step at full batch (median ITL, mean TPOT)
+# and the throughput. Not the p99s: one window's tail is noise at this size.
+BURST_METRICS = ("mean_ttft_ms", "median_itl_ms", "mean_tpot_ms", "output_throughput")
 
 
 def saturation_runs(
@@ -37,6 +43,20 @@ def saturation_runs(
     if needed <= SIZING_REQUESTS:
         return [first]
     return [first, session.measure(workload.burst(needed), (), seed)]
+
+
+def burst_summaries(runs: Sequence[TrialResult], seed: int) -> tuple[BurstSummary, ...]:
+    """`saturation_runs`' runs as the guide can replay them: each one's size, seed and BURST_METRICS
+    (none when a run has no benchmark: it did not start or served nothing)."""
+    out = []
+    for run in runs:
+        bench = run.benchmark
+        if bench is None or not bench.completed:
+            return ()
+        figures = bench.to_dict()
+        metrics = {name: float(figures[name]) for name in BURST_METRICS if figures.get(name)}
+        out.append(BurstSummary(bench.completed + bench.failed, seed, metrics))
+    return tuple(out)
 
 
 def saturation_burst(seqs: int, batch: int | None = None) -> int:

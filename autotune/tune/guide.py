@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -98,6 +100,12 @@ class GuideTable:
     def scale_of(self, key: str) -> float:
         """The factor from a config's fast estimate to this table's prediction of it."""
         return self.searched_scales.get(key, self.estimate_scale)
+
+    def estimate_error(self) -> float | None:
+        """The fast estimate's error where it was measured: the sd of log(full search / fast estimate)
+        over the configs searched in full (None: fewer than two were)."""
+        logs = [math.log(r) for r in self.searched_scales.values()]
+        return statistics.pstdev(logs) if len(logs) >= 2 else None
 
     def ranking(self, objective: Objective | None = None) -> list[Prediction]:
         """Configs that meet the SLOs at some rate, best first by the objective's predicted value (by

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.measure.capacity_report import BurstSummary
+
 
 @dataclass(frozen=True)
 class Observation:
@@ -28,6 +30,7 @@ class Observation:
     chosen: dict[str, Any] = field(default_factory=dict)  # the prediction when it was chosen
     searched: bool = True  # it served load (False: it failed to start, and cost a startup only)
     interrupted: bool = False  # cut short (Ctrl-C): its GPU time was spent, nothing measured
+    bursts: tuple[BurstSummary, ...] = ()  # its capacity search's saturation bursts (tune/guide_check.py)
 
 
 @dataclass(frozen=True)

@@ -45,3 +45,21 @@ def grid_positions(
 ) -> list[float]:
     """Each tuned flag's place in its grid range (`grid_position`), in the space's order."""
     return [grid_position(grid.get(p.name, []), params.get(p.name), p.log) for p in space.params]
+
+
+def flag_weights(
+    space: SearchSpace, candidates: Sequence[Prediction], logs: Mapping[str, float], floor: float
+) -> dict[str, float]:
+    """How much each flag moves the guide's predictions: the spread of the mean log predicted value
+    (`logs`, by config key) over the flag's values, relative to the flag that moves it most, floored at
+    `floor`. A flag the guide finds inert (block_size on a chat workload) then barely separates two
+    configs: one measurement speaks for both. The floor leaves room for what the guide's model lacks."""
+    spread = {}
+    for param in space.params:
+        by_value: dict[Any, list[float]] = {}
+        for p in candidates:
+            by_value.setdefault(repr(p.params.get(param.name)), []).append(logs[p.key])
+        means = [sum(v) / len(v) for v in by_value.values()]
+        spread[param.name] = max(means) - min(means) if len(means) > 1 else 0.0
+    top = max(spread.values(), default=0.0)
+    return {name: max(floor, s / top) if top > 0 else 1.0 for name, s in spread.items()}

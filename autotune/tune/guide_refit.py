@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.measure.capacity_report import BurstSummary
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration, calibration_fields
 from autotune.tune.guide import GuideTable, Prediction
 from autotune.tune.guide_refine import scaled
@@ -32,6 +33,9 @@ CLIFF = 5.0  # a measured config predicted to meet no rate counts as this far of
 # A median error this small (log) is an exact fit, a rounding: the fast estimate's rates lie on a
 # ladder, so neighbouring factors can predict the same value and fit equally well.
 EXACT = 1e-3
+# A trial's saturation bursts replayed at a calibration: (calibration, the trial's params, its bursts) ->
+# each burst's figures (tune/guide_check.py replay_bursts)
+Replay = Callable[[Calibration, dict[str, Any], Sequence[BurstSummary]], list[dict[str, float]]]
 
 
 def scaled_calibration(calibration: Calibration, factor: float) -> Calibration:
@@ -51,7 +55,9 @@ class Refit:
 
     `predict_table(calibration)` predicts the whole space (cached on disk by the caller's predict_space);
     `predict_points(calibration, params)` a few configs, in their order. Point predictions are kept in
-    memory. `say` hears of each whole-space prediction (it takes a while on first use).
+    memory. `replay(calibration, params, bursts)`: a trial's saturation bursts replayed on the simulated
+    engine (tune/guide_check.py; None: the guide does not check its model against them). `say` hears of
+    each whole-space prediction (it takes a while on first use).
     `scale_of(key)`: the guide table's prediction of a config over its fast estimate
     (GuideTable.scale_of: a refined config's own full search, the median ratio for the others). Both
     callables give fast estimates; every prediction the refit uses or hands out is put on the table's
@@ -66,6 +72,7 @@ class Refit:
     base: Calibration = DEFAULT_CALIBRATION
     say: Callable[[str], None] | None = None
     scale_of: Callable[[str], float] = lambda key: 1.0
+    replay: Replay | None = None
     _points: dict[tuple[int, str], Prediction | None] = field(default_factory=dict, repr=False)
 
     def calibration(self, index: int) -> Calibration:

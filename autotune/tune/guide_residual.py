@@ -119,3 +119,11 @@ def _solve_upper(chol_t: np.ndarray, b: np.ndarray) -> np.ndarray:
     from scipy.linalg import solve_triangular
 
     return solve_triangular(chol_t, b, lower=False)
+
+
+def expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    """EI over `best` of a normal belief (log scale, higher is better)."""
+    from scipy.stats import norm
+
+    z = (mean - best) / sd
+    return (mean - best) * norm.cdf(z) + sd * norm.pdf(z)

@@ -16,7 +16,9 @@ long window), no longer stand before it (docs/guided-search.md). The run stops w
 - the next trial would pass `--gpu-hours` (tune/guide_budget.py: the dearest trial so far, scaled to its
   predicted rate; trials still running are charged the same), or
 - no untried config's 95 % upper bound beats the incumbent by more than the measurement's
-  resolution (the guide predicts nothing better is left), or
+  resolution (the guide predicts nothing better is left); the bound is the residual model's, or, once
+  the guide's model replays every measured trial's saturation bursts (tune/guide_check.py), the
+  guide's own estimate error for a config within the batches measured (none when searched in full), or
 - every config the guide predicts to meet the SLOs was measured.
 Trials live in the Optuna study (the chosen params are enqueued, with the prediction as a user attr),
 and the state is rebuilt from the study's finished trials at every step, so `--resume` needs nothing else.
@@ -34,12 +36,13 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from autotune.core.errors import STARTUP_FAILURES
 from autotune.tune.guide import GuideTable, Prediction
 from autotune.tune.guide_budget import Budget, Observation
-from autotune.tune.guide_features import grid_positions, operating_point, ranges
+from autotune.tune.guide_check import BurstCheck, Misfit
+from autotune.tune.guide_features import flag_weights, grid_positions, operating_point, ranges
+from autotune.tune.guide_observed import ATTR, observations
 from autotune.tune.guide_refit import Refit
-from autotune.tune.guide_residual import NOISE_FACTORS, SCALES, ResidualModel
+from autotune.tune.guide_residual import NOISE_FACTORS, SCALES, ResidualModel, expected_improvement
 from autotune.tune.objectives import Objective
 from autotune.tune.space import SearchSpace
 from autotune.tune.study import config_key, has_baseline
@@ -53,7 +56,6 @@ MIN_MEASURED = 2  # the guide's first pick and the defaults, at least, before th
 EXPLOIT_LEFT = 2
 BIAS_ONLY_SCALE = 1e-3  # the local part of a bias-only residual model
 MIN_WEIGHT = 0.25  # the least weight a flag's feature gets (feature_weights)
-ATTR = "guide"  # the trial user attr with the guide's prediction when the trial was chosen
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,9 @@ class GuidedOptions:
     # a pick by best prediction takes the first of the configs within the resolution of the best; off:
     # it helped the 70B case and cost the L4 (docs/guided-search.md, "The guide's top searched in full")
     resolution_ties: bool = False
+    # the stop trusts the guide's own predictions once its model replays every measured trial's saturation
+    # bursts (tune/guide_check.py); off: the residual model's prior bounds every untried config (ablation)
+    check_bursts: bool = True
 
 
 class GuidedSearch:
@@ -103,6 +108,7 @@ class GuidedSearch:
         self.baseline = dict(baseline) if baseline is not None else None
         self.index = 0  # the refitted speed factor's grid point (Refit)
         self.stop_reason: str | None = None
+        self.bursts = BurstCheck(refit)  # the measured trials' bursts replayed (tune/guide_check.py)
         self._base = (table, dict(extra or {}))  # the guide's own predictions (grid point 0)
         self.use_table(table, extra or {})
 
@@ -159,54 +165,13 @@ class GuidedSearch:
         return self._features[op]
 
     def feature_weights(self) -> dict[str, float]:
-        """How much each flag moves the guide's predictions: the spread of the mean log predicted value
-        over the flag's values, relative to the flag that moves it most, floored at MIN_WEIGHT. A flag
-        the guide finds inert (block_size on a chat workload) then barely separates two configs: one
-        measurement speaks for both. The floor leaves room for what the guide's model lacks."""
+        """How much each flag moves the guide's predictions (guide_features.flag_weights)."""
         logs = {p.key: math.log(self.raw(p)) for p in self.candidates}  # type: ignore[arg-type]
-        spread = {}
-        for param in self.space.params:
-            by_value: dict[Any, list[float]] = {}
-            for p in self.candidates:
-                by_value.setdefault(repr(p.params.get(param.name)), []).append(logs[p.key])
-            means = [sum(v) / len(v) for v in by_value.values()]
-            spread[param.name] = max(means) - min(means) if len(means) > 1 else 0.0
-        top = max(spread.values(), default=0.0)
-        return {name: max(MIN_WEIGHT, s / top) if top > 0 else 1.0 for name, s in spread.items()}
+        return flag_weights(self.space, self.candidates, logs, MIN_WEIGHT)
 
     def observations(self, study: optuna.Study) -> list[Observation]:
-        """The study's finished real trials (launched, not duplicates), oldest first; a trial cut short
-        with GPU time spent (tune/tuner.py) too, as `interrupted`: the budget counts it, nothing else."""
-        out = []
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-            attrs = t.user_attrs
-            if t.state == TrialState.FAIL:
-                if float(attrs.get("gpu_seconds", 0.0)) > 0:
-                    out.append(self._interrupted(t))
-                continue
-            if not attrs.get("launched", True) or "duplicate_of" in attrs or "config_key" not in attrs:
-                continue
-            key = attrs["config_key"]
-            measured = t.values[0] if attrs.get("feasible") and t.values else None
-            out.append(
-                Observation(
-                    t.number,
-                    key,
-                    dict(t.params),
-                    self.raw(self.prediction(key)),
-                    measured if measured is not None and measured > 0 else None,
-                    float(attrs.get("gpu_seconds", 0.0)),
-                    dict(attrs.get(ATTR) or {}),
-                    attrs.get("failure") not in STARTUP_FAILURES,
-                )
-            )
-        return out
-
-    def _interrupted(self, trial: optuna.trial.FrozenTrial) -> Observation:
-        key = config_key(self.space.config(trial.params))
-        gpu_s, chosen = float(trial.user_attrs["gpu_seconds"]), dict(trial.user_attrs.get(ATTR) or {})
-        predicted = self.raw(self.prediction(key))
-        return Observation(trial.number, key, dict(trial.params), predicted, None, gpu_s, chosen, False, True)
+        """The study's finished real trials as the guide sees them (tune/guide_observed.py)."""
+        return observations(study, self.space, lambda key: self.raw(self.prediction(key)))
 
     def model(self, observed: Sequence[Observation]) -> ResidualModel:
         """The residual GP conditioned on every trial with both a prediction and a measurement."""
@@ -293,18 +258,20 @@ class GuidedSearch:
         model = self.model(observed)
         mean, sd = self.corrected(model, free)
         best = self._best(observed, model)
-        bound = float(np.max(mean + self.options.z * sd))  # the best any untried config may be (95 %)
+        upper, worst = self._upper(observed, free, mean, sd)
+        bound = float(np.max(upper))  # the best any untried config may be (95 %)
         if best is not None and len(observed) >= MIN_MEASURED and not busy:
             target = best + math.log1p(self.options.resolution)
             if bound < target:
+                checked = f", fitting every trial's bursts ({worst.shape:.1%} RMS)," if worst else ""
                 return (
-                    f"the guide predicts no untried config beats the best measured by more than "
+                    f"the guide{checked} predicts no untried config beats the best measured by more than "
                     f"{self.options.resolution:.0%} (95 % bound {math.exp(self.sign * bound):,.1f}; "
                     f"{self._incumbent_text(observed, best)})"
                 )
         left = self.budget.trials_left(observed, math.exp(self.sign * float(np.max(mean))), len(busy))
         exploit = best is None or left <= EXPLOIT_LEFT
-        scores = mean if exploit else _expected_improvement(mean, sd, best)  # type: ignore[arg-type]
+        scores = mean if exploit else expected_improvement(mean, sd, best)  # type: ignore[arg-type]
         tolerance = math.log1p(self.options.resolution) if exploit and self.options.resolution_ties else 0.0
         pick = free[self._argmax(scores, free, tolerance)]
         chosen = self.candidates[pick]
@@ -325,6 +292,28 @@ class GuidedSearch:
             user_attrs["baseline"] = True  # the guide's pick is vLLM's defaults: they are measured once
         study.enqueue_trial(dict(chosen.params), user_attrs=user_attrs, skip_if_exists=False)
         return None
+
+    def _upper(
+        self, observed: Sequence[Observation], free: Sequence[int], mean: np.ndarray, sd: np.ndarray
+    ) -> tuple[np.ndarray, Misfit | None]:
+        """Each untried config's 95 % upper bound (sign-adjusted log), and the worst burst misfit when the
+        guide's model is adequate (tune/guide_check.py). Then the residual model's prior, which stands
+        for what the model may lack, no longer bounds a config whose predicted batch at capacity the
+        measured configs' reach: the guide's own estimate error does (none for a config searched in full,
+        the measured spread of the fast estimate for the others)."""
+        upper = mean + self.options.z * sd
+        worst = self.bursts.verdict(observed, self.index, MIN_MEASURED) if self.options.check_bursts else None
+        error = self._base[0].estimate_error()
+        if worst is None or error is None:
+            return upper, None
+        measured = [self.prediction(o.key) for o in observed if o.measured is not None]
+        reach = max((operating_point(p)[0] for p in measured if p is not None), default=-math.inf)
+        searched = self._base[0].searched_scales
+        for at, i in enumerate(free):
+            p = self.candidates[i]
+            if operating_point(p)[0] <= reach:
+                upper[at] = mean[at] + self.options.z * (0.0 if p.key in searched else error)
+        return upper, worst
 
     def _outlook(self, bound: float, best: float | None, observed: Sequence[Observation]) -> str:
         """What more budget could buy, said when the budget stops the run: how far the untried configs'
@@ -384,11 +373,3 @@ class GuidedSearch:
             believed = [self.sign * float(v) for v in logs]
         values = unpredicted + believed
         return max(values) if values else None
-
-
-def _expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
-    """EI over `best` of a normal belief (log scale, higher is better)."""
-    from scipy.stats import norm
-
-    z = (mean - best) / sd
-    return (mean - best) * norm.cdf(z) + sd * norm.pdf(z)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.measure.capacity_report import CapacityReport, ProbeSummary
+from autotune.measure.capacity_report import BurstSummary, CapacityReport, ProbeSummary
 from autotune.measure.evidence import from_info
 from autotune.measure.load_report import LoadReport, Saturation, SteadyState
 from autotune.measure.placement import Placement
@@ -118,6 +118,8 @@ def _capacity_attr(c: CapacityReport) -> dict[str, Any]:
         out["capacity_window_s"] = list(c.window_s)
     if c.limited_by is not None:
         out["capacity_limited_by"] = list(c.limited_by)
+    if c.bursts:
+        out["saturation_bursts"] = [dataclasses.asdict(b) for b in c.bursts]
     return out
 
 
@@ -221,6 +223,17 @@ def _capacity(info: Mapping[str, Any]) -> CapacityReport | None:
         stopped_by=info.get("capacity_stopped_by"),
         window_s=_pair(info.get("capacity_window_s")),
         limited_by=_tuple(info.get("capacity_limited_by")),
+        bursts=bursts(info),
+    )
+
+
+def bursts(info: Mapping[str, Any]) -> tuple[BurstSummary, ...]:
+    """A trial's saturation bursts from its `info` attr (none: not stored, as in studies before them)."""
+    stored = info.get("saturation_bursts") or []
+    return tuple(
+        BurstSummary(int(b["requests"]), int(b["seed"]), {k: float(v) for k, v in b["metrics"].items()})
+        for b in stored
+        if isinstance(b, Mapping)
     )
 
 
