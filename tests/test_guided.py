@@ -111,7 +111,8 @@ def test_a_guided_run_measures_the_guides_best_then_the_defaults_then_its_picks_
     assert guide["gpu_hours"] == pytest.approx(spent, abs=1e-3)
     assert "GPU-h spent" in stderr and "predicted vs measured" in stderr
     assert f"simulated engine ({usable_cpus()} core(s), lowest CPU priority)" in stderr  # as a child
-    assert f"  #{trials[1].number}: predicted" in stderr and "GPU-h; vLLM's defaults)" in stderr
+    assert f"  #{trials[1].number}: predicted" in stderr
+    assert "GPU-h; vLLM's defaults; bursts vs guide: shape" in stderr  # each trial's check of the model
     # The report shows it: best.json's guide section, report.html's plot and table.
     best = json.loads((folder / "runs/g/best.json").read_text())
     assert best["guide"]["trials"] == guide["trials"] and best["guide"]["stop_reason"]
@@ -298,9 +299,11 @@ def test_on_a_gpu_the_guide_describes_the_run_ends_after_its_pick_and_the_defaul
     guide = json.loads((folder / "runs/same/guide.json").read_text())
     assert [r["by"] for r in guide["trials"]] == ["best predicted", "vLLM's defaults"]
     assert "fitting every trial's bursts" in guide["stop_reason"]
+    assert all(r["bursts"]["shape"] <= 0.02 for r in guide["trials"])  # each trial's check, as it stood
     autotune(folder, *args, "--study", "slower", "--sim-calibration", "reality.yaml")
     guide = json.loads((folder / "runs/slower/guide.json").read_text())
     assert len(guide["trials"]) > 2 and "bursts" not in guide["stop_reason"]
+    assert any(r["bursts"]["shape"] > 0.02 for r in guide["trials"])
 
 
 def test_the_default_simulated_run_is_not_guided(bare: Path) -> None:

@@ -225,6 +225,8 @@ def guide_summary(data: dict[str, Any]) -> str:
         measured = "nothing (interrupted)" if r.get("interrupted") else measured
         predicted = f"{r['predicted']:,.1f}" if r["predicted"] is not None else "-"
         by = f"; {r['by']}" if r.get("by") else ""
+        if r.get("bursts"):  # tune/guide_check.py: + is slower than the guide's model
+            by += f"; bursts vs guide: shape {r['bursts']['shape']:.1%}, speed {r['bursts']['offset']:+.1%}"
         lines.append(
             f"  #{r['trial']}: predicted {predicted}, measured {measured} ({r['gpu_hours']:.2f} GPU-h{by})"
         )

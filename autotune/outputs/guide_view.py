@@ -28,7 +28,9 @@ PLOT_FILE = "guide.png"
 def predicted_vs_measured(search: GuidedSearch, study: optuna.Study) -> list[dict[str, Any]]:
     """Per real trial: the guide's corrected prediction when it was chosen (for the defaults: its own),
     its own prediction ("raw": at its calibration, before any refit or correction), what it measured,
-    and its GPU-hours (the summary, guide.json and the report's plot)."""
+    its GPU-hours, and its saturation bursts against the guide's replay at its final calibration
+    ("bursts": the speed offset and the shape, tune/guide_check.py) (the summary, guide.json and the
+    report's plot)."""
     rows = []
     for o in search.observations(study):
         rows.append(
@@ -41,6 +43,9 @@ def predicted_vs_measured(search: GuidedSearch, study: optuna.Study) -> list[dic
                 "by": o.chosen.get("by") or _not_picked(search, o.key),  # the pick's rule
             }
         )
+        check = search.bursts.misfit(o, search.index)  # its bursts against the guide's replay
+        if check is not None:
+            rows[-1]["bursts"] = {"offset": round(check.offset, 4), "shape": round(check.shape, 4)}
         if o.interrupted:
             rows[-1]["interrupted"] = True
     return rows

@@ -114,17 +114,18 @@ class BurstCheck:
     refit: Refit | None
     _misfits: dict[tuple[int, int], Misfit | None] = field(default_factory=dict, repr=False)
 
+    def misfit(self, o: Observation, index: int) -> Misfit | None:
+        """Trial `o`'s bursts against their replay at grid point `index` (None: no bursts, or no replay)."""
+        refit = self.refit
+        if refit is None or refit.replay is None or not o.bursts:
+            return None
+        slot = (index, o.number)
+        if slot not in self._misfits:
+            self._misfits[slot] = misfit(o.bursts, refit.replay(refit.calibration(index), o.params, o.bursts))
+        return self._misfits[slot]
+
     def verdict(self, observed: Sequence[Observation], index: int, at_least: int) -> Misfit | None:
         """`adequacy` of `observed` at the refit's grid point `index` (None as there, or no replay)."""
-        refit = self.refit
-        if refit is None or refit.replay is None:
+        if self.refit is None or self.refit.replay is None:
             return None
-
-        def misfit_of(o: Observation) -> Misfit | None:
-            slot = (index, o.number)
-            if slot not in self._misfits:
-                replayed = refit.replay(refit.calibration(index), o.params, o.bursts)  # type: ignore[misc]
-                self._misfits[slot] = misfit(o.bursts, replayed)
-            return self._misfits[slot]
-
-        return adequacy(observed, misfit_of, at_least)
+        return adequacy(observed, lambda o: self.misfit(o, index), at_least)
