@@ -87,3 +87,31 @@ def test_session_noise_stays_adequate_and_the_verdict_needs_every_trial(exact: t
     # a trial without bursts (a study from before them), or one predicted to meet the SLOs that did not
     assert adequacy([observed(0, 9.0), observed(1, 10.0, ())], fit_of, 2) is None
     assert adequacy([observed(0, 9.0), observed(1, 10.0), observed(2, None)], fit_of, 2) is None
+
+
+def test_the_check_replays_each_measurement_once_and_keeps_them_apart(exact: tuple) -> None:
+    """A misfit is kept per measurement, not per trial number: a benchmark or a second study reuses the
+    numbers (tests the cache BurstCheck keeps; the replay counts its calls)."""
+    from autotune.tune.guide_check import BurstCheck
+    from autotune.tune.guide_refit import Refit
+    from autotune.tune.objectives import Objective
+
+    calls: list[int] = []
+
+    def replay(calibration, params, bursts):  # noqa: ANN001, ANN202
+        calls.append(len(bursts))
+        return replay_bursts("H100", CONFIG, load_workload("chat"), bursts, calibration)
+
+    def unused(*_):  # noqa: ANN002, ANN202
+        raise AssertionError("the check predicts no table")
+
+    refit = Refit(unused, unused, Objective("output_throughput", "maximize"), replay=replay)
+    slower = _trial(DEFAULT_CALIBRATION.replace(step_base_s=2 * DEFAULT_CALIBRATION.step_base_s)).capacity
+    assert slower is not None
+    check = BurstCheck()
+    first = Observation(0, "k", {}, 10.0, 9.0, 60.0, bursts=exact)
+    again = Observation(0, "k", {}, 10.0, 7.0, 60.0, bursts=slower.bursts)  # trial #0 of another study
+    assert check.misfit(first, refit, 0) == check.misfit(first, refit, 0)
+    assert len(calls) == 1  # replayed once
+    assert check.misfit(again, refit, 0) != check.misfit(first, refit, 0)
+    assert check.misfit(first, None, 0) is None  # no refit: nothing to replay with

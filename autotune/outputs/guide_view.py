@@ -43,7 +43,7 @@ def predicted_vs_measured(search: GuidedSearch, study: optuna.Study) -> list[dic
                 "by": o.chosen.get("by") or _not_picked(search, o.key),  # the pick's rule
             }
         )
-        check = search.bursts.misfit(o, search.index)  # its bursts against the guide's replay
+        check = search.bursts.misfit(o, search.refit, search.index)  # its bursts against the guide's replay
         if check is not None:
             rows[-1]["bursts"] = {"offset": round(check.offset, 4), "shape": round(check.shape, 4)}
         if o.interrupted:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from autotune.backends.sim import SimBackend
 from autotune.core.config import EngineConfig
@@ -108,24 +109,26 @@ def adequacy(
 
 @dataclass
 class BurstCheck:
-    """The measured trials' bursts replayed at the guide's calibration (`refit`'s grid point), each
-    trial's misfit kept per grid point: a resumed or longer run replays each once."""
+    """Trials' bursts replayed at the guide's calibration (a refit's grid point), each misfit kept per
+    grid point and measurement (config, burst sizes, seeds and figures): a longer or resumed run
+    replays each once."""
 
-    refit: Refit | None
-    _misfits: dict[tuple[int, int], Misfit | None] = field(default_factory=dict, repr=False)
+    _misfits: dict[tuple[Any, ...], Misfit | None] = field(default_factory=dict, repr=False)
 
-    def misfit(self, o: Observation, index: int) -> Misfit | None:
-        """Trial `o`'s bursts against their replay at grid point `index` (None: no bursts, or no replay)."""
-        refit = self.refit
+    def misfit(self, o: Observation, refit: Refit | None, index: int) -> Misfit | None:
+        """Trial `o`'s bursts against their replay at `refit`'s grid point `index` (None: no bursts, or
+        no replay)."""
         if refit is None or refit.replay is None or not o.bursts:
             return None
-        slot = (index, o.number)
+        slot = (index, o.key, *((b.requests, b.seed, *sorted(b.metrics.items())) for b in o.bursts))
         if slot not in self._misfits:
             self._misfits[slot] = misfit(o.bursts, refit.replay(refit.calibration(index), o.params, o.bursts))
         return self._misfits[slot]
 
-    def verdict(self, observed: Sequence[Observation], index: int, at_least: int) -> Misfit | None:
-        """`adequacy` of `observed` at the refit's grid point `index` (None as there, or no replay)."""
-        if self.refit is None or self.refit.replay is None:
+    def verdict(
+        self, observed: Sequence[Observation], refit: Refit | None, index: int, at_least: int
+    ) -> Misfit | None:
+        """`adequacy` of `observed` at `refit`'s grid point `index` (None as there, or no replay)."""
+        if refit is None or refit.replay is None:
             return None
-        return adequacy(observed, lambda o: self.misfit(o, index), at_least)
+        return adequacy(observed, lambda o: self.misfit(o, refit, index), at_least)

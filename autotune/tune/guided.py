@@ -108,7 +108,7 @@ class GuidedSearch:
         self.baseline = dict(baseline) if baseline is not None else None
         self.index = 0  # the refitted speed factor's grid point (Refit)
         self.stop_reason: str | None = None
-        self.bursts = BurstCheck(refit)  # the measured trials' bursts replayed (tune/guide_check.py)
+        self.bursts = BurstCheck()  # the measured trials' bursts replayed (tune/guide_check.py)
         self._base = (table, dict(extra or {}))  # the guide's own predictions (grid point 0)
         self.use_table(table, extra or {})
 
@@ -302,7 +302,8 @@ class GuidedSearch:
         measured configs' reach: the guide's own estimate error does (none for a config searched in full,
         the measured spread of the fast estimate for the others)."""
         upper = mean + self.options.z * sd
-        worst = self.bursts.verdict(observed, self.index, MIN_MEASURED) if self.options.check_bursts else None
+        check = self.options.check_bursts
+        worst = self.bursts.verdict(observed, self.refit, self.index, MIN_MEASURED) if check else None
         error = self._base[0].estimate_error()
         if worst is None or error is None:
             return upper, None
