@@ -36,6 +36,7 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
+from autotune.trial.saturation import SATURATION_BATCHES
 from autotune.tune.guide import GuideTable, Prediction
 from autotune.tune.guide_budget import Budget, Observation
 from autotune.tune.guide_check import BurstCheck, Misfit
@@ -298,17 +299,18 @@ class GuidedSearch:
     ) -> tuple[np.ndarray, Misfit | None]:
         """Each untried config's 95 % upper bound (sign-adjusted log), and the worst burst misfit when the
         guide's model is adequate (tune/guide_check.py). Then the residual model's prior, which stands
-        for what the model may lack, no longer bounds a config whose predicted batch at capacity the
-        measured configs' reach: the guide's own estimate error does (none for a config searched in full,
-        the measured spread of the fast estimate for the others)."""
+        for what the model may lack, no longer bounds a config whose predicted requests in flight at
+        capacity are within the batch the measured bursts held: the guide's own estimate error does (none
+        for a config searched in full, the measured spread of the fast estimate for the others)."""
         upper = mean + self.options.z * sd
         check = self.options.check_bursts
         worst = self.bursts.verdict(observed, self.refit, self.index, MIN_MEASURED) if check else None
         error = self._base[0].estimate_error()
         if worst is None or error is None:
             return upper, None
-        measured = [self.prediction(o.key) for o in observed if o.measured is not None]
-        reach = max((operating_point(p)[0] for p in measured if p is not None), default=-math.inf)
+        # the batch the measured bursts held (each sends SATURATION_BATCHES of them), as requests in flight
+        held = [b.requests / SATURATION_BATCHES for o in observed if o.measured is not None for b in o.bursts]
+        reach = math.log(max(held))
         searched = self._base[0].searched_scales
         for at, i in enumerate(free):
             p = self.candidates[i]
