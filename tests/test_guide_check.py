@@ -48,7 +48,7 @@ def test_a_capacity_search_records_its_bursts_and_the_study_keeps_them(exact: tu
 def test_the_guide_replays_the_same_requests_exactly_at_its_own_calibration(exact: tuple) -> None:
     replayed = replay_bursts("H100", CONFIG, load_workload("chat"), exact, DEFAULT_CALIBRATION)
     found = misfit(exact, replayed)
-    assert found is not None and found.shape < 1e-6 and abs(found.offset) < 1e-6
+    assert found is not None and found.shape < 1e-5 and abs(found.offset) < 1e-5  # the figures are rounded
 
 
 def test_a_uniformly_slower_gpu_is_an_offset_and_other_mechanisms_a_shape(exact: tuple) -> None:

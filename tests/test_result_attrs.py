@@ -41,6 +41,7 @@ CAPACITY = [
     "capacity_probes",
     "capacity_window_s",
     "capacity_limited_by",
+    "saturation_bursts",
 ]
 
 

@@ -54,7 +54,7 @@ def burst_summaries(runs: Sequence[TrialResult], seed: int) -> tuple[BurstSummar
         if bench is None or not bench.completed:
             return ()
         figures = bench.to_dict()
-        metrics = {name: float(figures[name]) for name in BURST_METRICS if figures.get(name)}
+        metrics = {name: round(float(figures[name]), 4) for name in BURST_METRICS if figures.get(name)}
         out.append(BurstSummary(bench.completed + bench.failed, seed, metrics))
     return tuple(out)
 
