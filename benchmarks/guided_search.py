@@ -50,12 +50,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from guide_accuracy import Case, cases  # noqa: E402
 from guided_search_end import finish  # noqa: E402
 from guided_search_realities import Reality, realities  # noqa: E402
-from guided_search_trials import NOISE, SEARCHING, TRUTH_TOP, Trials, TruthSpec  # noqa: E402
+from guided_search_trials import NOISE, SEARCHING, TRUTH_TOP, Measured, Trials, TruthSpec  # noqa: E402
 
 from autotune.catalog.gpus import get_gpu  # noqa: E402
 from autotune.commands.run_options import DEFAULT_REPEATS  # noqa: E402
 from autotune.tune.guide import code_digest, predict_points, predict_space  # noqa: E402
-from autotune.tune.guide_check import replay_bursts  # noqa: E402
+from autotune.tune.guide_check import replayer  # noqa: E402
 from autotune.tune.guide_refine import refine_table  # noqa: E402
 from autotune.tune.guide_refit import Refit  # noqa: E402
 from autotune.tune.guided import GuidedOptions, GuidedSearch  # noqa: E402
@@ -112,8 +112,8 @@ class Trace:
     probes: list[int] = field(default_factory=list)
     best_measured: float = 0.0
 
-    def add(self, world: World, key: str, hint: float | None = None) -> tuple[float, float]:
-        """Measure `key` (its capacity search): its value and GPU-hours."""
+    def add(self, world: World, key: str, hint: float | None = None) -> Measured:
+        """Measure `key`: its capacity search (run, or read from the cache)."""
         m = world.trials.measure(key, world.grid_keys[key], self.seed, hint)
         if m.value > self.best_measured or not self.rec_keys:
             self.best_measured = max(m.value, self.best_measured)
@@ -124,7 +124,7 @@ class Trace:
         self.measured.append(key)
         self.values.append(m.value)
         self.probes.append(m.probes)
-        return m.value, m.gpu_s / 3600
+        return m
 
     def reached(self, truth: dict[str, float], best: float, budget_h: float) -> tuple[float, int] | None:
         """(GPU-hours, trials) when the recommendation first came within RESOLUTION of `best` (None: not
@@ -162,7 +162,7 @@ def build_world(case: Case, reality: Reality, processes: int) -> World:
         OBJECTIVE,
         guide_table.tensor_parallel_size,
         scale_of=guide_table.scale_of,
-        replay=lambda c, params, bursts: replay_bursts(space.gpu, space.config(params), workload, bursts, c),
+        replay=replayer(space, workload),
     )
     slug = "".join(c if c.isalnum() else "-" for c in reality.name)
     # keyed by the code a search runs (SEARCHING): a changed model or search measures anew
@@ -209,7 +209,7 @@ def run_strategy(name: str, world: World, seed: int, budget_h: float) -> Trace:
         if trace.gpu_h[-1] >= budget_h:  # a search's cost is known once it ran: regret counts to the budget
             break
         tried.add(key)
-        value, _ = trace.add(world, key)
+        value = trace.add(world, key).value
         if study is not None:
             study.tell(trial, value)
     return trace
@@ -250,12 +250,11 @@ def _guided(world: World, trace: Trace, budget_h: float, name: str) -> Trace:
             trial.set_user_attr("launched", False)
             study.tell(trial, 0.0)
             continue
-        value, cost = trace.add(world, key, guide.hint_rate(trial))
-        bursts = world.trials.measure(key, world.grid_keys[key], trace.seed, guide.hint_rate(trial)).bursts
-        for attr_name, attr in (("config_key", key), ("feasible", value > 0), ("gpu_seconds", cost * 3600)):
+        m = trace.add(world, key, guide.hint_rate(trial))
+        for attr_name, attr in (("config_key", key), ("feasible", m.value > 0), ("gpu_seconds", m.gpu_s)):
             trial.set_user_attr(attr_name, attr)
-        trial.set_user_attr(INFO_ATTR, {"saturation_bursts": bursts})  # as a run stores them
-        study.tell(trial, value)
+        trial.set_user_attr(INFO_ATTR, {"saturation_bursts": m.bursts})  # as a run stores them
+        study.tell(trial, m.value)
     return trace
 
 

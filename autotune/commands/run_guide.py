@@ -86,7 +86,7 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
     guided. `estimate`: the pre-run estimate (its baseline trial's GPU time is the first trial's cost)."""
     from autotune.core.procs import usable_cpus
     from autotune.tune.guide import predict_points, predict_space
-    from autotune.tune.guide_check import replay_bursts
+    from autotune.tune.guide_check import replayer
     from autotune.tune.guide_refine import REFINE_TOP, refine_table
     from autotune.tune.guide_refit import Refit
     from autotune.tune.guided import GuidedOptions, GuidedSearch
@@ -122,9 +122,7 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
         cal,
         say=lambda line: print(f"autotune: guide: {line}; predicting the space again ...", file=sys.stderr),
         scale_of=table.scale_of,
-        replay=lambda c, params, bursts: replay_bursts(
-            s.space.gpu, s.space.config(params), s.workload, bursts, c
-        ),
+        replay=replayer(s.space, s.workload),
     )
     search = GuidedSearch(table, s.space, s.objectives.objectives[0], options, extra, refit, baseline)
     ranked = table.ranking()

@@ -53,10 +53,14 @@ def burst_summaries(runs: Sequence[TrialResult], seed: int) -> tuple[BurstSummar
         bench = run.benchmark
         if bench is None or not bench.completed:
             return ()
-        figures = bench.to_dict()
-        metrics = {name: round(float(figures[name]), 4) for name in BURST_METRICS if figures.get(name)}
-        out.append(BurstSummary(bench.completed + bench.failed, seed, metrics))
+        out.append(BurstSummary(bench.completed + bench.failed, seed, burst_figures(run)))
     return tuple(out)
+
+
+def burst_figures(run: TrialResult) -> dict[str, float]:
+    """A burst's BURST_METRICS, rounded as a study stores them ({}: the run has no benchmark)."""
+    figures = run.benchmark.to_dict() if run.benchmark is not None else {}
+    return {name: round(float(figures[name]), 4) for name in BURST_METRICS if figures.get(name)}
 
 
 def saturation_burst(seqs: int, batch: int | None = None) -> int:

@@ -27,9 +27,10 @@ from autotune.core.config import EngineConfig
 from autotune.measure.capacity_report import BurstSummary
 from autotune.sim.calibration import Calibration
 from autotune.sim.noise import NoiseModel
-from autotune.trial.saturation import BURST_METRICS
+from autotune.trial.saturation import BURST_METRICS, burst_figures
 from autotune.tune.guide_budget import Observation
-from autotune.tune.guide_refit import Refit
+from autotune.tune.guide_refit import Refit, Replay
+from autotune.tune.space import SearchSpace
 from autotune.workloads.spec import WorkloadSpec
 
 # How each burst figure moves (log) when the whole engine runs uniformly slower: a server session's own
@@ -61,13 +62,15 @@ def replay_bursts(
 ) -> list[dict[str, float]]:
     """The simulated engine's figures for `bursts` (their sizes and seeds) of `config` at `calibration`,
     noise off; a burst it cannot run (the config does not start at this calibration) gives {}."""
-    out: list[dict[str, float]] = []
     with SimBackend(gpu, NoiseModel(), calibration).session(config) as session:
-        for burst in bursts:
-            result = session.measure(workload.burst(burst.requests), (), burst.seed)
-            figures = result.benchmark.to_dict() if result.benchmark is not None else {}
-            out.append({name: float(figures[name]) for name in SLOWER if figures.get(name)})
-    return out
+        return [burst_figures(session.measure(workload.burst(b.requests), (), b.seed)) for b in bursts]
+
+
+def replayer(space: SearchSpace, workload: WorkloadSpec) -> Replay:
+    """The `Refit.replay` of a run: a trial's bursts (its params in `space`) replayed on `workload`."""
+    return lambda calibration, params, bursts: replay_bursts(
+        space.gpu, space.config(params), workload, bursts, calibration
+    )
 
 
 def misfit(bursts: Sequence[BurstSummary], replayed: Sequence[Mapping[str, float]]) -> Misfit | None:
@@ -129,6 +132,4 @@ class BurstCheck:
         self, observed: Sequence[Observation], refit: Refit | None, index: int, at_least: int
     ) -> Misfit | None:
         """`adequacy` of `observed` at `refit`'s grid point `index` (None as there, or no replay)."""
-        if refit is None or refit.replay is None:
-            return None
         return adequacy(observed, lambda o: self.misfit(o, refit, index), at_least)
