@@ -299,7 +299,6 @@ def test_on_a_gpu_the_guide_describes_the_run_ends_after_its_pick_and_the_defaul
     guide = json.loads((folder / "runs/same/guide.json").read_text())
     assert [r["by"] for r in guide["trials"]] == ["best predicted", "vLLM's defaults"]
     assert "fitting every trial's bursts" in guide["stop_reason"]
-    assert "after its session's speed" in guide["stop_reason"]  # each measurement at the mean speed
     assert all(r["bursts"]["shape"] <= 0.02 for r in guide["trials"])  # each trial's check, as it stood
     autotune(folder, *args, "--study", "slower", "--sim-calibration", "reality.yaml")
     guide = json.loads((folder / "runs/slower/guide.json").read_text())

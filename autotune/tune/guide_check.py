@@ -12,13 +12,11 @@ server session's own speed: a GPU's clocks and neighbours) and the RMS of what t
 
 `python benchmarks/guide_adequacy.py` measures the separation by reality (docs/guided-search.md, "The
 identity stop"). The guided search trusts the guide's ranking only while every measured trial's bursts
-are replayed adequately (tune/guided.py), and then reads each trial's measurement at the trials' mean
-session speed (`Adequacy.corrected`): a session's speed is most of a measurement's noise.
+are replayed adequately (tune/guided.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,29 +51,6 @@ class Misfit:
 
     offset: float
     shape: float
-
-
-@dataclass(frozen=True)
-class Adequacy:
-    """An adequate model's verdict: the worst misfit (by shape), and each measured trial's session speed
-    against the trials' mean, by trial number (log, + slower)."""
-
-    worst: Misfit
-    sessions: dict[int, float]
-
-    def corrected(self, observed: Sequence[Observation], sign: float) -> list[Observation]:
-        """`observed` with each measured value as at the trials' mean session speed (`sign` +1: the
-        objective is maximized). A uniformly slower session is the same engine with time stretched: at
-        rate r / s it serves what the faster one serves at r, every latency x s; so a capacity under a
-        latency SLO falls, and a latency grows, at least in proportion to the speed (more where an SLO
-        meets a cliff that is not steep), and correcting by the speed alone is the least correction.
-        On the 8B chat case it takes a capacity's 2 % session noise to about 1 % (docs/guided-search.md)."""
-        return [
-            dataclasses.replace(o, measured=o.measured * math.exp(sign * self.sessions[o.number]))
-            if o.measured is not None and o.number in self.sessions
-            else o
-            for o in observed
-        ]
 
 
 def replay_bursts(
@@ -115,28 +90,24 @@ def misfit(bursts: Sequence[BurstSummary], replayed: Sequence[Mapping[str, float
 
 def adequacy(
     observed: Sequence[Observation], misfit_of: Callable[[Observation], Misfit | None], at_least: int
-) -> Adequacy | None:
-    """The measured trials' misfits when the model is adequate: at least `at_least` trials measured,
-    each one's shape within SHAPE and its offset within OFFSET of their mean (the mean is the guide's
-    speed level, which the refit and the residual model's bias set; what lies off it is the session's
-    own), and no trial predicted to meet the SLOs that missed them (the model was wrong there, whatever
-    its bursts). None: not adequate, or nothing to tell by."""
+) -> Misfit | None:
+    """The worst of the measured trials' misfits (by shape) when the model is adequate: at least
+    `at_least` trials measured, each one's shape within SHAPE and its offset within OFFSET of their
+    mean (the mean is the guide's speed level, which the refit and the residual model's bias set), and
+    no trial predicted to meet the SLOs that missed them (the model was wrong there, whatever its
+    bursts). None: not adequate, or nothing to tell by."""
     measured = [o for o in observed if o.measured is not None]
-    if len(measured) < max(at_least, 1):
+    if len(measured) < at_least:
         return None
     if any(o.predicted is not None and o.measured is None and not o.interrupted for o in observed):
         return None
-    found: dict[int, Misfit] = {}
-    for o in measured:
-        fit = misfit_of(o) if o.bursts else None
-        if fit is None or fit.shape > SHAPE:
-            return None
-        found[o.number] = fit
-    level = sum(f.offset for f in found.values()) / len(found)
-    if any(abs(f.offset - level) > OFFSET for f in found.values()):
+    found = [misfit_of(o) if o.bursts else None for o in measured]
+    if any(f is None or f.shape > SHAPE for f in found):
         return None
-    worst = max(found.values(), key=lambda f: f.shape)
-    return Adequacy(worst, {number: f.offset - level for number, f in found.items()})
+    level = sum(f.offset for f in found) / len(found)  # type: ignore[union-attr]
+    if any(abs(f.offset - level) > OFFSET for f in found):  # type: ignore[union-attr]
+        return None
+    return max(found, key=lambda f: f.shape)  # type: ignore[arg-type,return-value,union-attr]
 
 
 @dataclass
@@ -159,6 +130,6 @@ class BurstCheck:
 
     def verdict(
         self, observed: Sequence[Observation], refit: Refit | None, index: int, at_least: int
-    ) -> Adequacy | None:
+    ) -> Misfit | None:
         """`adequacy` of `observed` at `refit`'s grid point `index` (None as there, or no replay)."""
         return adequacy(observed, lambda o: self.misfit(o, refit, index), at_least)

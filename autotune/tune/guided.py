@@ -39,7 +39,7 @@ from optuna.trial import TrialState
 from autotune.trial.saturation import SATURATION_BATCHES
 from autotune.tune.guide import GuideTable, Prediction
 from autotune.tune.guide_budget import Budget, Observation
-from autotune.tune.guide_check import Adequacy, BurstCheck
+from autotune.tune.guide_check import BurstCheck, Misfit
 from autotune.tune.guide_features import flag_weights, grid_positions, operating_point, ranges
 from autotune.tune.guide_observed import ATTR, observations
 from autotune.tune.guide_refit import Refit
@@ -256,25 +256,19 @@ class GuidedSearch:
         free = [i for i, p in enumerate(self.candidates) if p.key not in tried]
         if not free:
             return "every config the guide predicts to meet the SLOs has been measured"
-        adequate = self._adequacy(observed)
-        # an adequate model tells each trial's session speed: its measurement is read at the trials' mean
-        believed = adequate.corrected(observed, self.sign) if adequate else observed
-        model = self.model(believed)
+        model = self.model(observed)
         mean, sd = self.corrected(model, free)
-        best = self._best(believed, model)
-        upper = self._upper(believed, free, mean, sd, adequate)
+        best = self._best(observed, model)
+        upper, worst = self._upper(observed, free, mean, sd)
         bound = float(np.max(upper))  # the best any untried config may be (95 %)
-        sessions = adequate is not None
         if best is not None and len(observed) >= MIN_MEASURED and not busy:
             target = best + math.log1p(self.options.resolution)
             if bound < target:
-                checked = (
-                    f", fitting every trial's bursts ({adequate.worst.shape:.1%} RMS)," if adequate else ""
-                )
+                checked = f", fitting every trial's bursts ({worst.shape:.1%} RMS)," if worst else ""
                 return (
                     f"the guide{checked} predicts no untried config beats the best measured by more than "
                     f"{self.options.resolution:.0%} (95 % bound {math.exp(self.sign * bound):,.1f}; "
-                    f"{self._incumbent_text(observed, best, sessions)})"
+                    f"{self._incumbent_text(observed, best)})"
                 )
         left = self.budget.trials_left(observed, math.exp(self.sign * float(np.max(mean))), len(busy))
         exploit = best is None or left <= EXPLOIT_LEFT
@@ -286,7 +280,7 @@ class GuidedSearch:
         corrected = math.exp(self.sign * mean[at])
         over_budget = self.budget.stop(observed, corrected, len(busy))
         if over_budget:
-            return over_budget + self._outlook(bound, best, observed, sessions)
+            return over_budget + self._outlook(bound, best, observed)
         attrs = {"predicted": round(corrected, 4), "raw": round(self.own_prediction(chosen.key) or 0.0, 4)}
         attrs["speed_factor"] = round(self.refit.factor(self.index), 4) if self.refit else 1.0
         attrs["by"] = "best predicted" if exploit else "expected improvement"
@@ -300,30 +294,20 @@ class GuidedSearch:
         study.enqueue_trial(dict(chosen.params), user_attrs=user_attrs, skip_if_exists=False)
         return None
 
-    def _adequacy(self, observed: Sequence[Observation]) -> Adequacy | None:
-        """Whether the guide's model replays every measured trial's saturation bursts (tune/guide_check.py;
-        None: not adequate, or the check is off)."""
-        if not self.options.check_bursts:
-            return None
-        return self.bursts.verdict(observed, self.refit, self.index, MIN_MEASURED)
-
     def _upper(
-        self,
-        observed: Sequence[Observation],
-        free: Sequence[int],
-        mean: np.ndarray,
-        sd: np.ndarray,
-        adequate: Adequacy | None,
-    ) -> np.ndarray:
-        """Each untried config's 95 % upper bound (sign-adjusted log). When the guide's model is
-        `adequate`, the residual model's prior, which stands for what the model may lack, no longer
-        bounds a config whose predicted requests in flight at capacity are within the batch the measured
-        bursts held: the guide's own estimate error does (none for a config searched in full, the
-        measured spread of the fast estimate for the others)."""
+        self, observed: Sequence[Observation], free: Sequence[int], mean: np.ndarray, sd: np.ndarray
+    ) -> tuple[np.ndarray, Misfit | None]:
+        """Each untried config's 95 % upper bound (sign-adjusted log), and the worst burst misfit when the
+        guide's model is adequate (tune/guide_check.py). Then the residual model's prior, which stands
+        for what the model may lack, no longer bounds a config whose predicted requests in flight at
+        capacity are within the batch the measured bursts held: the guide's own estimate error does (none
+        for a config searched in full, the measured spread of the fast estimate for the others)."""
         upper = mean + self.options.z * sd
+        check = self.options.check_bursts
+        worst = self.bursts.verdict(observed, self.refit, self.index, MIN_MEASURED) if check else None
         error = self._base[0].estimate_error()
-        if adequate is None or error is None:
-            return upper
+        if worst is None or error is None:
+            return upper, None
         # the batch the measured bursts held (each sends SATURATION_BATCHES of them), as requests in flight
         held = [b.requests / SATURATION_BATCHES for o in observed if o.measured is not None for b in o.bursts]
         reach = math.log(max(held))
@@ -332,11 +316,9 @@ class GuidedSearch:
             p = self.candidates[i]
             if operating_point(p)[0] <= reach:
                 upper[at] = mean[at] + self.options.z * (0.0 if p.key in searched else error)
-        return upper
+        return upper, worst
 
-    def _outlook(
-        self, bound: float, best: float | None, observed: Sequence[Observation], sessions: bool
-    ) -> str:
+    def _outlook(self, bound: float, best: float | None, observed: Sequence[Observation]) -> str:
         """What more budget could buy, said when the budget stops the run: how far the untried configs'
         95 % bound lies above the incumbent (sign-adjusted logs; tune/guided.py's stop rule)."""
         if best is None:
@@ -346,18 +328,18 @@ class GuidedSearch:
         return (
             f"; more budget: the guide's 95 % bound for an untried config is {gain:+.1%} against the best "
             f"measured ({math.exp(self.sign * bound):,.1f} vs {math.exp(self.sign * best):,.1f}: "
-            f"{self._incumbent_text(observed, best, sessions)}), {beyond} the {self.options.resolution:.0%} "
-            "resolution"
+            f"{self._incumbent_text(observed, best)}), {beyond} the {self.options.resolution:.0%} resolution"
         )
 
-    def _incumbent_text(self, observed: Sequence[Observation], best: float, sessions: bool) -> str:
+    def _incumbent_text(self, observed: Sequence[Observation], best: float) -> str:
         """The incumbent in words: what was measured and what the stop rule counts it as (the two differ
-        by the shrinkage toward the corrected prediction, _best, and with `sessions` by the trials'
-        session speeds: Adequacy.corrected)."""
+        by the shrinkage toward the corrected prediction: _best)."""
         measured = [o.measured for o in observed if o.measured]
         top = max(measured) if self.objective.maximize else min(measured)  # type: ignore[type-var]
-        after = "its session's speed and the measurement's noise" if sessions else "the measurement's noise"
-        return f"the best measured, {top:,.1f}, counts as {math.exp(self.sign * best):,.1f} after {after}"
+        return (
+            f"the best measured, {top:,.1f}, counts as {math.exp(self.sign * best):,.1f} after the "
+            f"measurement's noise"
+        )
 
     def _argmax(self, scores: np.ndarray, free: Sequence[int], tolerance: float = 0.0) -> int:
         """The position in `free` of the best score; among those within `tolerance` of it (0: equal
