@@ -56,7 +56,7 @@ from autotune.catalog.gpus import get_gpu  # noqa: E402
 from autotune.commands.run_options import DEFAULT_REPEATS  # noqa: E402
 from autotune.tune.guide import code_digest, predict_points, predict_space  # noqa: E402
 from autotune.tune.guide_check import replayer  # noqa: E402
-from autotune.tune.guide_refine import refine_table  # noqa: E402
+from autotune.tune.guide_refine import refine_table, search_points  # noqa: E402
 from autotune.tune.guide_refit import Refit  # noqa: E402
 from autotune.tune.guided import GuidedOptions, GuidedSearch  # noqa: E402
 from autotune.tune.objectives import Objective  # noqa: E402
@@ -78,7 +78,19 @@ NEAR_DEFAULTS = "guided-near-defaults"
 UNREFINED = "guided-unrefined"
 RESOLUTION_TIES = "guided-ties"
 UNCHECKED = "guided-unchecked"  # the stop never trusts the guide's predictions (GuidedOptions.check_bursts)
-ABLATION = ("guided-bias", "guided-flags", "guided-residual", DEFAULTS_FIRST, "guided-fixed-noise", UNCHECKED)
+# it trusts them, and bounds those not searched in full by the fast estimate's error (GuidedOptions.settle)
+UNSETTLED = "guided-unsettled"
+LOCAL = "guided-local"  # ... and keeps its residual GP's local part where the model is adequate (level)
+ABLATION = (
+    "guided-bias",
+    "guided-flags",
+    "guided-residual",
+    DEFAULTS_FIRST,
+    "guided-fixed-noise",
+    UNCHECKED,
+    UNSETTLED,
+    LOCAL,
+)
 BRACKET = "guided-bracket"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -163,6 +175,7 @@ def build_world(case: Case, reality: Reality, processes: int) -> World:
         guide_table.tensor_parallel_size,
         scale_of=guide_table.scale_of,
         replay=replayer(space, workload),
+        search=lambda c, points: search_points(space, points, workload, slos, c, processes)[0],
     )
     slug = "".join(c if c.isalnum() else "-" for c in reality.name)
     # keyed by the code a search runs (SEARCHING): a changed model or search measures anew
@@ -229,6 +242,8 @@ def _guided(world: World, trace: Trace, budget_h: float, name: str) -> Trace:
         prefer_defaults=name == NEAR_DEFAULTS,
         resolution_ties=name == RESOLUTION_TIES,
         check_bursts=name != UNCHECKED,
+        settle=name != UNSETTLED,
+        level=name not in (UNSETTLED, LOCAL),
     )
     guide.options = options
     # one refit (its point predictions shared), on the scale of the table it refits

@@ -87,7 +87,7 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
     from autotune.core.procs import usable_cpus
     from autotune.tune.guide import predict_points, predict_space
     from autotune.tune.guide_check import replayer
-    from autotune.tune.guide_refine import REFINE_TOP, refine_table
+    from autotune.tune.guide_refine import REFINE_TOP, refine_table, search_points
     from autotune.tune.guide_refit import Refit
     from autotune.tune.guided import GuidedOptions, GuidedSearch
     from autotune.tune.study import config_key
@@ -120,9 +120,10 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
         s.objectives.objectives[0],
         table.tensor_parallel_size,
         cal,
-        say=lambda line: print(f"autotune: guide: {line}; predicting the space again ...", file=sys.stderr),
+        say=lambda line: print(f"autotune: guide: {line}", file=sys.stderr),
         scale_of=table.scale_of,
         replay=replayer(s.space, s.workload),
+        search=lambda c, points: search_points(s.space, points, s.workload, s.slos, c)[0],
     )
     search = GuidedSearch(table, s.space, s.objectives.objectives[0], options, extra, refit, baseline)
     ranked = table.ranking()

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.tune.guided import RESOLUTION
+from autotune.tune.guide_options import RESOLUTION
 
 if TYPE_CHECKING:
     import optuna

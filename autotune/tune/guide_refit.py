@@ -58,7 +58,9 @@ class Refit:
     memory. `replay(calibration, params, bursts)`: a trial's saturation bursts replayed on the simulated
     engine (tune/guide_check.py; None: the guide does not check its model against them). `say` hears of
     each whole-space prediction (it takes a while on first use).
-    `scale_of(key)`: the guide table's prediction of a config over its fast estimate
+    `search(calibration, params)`: a few configs' full capacity searches (tune/guide_refine.py
+    search_points; None: the guided search bounds the configs it did not search by the fast estimate's
+    error). `scale_of(key)`: the guide table's prediction of a config over its fast estimate
     (GuideTable.scale_of: a refined config's own full search, the median ratio for the others). Both
     callables give fast estimates; every prediction the refit uses or hands out is put on the table's
     scale by it, so a GPU that measures what the table predicts keeps the factor at 1 (against the raw
@@ -73,7 +75,9 @@ class Refit:
     say: Callable[[str], None] | None = None
     scale_of: Callable[[str], float] = lambda key: 1.0
     replay: Replay | None = None
+    search: Callable[[Calibration, list[dict[str, Any]]], list[Prediction]] | None = None
     _points: dict[tuple[int, str], Prediction | None] = field(default_factory=dict, repr=False)
+    _searched: dict[tuple[int, str], Prediction] = field(default_factory=dict, repr=False)
 
     def calibration(self, index: int) -> Calibration:
         """The guide's calibration at grid point `index` (0: the base itself)."""
@@ -86,7 +90,8 @@ class Refit:
     def table(self, index: int) -> GuideTable:
         """The whole space predicted at grid point `index`."""
         if self.say is not None:
-            self.say(f"speed refitted to x{self.factor(index):.3f} of its calibration by the measurements")
+            factor = self.factor(index)
+            self.say(f"speed refitted to x{factor:.3f} by the measurements; predicting the space again ...")
         table = self.predict_table(self.calibration(index))
         return dataclasses.replace(table, predictions=[self._on_scale(p) for p in table.predictions])
 
@@ -94,6 +99,22 @@ class Refit:
         """Configs (not in the table) predicted at grid point `index`, on the table's scale."""
         found = self.predict_points(self.calibration(index), params) if params else []
         return [self._on_scale(p) for p in found]
+
+    def searched(self, index: int, points: Sequence[tuple[str, dict[str, Any]]]) -> list[Prediction]:
+        """Configs ((key, params)) predicted by the full capacity search at grid point `index`, each
+        searched once (kept in memory)."""
+        assert self.search is not None
+        missing = [(key, params) for key, params in points if (index, key) not in self._searched]
+        if missing:
+            if self.say is not None:
+                factor = self.factor(index)
+                self.say(
+                    f"searching {len(missing)} config(s) near the best in full at speed x{factor:.3f} ..."
+                )
+            found = self.search(self.calibration(index), [params for _, params in missing])
+            for (key, _), prediction in zip(missing, found, strict=True):
+                self._searched[(index, key)] = prediction
+        return [self._searched[(index, key)] for key, _ in points]
 
     def _on_scale(self, prediction: Prediction) -> Prediction:
         return scaled(prediction, self.scale_of(prediction.key), self.objective)

@@ -17,8 +17,11 @@ long window), no longer stand before it (docs/guided-search.md). The run stops w
   predicted rate; trials still running are charged the same), or
 - no untried config's 95 % upper bound beats the incumbent by more than the measurement's
   resolution (the guide predicts nothing better is left); the bound is the residual model's, or, once
-  the guide's model replays every measured trial's saturation bursts (tune/guide_check.py), the
-  guide's own estimate error for a config within the batches measured (none when searched in full), or
+  the guide's model replays every measured trial's saturation bursts (tune/guide_check.py), for a
+  config within the batches measured the guide's own: its prediction corrected by the trials' common
+  level (their residuals there are the GPU's speed and the measurement's noise), plus the fast
+  estimate's error unless searched in full; where only that error keeps the run going, the configs it
+  covers are searched in full on the simulator (CPU-seconds, `_settle`), or
 - every config the guide predicts to meet the SLOs was measured.
 Trials live in the Optuna study (the chosen params are enqueued, with the prediction as a user attr),
 and the state is rebuilt from the study's finished trials at every step, so `--resume` needs nothing else.
@@ -29,63 +32,37 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from autotune.trial.saturation import SATURATION_BATCHES
 from autotune.tune.guide import GuideTable, Prediction
+from autotune.tune.guide_belief import GuideBelief
 from autotune.tune.guide_budget import Budget, Observation
-from autotune.tune.guide_check import BurstCheck, Misfit
-from autotune.tune.guide_features import flag_weights, grid_positions, operating_point, ranges
-from autotune.tune.guide_observed import ATTR, observations
+from autotune.tune.guide_check import BurstCheck
+from autotune.tune.guide_features import grid_positions, operating_point
+from autotune.tune.guide_observed import ATTR
+from autotune.tune.guide_options import GuidedOptions
 from autotune.tune.guide_refit import Refit
-from autotune.tune.guide_residual import NOISE_FACTORS, SCALES, ResidualModel, expected_improvement
+from autotune.tune.guide_residual import expected_improvement
 from autotune.tune.objectives import Objective
 from autotune.tune.space import SearchSpace
 from autotune.tune.study import config_key, has_baseline
 
-RESOLUTION = 0.03  # the capacity search's resolution: a gain below it is a tie (docs/guided-search.md)
-Z_UPPER = 1.645  # one-sided 95 % bound of the stop rule
 HINT_BELOW = 0.1  # a bracketed search's first probe: at most this far (log) below the corrected capacity
 MIN_MEASURED = 2  # the guide's first pick and the defaults, at least, before the stop rule may end a run
 # With this many trials or fewer left in the budget (this one included) the pick is the corrected mean's
 # best: what exploration would teach has no trial left to pay off (the 70B case, docs/guided-search.md)
 EXPLOIT_LEFT = 2
-BIAS_ONLY_SCALE = 1e-3  # the local part of a bias-only residual model
-MIN_WEIGHT = 0.25  # the least weight a flag's feature gets (feature_weights)
+# Untried configs searched in full on the simulator per step, where the fast estimate's error alone keeps the
+# stop from ending the run (_settle): CPU-seconds each, against a GPU trial's hours
+SETTLE_MAX = 64
 
 
-@dataclass(frozen=True)
-class GuidedOptions:
-    """The guided run's budget and stop rule."""
-
-    gpu_hours: float | None = None  # budget (None: only --n-trials bounds the run)
-    resolution: float = RESOLUTION
-    z: float = Z_UPPER
-    first_trial_gpu_s: float | None = None  # expected cost of a trial before any is measured
-    local: bool = True  # False: the residual is one global bias (benchmarks/guided_search.py's ablation)
-    operating_point: bool = True  # the residual also varies with the predicted batch and step time
-    learn_noise: bool = True  # False: the measurement's noise stays at the resolution (an ablation)
-    # a trial's capacity search starts below the corrected predicted capacity: off, it cost more GPU
-    # time than the plain search on the benchmark (docs/guided-search.md)
-    bracket: bool = False
-    # among configs scored equal (the guide's estimates tie on plateaus), the nearest vLLM's defaults;
-    # off: the first in the table (it helped the L4 case and cost the 70B: docs/guided-search.md)
-    prefer_defaults: bool = False
-    # a pick by best prediction takes the first of the configs within the resolution of the best; off:
-    # it helped the 70B case and cost the L4 (docs/guided-search.md, "The guide's top searched in full")
-    resolution_ties: bool = False
-    # the stop trusts the guide's own predictions once its model replays every measured trial's saturation
-    # bursts (tune/guide_check.py); off: the residual model's prior bounds every untried config (ablation)
-    check_bursts: bool = True
-
-
-class GuidedSearch:
-    """Chooses the next real trial from the guide's table and the measurements (module docstring)."""
+class GuidedSearch(GuideBelief):
+    """Chooses the next real trial from what the guide believes of each config (module docstring)."""
 
     def __init__(
         self,
@@ -99,90 +76,12 @@ class GuidedSearch:
     ) -> None:
         """`baseline`: vLLM's default params, which the search enqueues after its first pick (None: the
         study holds them already, or the run compares with nothing)."""
-        self.space = space
-        self.objective = objective
-        self.options = options
-        self.grid = space.grid()
-        self.sign = 1.0 if objective.maximize else -1.0
+        super().__init__(table, space, objective, options, extra)
         self.budget = Budget(options.gpu_hours, options.first_trial_gpu_s, objective.maximize)
         self.refit = refit  # None: the guide keeps its calibration, the residual model alone corrects it
         self.baseline = dict(baseline) if baseline is not None else None
-        self.index = 0  # the refitted speed factor's grid point (Refit)
         self.stop_reason: str | None = None
         self.bursts = BurstCheck()  # the measured trials' bursts replayed (tune/guide_check.py)
-        self._base = (table, dict(extra or {}))  # the guide's own predictions (grid point 0)
-        self.use_table(table, extra or {})
-
-    def reset(self) -> None:
-        """Back to the guide's own predictions (a new run from the same guide)."""
-        self.index = 0
-        self.use_table(*self._base)
-
-    def use_table(self, table: GuideTable, extra: Mapping[str, Prediction]) -> None:
-        """Predict from `table` (and `extra`: configs off the grid, such as vLLM's defaults) from now on."""
-        self.table = table
-        self.extra = dict(extra)
-        self.candidates = [p for p in table.predictions if self.raw(p) is not None]
-        self.weights = self.feature_weights()
-        self._op_range = ranges([operating_point(p) for p in self.candidates])
-        self._features: dict[bool, np.ndarray] = {}  # by options.operating_point
-
-    # -- what the guide knows -------------------------------------------------------------------------
-    def raw(self, prediction: Prediction | None) -> float | None:
-        """The guide's predicted objective value (None: it does not start or meets no rate)."""
-        if prediction is None:
-            return None
-        value = prediction.value(self.objective, self.table.tensor_parallel_size)
-        return value if value is not None and value > 0 else None
-
-    def own_prediction(self, key: str) -> float | None:
-        """The guide's predicted objective value at its own calibration (before any refit)."""
-        table, extra = self._base
-        return self.raw(table.lookup(key) or extra.get(key))
-
-    def prediction(self, key: str) -> Prediction | None:
-        """The guide's prediction of a config (a grid point, or one of `extra`)."""
-        return self.table.lookup(key) or self.extra.get(key)
-
-    def features(self, params: Mapping[str, Any], prediction: Prediction | None = None) -> list[float]:
-        """Each tuned flag's position in its grid range, 0..1 (log scale for a log range), times its
-        weight (`feature_weights`); then, when `options.operating_point`, where the guide predicts the
-        config runs at its capacity (`operating_point`, 0..1 over the candidates; 0.5 unknown)."""
-        positions = grid_positions(self.space, self.grid, params)
-        out = [x * self.weights.get(p.name, 1.0) for p, x in zip(self.space.params, positions, strict=True)]
-        if self.options.operating_point:
-            point = operating_point(prediction) if prediction is not None else None
-            for i, (lo, hi) in enumerate(self._op_range):
-                known = point is not None and hi > lo
-                out.append(min(max((point[i] - lo) / (hi - lo), 0.0), 1.0) if known else 0.5)  # type: ignore[index]
-        return out
-
-    def candidate_features(self) -> np.ndarray:
-        """The candidates' features, one row each (made once per feature set)."""
-        op = self.options.operating_point
-        if op not in self._features:
-            rows = [self.features(p.params, p) for p in self.candidates]
-            self._features[op] = np.array(rows, dtype=float).reshape(len(self.candidates), -1)
-        return self._features[op]
-
-    def feature_weights(self) -> dict[str, float]:
-        """How much each flag moves the guide's predictions (guide_features.flag_weights)."""
-        logs = {p.key: math.log(self.raw(p)) for p in self.candidates}  # type: ignore[arg-type]
-        return flag_weights(self.space, self.candidates, logs, MIN_WEIGHT)
-
-    def observations(self, study: optuna.Study) -> list[Observation]:
-        """The study's finished real trials as the guide sees them (tune/guide_observed.py)."""
-        return observations(study, self.space, lambda key: self.raw(self.prediction(key)))
-
-    def model(self, observed: Sequence[Observation]) -> ResidualModel:
-        """The residual GP conditioned on every trial with both a prediction and a measurement."""
-        pairs = [o for o in observed if o.predicted is not None and o.measured is not None]
-        residuals = [math.log(o.measured / o.predicted) for o in pairs]  # type: ignore[operator]
-        noise = math.log1p(self.options.resolution)
-        scales = SCALES if self.options.local else (BIAS_ONLY_SCALE,)
-        features = [self.features(o.params, self.prediction(o.key)) for o in pairs]
-        factors = NOISE_FACTORS if self.options.learn_noise else (1.0,)
-        return ResidualModel(noise=noise, scales=scales, noise_factors=factors).fit(features, residuals)
 
     def hint_rate(self, trial: optuna.Trial) -> float | None:
         """The capacity (req/s) the guide predicted, corrected, when it chose `trial`: its capacity
@@ -253,22 +152,35 @@ class GuidedSearch:
 
     def _choose(self, study: optuna.Study, observed: Sequence[Observation], busy: set[str]) -> str | None:
         tried = {o.key for o in observed if not o.interrupted} | busy
-        free = [i for i, p in enumerate(self.candidates) if p.key not in tried]
+        free = self._free(tried)
         if not free:
             return "every config the guide predicts to meet the SLOs has been measured"
+        worst = (
+            self.bursts.verdict(observed, self.refit, self.index, MIN_MEASURED)
+            if self.options.check_bursts
+            else None
+        )
         model = self.model(observed)
-        mean, sd = self.corrected(model, free)
-        best = self._best(observed, model)
-        upper, worst = self._upper(observed, free, mean, sd)
+        # an adequate model's residuals within the bursts' batches: its speed level and the noise
+        level = self.model(observed, local=False) if worst is not None and self.options.level else None
+        mean, sd = self.believed(observed, free, model, level)
+        best = self.incumbent(observed, level or model)
+        stoppable = best is not None and len(observed) >= MIN_MEASURED and not busy
+        if worst is not None and stoppable and self._settle(observed, free, mean, best):  # type: ignore[arg-type]
+            free = self._free(tried)
+            if not free:
+                return "every config the guide predicts to meet the SLOs has been measured"
+            mean, sd = self.believed(observed, free, model, level)
+        upper = self._upper(observed, free, mean, sd, worst is not None)
         bound = float(np.max(upper))  # the best any untried config may be (95 %)
-        if best is not None and len(observed) >= MIN_MEASURED and not busy:
-            target = best + math.log1p(self.options.resolution)
+        if stoppable:
+            target = best + math.log1p(self.options.resolution)  # type: ignore[operator]
             if bound < target:
                 checked = f", fitting every trial's bursts ({worst.shape:.1%} RMS)," if worst else ""
                 return (
                     f"the guide{checked} predicts no untried config beats the best measured by more than "
                     f"{self.options.resolution:.0%} (95 % bound {math.exp(self.sign * bound):,.1f}; "
-                    f"{self._incumbent_text(observed, best)})"
+                    f"{self._incumbent_text(observed, best)}{self._settled_text()})"  # type: ignore[arg-type]
                 )
         left = self.budget.trials_left(observed, math.exp(self.sign * float(np.max(mean))), len(busy))
         exploit = best is None or left <= EXPLOIT_LEFT
@@ -294,29 +206,68 @@ class GuidedSearch:
         study.enqueue_trial(dict(chosen.params), user_attrs=user_attrs, skip_if_exists=False)
         return None
 
+    def _free(self, tried: Collection[str]) -> list[int]:
+        """The candidates not measured nor running, that the guide predicts to meet the SLOs."""
+        return [
+            i
+            for i, p in enumerate(self.candidates)
+            if p.key not in tried and self.raw(self.prediction(p.key)) is not None
+        ]
+
     def _upper(
-        self, observed: Sequence[Observation], free: Sequence[int], mean: np.ndarray, sd: np.ndarray
-    ) -> tuple[np.ndarray, Misfit | None]:
-        """Each untried config's 95 % upper bound (sign-adjusted log), and the worst burst misfit when the
-        guide's model is adequate (tune/guide_check.py). Then the residual model's prior, which stands
-        for what the model may lack, no longer bounds a config whose predicted requests in flight at
-        capacity are within the batch the measured bursts held: the guide's own estimate error does (none
-        for a config searched in full, the measured spread of the fast estimate for the others)."""
+        self,
+        observed: Sequence[Observation],
+        free: Sequence[int],
+        mean: np.ndarray,
+        sd: np.ndarray,
+        adequate: bool,
+    ) -> np.ndarray:
+        """Each untried config's 95 % upper bound (sign-adjusted log). When the guide's model is
+        `adequate` (its replay of every measured trial's bursts: tune/guide_check.py), the residual
+        model's prior, which stands for what the model may lack, no longer bounds a config whose
+        predicted requests in flight at capacity are within the batch the measured bursts held: the
+        guide's own estimate error does (none for a config searched in full, the measured spread of the
+        fast estimate for the others)."""
         upper = mean + self.options.z * sd
-        check = self.options.check_bursts
-        worst = self.bursts.verdict(observed, self.refit, self.index, MIN_MEASURED) if check else None
         error = self._base[0].estimate_error()
-        if worst is None or error is None:
-            return upper, None
-        # the batch the measured bursts held (each sends SATURATION_BATCHES of them), as requests in flight
-        held = [b.requests / SATURATION_BATCHES for o in observed if o.measured is not None for b in o.bursts]
-        reach = math.log(max(held))
-        searched = self._base[0].searched_scales
+        if not adequate or error is None:
+            return upper
+        reach = self.reach(observed)
         for at, i in enumerate(free):
             p = self.candidates[i]
             if operating_point(p)[0] <= reach:
-                upper[at] = mean[at] + self.options.z * (0.0 if p.key in searched else error)
-        return upper, worst
+                upper[at] = mean[at] + self.options.z * (0.0 if self.searched_in_full(p.key) else error)
+        return upper
+
+    def _settle(
+        self, observed: Sequence[Observation], free: Sequence[int], mean: np.ndarray, best: float
+    ) -> bool:
+        """With the guide's model adequate, search in full on the simulator (at the refitted speed) the
+        untried configs within the bursts' batch that only the fast estimate's error keeps above the stop's
+        target: the best SETTLE_MAX of them. False: none to search (or no refit to search with)."""
+        error = self._base[0].estimate_error()
+        if not self.options.settle or error is None or self.refit is None or self.refit.search is None:
+            return False
+        reach, target = self.reach(observed), best + math.log1p(self.options.resolution)
+        blocking = [
+            (float(mean[at]), i)
+            for at, i in enumerate(free)
+            if not self.searched_in_full(self.candidates[i].key)
+            and operating_point(self.candidates[i])[0] <= reach
+            and mean[at] + self.options.z * error >= target
+        ]
+        chosen = [self.candidates[i] for _, i in sorted(blocking, reverse=True)[:SETTLE_MAX]]
+        if not chosen:
+            return False
+        found = self.refit.searched(self.index, [(p.key, p.params) for p in chosen])
+        for p, full in zip(chosen, found, strict=True):
+            self.settled[(self.index, p.key)] = full if self.raw(full) is not None else None
+        return True
+
+    def _settled_text(self) -> str:
+        """How many untried configs the run searched in full to settle its stop (nothing when none)."""
+        n = sum(1 for index, _ in self.settled if index == self.index)
+        return f"; {n} untried config(s) near the best searched in full on the simulator" if n else ""
 
     def _outlook(self, bound: float, best: float | None, observed: Sequence[Observation]) -> str:
         """What more budget could buy, said when the budget stops the run: how far the untried configs'
@@ -333,7 +284,7 @@ class GuidedSearch:
 
     def _incumbent_text(self, observed: Sequence[Observation], best: float) -> str:
         """The incumbent in words: what was measured and what the stop rule counts it as (the two differ
-        by the shrinkage toward the corrected prediction: _best)."""
+        by the shrinkage toward the corrected prediction: GuideBelief.incumbent)."""
         measured = [o.measured for o in observed if o.measured]
         top = max(measured) if self.objective.maximize else min(measured)  # type: ignore[type-var]
         return (
@@ -353,26 +304,3 @@ class GuidedSearch:
             [grid_positions(self.space, self.grid, self.candidates[free[i]].params) for i in tied]
         )
         return int(tied[int(np.argmin(((spots - home) ** 2).sum(axis=1)))])
-
-    def corrected(self, model: ResidualModel, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Sign-adjusted log of the corrected prediction (higher is better) and its sd, per candidate."""
-        posterior = model.predict(self.candidate_features()[list(indices)])
-        raw = np.log([self.raw(self.candidates[i]) for i in indices])
-        return self.sign * (raw + posterior.mean), posterior.sd
-
-    def _best(self, observed: Sequence[Observation], model: ResidualModel) -> float | None:
-        """The incumbent (sign-adjusted log): the best measured config's value as the model believes it,
-        its measurement shrunk toward the corrected prediction by the learned noise (a lucky
-        measurement must not end the search; noisy expected improvement's incumbent). A config the
-        guide did not predict counts as measured."""
-        unpredicted = [
-            self.sign * math.log(o.measured) for o in observed if o.measured and o.predicted is None
-        ]
-        pairs = [o for o in observed if o.measured is not None and o.predicted is not None]
-        believed = []
-        if pairs:  # one posterior for all of them
-            posterior = model.predict([self.features(o.params, self.prediction(o.key)) for o in pairs])
-            logs = np.log([o.predicted for o in pairs]) + posterior.mean  # type: ignore[misc]
-            believed = [self.sign * float(v) for v in logs]
-        values = unpredicted + believed
-        return max(values) if values else None
