@@ -23,10 +23,9 @@ from autotune.tune.guide_features import operating_point
 from autotune.tune.guide_refine import refine_table, scaled, search_points
 from autotune.tune.guide_refit import Refit
 from autotune.tune.guided import GuidedOptions, GuidedSearch
-from autotune.tune.objectives import Objective
-from autotune.tune.result_attrs import INFO_ATTR, info_attr
+from autotune.tune.objectives import Objective, ObjectiveSet
 from autotune.tune.space import SearchSpace, space_from_dict
-from autotune.tune.study import config_key
+from autotune.tune.study import config_key, tell_result
 from autotune.workloads.files import load_workload
 
 # test_guided.py's space, at the batches where the 8B chat case's configs tie (docs/guided-search.md)
@@ -58,11 +57,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
         trial = study.ask()
         config = space.config(space.suggest(trial))
         result = find_capacity(SimBackend(space.gpu), config, workload, SLOS, seed=0)
-        trial.set_user_attr("config_key", config_key(config))
-        trial.set_user_attr("feasible", True)
-        trial.set_user_attr("gpu_seconds", result.gpu_seconds)
-        trial.set_user_attr(INFO_ATTR, info_attr(result))
-        study.tell(trial, OBJECTIVE.value(result))
+        tell_result(study, trial, result, ObjectiveSet((OBJECTIVE,)), SLOS, config_key(config))
     # the unsearched config nearest the measured batches reads HIGH: an error the full search does not make
     others = [p for p in refined.predictions if p.starts and p.key not in refined.searched_scales]
     high = min(others, key=lambda p: operating_point(p)[0])

@@ -44,9 +44,8 @@ class GuideBelief:
         self.grid = space.grid()
         self.sign = 1.0 if objective.maximize else -1.0
         self.index = 0  # the refitted speed factor's grid point (tune/guide_refit.py)
-        # the run's full searches of untried configs, by (grid point, key) (GuidedSearch._settle); None:
-        # it meets no rate
-        self.settled: dict[tuple[int, str], Prediction | None] = {}
+        # the run's full searches of untried configs, by (grid point, key) (GuidedSearch._settle)
+        self.settled: dict[tuple[int, str], Prediction] = {}
         self._base = (table, dict(extra or {}))  # the guide's own predictions (grid point 0)
         self.use_table(table, extra or {})
 
@@ -160,17 +159,18 @@ class GuideBelief:
         mean, sd = self.corrected(model, free)
         if level is None:
             return mean, sd
-        reach = self.reach(observed)
-        trusted = [at for at, i in enumerate(free) if operating_point(self.candidates[i])[0] <= reach]
+        trusted = self.within_reach(observed, free)
         if trusted:
             mean[trusted], sd[trusted] = self.corrected(level, [free[at] for at in trusted])
         return mean, sd
 
-    def reach(self, observed: Sequence[Observation]) -> float:
-        """The batch the measured bursts held, as log requests in flight: each burst sends
-        SATURATION_BATCHES of them, so it vouches for the batches measured, not beyond."""
+    def within_reach(self, observed: Sequence[Observation], free: Sequence[int]) -> list[int]:
+        """The positions in `free` of the candidates whose predicted requests in flight at capacity lie
+        within the batch the measured bursts held: each burst sends SATURATION_BATCHES of them, so it
+        vouches for the batches measured, not beyond."""
         held = [b.requests / SATURATION_BATCHES for o in observed if o.measured is not None for b in o.bursts]
-        return math.log(max(held))
+        reach = math.log(max(held))
+        return [at for at, i in enumerate(free) if operating_point(self.candidates[i])[0] <= reach]
 
     def searched_in_full(self, key: str) -> bool:
         """Whether the guide predicts `key` by its full search at the current calibration."""

@@ -42,7 +42,7 @@ from autotune.tune.guide import GuideTable, Prediction
 from autotune.tune.guide_belief import GuideBelief
 from autotune.tune.guide_budget import Budget, Observation
 from autotune.tune.guide_check import BurstCheck
-from autotune.tune.guide_features import grid_positions, operating_point
+from autotune.tune.guide_features import grid_positions
 from autotune.tune.guide_observed import ATTR
 from autotune.tune.guide_options import GuidedOptions
 from autotune.tune.guide_refit import Refit
@@ -232,11 +232,9 @@ class GuidedSearch(GuideBelief):
         error = self._base[0].estimate_error()
         if not adequate or error is None:
             return upper
-        reach = self.reach(observed)
-        for at, i in enumerate(free):
-            p = self.candidates[i]
-            if operating_point(p)[0] <= reach:
-                upper[at] = mean[at] + self.options.z * (0.0 if self.searched_in_full(p.key) else error)
+        for at in self.within_reach(observed, free):
+            key = self.candidates[free[at]].key
+            upper[at] = mean[at] + self.options.z * (0.0 if self.searched_in_full(key) else error)
         return upper
 
     def _settle(
@@ -248,12 +246,11 @@ class GuidedSearch(GuideBelief):
         error = self._base[0].estimate_error()
         if not self.options.settle or error is None or self.refit is None or self.refit.search is None:
             return False
-        reach, target = self.reach(observed), best + math.log1p(self.options.resolution)
+        target = best + math.log1p(self.options.resolution)
         blocking = [
-            (float(mean[at]), i)
-            for at, i in enumerate(free)
-            if not self.searched_in_full(self.candidates[i].key)
-            and operating_point(self.candidates[i])[0] <= reach
+            (float(mean[at]), free[at])
+            for at in self.within_reach(observed, free)
+            if not self.searched_in_full(self.candidates[free[at]].key)
             and mean[at] + self.options.z * error >= target
         ]
         chosen = [self.candidates[i] for _, i in sorted(blocking, reverse=True)[:SETTLE_MAX]]
@@ -261,7 +258,7 @@ class GuidedSearch(GuideBelief):
             return False
         found = self.refit.searched(self.index, [(p.key, p.params) for p in chosen])
         for p, full in zip(chosen, found, strict=True):
-            self.settled[(self.index, p.key)] = full if self.raw(full) is not None else None
+            self.settled[(self.index, p.key)] = full  # one that meets no rate leaves the candidates (_free)
         return True
 
     def _settled_text(self) -> str:
