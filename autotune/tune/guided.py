@@ -166,12 +166,13 @@ class GuidedSearch(GuideBelief):
         mean, sd = self.believed(observed, free, model, level)
         best = self.incumbent(observed, level or model)
         stoppable = best is not None and len(observed) >= MIN_MEASURED and not busy
-        if worst is not None and stoppable and self._settle(observed, free, mean, best):  # type: ignore[arg-type]
+        error = self._base[0].estimate_error()
+        if worst is not None and stoppable and self._settle(observed, free, mean, best, error):  # type: ignore[arg-type]
             free = self._free(tried)
             if not free:
                 return "every config the guide predicts to meet the SLOs has been measured"
             mean, sd = self.believed(observed, free, model, level)
-        upper = self._upper(observed, free, mean, sd, worst is not None)
+        upper = self._upper(observed, free, mean, sd, error if worst is not None else None)
         bound = float(np.max(upper))  # the best any untried config may be (95 %)
         if stoppable:
             target = best + math.log1p(self.options.resolution)  # type: ignore[operator]
@@ -220,17 +221,16 @@ class GuidedSearch(GuideBelief):
         free: Sequence[int],
         mean: np.ndarray,
         sd: np.ndarray,
-        adequate: bool,
+        error: float | None,
     ) -> np.ndarray:
         """Each untried config's 95 % upper bound (sign-adjusted log). When the guide's model is
-        `adequate` (its replay of every measured trial's bursts: tune/guide_check.py), the residual
+        adequate (its replay of every measured trial's bursts: tune/guide_check.py), the residual
         model's prior, which stands for what the model may lack, no longer bounds a config whose
         predicted requests in flight at capacity are within the batch the measured bursts held: the
-        guide's own estimate error does (none for a config searched in full, the measured spread of the
-        fast estimate for the others)."""
+        guide's own estimate error does (none for a config searched in full, the fast estimate's measured
+        spread `error` for the others; None: the model is not adequate, or that spread is unknown)."""
         upper = mean + self.options.z * sd
-        error = self._base[0].estimate_error()
-        if not adequate or error is None:
+        if error is None:
             return upper
         for at in self.within_reach(observed, free):
             key = self.candidates[free[at]].key
@@ -238,12 +238,17 @@ class GuidedSearch(GuideBelief):
         return upper
 
     def _settle(
-        self, observed: Sequence[Observation], free: Sequence[int], mean: np.ndarray, best: float
+        self,
+        observed: Sequence[Observation],
+        free: Sequence[int],
+        mean: np.ndarray,
+        best: float,
+        error: float | None,
     ) -> bool:
         """With the guide's model adequate, search in full on the simulator (at the refitted speed) the
         untried configs within the bursts' batch that only the fast estimate's error keeps above the stop's
-        target: the best SETTLE_MAX of them. False: none to search (or no refit to search with)."""
-        error = self._base[0].estimate_error()
+        target (`error`: the fast estimate's measured spread): the best SETTLE_MAX of them. False: none to
+        search (or no refit to search with)."""
         if not self.options.settle or error is None or self.refit is None or self.refit.search is None:
             return False
         target = best + math.log1p(self.options.resolution)
