@@ -192,20 +192,32 @@ def test_the_run_stops_when_the_guide_predicts_nothing_better_is_left(unbudgeted
     assert len(guide["trials"]) < 6  # it ended before measuring every config
 
 
-def test_a_budget_that_stops_before_the_defaults_says_what_the_guide_predicts_for_them(folder: Path) -> None:
-    out = guided_run(folder, "--n-trials", "6", "--gpu-hours", "0.2")
-    guide = json.loads((folder / "runs/g/guide.json").read_text())
-    assert [r["by"] for r in guide["trials"]] == ["best predicted"]  # the defaults did not fit
-    assert guide["stop_reason"].startswith("budget: the next trial (vLLM's defaults), about")
+def test_defaults_the_budget_cannot_afford_are_left_out_and_the_run_goes_on(bare: Path) -> None:
+    """Under a p99 ITL of 30 ms the guide predicts vLLM's defaults (1024 / 2048) at a seventh of its
+    best's capacity: their search would cost about seven first trials. With 1.2 GPU-h for a 0.46 GPU-h
+    first trial the run measures the next pick the budget affords instead of stopping with budget
+    unspent, and says what the defaults would have cost and what the guide predicts for them."""
+    space = SPACE.replace("[2048, 16384]", "[512, 2048]")
+    (bare / "space.yaml").write_text(space)
+    out = guided_run(bare, "--n-trials", "6", "--gpu-hours", "1.2", "--slo", "itl_p99=30ms")
+    guide = json.loads((bare / "runs/g/guide.json").read_text())
+    rows = guide["trials"]
+    assert [r["by"] for r in rows] == ["best predicted", "best predicted"]  # no defaults among them
+    spent = [r["gpu_hours"] for r in rows]
     defaults = guide["defaults"]
-    # the guide's prediction of vLLM's defaults (1024 / 2048 here), below its own best pick's
-    assert defaults["starts"] and 0 < defaults["raw"] < guide["trials"][0]["raw"]
-    assert defaults["predicted"] > 0
-    said = "vLLM's defaults: not measured (the run stopped before them); the guide predicts "
-    said += f"{defaults['predicted']:,.1f}"
+    # left out because their charge (the first trial's cost scaled to their predicted value) passed
+    # what the budget had left, where the second pick's did not
+    assert defaults["over_budget_gpu_hours"] > 1.2 - spent[0] > spent[1] * 0.5
+    assert defaults["over_budget_gpu_hours"] == pytest.approx(
+        spent[0] * rows[0]["measured"] / defaults["predicted"], rel=0.02
+    )
+    assert defaults["starts"] and 0 < defaults["raw"] < rows[0]["raw"] / 5
+    said = f"vLLM's defaults: not measured (about {defaults['over_budget_gpu_hours']:.2f} GPU-h, more than "
+    said += f"the budget had left); the guide predicts {defaults['predicted']:,.1f}"
     assert said in out.stderr
-    assert html.escape(said) in (folder / "runs/g/report.html").read_text()
-    assert json.loads((folder / "runs/g/best.json").read_text())["guide"]["defaults"] == defaults
+    assert html.escape(said) in (bare / "runs/g/report.html").read_text()
+    assert json.loads((bare / "runs/g/best.json").read_text())["guide"]["defaults"] == defaults
+    assert guide["gpu_hours"] <= 1.2
 
 
 def test_two_trials_at_a_time_choose_the_second_before_anything_is_measured(folder: Path) -> None:

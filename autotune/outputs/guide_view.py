@@ -52,19 +52,24 @@ def predicted_vs_measured(search: GuidedSearch, study: optuna.Study) -> list[dic
 
 
 def unmeasured_defaults(search: GuidedSearch, study: optuna.Study) -> dict[str, Any] | None:
-    """vLLM's defaults as the guide predicts them, when the run ended before measuring them (the budget
-    stopped it first): the guide's prediction at its refitted speed ("predicted"; None: it predicts they
-    do not start, or meet no rate) and at its own calibration ("raw"), and whether they start. None: they
-    were measured, or the run does not compare with them."""
+    """vLLM's defaults as the guide predicts them, when the run ended without measuring them (the budget
+    could not afford them, or it stopped first): the guide's prediction at its refitted speed
+    ("predicted"; None: it predicts they do not start, or meet no rate) and at its own calibration
+    ("raw"), whether they start, and what the budget would charge them when more than it had left
+    ("over_budget_gpu_hours"). None: they were measured, or the run does not compare with them."""
     key = search.baseline_key
     if key is None or any(o.key == key and not o.interrupted for o in search.observations(study)):
         return None
     prediction = search.prediction(key)
-    return {
+    defaults = {
         "predicted": search.raw(prediction),
         "raw": search.own_prediction(key),
         "starts": prediction.starts if prediction is not None else None,
     }
+    over = search.defaults_over_budget(study)
+    if over is not None:  # left out: more than the budget had left (GuidedSearch._enqueue_defaults)
+        defaults["over_budget_gpu_hours"] = round(over, 2)
+    return defaults
 
 
 def defaults_text(defaults: dict[str, Any]) -> str:
@@ -75,7 +80,9 @@ def defaults_text(defaults: dict[str, Any]) -> str:
         guess = "the guide predicts they do not start"
     else:
         guess = "the guide predicts they meet no rate under the SLOs"
-    return f"vLLM's defaults: not measured (the run stopped before them); {guess}"
+    over = defaults.get("over_budget_gpu_hours")
+    why = f"about {over:.2f} GPU-h, more than the budget had left" if over else "the run stopped before them"
+    return f"vLLM's defaults: not measured ({why}); {guess}"
 
 
 def _not_picked(search: GuidedSearch, key: str) -> str | None:

@@ -103,10 +103,11 @@ class GuidedSearch(GuideBelief):
         observed = self.observations(study)
         if self.refit is not None and self._recalibrate(observed):
             observed = self.observations(study)  # residuals against the re-predicted space
-        if self._defaults_due(study, bool(observed or busy)):
-            self.stop_reason = self._enqueue_defaults(study, observed, len(busy))
-        else:
-            self.stop_reason = self._choose(study, observed, set(busy))
+        if self._defaults_due(study, bool(observed or busy)) and self._enqueue_defaults(
+            study, observed, len(busy)
+        ):
+            return None
+        self.stop_reason = self._choose(study, observed, set(busy))
         return self.stop_reason
 
     def waits(self, study: optuna.Study, busy: int) -> bool:
@@ -123,17 +124,27 @@ class GuidedSearch(GuideBelief):
         (study.has_baseline: one interrupted before it was measured is queued again)."""
         return self.baseline is not None and started and not has_baseline(study)
 
-    def _enqueue_defaults(
-        self, study: optuna.Study, observed: Sequence[Observation], busy: int
-    ) -> str | None:
-        """Enqueue vLLM's defaults, or say why the budget cannot afford them."""
-        assert self.baseline is not None and self.baseline_key is not None  # _defaults_due
-        predicted = self.raw(self.prediction(self.baseline_key))
-        over_budget = self.budget.stop(observed, predicted, busy, "the next trial (vLLM's defaults)")
-        if over_budget:
-            return over_budget
-        study.enqueue_trial(dict(self.baseline), user_attrs={"baseline": True}, skip_if_exists=False)
-        return None
+    def _enqueue_defaults(self, study: optuna.Study, observed: Sequence[Observation], busy: int) -> bool:
+        """Enqueue vLLM's defaults when the budget affords them (True). A low predicted capacity is a
+        long search: defaults the budget cannot afford are left out (False), and the run goes on with the
+        picks it can afford rather than ending with budget unspent (the summary says what they would
+        cost: `defaults_over_budget`)."""
+        if self.budget.stop(observed, self._defaults_value(), busy):
+            return False
+        study.enqueue_trial(dict(self.baseline or {}), user_attrs={"baseline": True}, skip_if_exists=False)
+        return True
+
+    def _defaults_value(self) -> float | None:
+        """vLLM's defaults' value as the guide predicts it now (None: not predicted to meet the SLOs)."""
+        return self.raw(self.prediction(self.baseline_key)) if self.baseline_key is not None else None
+
+    def defaults_over_budget(self, study: optuna.Study) -> float | None:
+        """What the budget would charge vLLM's defaults now, in GPU-hours, when that is more than it has
+        left (None: it affords them, or there is no budget)."""
+        observed = self.observations(study)
+        if not self.budget.stop(observed, self._defaults_value(), 0):
+            return None
+        return self.budget.next_cost_s(observed, self._defaults_value()) / 3600
 
     def _recalibrate(self, observed: Sequence[Observation]) -> bool:
         """Refit the guide's speed factor to every measurement; re-predict the space when it moved."""
