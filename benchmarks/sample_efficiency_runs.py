@@ -22,11 +22,12 @@ from autotune.core.config import EngineConfig
 from autotune.core.errors import FailureKind
 from autotune.measure.result import TrialResult
 from autotune.tune.objectives import load_objectives
+from autotune.tune.run_records import TunerOptions
 from autotune.tune.samplers import make_sampler
 from autotune.tune.screen import make_screen
 from autotune.tune.study import StudySettings
 from autotune.tune.study_open import start_study
-from autotune.tune.tuner import Tuner, TunerOptions
+from autotune.tune.tuner import Tuner
 
 NO_SCREEN = "-noscreen"  # suffix: the strategy as `autotune run --no-screen` runs it
 # auto_tune.sh's defaults (benchmarks/auto_tune/auto_tune.sh in vLLM)

@@ -21,10 +21,11 @@ from autotune.dispatch.executor import Executor
 from autotune.measure.slo import parse_slos
 from autotune.sim.engine import SimEngine
 from autotune.tune.objectives import FAILED_KEY, load_objectives
+from autotune.tune.run_records import TunerOptions
 from autotune.tune.samplers import make_sampler
 from autotune.tune.screen import PREFIX, Margins, describe, make_screen
 from autotune.tune.space import space_from_dict
-from autotune.tune.tuner import Tuner, TunerOptions
+from autotune.tune.tuner import Tuner
 from autotune.workloads.files import load_workload
 
 # Ray workers cannot import this test module: ship its classes by value.

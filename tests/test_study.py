@@ -23,11 +23,12 @@ from autotune.store.storage import connect_storage
 from autotune.tune.front import pareto_front, recommend
 from autotune.tune.objectives import FAILED_KEY, KEPT_UP_KEY, Objective, load_objectives
 from autotune.tune.progress import ProgressState
+from autotune.tune.run_records import TunerOptions
 from autotune.tune.samplers import GP_MODULES, auto_sampler, make_sampler
 from autotune.tune.space import space_from_dict
 from autotune.tune.study import StudySettings, config_key, records, tell_result
 from autotune.tune.study_open import open_study, sqlite_url, start_study
-from autotune.tune.tuner import MAX_DUPLICATES_IN_A_ROW, Tuner, TunerOptions
+from autotune.tune.tuner import MAX_DUPLICATES_IN_A_ROW, Tuner
 from autotune.workloads.files import load_workload
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -200,9 +200,10 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
     from autotune.store.lease import Lease, new_driver
     from autotune.store.urls import for_run_file
     from autotune.tune.progress import Progress
+    from autotune.tune.run_records import TunerOptions
     from autotune.tune.screen import describe, make_screen
     from autotune.tune.study_open import start_study
-    from autotune.tune.tuner import Tuner, TunerOptions
+    from autotune.tune.tuner import Tuner
 
     # The study is created only once the GPUs checked out: a corrected command must not meet a
     # half-made study that asks for --resume.

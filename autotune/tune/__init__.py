@@ -4,10 +4,11 @@ the recommendation and the live progress; the guide (the simulated engine's pred
 from autotune.tune.guide import GuideTable, Prediction, predict_space
 from autotune.tune.objectives import ObjectiveSet, load_objectives
 from autotune.tune.recommendation import Recommendation, decide
+from autotune.tune.run_records import TunerOptions
 from autotune.tune.space import SearchSpace, load_space
 from autotune.tune.study import TrialRecord, records
 from autotune.tune.study_open import start_study
-from autotune.tune.tuner import Tuner, TunerOptions
+from autotune.tune.tuner import Tuner
 
 __all__ = [
     "GuideTable",

@@ -20,7 +20,6 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -38,6 +37,7 @@ from autotune.tune.objectives import ObjectiveSet, metric_unit
 from autotune.tune.progress import Progress, ProgressState, running_params
 from autotune.tune.remeasure import announce, remeasure, repeats_gpu_seconds
 from autotune.tune.result_attrs import PLACEMENT_ATTRS, placement_attr
+from autotune.tune.run_records import RunSummary, TunerOptions
 from autotune.tune.samplers import sampler_exhausted
 from autotune.tune.screen import MemoryScreen, Screening
 from autotune.tune.space import SearchSpace, violations
@@ -59,34 +59,6 @@ MAX_REJECTS_PER_TRIAL = 5
 # Duplicates are free and do not count toward --n-trials either; this many in a row means the sampler
 # keeps proposing what it has measured (it has converged, or a small space is exhausted): stop.
 MAX_DUPLICATES_IN_A_ROW = 10
-
-
-@dataclass
-class TunerOptions:
-    """Budget and reproducibility of a run."""
-
-    n_trials: int
-    timeout_s: float | None = None
-    seed: int = 0  # the workload seed: every trial replays the same requests, so configs compare fairly
-    run_dir: Path | None = None
-    repeats: int = 0  # other seeds for the top candidates and the baseline at the end (noisy backends)
-    real_time: bool = False  # a server per trial: a trial cut short by Ctrl-C spent the GPU time it held
-
-
-@dataclass
-class RunSummary:
-    """How the run ended."""
-
-    completed: int  # trials that count toward n_trials (measured configs)
-    rejected: int  # suggestions told before launch: invalid, or screened
-    told: int
-    wall_s: float
-    timed_out: bool = False
-    screened: int = 0  # of the rejected: predicted by the memory model to fail to start
-    repeated: int = 0  # re-measurements of the top candidates and the baseline (other seeds)
-    duplicates: int = 0  # suggestions answered with an earlier result (free, not counted)
-    converged: bool = False  # the run ended because the sampler only proposed measured configs
-    stop_reason: str | None = None  # why a guided run stopped early (tune/guided.py)
 
 
 @dataclass
