@@ -136,11 +136,15 @@ def _bench_launched(
     from autotune.commands.bench_progress import Narrated
     from autotune.commands.bench_url import capacity_search
     from autotune.core.inputs import serve_command
+    from autotune.sim.flags import refusal
     from autotune.trial.capacity import find_capacity
     from autotune.workloads.spec import check_fits
 
     calibration = calibration_option(args.sim_calibration)
     config, resolved, gpu = _config(args)
+    refused = refusal({k: [v] for k, v in config.params().items()}, "the config")
+    if refused and args.backend == "sim":
+        raise AutotuneError(refused)
     check_fits(workload, args.seed, known_max_model_len(config.model, config.max_model_len, args.backend))
     backend = make_backend(
         args.backend,

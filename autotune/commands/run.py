@@ -61,10 +61,12 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.catalog.gpus import get_gpu
     from autotune.catalog.models import known_max_model_len
     from autotune.commands.run_guide import check_guide_options
+    from autotune.core.errors import AutotuneError
     from autotune.core.inputs import check_gpus_text, check_runs_dir, serve_command
     from autotune.dispatch.gpus import parse_gpus
     from autotune.measure.slo import parse_slos
     from autotune.sim.calibration import calibration_option
+    from autotune.sim.flags import refusal
     from autotune.store.storage import check_sqlite_file, preflight_storage
     from autotune.store.urls import absolute
     from autotune.tune.objectives import load_objectives
@@ -88,7 +90,10 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     if args.load != "workload":
         workload = dataclasses.replace(workload, load=args.load)
     space, untuned = _untuned_for(space, workload)
-    guide_calibration = check_guide_options(args, workload)
+    refused = refusal(space.flag_values(), f"search space {args.space}")
+    if refused and args.backend == "sim":
+        raise AutotuneError(refused)
+    guide_calibration = check_guide_options(args, workload, refused)
     gpu = get_gpu(space.gpu)
     # None: a real model outside the catalog, whose context length vLLM checks itself.
     max_pos = known_max_model_len(space.model, None, args.backend)

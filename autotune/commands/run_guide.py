@@ -53,8 +53,9 @@ def guide_on(args: argparse.Namespace) -> bool:
     return (args.guide or ("none" if args.backend == "sim" else "sim")) == "sim"
 
 
-def check_guide_options(args: argparse.Namespace, workload: Any) -> Any:
-    """The guide's calibration (None when the run is not guided); one AutotuneError line for bad input."""
+def check_guide_options(args: argparse.Namespace, workload: Any, unmodelled: str | None = None) -> Any:
+    """The guide's calibration (None when the run is not guided); one AutotuneError line for bad input.
+    `unmodelled`: why the simulated engine cannot predict the space (sim/flags.py; None: it can)."""
     from autotune.core.errors import AutotuneError
     from autotune.sim.calibration import calibration_option
 
@@ -75,6 +76,12 @@ def check_guide_options(args: argparse.Namespace, workload: Any) -> Any:
                 "pass --load capacity"
             )
         print(f"autotune: no guide: workload {workload.name} is at {workload.load} load", file=sys.stderr)
+        args.guide = "none"
+        return None
+    if unmodelled:
+        if args.guide == "sim":
+            raise AutotuneError(f"--guide sim: {unmodelled}")
+        print(f"autotune: no guide: {unmodelled}", file=sys.stderr)
         args.guide = "none"
         return None
     return calibration_option(args.guide_calibration)

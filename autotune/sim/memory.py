@@ -17,6 +17,7 @@ from autotune.catalog.models import ModelSpec
 from autotune.core.config import BLOCK_SIZE_CHOICES, KV_CACHE_DTYPES, EngineConfig
 from autotune.core.errors import EngineStartupError, FailureKind
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
+from autotune.sim.flags import enforce_eager
 
 MIB = 1024**2
 CUDA_MAX_BLOCK_SIZE = 32
@@ -210,9 +211,10 @@ def plan_memory(
             "`max_model_len` when initializing the engine.",
             FailureKind.KV_CACHE_OOM.value,
         )
-    sizes = cuda_graph_sizes(config.max_num_seqs)
+    sizes = () if enforce_eager(config) else cuda_graph_sizes(config.max_num_seqs)
     per_graph_layer = int(cal.cuda_graph_mib_per_layer * MIB)
-    graphs = len(sizes) * model.num_layers * per_graph_layer + graph_pool_bytes(model, tp, sizes[-1], cal)
+    pool = graph_pool_bytes(model, tp, sizes[-1], cal) if sizes else 0
+    graphs = len(sizes) * model.num_layers * per_graph_layer + pool
     warmup = sampler_bytes(model, num_sampled, cal)
     headroom = free - requested  # what is physically left once the KV cache fills the budget
     if graphs > headroom:

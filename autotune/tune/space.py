@@ -201,6 +201,14 @@ class SearchSpace:
             return None
         return max(param.choices) if param.choices else param.high
 
+    def flag_values(self) -> dict[str, list[Any]]:
+        """Each flag's values in this space: a fixed one's value, a tuned one's choices (a range: its
+        ends)."""
+        values: dict[str, list[Any]] = {name: [value] for name, value in self.fixed.items()}
+        for p in self.params:
+            values[p.name] = list(p.choices) if p.choices else [p.low, p.high]
+        return values
+
     def grid(self, max_steps: int | None = None) -> dict[str, list[Any]]:
         """A discrete version of the space for Optuna's GridSampler (`max_steps`: see grid_values)."""
         return {p.name: p.grid_values(max_steps) for p in self.params}

@@ -1,0 +1,89 @@
+"""The pass-through vLLM flags and the simulated engine (autotune/sim/flags.py): `--enforce-eager` is
+modelled (no CUDA graphs), the flags it cannot model are refused rather than simulated as if unset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cli import autotune
+from test_sim_backend import TinyWorkload
+
+from autotune.backends.sim import SimBackend
+from autotune.core.config import EngineConfig
+from autotune.sim.engine import SimEngine
+from autotune.sim.flags import unmodelled
+
+LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+SPACE = """\
+fixed:
+  model: meta-llama/Llama-3.1-8B-Instruct
+  gpu: H100
+  max_model_len: 8192
+{fixed}params:
+  max_num_seqs: {{type: categorical, choices: [32, 256]}}
+{params}"""
+
+
+def test_enforce_eager_captures_no_cuda_graphs_and_launches_every_step() -> None:
+    """vLLM's --enforce-eager turns CUDA graphs off (vLLM docs/design/debug_vllm_compile.md): nothing
+    is captured at startup nor held for it, and every step pays its kernel launches."""
+    config = EngineConfig(model=LLAMA_8B, max_model_len=8192, max_num_seqs=32)
+    graphs, eager = SimEngine(config, "H100"), SimEngine(config.replace(enforce_eager=True), "H100")
+    assert graphs.memory.num_cuda_graphs > 0 and graphs.memory.cuda_graph_bytes > 0
+    assert eager.memory.num_cuda_graphs == 0 and eager.memory.cuda_graph_bytes == 0
+    assert eager.memory.num_gpu_blocks == graphs.memory.num_gpu_blocks  # graphs live beside the KV cache
+    workload = TinyWorkload(8, max_concurrency=4)  # small decode batches: the launches show
+    fast = SimBackend("H100").evaluate(config, workload)
+    slow = SimBackend("H100").evaluate(config.replace(enforce_eager=True), workload)
+    assert slow.startup_s < fast.startup_s  # no capture
+    assert slow.benchmark.latency_ms["itl"]["median"] > 1.05 * fast.benchmark.latency_ms["itl"]["median"]
+
+
+def test_utilization_that_ooms_at_graph_capture_starts_eagerly() -> None:
+    """The usual way out of an OOM at CUDA graph capture is --enforce-eager (at 0.98 the sampler's
+    warm-up alone no longer fits either)."""
+    config = EngineConfig(model=LLAMA_8B, max_model_len=8192, gpu_memory_utilization=0.975)
+    assert not SimBackend("H100").evaluate(config, TinyWorkload(2)).ok
+    assert SimBackend("H100").evaluate(config.replace(enforce_eager=True), TinyWorkload(2)).ok
+
+
+@pytest.mark.parametrize(
+    ("params", "found"),
+    [
+        ({"pipeline_parallel_size": 2, "seed": 3}, ["pipeline_parallel_size=2"]),
+        ({"pipeline_parallel_size": 1, "dtype": "bfloat16", "enforce_eager": True}, []),
+        ({"quantization": "fp8", "dtype": "float32"}, ["quantization=fp8", "dtype=float32"]),
+        ({"async_scheduling": True, "long_prefill_token_threshold": 0}, ["async_scheduling=True"]),
+    ],
+)
+def test_flags_the_engine_cannot_model(params: dict[str, object], found: list[str]) -> None:
+    assert unmodelled(params) == found
+
+
+@pytest.mark.parametrize(
+    ("fixed", "params", "said"),
+    [
+        ("  pipeline_parallel_size: 2\n", "", "pipeline_parallel_size=2"),
+        ("", "  async_scheduling: {type: bool}\n", "async_scheduling=True"),
+    ],
+)
+def test_a_simulated_run_refuses_them(tmp_path: Path, fixed: str, params: str, said: str) -> None:
+    (tmp_path / "space.yaml").write_text(SPACE.format(fixed=fixed, params=params))
+    out = autotune(tmp_path, "run", "--space", "space.yaml", "--n-trials", "2", "--study", "s", check=False)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0] and "simulated engine does not model" in lines[0]
+    assert not (tmp_path / "runs").exists()  # nothing written
+    # On a GPU backend the run is not refused, but the simulator cannot guide it: --guide sim says so.
+    real = ["--backend", "vllm", "--serve-cmd", "autotune sim-server", "--guide", "sim", "--gpu-hours", "1"]
+    out = autotune(tmp_path, "run", "--space", "space.yaml", *real, "--study", "s", check=False)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].count(said) == 1
+    assert "--guide sim: search space space.yaml: the simulated engine does not model" in out.stderr
+
+
+def test_bench_on_the_simulator_refuses_them_too(tmp_path: Path) -> None:
+    (tmp_path / "space.yaml").write_text(SPACE.format(fixed="  data_parallel_size: 2\n", params=""))
+    out = autotune(tmp_path, "bench", "--space", "space.yaml", check=False)
+    assert out.returncode == 2 and "data_parallel_size=2" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
