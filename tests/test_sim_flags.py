@@ -3,8 +3,11 @@ modelled (no CUDA graphs), the flags it cannot model are refused rather than sim
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from cli import autotune
 from test_sim_backend import TinyWorkload
@@ -13,6 +16,7 @@ from autotune.backends.sim import SimBackend
 from autotune.core.config import EngineConfig
 from autotune.sim.engine import SimEngine
 from autotune.sim.flags import unmodelled
+from autotune.sim_server.server import start_sim_server
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 SPACE = """\
@@ -87,3 +91,23 @@ def test_bench_on_the_simulator_refuses_them_too(tmp_path: Path) -> None:
     out = autotune(tmp_path, "bench", "--space", "space.yaml", check=False)
     assert out.returncode == 2 and "data_parallel_size=2" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_sim_server_serves_enforce_eager_and_refuses_a_dtype_it_cannot_model() -> None:
+    """`autotune sim-server` takes vLLM's --enforce-eager (a lone request decodes slower on its engine's
+    clock: every step launches its kernels) and refuses a 32-bit --dtype in one line instead of serving
+    it as bf16."""
+    latency = {}
+    for flags in ([], ["--enforce-eager"]):
+        args = [LLAMA_8B, "--max-model-len", "8192", "--debug-timings", "--time-scale", "10", *flags]
+        with start_sim_server(args) as proc:
+            body = {"model": LLAMA_8B, "prompt": [1] * 64, "max_tokens": 64, "ignore_eos": True}
+            assert httpx.post(proc.base_url + "/v1/completions", json=body, timeout=30).status_code == 200
+            (row,) = httpx.get(proc.base_url + "/debug/requests").json()["requests"]
+            latency[bool(flags)] = row["engine_latency"]
+            assert ("'enforce_eager': True" in proc.log()) == bool(flags)
+    assert latency[True] > 1.05 * latency[False]
+    cmd = [sys.executable, "-m", "autotune.commands.sim_server", LLAMA_8B, "--dtype", "float32"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "does not model dtype=float32" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -28,6 +28,7 @@ from autotune.measure.slo import Slo
 from autotune.measure.steady_state import load_kind, measure_window
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.engine import SimEngine
+from autotune.sim.flags import enforce_eager
 from autotune.sim.memory import MemoryPlan
 from autotune.sim.noise import NoiseModel, StepNoise
 from autotune.sim.replay import SimRun, simulate
@@ -216,7 +217,7 @@ def _log_lines(config: EngineConfig, gpu_name: str, memory: MemoryPlan | None) -
         f"enable_prefix_caching={config.enable_prefix_caching}, "
         f"chunked_prefill_enabled={config.enable_chunked_prefill}, max_num_seqs={config.max_num_seqs}, "
         f"max_num_batched_tokens={config.max_num_batched_tokens}, block_size={config.block_size}, "
-        f"gpu_memory_utilization={config.gpu_memory_utilization}",
+        f"gpu_memory_utilization={config.gpu_memory_utilization}, enforce_eager={enforce_eager(config)}",
     ]
     if memory is None:
         return lines
@@ -227,6 +228,8 @@ def _log_lines(config: EngineConfig, gpu_name: str, memory: MemoryPlan | None) -
         f"INFO [kv_cache_utils.py] GPU KV cache size: {memory.kv_cache_tokens:,} tokens",
         f"INFO [kv_cache_utils.py] Maximum concurrency for {config.max_model_len:,} tokens per request: "
         f"{memory.concurrency_for(config.max_model_len):.2f}x",
-        f"INFO [gpu_model_runner.py] Graph capturing finished, took {memory.cuda_graph_bytes / GIB:.2f} GiB",
     ]
+    if memory.num_cuda_graphs:  # none captured with --enforce-eager
+        took = memory.cuda_graph_bytes / GIB
+        lines.append(f"INFO [gpu_model_runner.py] Graph capturing finished, took {took:.2f} GiB")
     return lines

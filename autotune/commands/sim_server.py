@@ -37,10 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--kv-cache-dtype")
     parser.add_argument("--served-model-name", help="the model name clients use (default: the model)")
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (every step eager)")
     ignored = parser.add_argument_group("accepted for compatibility with vllm serve; ignored")
     for flag in ("--load-format", "--dtype", "--seed", "--download-dir", "--uvicorn-log-level"):
         ignored.add_argument(flag)
-    for flag in ("--trust-remote-code", "--enforce-eager", "--disable-log-requests", "--disable-log-stats"):
+    for flag in ("--trust-remote-code", "--disable-log-requests", "--disable-log-stats"):
         ignored.add_argument(flag, action="store_true")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=port_number, default=8000)
@@ -98,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.core.config import ENGINE_FLAGS, EngineConfig, check_flags
     from autotune.core.errors import AutotuneError
     from autotune.sim.calibration import calibration_option
+    from autotune.sim.flags import refusal
     from autotune.sim_server.server import ServerOptions, serve
 
     model = args.model_flag or args.model_tag
@@ -106,6 +108,11 @@ def run(args: argparse.Namespace) -> int:
     flags = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
     check_flags(flags, "bad flag")  # what vLLM's own argument checks refuse: one line, not a traceback
     config = EngineConfig(model=model).replace(**flags)
+    if args.enforce_eager:
+        config = config.replace(enforce_eager=True)
+    refused = refusal({"dtype": [args.dtype]}, "sim-server")  # the one ignored flag that would matter
+    if refused:
+        raise AutotuneError(refused)
     gpu = args.gpu or os.environ.get("AUTOTUNE_SIM_GPU") or DEFAULT_GPU
     get_gpu(gpu)  # an unknown GPU is a usage error (one line), not a server that logs and then dies
     calibration = calibration_option(args.sim_calibration)

@@ -303,6 +303,7 @@ class SimService:
         """Exact per-request server-side timings (perf_counter seconds, comparable across processes)."""
         rows = []
         for s in self.history:
+            record = self.engine.record(s.key)
             rows.append(
                 {
                     "id": s.rid,
@@ -314,8 +315,9 @@ class SimService:
                     "done": s.done_at,
                     "ttft": (s.first_token or s.arrival) - s.arrival,
                     "ttft_sent": (s.first_sent or s.arrival) - s.arrival,
-                    "engine_ttft": self.engine.record(s.key).ttft,  # virtual: send -> first token
-                    "engine_sent": self.engine.record(s.key).start_time,  # virtual send time
+                    "engine_ttft": record.ttft,  # virtual: send -> first token
+                    "engine_latency": record.latency,  # virtual: send -> last token
+                    "engine_sent": record.start_time,  # virtual send time
                     "prompt_tokens": s.prompt_tokens,
                     "completion_tokens": s.tokens,
                 }
