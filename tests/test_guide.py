@@ -11,10 +11,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.backends.sim import SimSession
+from autotune.backends.sim import SimBackend, SimSession
 from autotune.catalog.gpus import get_gpu
 from autotune.measure.slo import parse_slos
 from autotune.sim.engine import SimEngine
+from autotune.trial.capacity import find_capacity
 from autotune.tune.guide import GRID_STEPS, GuideTable, cache_key, predict_space
 from autotune.tune.guide_estimate import Estimator, GuideSettings, Pool
 from autotune.tune.guided import ATTR, GuidedOptions, GuidedSearch
@@ -168,6 +169,22 @@ def test_a_config_estimated_with_its_class_gets_what_it_gets_alone(chat: Workloa
     assert together == alone
     assert len({e.capacity_rate for e in alone}) > 1  # a smaller KV cache serves less here
     assert shared.simulated < sum(estimator.simulated for estimator in estimators)  # runs were shared
+
+
+@pytest.mark.parametrize("slo", ["ttft_p99=20ms", "itl_median=4ms"])
+def test_an_slo_missed_by_requests_served_one_at_a_time_ends_the_scan(chat: WorkloadSpec, slo: str) -> None:
+    """No rate meets an SLO that requests served alone miss (their latencies are every rate's floor):
+    the estimate says so after the scan's first two windows instead of stepping down to MIN_RATE, and
+    the capacity search a trial runs, from the saturation run to its lowest rate, finds no rate either."""
+    gpu, slos = get_gpu("H100"), parse_slos([slo])
+    engine = SimEngine(SPACE.config({"max_num_seqs": 64, "max_num_batched_tokens": 2048}), gpu)
+    pool = Pool.of(engine.config, engine.memory, False)
+    estimator = Estimator(gpu, chat, slos)
+    estimate = estimator.estimate(engine.config, pool, estimator.scan(engine.config, pool))
+    assert estimate.capacity_rate == 0
+    assert estimator.simulated <= 5  # the burst, two windows, the lone requests, the light window
+    searched = find_capacity(SimBackend("H100"), engine.config, chat, slos)
+    assert searched.capacity is not None and searched.capacity.rate == 0
 
 
 @pytest.mark.parametrize(("sd", "below"), [(0.04, 0.04), (0.35, 0.1)])

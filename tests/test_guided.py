@@ -220,6 +220,21 @@ def test_defaults_the_budget_cannot_afford_are_left_out_and_the_run_goes_on(bare
     assert guide["gpu_hours"] <= 1.2
 
 
+def test_where_the_guide_predicts_no_config_meets_the_slos_a_measurement_says_so(bare: Path) -> None:
+    """A p99 TTFT of 20 ms, which the guide predicts no config meets: the run measures vLLM's defaults
+    rather than stop on the guide's word, and stops once they miss it too."""
+    args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=20ms", "--guide", "sim", "--parallel", "1"]
+    args += ["--sim-calibration", "reality.yaml", "--noise", "0.02", "--repeats", "0", "--study", "g"]
+    out = autotune(bare, *args, "--guide-top", "0", "--n-trials", "4", "--gpu-hours", "2")
+    guide = json.loads((bare / "runs/g/guide.json").read_text())
+    (trial,) = study_of(bare).trials
+    assert trial.user_attrs.get("baseline") and trial.user_attrs["config_key"]
+    assert [r["measured"] for r in guide["trials"]] == [None]  # measured: it missed the SLO
+    said = "the guide predicts no config of the space meets the SLOs; vLLM's defaults, measured, meet none"
+    assert guide["stop_reason"].startswith(said)
+    assert "No feasible config" in out.stdout + out.stderr
+
+
 def test_two_trials_at_a_time_choose_the_second_before_anything_is_measured(folder: Path) -> None:
     """With --parallel 2 the defaults start while the guide's first pick runs, and the guide picks the
     third while one of them may still run."""

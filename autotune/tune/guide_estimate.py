@@ -15,7 +15,8 @@ the first GPU trial, and follows the search's rules on fewer requests:
    fails (the search would measure it again). The first probe is the rung at 90 % of saturation;
    while probes fail the rate steps down as the search's does (`step_down`: 0.7x, or by an ITL/TPOT
    miss's margin; 0.9x from a window too close to call), then bisection over the rungs. Capacity is
-   the highest passing rung (0 when none down to MIN_RATE passes).
+   the highest passing rung (0 when none down to MIN_RATE passes, or when, after two failed windows,
+   requests served one at a time miss an SLO already: their latencies are every rate's floor).
 3. Knee: where latency takes off: the rate at which p99 TTFT reaches KNEE_FACTOR x its value at light
    load (a window at 25 % of saturation), on a line through log p99 TTFT of the probes around it.
 
@@ -45,7 +46,7 @@ from autotune.core.config import EngineConfig
 from autotune.core.errors import EngineStartupError
 from autotune.measure.evidence import FAIL, PASS, UNSURE, Z, judge
 from autotune.measure.load_report import Saturation
-from autotune.measure.metrics import BenchmarkResult
+from autotune.measure.metrics import BenchmarkResult, compute_metrics
 from autotune.measure.slo import Slo
 from autotune.measure.steady_state import measure_window, plan_window, saturation
 from autotune.sim.memory import MemoryPlan, plan_memory
@@ -65,6 +66,10 @@ from autotune.trial.saturation import kv_batch, saturation_burst
 
 SATURATION_BLOCK = 16  # the KV block size saturation is measured with (Estimator.scan)
 KNEE_FACTOR = 2.0
+# How far the lone requests' median may lie over an SLO's limit before no rate is tried: 64 requests'
+# median against a window's statistic over others (the sample's spread), with room to spare.
+LONE_MARGIN = 0.25
+LONE_AFTER = 2  # failed probes before that floor is looked at (most configs pass sooner, and pay nothing)
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class GuideSettings:
     window_requests: int = 500
     light_fraction: float = 0.25  # the light-load window of the knee
     light_requests: int = 100
+    lone_requests: int = 64  # served one at a time: the floor of every rate's latencies (`_out_of_reach`)
     seed: int = 0
 
 
@@ -225,6 +231,21 @@ class Estimator:
         best = max(passed)
         return Estimate(self._rate(best), knee, windows[best].metrics)
 
+    def _out_of_reach(self, config: EngineConfig, pool: Pool) -> bool:
+        """Whether some SLO is missed even by requests served one at a time (no queue, no batch beside
+        them): a request's latencies at any rate are at least its lone ones, so no rate meets it, and the
+        scan need not step down to MIN_RATE (a dozen windows). Judged by the lone requests' median (their
+        mean for a mean SLO), which the SLO's statistic (a median or above) at any rate exceeds."""
+
+        def run() -> tuple[BenchmarkResult, SimRun]:
+            load = self.workload.with_load(num_requests=self.settings.lone_requests)
+            sim = self._simulate(config, load.requests(self.settings.seed), max_concurrency=1)
+            return compute_metrics(sim.records, sim.duration), sim
+
+        lone = self._run(pool, ("lone", self.settings.lone_requests), run)
+        floors = [Slo(s.metric, "mean" if s.stat == "mean" else "median", s.limit_ms) for s in self.slos]
+        return any(floor.margin(lone) > LONE_MARGIN for floor in floors)
+
     # -- the scan -------------------------------------------------------------------------------------
     def _capacity(self, config: EngineConfig, pool: Pool, scan: Scan) -> dict[int, _Window]:
         """The probed rungs' windows: a step-down while they fail, then bisection (module docstring)."""
@@ -242,6 +263,8 @@ class Estimator:
         while lo is None and rung >= low_rung:
             if probe(rung):
                 lo = rung
+            elif len(probed) == LONE_AFTER and self._out_of_reach(config, pool):
+                return probed  # no rate meets the SLOs: not worth a dozen more windows
             else:  # down as the search steps (trial/capacity.py _next_rate), a rung at least
                 hi = rung
                 rung -= max(1, round(-s.rungs_per_doubling * math.log2(probed[rung].step)))
@@ -310,10 +333,12 @@ class Estimator:
         runs.append(_Run(pool, held, clean, outcome))
         return outcome
 
-    def _simulate(self, config: EngineConfig, requests: Sequence[Any]) -> SimRun:
+    def _simulate(
+        self, config: EngineConfig, requests: Sequence[Any], max_concurrency: int | None = None
+    ) -> SimRun:
         # The calibration reaches the simulator once it takes one (sim/calibration.py).
         extra = {} if self.calibration is None else {"calibration": self.calibration}
-        return simulate(config, self.gpu, requests, **extra)
+        return simulate(config, self.gpu, requests, max_concurrency, **extra)
 
     def _rung(self, rate: float) -> int:
         """The highest rung at or below `rate`."""

@@ -165,7 +165,7 @@ class GuidedSearch(GuideBelief):
         tried = {o.key for o in observed if not o.interrupted} | busy
         free = self._free(tried)
         if not free:
-            return "every config the guide predicts to meet the SLOs has been measured"
+            return self._none_left(study, observed, busy)
         worst = (
             self.bursts.verdict(observed, self.refit, self.index, MIN_MEASURED)
             if self.options.check_bursts
@@ -217,6 +217,25 @@ class GuidedSearch(GuideBelief):
             user_attrs["baseline"] = True  # the guide's pick is vLLM's defaults: they are measured once
         study.enqueue_trial(dict(chosen.params), user_attrs=user_attrs, skip_if_exists=False)
         return None
+
+    def _none_left(self, study: optuna.Study, observed: Sequence[Observation], busy: set[str]) -> str | None:
+        """Why the run stops with no untried candidate; where the guide predicts none meets the SLOs and
+        nothing was measured, vLLM's defaults are enqueued instead (None): that verdict is a real
+        measurement's to give, and one that meets them refits the guide's speed."""
+        if self.candidates:
+            return "every config the guide predicts to meet the SLOs has been measured"
+        if not observed and not busy and self._defaults_due(study, True):
+            if self._enqueue_defaults(study, observed, 0):
+                return None
+            return self.budget.stop(observed, self._defaults_value(), 0, "vLLM's defaults")
+        defaults = [o for o in observed if o.key == self.baseline_key and not o.interrupted]
+        confirmed = (
+            "; vLLM's defaults, measured, meet none either" if defaults and not defaults[0].measured else ""
+        )
+        return (
+            f"the guide predicts no config of the space meets the SLOs{confirmed} (at the speed the "
+            "measurements show): loosen the SLOs, or widen the space"
+        )
 
     def _free(self, tried: Collection[str]) -> list[int]:
         """The candidates not measured nor running, that the guide predicts to meet the SLOs."""
