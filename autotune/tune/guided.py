@@ -103,10 +103,9 @@ class GuidedSearch(GuideBelief):
         observed = self.observations(study)
         if self.refit is not None and self._recalibrate(observed):
             observed = self.observations(study)  # residuals against the re-predicted space
-        if self._defaults_due(study, bool(observed or busy)) and self._enqueue_defaults(
-            study, observed, len(busy)
-        ):
-            return None
+        due = self._defaults_due(study, bool(observed or busy))
+        if due and self._enqueue_defaults(study, observed, len(busy)) is None:
+            return None  # the defaults go next (ones the budget cannot afford are left out: a pick instead)
         self.stop_reason = self._choose(study, observed, set(busy))
         return self.stop_reason
 
@@ -124,15 +123,18 @@ class GuidedSearch(GuideBelief):
         (study.has_baseline: one interrupted before it was measured is queued again)."""
         return self.baseline is not None and started and not has_baseline(study)
 
-    def _enqueue_defaults(self, study: optuna.Study, observed: Sequence[Observation], busy: int) -> bool:
-        """Enqueue vLLM's defaults when the budget affords them (True). A low predicted capacity is a
-        long search: defaults the budget cannot afford are left out (False), and the run goes on with the
-        picks it can afford rather than ending with budget unspent (the summary says what they would
-        cost: `defaults_over_budget`)."""
-        if self.budget.stop(observed, self._defaults_value(), busy):
-            return False
+    def _enqueue_defaults(
+        self, study: optuna.Study, observed: Sequence[Observation], busy: int
+    ) -> str | None:
+        """Enqueue vLLM's defaults (None), or say why the budget cannot afford them. A low predicted
+        capacity is a long search: defaults the budget cannot afford are left out, and the run goes on
+        with the picks it can afford rather than ending with budget unspent (the summary says what they
+        would cost: `defaults_over_budget`)."""
+        over_budget = self.budget.stop(observed, self._defaults_value(), busy, "vLLM's defaults")
+        if over_budget:
+            return over_budget
         study.enqueue_trial(dict(self.baseline or {}), user_attrs={"baseline": True}, skip_if_exists=False)
-        return True
+        return None
 
     def _defaults_value(self) -> float | None:
         """vLLM's defaults' value as the guide predicts it now (None: not predicted to meet the SLOs)."""
@@ -181,7 +183,7 @@ class GuidedSearch(GuideBelief):
         if worst is not None and stoppable and self._settle(observed, free, mean, best, error):  # type: ignore[arg-type]
             free = self._free(tried)
             if not free:
-                return "every config the guide predicts to meet the SLOs has been measured"
+                return self._none_left(study, observed, busy)
             mean, sd = self.believed(observed, free, model, level)
         upper = self._upper(observed, free, mean, sd, error if worst is not None else None)
         bound = float(np.max(upper))  # the best any untried config may be (95 %)
@@ -225,9 +227,7 @@ class GuidedSearch(GuideBelief):
         if self.candidates:
             return "every config the guide predicts to meet the SLOs has been measured"
         if not observed and not busy and self._defaults_due(study, True):
-            if self._enqueue_defaults(study, observed, 0):
-                return None
-            return self.budget.stop(observed, self._defaults_value(), 0, "vLLM's defaults")
+            return self._enqueue_defaults(study, observed, 0)
         defaults = [o for o in observed if o.key == self.baseline_key and not o.interrupted]
         confirmed = (
             "; vLLM's defaults, measured, meet none either" if defaults and not defaults[0].measured else ""
