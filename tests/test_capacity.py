@@ -123,7 +123,7 @@ def test_a_hinted_search_brackets_the_hint_and_finds_the_same_capacity_with_fewe
     search probes the hint first, finds a capacity within the unhinted search's bracket widened by the
     resolution (twice it: near the threshold windows are unsure and verdicts vary), and measures fewer
     rates for less GPU time. (A hint 10-20 % low costs more than the plain search here: passing probes
-    near the threshold need more windows; docs/guided-search.md.)"""
+    near the threshold need more windows; docs/guided-search-experiments.md.)"""
     backend = SimBackend("H100")
     plain = find_capacity(backend, CONFIG, WORKLOAD, SLOS, search=QUICK)
     hint = plain.capacity.rate * off

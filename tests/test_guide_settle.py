@@ -28,7 +28,7 @@ from autotune.tune.space import SearchSpace, space_from_dict
 from autotune.tune.study import config_key, tell_result
 from autotune.workloads.files import load_workload
 
-# test_guided.py's space, at the batches where the 8B chat case's configs tie (docs/guided-search.md)
+# test_guided.py's space, at the batches where the 8B chat case's configs tie (docs/guided-search-evidence.md)
 SPACE = GUIDED_SPACE.replace("[32, 256, 1024]", "[256, 512, 1024]").replace("[2048, 16384]", "[4096, 16384]")
 SLOS = parse_slos("ttft_p99=2s")
 OBJECTIVE = Objective("output_throughput", "maximize")

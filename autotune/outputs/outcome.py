@@ -22,7 +22,7 @@ SIMULATED_NOTE = (
 )
 # One config's runs further apart than this: at these SLOs its capacity, not the config, is what is
 # uncertain (a capacity search's repeats spread 2-5 % on well-conditioned cases, 10-35 % near a p99 ITL SLO
-# on which the latency barely moves with the rate: docs/guided-search.md, "A ground truth with the
+# on which the latency barely moves with the rate: docs/guided-search-experiments.md, "A ground truth with the
 # trials' noise").
 SENSITIVE_SPREAD = 0.10
 

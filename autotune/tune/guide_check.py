@@ -10,9 +10,9 @@ bursts. `misfit` compares them, log(measured / replayed), at the
 guide's current calibration (its refitted speed factor), as one uniform speed offset for the trial (a
 server session's own speed: a GPU's clocks and neighbours) and the RMS of what that leaves (the shape).
 
-`python benchmarks/guide_adequacy.py` measures the separation by reality (docs/guided-search.md, "The
-identity stop"). The guided search trusts the guide's ranking only while every measured trial's bursts
-are replayed adequately (tune/guided.py).
+`python benchmarks/guide_adequacy.py` measures the separation by reality
+(docs/guided-search-experiments.md, "The identity stop"). The guided search trusts the guide's ranking
+only while every measured trial's bursts are replayed adequately (tune/guided.py).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ SLOWER = {name: -1.0 if name.endswith("_throughput") else 1.0 for name in BURST_
 # A trial's bursts are replayed adequately when, past its own uniform speed, their figures agree within
 # SHAPE (RMS of the logs), and that speed lies within OFFSET of the other trials'. On the 8B chat case a
 # GPU the model describes, with 2 % session noise, stays within 1.4 % (shape); every tuned reality misses
-# it by 2.9 % or more (docs/guided-search.md, "The identity stop"). Sessions 2 sd apart differ by 6 %.
+# it by 2.9 % or more (docs/guided-search-experiments.md, "The identity stop"). Sessions 2 sd apart
+# differ by 6 %.
 SHAPE = 0.02
 OFFSET = 0.06
 

@@ -21,13 +21,14 @@ class GuidedOptions:
     operating_point: bool = True  # the residual also varies with the predicted batch and step time
     learn_noise: bool = True  # False: the measurement's noise stays at the resolution (an ablation)
     # a trial's capacity search starts below the corrected predicted capacity: off, it cost more GPU
-    # time than the plain search on the benchmark (docs/guided-search.md)
+    # time than the plain search on the benchmark (docs/guided-search-experiments.md)
     bracket: bool = False
     # among configs scored equal (the guide's estimates tie on plateaus), the nearest vLLM's defaults;
-    # off: the first in the table (it helped the L4 case and cost the 70B: docs/guided-search.md)
+    # off: the first in the table (it helped the L4 case and cost the 70B: docs/guided-search-experiments.md)
     prefer_defaults: bool = False
     # a pick by best prediction takes the first of the configs within the resolution of the best; off:
-    # it helped the 70B case and cost the L4 (docs/guided-search.md, "The guide's top searched in full")
+    # it helped the 70B case and cost the L4 (docs/guided-search-experiments.md, "The guide's top
+    # searched in full")
     resolution_ties: bool = False
     # the stop trusts the guide's own predictions once its model replays every measured trial's saturation
     # bursts (tune/guide_check.py); off: the residual model's prior bounds every untried config (ablation)

@@ -2,16 +2,16 @@
 measured on the simulated engine by the capacity search a real trial runs.
 
 The fast estimate (tune/guide_estimate.py) probes rates on a ladder 2.9 % apart with short windows:
-configs tie at its top (12 on the L4 case, 210 on the default space, docs/guided-search.md), and it
+configs tie at its top (12 on the L4 case, 210 on the default space, docs/guided-search-evidence.md), and it
 differs from the full search by 3.5-7.4 % median (docs/simulator.md, "Guide"). Which of the tied
 configs the first GPU trial measured was then the table's order: on the L4 a token budget 5.4 % below
-the best (docs/guided-search.md), even on a GPU that behaves as the model. The full search costs 1-8
+the best (docs/guided-search-evidence.md), even on a GPU that behaves as the model. The full search costs 1-8
 CPU-s a config: affordable for the top of the table, not for the space.
 
 The refined table: its top `top` configs by the fast estimate carry the full search's prediction; every
 other config's objective is scaled by the median ratio of the full search to the fast estimate over the
 refined ones (at the top the fast estimate reads 5 % high on the 70B case, within 1 % on the 8B
-cases of docs/guided-search.md), so refined and unrefined configs compare on one scale. Each refined
+cases of docs/guided-search-evidence.md), so refined and unrefined configs compare on one scale. Each refined
 config keeps its own ratio, with which the speed refit (tune/guide_refit.py) moves its full search's
 value as the factor moves its fast estimate. Cached next to the table
 (<runs-dir>/guide/<key>.top<N>-<code>.json).

@@ -54,7 +54,8 @@ from autotune.tune.study import config_key, has_baseline
 HINT_BELOW = 0.1  # a bracketed search's first probe: at most this far (log) below the corrected capacity
 MIN_MEASURED = 2  # the guide's first pick and the defaults, at least, before the stop rule may end a run
 # With this many trials or fewer left in the budget (this one included) the pick is the corrected mean's
-# best: what exploration would teach has no trial left to pay off (the 70B case, docs/guided-search.md)
+# best: what exploration would teach has no trial left to pay off (the 70B case,
+# docs/guided-search-evidence.md)
 EXPLOIT_LEFT = 2
 # Untried configs searched in full on the simulator per step, where the fast estimate's error alone keeps the
 # stop from ending the run (_settle): CPU-seconds each, against a GPU trial's hours
