@@ -62,7 +62,7 @@ class SimEngine(DecodeEvents):
             self.config.tensor_parallel_size,
             self.memory.kv_bytes_per_token,
             calibration,
-            max(self.memory.cuda_graph_sizes, default=0),  # none captured (--enforce-eager): every step eager
+            self.memory.largest_cuda_graph,  # none captured (--enforce-eager): every step eager
         )
         self.noise = noise  # None: every step takes exactly its modelled time
         self.now = 0.0

@@ -57,6 +57,11 @@ class MemoryPlan:
         """How many batch sizes are captured."""
         return len(self.cuda_graph_sizes)
 
+    @property
+    def largest_cuda_graph(self) -> int:
+        """Tokens of the largest captured batch (0: none, --enforce-eager): a larger step runs eagerly."""
+        return largest_graph(self.cuda_graph_sizes)
+
     def concurrency_for(self, max_model_len: int) -> float:
         """How many max-length requests fit in the KV cache."""
         return self.kv_cache_tokens / max_model_len
@@ -67,6 +72,11 @@ def cuda_graph_sizes(max_num_seqs: int) -> tuple[int, ...]:
     largest = min(2 * max_num_seqs, MAX_CUDA_GRAPH_SIZE)
     sizes = [1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16)]
     return tuple(s for s in sizes if s <= largest)
+
+
+def largest_graph(sizes: tuple[int, ...]) -> int:
+    """The largest of the captured batch sizes `sizes` (0 when none is captured)."""
+    return max(sizes, default=0)
 
 
 def kv_dtype_bytes(config: EngineConfig, model: ModelSpec) -> int:
@@ -213,7 +223,7 @@ def plan_memory(
         )
     sizes = () if enforce_eager(config) else cuda_graph_sizes(config.max_num_seqs)
     per_graph_layer = int(cal.cuda_graph_mib_per_layer * MIB)
-    pool = graph_pool_bytes(model, tp, sizes[-1], cal) if sizes else 0
+    pool = graph_pool_bytes(model, tp, largest_graph(sizes), cal) if sizes else 0
     graphs = len(sizes) * model.num_layers * per_graph_layer + pool
     warmup = sampler_bytes(model, num_sampled, cal)
     headroom = free - requested  # what is physically left once the KV cache fills the budget
