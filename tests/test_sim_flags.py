@@ -58,7 +58,7 @@ def test_utilization_that_ooms_at_graph_capture_starts_eagerly() -> None:
         ({"pipeline_parallel_size": 2, "seed": 3}, ["pipeline_parallel_size=2"]),
         ({"pipeline_parallel_size": 1, "dtype": "bfloat16", "enforce_eager": True}, []),
         ({"quantization": "fp8", "dtype": "float32"}, ["quantization=fp8", "dtype=float32"]),
-        ({"async_scheduling": True, "long_prefill_token_threshold": 0}, ["async_scheduling=True"]),
+        ({"async_scheduling": True, "long_prefill_token_threshold": 256}, ["async_scheduling=True"]),
     ],
 )
 def test_flags_the_engine_cannot_model(params: dict[str, object], found: list[str]) -> None:

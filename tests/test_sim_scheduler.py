@@ -40,8 +40,11 @@ def tight_engine(**flags: object) -> SimEngine:
     return SimEngine(config, "L4")
 
 
-def test_invariants_hold_every_step_under_kv_pressure() -> None:
-    engine = tight_engine()
+@pytest.mark.parametrize("threshold", [0, 128])
+def test_invariants_hold_every_step_under_kv_pressure(threshold: int) -> None:
+    """Also with prefill chunks capped (`long_prefill_token_threshold`): many requests mid-prefill at once,
+    preempted among themselves and the decodes."""
+    engine = tight_engine(long_prefill_token_threshold=threshold)
     requests = mixed_requests(300)
     for r in requests:
         engine.add_request(r)
@@ -65,15 +68,16 @@ def test_invariants_hold_every_step_under_kv_pressure() -> None:
     assert engine.num_free_blocks == engine.memory.num_gpu_blocks  # everything released
 
 
-@pytest.mark.parametrize("tight", [False, True])
-def test_advance_runs_the_very_steps_of_step(tight: bool) -> None:
+@pytest.mark.parametrize(("tight", "threshold"), [(False, 0), (True, 0), (True, 256)])
+def test_advance_runs_the_very_steps_of_step(tight: bool, threshold: int) -> None:
     """A replay's `advance` runs decode-only steps without the prefill and admission work and several
     steps a call: the same steps, clock and records as `step` one at a time, with noise and under
-    preemption (the L4)."""
+    preemption (the L4), and with prefill chunks capped."""
     rng = np.random.default_rng(3)
     requests = mixed_requests(150, seed=3)
     arrivals = np.cumsum(rng.exponential(1 / 1.5, len(requests)))  # light load: decode-only stretches
     config = EngineConfig(model=LLAMA_8B, max_model_len=4096, max_num_seqs=64)
+    config = config.replace(long_prefill_token_threshold=threshold)
     engines = [
         SimEngine(config.replace(gpu_memory_utilization=0.8) if tight else config, "L4" if tight else "H100",
                   StepNoise(0.02, [7]))

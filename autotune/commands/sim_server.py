@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype")
     parser.add_argument("--served-model-name", help="the model name clients use (default: the model)")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (every step eager)")
+    parser.add_argument(
+        "--long-prefill-token-threshold", type=int, default=0, metavar="N",
+        help="the longest prefill chunk a request may take in a step (0: no cap)",
+    )  # fmt: skip
     ignored = parser.add_argument_group("accepted for compatibility with vllm serve; ignored")
     for flag in ("--load-format", "--dtype", "--seed", "--download-dir", "--uvicorn-log-level"):
         ignored.add_argument(flag)
@@ -96,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Build the engine config from the flags and serve; exit 1 when the engine refuses the config."""
     from autotune.catalog.gpus import get_gpu
-    from autotune.core.config import ENGINE_FLAGS, EngineConfig, check_flags
+    from autotune.core.config import ENGINE_FLAGS, LONG_PREFILL, EngineConfig, check_flags
     from autotune.core.errors import AutotuneError
     from autotune.sim.calibration import calibration_option
     from autotune.sim.flags import refusal
@@ -110,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     config = EngineConfig(model=model).replace(**flags)
     if args.enforce_eager:
         config = config.replace(enforce_eager=True)
+    if args.long_prefill_token_threshold:
+        check_flags({LONG_PREFILL: args.long_prefill_token_threshold}, "bad flag")
+        config = config.replace(**{LONG_PREFILL: args.long_prefill_token_threshold})
     refused = refusal({"dtype": [args.dtype]}, "sim-server")  # the one ignored flag that would matter
     if refused:
         raise AutotuneError(refused)

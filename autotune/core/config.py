@@ -21,6 +21,8 @@ LARGE_GPU_MIN_GIB = 70
 LARGE_GPU_DEFAULTS = (1024, 8192)  # (max_num_seqs, max_num_batched_tokens) on >= 70 GiB GPUs but A100
 SMALL_GPU_DEFAULTS = (256, 2048)
 BOOL_FLAGS = ("enable_chunked_prefill", "enable_prefix_caching")
+# A pass-through flag (`extra`) that the simulated engine's scheduler models (sim/flags.py).
+LONG_PREFILL = "long_prefill_token_threshold"
 
 
 @dataclass(frozen=True)
@@ -180,12 +182,27 @@ def flag_problem(name: str, value: Any) -> str | None:
     elif name == "kv_cache_dtype":
         if value not in KV_CACHE_DTYPES:
             return f"{shown}: expected one of {', '.join(KV_CACHE_DTYPES)}"
+    elif name == LONG_PREFILL:
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_FLAG_INT:
+            return f"{shown}: expected a whole number from 0 (no cap) to {MAX_FLAG_INT:,}"
     else:
         items = value if isinstance(value, list) and value else [value]
         if not all(isinstance(v, _SCALARS) for v in items):
             return f"{shown}: expected a value (text, a number, true/false) or a list of them"
         if any(isinstance(v, float) and not math.isfinite(v) for v in items):
             return f"{shown}: expected a finite number"
+    return None
+
+
+def long_prefill_problem(config: EngineConfig, max_model_len: int | None) -> str | None:
+    """vLLM's check of a prefill chunk cap longer than any request (`vllm/config/scheduler.py`), with its
+    message; None when it passes (or `max_model_len` is unknown)."""
+    threshold = config.extra.get(LONG_PREFILL)
+    if isinstance(threshold, int) and max_model_len and threshold > max_model_len:
+        return (
+            f"long_prefill_token_threshold ({threshold}) cannot be greater than the max_model_len "
+            f"({max_model_len})."
+        )
     return None
 
 

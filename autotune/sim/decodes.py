@@ -28,7 +28,7 @@ class DecodeEvents:
     _kv: KvCache
     _waiting: deque[EngineRequest]
     _running: dict[int, EngineRequest]  # admission order; the last one is the newest
-    _prefilling: EngineRequest | None
+    _prefilling: dict[int, EngineRequest]  # mid-prefill, by request id, in admission order
     _block_events: Events
     _finish_events: Events
     _decode_context: int
@@ -100,8 +100,7 @@ class DecodeEvents:
 
     def _drop_running(self, r: EngineRequest, step: int) -> int:
         """Take r (already out of `running`) off the batch before `step` runs; returns its KV tokens."""
-        if r is self._prefilling:
-            self._prefilling = None
+        if self._prefilling.pop(r.rid, None) is not None:
             return r.computed
         computed = r.computed_at(step)
         self._decode_context -= computed

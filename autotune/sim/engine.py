@@ -1,13 +1,14 @@
 """A discrete-event model of vLLM V1's engine: scheduler, paged KV cache, prefix cache, virtual clock.
 
 Scheduling follows `vllm/v1/core/sched/scheduler.py` (docs/vllm.md, "Scheduler"): RUNNING requests
-first (decodes take one token each; at most one request is mid-prefill and it is the newest), then
-WAITING requests FCFS when no preemption happened this step, while running < max_num_seqs and the
-token budget lasts. KV blocks are allocated per block; when they run out the newest running request
-is preempted (recompute: it loses its blocks and computed tokens and goes to the front of the queue).
-Full blocks are hashed (shared-prefix blocks by (prefix_id, i), the rest per request) and stay cached
-after they are freed until the LRU allocation evicts them. An aborted request (its client went away)
-frees its blocks like a finished one, at once, between steps.
+first (decodes take one token each; a request mid-prefill its next chunk), then WAITING requests FCFS
+when no preemption happened this step, while running < max_num_seqs and the token budget lasts. A
+prefill chunk is at most `long_prefill_token_threshold` tokens when that is set (sim/flags.py); without
+it at most one request is mid-prefill, the newest. KV blocks are allocated per block; when they run
+out the newest running request is preempted (recompute: it loses its blocks and computed tokens and
+goes to the front of the queue). Full blocks are hashed (shared-prefix blocks by (prefix_id, i), the
+rest per request) and stay cached after they are freed until the LRU allocation evicts them. An
+aborted request (its client went away) frees its blocks like a finished one, at once, between steps.
 
 The engine does no Python work per decoded token: the decodes' bookkeeping is sim/decodes.py's.
 """
@@ -27,6 +28,7 @@ from autotune.measure.metrics import RequestRecord
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.costs import CostModel
 from autotune.sim.decodes import DecodeEvents, Events
+from autotune.sim.flags import long_prefill_cap
 from autotune.sim.frontend import FrontendModel
 from autotune.sim.kv_cache import KvCache
 from autotune.sim.kv_pool import BlockPool
@@ -76,13 +78,15 @@ class SimEngine(DecodeEvents):
         self._max_seqs = self.config.max_num_seqs
         self._max_len = self.config.max_model_len
         self._chunked = self.config.enable_chunked_prefill
+        self._chunk_cap = long_prefill_cap(self.config)
         self._caching = self.config.enable_prefix_caching
         self._pool = BlockPool(self.memory.num_gpu_blocks)
         self._kv = KvCache(self._pool, self._bs, self._caching)
         self._waiting: deque[EngineRequest] = deque()
         self._last_added: EngineRequest | None = None  # its further choices share its intake wave
         self._running: dict[int, EngineRequest] = {}  # admission order; the last one is the newest
-        self._prefilling: EngineRequest | None = None  # the running request mid-prefill (always the newest)
+        # the running requests mid-prefill, in admission order (without a chunk cap: at most one, the newest)
+        self._prefilling: dict[int, EngineRequest] = {}
         self._block_events: Events = {}
         self._finish_events: Events = {}
         self._decode_context = 0  # sum of decoding requests' KV tokens before the current step
@@ -221,19 +225,15 @@ class SimEngine(DecodeEvents):
         step = len(self.step_times)
         running = self._running
         preempted = self._grow_decodes(step)
-        num_decode = len(running) - (self._prefilling is not None)
+        num_decode = len(running) - len(self._prefilling)
         budget = self._budget - num_decode
         chunks: list[tuple[EngineRequest, int]] = []  # (request, tokens) prefill work this step
-        p = self._prefilling
-        if p is not None and budget > 0:
-            chunk = min(p.prompt_len + p.outputs - p.computed, budget)
-            if self._kv.allocate_for(p, p.computed + chunk):
-                chunks.append((p, chunk))
-                budget -= chunk
-            else:
-                self._preempt_newest(step)  # p is the newest: it preempts itself
-                preempted = True
-        decoders = [rid for rid in running if running[rid] is not self._prefilling] if emit else []
+        budget, cut = self._continue_prefills(step, budget, chunks)
+        if cut:
+            preempted = True
+            num_decode = len(running) - len(self._prefilling)  # a newer decode may have gone too
+        prefilling = self._prefilling
+        decoders = [rid for rid in running if rid not in prefilling] if emit else []
         if not preempted:
             budget = self._admit(budget, chunks)
         if not chunks and num_decode == 0:
@@ -262,12 +262,12 @@ class SimEngine(DecodeEvents):
         self.stats.generation_tokens += num_decode
         new_tokens = [(rid, 1) for rid in decoders]
         finished: list[int] = []
-        self._prefilling = None
         for r, c in chunks:
             r.computed += c
             if r.computed < r.prompt_len + r.outputs:
-                self._prefilling = r
+                prefilling[r.rid] = r  # a request admitted this step joins after the earlier ones
                 continue
+            prefilling.pop(r.rid, None)
             self._emit_first(r, step)
             if emit:
                 new_tokens.append((r.rid, 1))
@@ -283,7 +283,7 @@ class SimEngine(DecodeEvents):
     def _decodes_only(self) -> bool:
         """Whether the next step can only decode: requests run, none is mid-prefill, and none waiting can
         be admitted (none waits, the first is still in the API server, or the batch is full)."""
-        if not self._running or self._prefilling is not None:
+        if not self._running or self._prefilling:
             return False
         waiting = self._waiting
         return not waiting or waiting[0].ready > self.now or len(self._running) >= self._max_seqs
@@ -317,6 +317,28 @@ class SimEngine(DecodeEvents):
         self.step_times.append(self.now)
         return duration
 
+    def _continue_prefills(
+        self, step: int, budget: int, chunks: list[tuple[EngineRequest, int]]
+    ) -> tuple[int, bool]:
+        """The next chunk of every running request mid-prefill, oldest first, while the budget lasts.
+        Where the KV pool is short the newest running request is preempted until the chunk fits or the
+        request itself was the newest. Returns the budget left and whether anything was preempted."""
+        running, preempted = self._running, False
+        for p in list(self._prefilling.values()):
+            if budget <= 0:
+                break
+            if p.rid not in running:
+                continue  # preempted for an older prefill's chunk
+            chunk = min(p.prompt_len + p.outputs - p.computed, self._chunk_cap, budget)
+            while not self._kv.allocate_for(p, p.computed + chunk):
+                preempted = True
+                if self._preempt_newest(step) is p:
+                    break
+            if p.rid in running:
+                chunks.append((p, chunk))
+                budget -= chunk
+        return budget, preempted
+
     def _admit(self, budget: int, chunks: list[tuple[EngineRequest, int]]) -> int:
         """Admit waiting requests FCFS; stop at the first that does not fit (head-of-line blocking)."""
         waiting, running, pool, bs = self._waiting, self._running, self._pool, self._bs
@@ -332,9 +354,9 @@ class SimEngine(DecodeEvents):
                 hits = pool.lookup(r, (num_tokens - 1) // bs)
             cached = len(hits) * bs
             new = num_tokens - cached
-            if not self._chunked and new > budget:
+            if not self._chunked and min(new, self._chunk_cap) > budget:
                 break
-            chunk = min(new, budget)
+            chunk = min(new, self._chunk_cap, budget)
             need = -(-(cached + chunk) // bs) - len(hits)
             revived = sum(1 for b in hits if pool.ref[b] == 0)
             if need + revived > pool.num_free:

@@ -1,7 +1,9 @@
 """Which of a config's pass-through `vllm serve` flags the simulated engine models.
 
-The engine models EngineConfig's own fields and `enforce_eager` (no CUDA graphs: every step's kernels
-launched one by one, no graph memory, nothing captured at startup). Of the other flags a search space
+The engine models EngineConfig's own fields, `enforce_eager` (no CUDA graphs: every step's kernels
+launched one by one, no graph memory, nothing captured at startup) and `long_prefill_token_threshold`
+(no prefill chunk longer than it: V1's scheduler caps every request's new tokens so, running and
+waiting alike, and several requests may then be mid-prefill at once). Of the other flags a search space
 may set (tune/space.py, OTHER_VLLM_FLAGS) some change nothing the simulator measures (a seed, a served
 name, a load format), and the rest change speed or memory in ways it does not model: at any value but
 their neutral one the simulator would serve the config as if they were unset, so such a config is
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from autotune.core.config import EngineConfig
+from autotune.core.config import LONG_PREFILL, EngineConfig
 
 # The flags the engine does not model, each with the values it serves exactly (vLLM's default, or one
 # that changes nothing the simulator computes). None stands for "not set".
@@ -24,7 +26,6 @@ NEUTRAL: Mapping[str, tuple[Any, ...]] = {
     "dtype": (None, "auto", "bfloat16", "float16", "half"),  # 16-bit: the bf16 models run alike
     "async_scheduling": (None, False),
     "disable_custom_all_reduce": (None, False),
-    "long_prefill_token_threshold": (None, 0),
     "max_num_partial_prefills": (None, 1),
     "max_long_partial_prefills": (None, 1),
     "cuda_graph_sizes": (None,),
@@ -34,6 +35,15 @@ NEUTRAL: Mapping[str, tuple[Any, ...]] = {
 def enforce_eager(config: EngineConfig) -> bool:
     """Whether the config turns CUDA graphs off (`--enforce-eager`)."""
     return bool(config.extra.get("enforce_eager", False))
+
+
+def long_prefill_cap(config: EngineConfig) -> int:
+    """The most tokens one request's prefill chunk may take in a step of the resolved `config`: the
+    threshold where it is above 0 (vLLM's `0 < threshold < num_new_tokens`), else max_model_len (no
+    request is longer)."""
+    assert config.max_model_len is not None
+    threshold = int(config.extra.get(LONG_PREFILL) or 0)
+    return threshold if threshold > 0 else config.max_model_len
 
 
 def unmodelled(params: Mapping[str, Any]) -> list[str]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from autotune.catalog.gpus import GIB, GpuSpec
 from autotune.catalog.models import ModelSpec
-from autotune.core.config import BLOCK_SIZE_CHOICES, KV_CACHE_DTYPES, EngineConfig
+from autotune.core.config import BLOCK_SIZE_CHOICES, KV_CACHE_DTYPES, EngineConfig, long_prefill_problem
 from autotune.core.errors import EngineStartupError, FailureKind
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.flags import enforce_eager
@@ -141,6 +141,9 @@ def validate_config(config: EngineConfig, model: ModelSpec) -> None:
             f"max_num_batched_tokens ({budget}) must be greater than or equal to max_num_seqs ({seqs}).",
             invalid,
         )
+    problem = long_prefill_problem(config, max_len)
+    if problem:
+        raise EngineStartupError(problem, invalid)
     kv_dtype_bytes(config, model)
 
 
