@@ -69,6 +69,17 @@ def test_baseline_is_vllms_default_for_the_gpu() -> None:
     assert (a100["max_num_seqs"], a100["max_num_batched_tokens"]) == (256, 2048)
 
 
+def test_baseline_of_a_tuned_pass_through_flag_is_vllms_default_too(tmp_path: Path) -> None:
+    """Not a value the sampler happens to pick: vLLM's own default (eager off, no chunk cap)."""
+    (tmp_path / "space.yaml").write_text(
+        "params:\n"
+        "  enforce_eager: {type: bool}\n"
+        "  long_prefill_token_threshold: {type: categorical, choices: [512, 0, 2048]}\n"
+    )
+    baseline = load_space(tmp_path / "space.yaml").baseline_params(79.2, 131072)
+    assert baseline == {"enforce_eager": False, "long_prefill_token_threshold": 0}
+
+
 @pytest.mark.parametrize(
     ("params", "needle"),
     [

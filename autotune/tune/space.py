@@ -71,6 +71,22 @@ OTHER_VLLM_FLAGS = frozenset(
         "prefix_caching_hash_algo",
     }
 )
+# vLLM's defaults of those flags where it is one plain value (vllm/engine/arg_utils.py, EngineArgs): the
+# baseline trial ("vLLM's defaults") of a space that tunes them takes these. Where the default depends
+# on vLLM's version (async_scheduling, seed) the sampler picks the baseline's value.
+OTHER_FLAG_DEFAULTS: dict[str, Any] = {
+    "dtype": "auto",
+    "load_format": "auto",
+    "enforce_eager": False,
+    "max_num_partial_prefills": 1,
+    "max_long_partial_prefills": 1,
+    "long_prefill_token_threshold": 0,
+    "scheduling_policy": "fcfs",
+    "pipeline_parallel_size": 1,
+    "data_parallel_size": 1,
+    "enable_expert_parallel": False,
+    "disable_custom_all_reduce": False,
+}
 ENGINE_FIELDS = frozenset({"model", *ENGINE_FLAGS})
 KNOWN_FLAGS = ENGINE_FIELDS | OTHER_VLLM_FLAGS
 GRID_POINTS = 5  # values per continuous parameter when a grid is asked for
@@ -195,7 +211,7 @@ class SearchSpace:
         """
         base = self.config({})
         resolved = base.with_vllm_defaults(gpu_memory_gib, self.gpu, max_position_embeddings or 0)
-        defaults = resolved.params()
+        defaults = {**OTHER_FLAG_DEFAULTS, **resolved.params()}
         return {p.name: p.nearest(defaults[p.name]) for p in self.params if p.name in defaults}
 
     def largest(self, name: str) -> Any:
