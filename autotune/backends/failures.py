@@ -40,8 +40,10 @@ _PATTERNS: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
         FailureKind.PORT_IN_USE,
         re.compile(r"[^\n]*(?:address already in use|port is already allocated)[^\n]*", re.IGNORECASE),
     ),
-    # Other config validation: pydantic's wrapped ValueError, argparse rejecting a flag.
+    # Other config validation: pydantic's wrapped ValueError, argparse rejecting a flag, a feature the
+    # V1 engine does not implement (e.g. concurrent partial prefills).
     (FailureKind.INVALID_CONFIG, re.compile(r"(?<=Value error, )[^\n]*")),
+    (FailureKind.INVALID_CONFIG, re.compile(r"(?<=NotImplementedError: )[^\n]*is not supported[^\n]*")),
     (FailureKind.INVALID_CONFIG, re.compile(r"error: (?:unrecognized arguments|argument )[^\n]*")),
 )
 # At startup a bare ValueError is vLLM rejecting its configuration (EngineArgs/VllmConfig checks).

@@ -119,7 +119,7 @@ class SimSession:
             kind = FailureKind(exc.kind)
             log = _log_lines(resolved, self._gpu.name, None) + [
                 "ERROR [core.py] EngineCore failed to start.",
-                str(exc) if str(exc).startswith("torch.") else f"ValueError: {exc}",
+                exc.log_line(),
             ]
             self._failure = TrialResult(
                 config=config,

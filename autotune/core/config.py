@@ -23,6 +23,7 @@ SMALL_GPU_DEFAULTS = (256, 2048)
 BOOL_FLAGS = ("enable_chunked_prefill", "enable_prefix_caching")
 # A pass-through flag (`extra`) that the simulated engine's scheduler models (sim/flags.py).
 LONG_PREFILL = "long_prefill_token_threshold"
+PARTIAL_PREFILL_LIMITS = ("max_num_partial_prefills", "max_long_partial_prefills")  # V0 only
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,18 @@ def long_prefill_problem(config: EngineConfig, max_model_len: int | None) -> str
             f"({max_model_len})."
         )
     return None
+
+
+def partial_prefill_problem(config: EngineConfig) -> str | None:
+    """V1's refusal of concurrent partial prefills (`max_num_partial_prefills` or
+    `max_long_partial_prefills` other than 1: a NotImplementedError before the model loads, vLLM 0.11
+    on, where there is no V0 engine to fall back to), with its message; None when it passes."""
+    if all(config.extra.get(name) in (None, 1) for name in PARTIAL_PREFILL_LIMITS):
+        return None
+    return (
+        "Concurrent Partial Prefill is not supported. We recommend to remove Concurrent Partial Prefill "
+        "from your config."
+    )
 
 
 def check_flags(values: dict[str, Any], where: str) -> None:

@@ -16,9 +16,15 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 class EngineStartupError(Exception):
     """The engine refused to start with this config; the message is vLLM's own (verbatim)."""
 
-    def __init__(self, message: str, kind: str = "invalid_config") -> None:
+    def __init__(self, message: str, kind: str = "invalid_config", error_type: str = "ValueError") -> None:
         super().__init__(message)
         self.kind = kind  # a FailureKind value
+        self.error_type = error_type  # the Python exception vLLM raises with it
+
+    def log_line(self) -> str:
+        """The line vLLM's log ends with: the exception and its message (a torch error names itself)."""
+        message = str(self)
+        return message if message.startswith("torch.") else f"{self.error_type}: {message}"
 
 
 class RunFailure(AutotuneError):

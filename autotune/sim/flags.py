@@ -3,7 +3,9 @@
 The engine models EngineConfig's own fields, `enforce_eager` (no CUDA graphs: every step's kernels
 launched one by one, no graph memory, nothing captured at startup) and `long_prefill_token_threshold`
 (no prefill chunk longer than it: V1's scheduler caps every request's new tokens so, running and
-waiting alike, and several requests may then be mid-prefill at once). Of the other flags a search space
+waiting alike, and several requests may then be mid-prefill at once). Concurrent partial prefills
+(`max_num_partial_prefills`, `max_long_partial_prefills` other than 1) fail to start, as on vLLM's V1
+engine (core/config.py, partial_prefill_problem). Of the other flags a search space
 may set (tune/space.py, OTHER_VLLM_FLAGS) some change nothing the simulator measures (a seed, a served
 name, a load format), and the rest change speed or memory in ways it does not model: at any value but
 their neutral one the simulator would serve the config as if they were unset, so such a config is
@@ -26,8 +28,6 @@ NEUTRAL: Mapping[str, tuple[Any, ...]] = {
     "dtype": (None, "auto", "bfloat16", "float16", "half"),  # 16-bit: the bf16 models run alike
     "async_scheduling": (None, False),
     "disable_custom_all_reduce": (None, False),
-    "max_num_partial_prefills": (None, 1),
-    "max_long_partial_prefills": (None, 1),
     "cuda_graph_sizes": (None,),
 }
 

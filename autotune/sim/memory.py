@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 from autotune.catalog.gpus import GIB, GpuSpec
 from autotune.catalog.models import ModelSpec
-from autotune.core.config import BLOCK_SIZE_CHOICES, KV_CACHE_DTYPES, EngineConfig, long_prefill_problem
+from autotune.core.config import (
+    BLOCK_SIZE_CHOICES,
+    KV_CACHE_DTYPES,
+    EngineConfig,
+    long_prefill_problem,
+    partial_prefill_problem,
+)
 from autotune.core.errors import EngineStartupError, FailureKind
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.flags import enforce_eager
@@ -144,6 +150,9 @@ def validate_config(config: EngineConfig, model: ModelSpec) -> None:
     problem = long_prefill_problem(config, max_len)
     if problem:
         raise EngineStartupError(problem, invalid)
+    problem = partial_prefill_problem(config)
+    if problem:
+        raise EngineStartupError(problem, invalid, "NotImplementedError")
     kv_dtype_bytes(config, model)
 
 

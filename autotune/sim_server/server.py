@@ -84,10 +84,7 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
         engine = SimEngine(config, options.gpu, calibration=options.calibration)
     except EngineStartupError as exc:
         vllm_log("ERROR", "core.py:718", "EngineCore failed to start.")
-        message = str(exc)
-        print(
-            message if message.startswith("torch.") else f"ValueError: {message}", file=sys.stderr, flush=True
-        )
+        print(exc.log_line(), file=sys.stderr, flush=True)
         return 1
     resolved = engine.config
     memory = engine.memory

@@ -34,6 +34,7 @@ from autotune.core.config import (
     EngineConfig,
     flag_problem,
     long_prefill_problem,
+    partial_prefill_problem,
 )
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import read_yaml
@@ -255,9 +256,7 @@ def violations(config: EngineConfig, max_position_embeddings: int | None = None)
             "limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer "
             "sequences. Please increase max_num_batched_tokens or decrease max_model_len."
         )
-    long_prefill = long_prefill_problem(config, max_len)
-    if long_prefill:
-        problems.append(long_prefill)
+    problems += [p for p in (long_prefill_problem(config, max_len), partial_prefill_problem(config)) if p]
     utilization = config.gpu_memory_utilization
     if not 0 < utilization <= 1:
         problems.append(f"gpu_memory_utilization must be in (0, 1], got {utilization}.")

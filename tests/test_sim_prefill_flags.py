@@ -1,6 +1,7 @@
-"""`long_prefill_token_threshold` on the simulated engine: V1's scheduler caps every request's prefill
-chunk at it, so a long prompt no longer takes the whole token budget and several requests are
-mid-prefill at once (vllm/v1/core/sched/scheduler.py; autotune/sim/flags.py)."""
+"""The prefill flags on the simulated engine (autotune/sim/flags.py): `long_prefill_token_threshold`,
+which V1's scheduler applies as a cap on every request's prefill chunk, so a long prompt no longer takes
+the whole token budget and several requests are mid-prefill at once (vllm/v1/core/sched/scheduler.py),
+and the concurrent partial prefills V1 refuses to start with."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from cli import autotune
 from test_sim_backend import TinyWorkload
 from test_sim_flags import SPACE
 
+from autotune.backends.failures import STARTUP, classify
 from autotune.backends.sim import SimBackend
 from autotune.core.config import EngineConfig, flag_problem
+from autotune.core.errors import FailureKind
 from autotune.sim.engine import SimEngine
 from autotune.sim_server.server import start_sim_server
 from autotune.tune.space import violations
@@ -107,3 +110,21 @@ def test_a_simulated_bench_and_the_sim_server_serve_it(tmp_path: Path) -> None:
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "long_prefill_token_threshold=-1" in done.stderr
+
+
+def test_concurrent_partial_prefills_do_not_start_as_on_vllm_v1() -> None:
+    """V1 raises NotImplementedError before the model loads (vLLM 0.11 on): rejected before launch, a
+    failed start on the simulator, and recognised as an invalid config in a real server's log."""
+    said = (
+        "Concurrent Partial Prefill is not supported. We recommend to remove Concurrent Partial Prefill "
+        "from your config."
+    )
+    for flags in ({"max_num_partial_prefills": 4}, {"max_long_partial_prefills": 2}):
+        config = EngineConfig(model=LLAMA_8B, max_model_len=4096).replace(**flags)
+        assert violations(config) == [said]
+        result = SimBackend("H100").evaluate(config, TinyWorkload(2))
+        assert result.failure is FailureKind.INVALID_CONFIG and result.message == said
+        assert result.log_tail.endswith("NotImplementedError: " + said)
+        assert classify(1, result.log_tail, STARTUP) == (FailureKind.INVALID_CONFIG, said)
+    ones = EngineConfig(model=LLAMA_8B, max_model_len=4096).replace(max_num_partial_prefills=1)
+    assert violations(ones) == [] and SimBackend("H100").evaluate(ones, TinyWorkload(2)).ok
