@@ -235,6 +235,25 @@ def test_where_the_guide_predicts_no_config_meets_the_slos_a_measurement_says_so
     assert "No feasible config" in out.stdout + out.stderr
 
 
+def test_a_pick_the_startup_screen_rejects_is_not_picked_again(bare: Path) -> None:
+    """The screen's memory model is the backend's (here a reality whose CUDA graphs take 7x the
+    guide's memory: every config at 0.96 fails to start), the guide's its own: a config it picks and
+    the screen rejects is told once, and the guide moves on to one that runs."""
+    space = SPACE.replace(
+        "  max_num_batched_tokens: {type: categorical, choices: [2048, 16384]}\n",
+        "  gpu_memory_utilization: {type: categorical, choices: [0.8, 0.96]}\n",
+    ).replace("[32, 256, 1024]", "[256, 1024]")
+    (bare / "space.yaml").write_text(space)
+    (bare / "reality.yaml").write_text("cuda_graph_mib_per_layer: 1.5\ngraph_mlp_factor: 60\n")
+    guided_run(bare, "--n-trials", "3")
+    trials = study_of(bare).trials
+    screened = [t.user_attrs["config_key"] for t in trials if t.user_attrs.get("screened")]
+    assert screened and len(set(screened)) == len(screened)  # each rejected once
+    assert all(t.params["gpu_memory_utilization"] == 0.96 for t in trials if t.user_attrs.get("screened"))
+    launched = [t for t in trials if t.user_attrs.get("launched", True)]
+    assert len(launched) == 2 and all(t.params["gpu_memory_utilization"] == 0.8 for t in launched)
+
+
 def test_two_trials_at_a_time_choose_the_second_before_anything_is_measured(folder: Path) -> None:
     """With --parallel 2 the defaults start while the guide's first pick runs, and the guide picks the
     third while one of them may still run."""

@@ -50,6 +50,18 @@ def observations(
     return out
 
 
+def unlaunched_keys(study: optuna.Study) -> set[str]:
+    """The configs the study told without launching them: invalid for vLLM, too large for the GPUs, or
+    predicted by the run's startup screen not to start (tune/tuner.py). Asked again they would be told
+    the same, so the guide does not pick them again (its own memory model may say they start: the
+    screen's calibration is the backend's)."""
+    return {
+        t.user_attrs["config_key"]
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+        if t.user_attrs.get("launched") is False and "config_key" in t.user_attrs
+    }
+
+
 def _interrupted(
     trial: optuna.trial.FrozenTrial, space: SearchSpace, predicted: Callable[[str], float | None]
 ) -> Observation:

@@ -43,7 +43,7 @@ from autotune.tune.guide_belief import GuideBelief
 from autotune.tune.guide_budget import Budget, Observation
 from autotune.tune.guide_check import BurstCheck
 from autotune.tune.guide_features import grid_positions
-from autotune.tune.guide_observed import ATTR
+from autotune.tune.guide_observed import ATTR, unlaunched_keys
 from autotune.tune.guide_options import GuidedOptions
 from autotune.tune.guide_refit import Refit
 from autotune.tune.guide_residual import expected_improvement
@@ -165,7 +165,7 @@ class GuidedSearch(GuideBelief):
         return True
 
     def _choose(self, study: optuna.Study, observed: Sequence[Observation], busy: set[str]) -> str | None:
-        tried = {o.key for o in observed if not o.interrupted} | busy
+        tried = {o.key for o in observed if not o.interrupted} | busy | unlaunched_keys(study)
         free = self._free(tried)
         if not free:
             return self._none_left(study, observed, busy)
