@@ -40,6 +40,23 @@ def test_bench_prints_the_resolved_config_with_runs_max_model_len(
     assert report["completed"] == 12
 
 
+def test_set_takes_the_pass_through_flags_a_space_may_set(
+    workload: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--set` builds the config as a space's flags do: vLLM's pass-through flags too, modelled by the
+    simulator (eager steps are slower) or refused by it in one line."""
+    itl = {}
+    for flags in ([], ["--set", "enforce_eager=true", "--set", "long_prefill_token_threshold=512"]):
+        assert main(["bench", "--workload", workload, *flags, "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        itl[bool(flags)] = report["median_itl_ms"]
+    config = report["config"]
+    assert config["enforce_eager"] is True and config["long_prefill_token_threshold"] == 512
+    assert itl[True] > itl[False]
+    assert main(["bench", "--workload", workload, "--set", "pipeline_parallel_size=2"]) == 2
+    assert "does not model pipeline_parallel_size=2" in capsys.readouterr().err
+
+
 def test_a_failed_config_with_json_prints_a_json_error(
     workload: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

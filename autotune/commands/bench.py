@@ -21,7 +21,7 @@ from autotune.commands.options import (
     add_slo_option,
 )
 from autotune.core import values
-from autotune.core.config import ENGINE_FLAGS, EngineConfig, check_flags, parse_value
+from autotune.core.config import ENGINE_FLAGS, OTHER_VLLM_FLAGS, EngineConfig, check_flags, parse_value
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import arg, positive_seconds
 from autotune.sim.calibration import calibration_option
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # imported when a benchmark runs (`--help` stays quick)
 
 HELP = "Benchmark one vLLM config on one workload (simulated by default) and print the metrics."
 
-TUNABLE = sorted(ENGINE_FLAGS)
+SETTABLE = sorted({*ENGINE_FLAGS, *OTHER_VLLM_FLAGS})  # what a search space may set
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help=f"a vLLM flag in snake_case (repeatable): {', '.join(TUNABLE)}",
+        help=f"a vLLM flag in snake_case (repeatable): {', '.join(SETTABLE)}",
     )
     load = parser.add_argument_group("the load (default: the workload file's)")
     load.add_argument("--rate", type=arg(values.rate), help="requests per second (Poisson; inf: all at once)")
@@ -98,8 +98,8 @@ def parse_settings(settings: list[str]) -> dict[str, Any]:
         name = name.strip().replace("-", "_")
         if not sep or not value:
             raise AutotuneError(f"bad --set {item!r}: expected NAME=VALUE, e.g. max_num_seqs=256")
-        if name not in TUNABLE:
-            raise AutotuneError(f"unknown vLLM parameter {name!r}; known: {', '.join(TUNABLE)}")
+        if name not in SETTABLE:
+            raise AutotuneError(f"unknown vLLM parameter {name!r}; known: {', '.join(SETTABLE)}")
         out[name] = parse_value(value)
     check_flags(out, "bad --set")
     return out

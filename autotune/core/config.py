@@ -151,6 +151,52 @@ POSITIVE_INT_FLAGS = (
     "block_size",
     "max_model_len",
 )
+# `vllm serve` flags a search space may tune or fix and `bench --set` may set, beyond EngineConfig's
+# fields (their values pass through to the server: EngineConfig.extra).
+OTHER_VLLM_FLAGS = frozenset(
+    {
+        "dtype",
+        "quantization",
+        "load_format",
+        "seed",
+        "swap_space",
+        "enforce_eager",
+        "max_num_partial_prefills",
+        "max_long_partial_prefills",
+        "long_prefill_token_threshold",
+        "cuda_graph_sizes",
+        "max_seq_len_to_capture",
+        "scheduling_policy",
+        "async_scheduling",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "enable_expert_parallel",
+        "trust_remote_code",
+        "disable_custom_all_reduce",
+        "num_scheduler_steps",
+        "served_model_name",
+        "tokenizer",
+        "revision",
+        "calculate_kv_scales",
+        "prefix_caching_hash_algo",
+    }
+)
+# vLLM's defaults of those flags where it is one plain value (vllm/engine/arg_utils.py, EngineArgs): the
+# baseline trial ("vLLM's defaults") of a space that tunes them takes these. Where the default depends
+# on vLLM's version (async_scheduling, seed) the sampler picks the baseline's value.
+OTHER_FLAG_DEFAULTS: dict[str, Any] = {
+    "dtype": "auto",
+    "load_format": "auto",
+    "enforce_eager": False,
+    "max_num_partial_prefills": 1,
+    "max_long_partial_prefills": 1,
+    "long_prefill_token_threshold": 0,
+    "scheduling_policy": "fcfs",
+    "pipeline_parallel_size": 1,
+    "data_parallel_size": 1,
+    "enable_expert_parallel": False,
+    "disable_custom_all_reduce": False,
+}
 # Past an int32 no count is a setting: vLLM keeps sequence lengths, block tables and token positions in
 # int32 tensors (and 2**63 sequences or a 10**15-token budget only end in an allocation error).
 MAX_FLAG_INT = 2**31 - 1

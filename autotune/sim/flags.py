@@ -6,7 +6,7 @@ launched one by one, no graph memory, nothing captured at startup) and `long_pre
 waiting alike, and several requests may then be mid-prefill at once). Concurrent partial prefills
 (`max_num_partial_prefills`, `max_long_partial_prefills` other than 1) fail to start, as on vLLM's V1
 engine (core/config.py, partial_prefill_problem). Of the other flags a search space
-may set (tune/space.py, OTHER_VLLM_FLAGS) some change nothing the simulator measures (a seed, a served
+may set (core/config.py, OTHER_VLLM_FLAGS) some change nothing the simulator measures (a seed, a served
 name, a load format), and the rest change speed or memory in ways it does not model: at any value but
 their neutral one the simulator would serve the config as if they were unset, so such a config is
 refused (`unmodelled`) rather than simulated wrongly.

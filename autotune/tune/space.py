@@ -30,6 +30,8 @@ import numpy as np
 from autotune.catalog.models import qualified_name
 from autotune.core.config import (
     ENGINE_FLAGS,
+    OTHER_FLAG_DEFAULTS,
+    OTHER_VLLM_FLAGS,
     POSITIVE_INT_FLAGS,
     EngineConfig,
     flag_problem,
@@ -43,51 +45,6 @@ SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DEFAULT_GPU = "H100"
 TYPES = ("int", "float", "categorical", "bool")
-# `vllm serve` flags the space may tune or fix, beyond EngineConfig's fields (values pass through).
-OTHER_VLLM_FLAGS = frozenset(
-    {
-        "dtype",
-        "quantization",
-        "load_format",
-        "seed",
-        "swap_space",
-        "enforce_eager",
-        "max_num_partial_prefills",
-        "max_long_partial_prefills",
-        "long_prefill_token_threshold",
-        "cuda_graph_sizes",
-        "max_seq_len_to_capture",
-        "scheduling_policy",
-        "async_scheduling",
-        "pipeline_parallel_size",
-        "data_parallel_size",
-        "enable_expert_parallel",
-        "trust_remote_code",
-        "disable_custom_all_reduce",
-        "num_scheduler_steps",
-        "served_model_name",
-        "tokenizer",
-        "revision",
-        "calculate_kv_scales",
-        "prefix_caching_hash_algo",
-    }
-)
-# vLLM's defaults of those flags where it is one plain value (vllm/engine/arg_utils.py, EngineArgs): the
-# baseline trial ("vLLM's defaults") of a space that tunes them takes these. Where the default depends
-# on vLLM's version (async_scheduling, seed) the sampler picks the baseline's value.
-OTHER_FLAG_DEFAULTS: dict[str, Any] = {
-    "dtype": "auto",
-    "load_format": "auto",
-    "enforce_eager": False,
-    "max_num_partial_prefills": 1,
-    "max_long_partial_prefills": 1,
-    "long_prefill_token_threshold": 0,
-    "scheduling_policy": "fcfs",
-    "pipeline_parallel_size": 1,
-    "data_parallel_size": 1,
-    "enable_expert_parallel": False,
-    "disable_custom_all_reduce": False,
-}
 ENGINE_FIELDS = frozenset({"model", *ENGINE_FLAGS})
 KNOWN_FLAGS = ENGINE_FIELDS | OTHER_VLLM_FLAGS
 GRID_POINTS = 5  # values per continuous parameter when a grid is asked for
