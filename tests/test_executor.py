@@ -149,6 +149,11 @@ def test_gpus_cap_the_trials_in_flight() -> None:
     assert executor.misfit(EngineConfig(model="m", tensor_parallel_size=2)) == (
         "tensor_parallel_size 2 needs 2 GPUs; the pool has 1"
     )
+    # pipeline and data parallelism take GPUs too (one vllm serve with DP 2 runs two engines)
+    assert executor.misfit(EngineConfig(model="m").replace(pipeline_parallel_size=2)) == (
+        "tensor_parallel_size 1 x pipeline_parallel_size 2 needs 2 GPUs; the pool has 1"
+    )
+    assert executor.needs(EngineConfig(model="m", tensor_parallel_size=2).replace(data_parallel_size=2)) == 4
     executor.submit(0, EngineConfig(model="m"), 0, None)
     assert not executor.can_start()
     assert len(drain(executor, 1)[0].placement.gpu_ids) == 1

@@ -62,8 +62,8 @@ class Backend(ABC):
     """Evaluates configs on workloads. Must never raise for a bad config: return a failure.
 
     Backends are plain picklable objects: the executor ships them to Ray workers.
-    `gpu_ids` are the devices Ray assigned the trial's task on its node (len == tensor_parallel_size;
-    empty for the sim): the backend pins its server to exactly those;
+    `gpu_ids` are the devices Ray assigned the trial's task on its node (as many as the config's GPUs,
+    core/config.py gpus_per_replica; empty for the sim): the backend pins its server to exactly those;
     `trial_dir` is where the backend may write logs (runs/<study>/trials/<n>/), or None.
     """
 

@@ -289,8 +289,18 @@ def parse_value(text: str) -> Any:
     return _parse_value(text)
 
 
+PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+
+
 def gpus_per_replica(params: Mapping[str, Any]) -> int:
     """The GPUs one replica of a config takes (its flags, as `EngineConfig.params()` or a trial's `config`
-    attr): its tensor- times pipeline-parallel size."""
-    tp = int(params.get("tensor_parallel_size") or 1)
-    return tp * int(params.get("pipeline_parallel_size") or 1)
+    attr): its tensor- times pipeline- times data-parallel size (one `vllm serve` with data parallelism
+    runs that many engines, each on its own GPUs)."""
+    return math.prod(max(1, int(params.get(name) or 1)) for name in PARALLEL_SIZES)
+
+
+def parallel_text(params: Mapping[str, Any]) -> str:
+    """The parallel sizes that make a config's GPU count, e.g. "tensor_parallel_size 2 x
+    pipeline_parallel_size 2" (the tensor-parallel size alone when the others are unset)."""
+    sizes = [f"{name} {params[name]}" for name in PARALLEL_SIZES[1:] if int(params.get(name) or 1) > 1]
+    return " x ".join([f"tensor_parallel_size {int(params.get('tensor_parallel_size') or 1)}", *sizes])

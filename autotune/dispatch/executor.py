@@ -1,12 +1,13 @@
-"""Dispatch trials as Ray tasks, placed by Ray on the cluster's GPUs (TP per task), with deadlines.
+"""Dispatch trials as Ray tasks, placed by Ray on the cluster's GPUs (a replica's per task), with deadlines.
 
 The driver owns the study; the executor only runs configs. Each trial is a Ray task asking for
-`num_gpus = tensor_parallel_size`: Ray puts it on one node with that many free GPUs and the task pins
-the devices Ray assigned (autotune/trial/task.py), so no two trials share a device, on one machine or
-many. The driver only counts: at most as many GPUs in flight as the live nodes have (`--gpus N` caps
-that), and a TP larger than the largest node is refused before launch. The simulator needs no GPU: its
-trials take one CPU slot each (`--parallel N`), or fake GPUs when `--gpus N` is given so TP placement is
-exercised; a run of one simulated trial at a time needs no Ray at all (autotune/dispatch/local.py).
+`num_gpus` = its config's GPUs (TP x PP x DP, core/config.py `gpus_per_replica`): Ray puts it on one node
+with that many free GPUs and the task pins the devices Ray assigned (autotune/trial/task.py), so no two
+trials share a device, on one machine or many. The driver only counts: at most as many GPUs in flight
+as the live nodes have (`--gpus N` caps that), and a config larger than the largest node is refused
+before launch. The simulator needs no GPU: its trials take one CPU slot each (`--parallel N`), or fake
+GPUs when `--gpus N` is given so TP placement is exercised; a run of one simulated trial at a time needs
+no Ray at all (autotune/dispatch/local.py).
 
 Faults: a trial past its deadline is cancelled (forced) and becomes a benchmark_timeout failure; a task
 that dies becomes a crash, and one whose node died names the node and takes the node's GPUs out of the
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import Backend
-from autotune.core.config import EngineConfig
+from autotune.core.config import EngineConfig, gpus_per_replica, parallel_text
 from autotune.core.errors import AutotuneError, FailureKind
 from autotune.dispatch.ray_cluster import (
     ClusterLost,
@@ -124,19 +125,20 @@ class Executor:
         return f"{self.capacity} GPU(s) on {len(self._inventory.nodes)} Ray node(s), placed by Ray"
 
     def needs(self, config: EngineConfig) -> int:
-        """Slots a config takes: its TP size on GPUs, one CPU slot for the simulator."""
-        return max(1, config.tensor_parallel_size) if self.uses_gpus else 1
+        """Slots a config takes: its GPUs (TP x PP x DP) on GPUs, one CPU slot for the simulator."""
+        return gpus_per_replica(config.params()) if self.uses_gpus else 1
 
     def misfit(self, config: EngineConfig) -> str | None:
-        """Why this config can never run here (TP beyond the pool, or beyond every single node), or None."""
+        """Why this config can never run here (more GPUs than the pool, or than every single node), or
+        None."""
         need = self.needs(config)
-        tp = config.tensor_parallel_size
+        sizes = parallel_text(config.params())
         if need > self.capacity:
-            return f"tensor_parallel_size {tp} needs {need} GPUs; the pool has {self.capacity}"
+            return f"{sizes} needs {need} GPUs; the pool has {self.capacity}"
         if self.uses_gpus and need > self._inventory.largest:
             return (
-                f"tensor_parallel_size {tp} needs {need} GPUs on one node; the largest node of the Ray "
-                f"cluster has {self._inventory.largest}"
+                f"{sizes} needs {need} GPUs on one node; the largest node of the Ray cluster has "
+                f"{self._inventory.largest}"
             )
         return None
 

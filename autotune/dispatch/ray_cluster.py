@@ -1,8 +1,8 @@
 """The Ray cluster a run uses: start a local one or join one (failing fast), its GPUs per node, its liveness.
 
-Placement is Ray's: a trial task asks for `num_gpus = tensor_parallel_size`, which Ray grants on one
+Placement is Ray's: a trial task asks for `num_gpus` = its config's GPUs, which Ray grants on one
 node, and the task pins the devices Ray gave it. The driver only needs to know how many GPUs the
-cluster's live nodes have (its capacity) and the largest node (the biggest TP that can ever run).
+cluster's live nodes have (its capacity) and the largest node (the most GPUs a config can ever take).
 `--gpus 0,1` on a local cluster is made real by starting Ray with CUDA_VISIBLE_DEVICES=0,1, so Ray's
 own assignment maps onto those devices (Ray respects a CUDA_VISIBLE_DEVICES its raylet inherited).
 """
