@@ -161,6 +161,18 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], str]] = [
         {},
         "bad --set: max_num_batched_tokens=1000000000000000",
     ),
+    (
+        "set-pp-text",
+        ["bench", "--set", "pipeline_parallel_size=two"],
+        {},
+        "bad --set: pipeline_parallel_size='two'",
+    ),
+    (
+        "space-chunk-cap-text",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space(PARAM, "  long_prefill_token_threshold: 1k"),
+        "long_prefill_token_threshold='1k': expected a whole number from 0 (no cap)",
+    ),
     # -- files: nesting, aliases, keys, shapes ---------------------------------------------------------
     (
         "space-deep",

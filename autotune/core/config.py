@@ -150,6 +150,10 @@ POSITIVE_INT_FLAGS = (
     "max_num_batched_tokens",
     "block_size",
     "max_model_len",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "max_num_partial_prefills",
+    "max_long_partial_prefills",
 )
 # `vllm serve` flags a search space may tune or fix and `bench --set` may set, beyond EngineConfig's
 # fields (their values pass through to the server: EngineConfig.extra).
