@@ -21,6 +21,7 @@ from autotune.catalog.models import get_model
 from autotune.core.config import EngineConfig
 from autotune.core.errors import FailureKind
 from autotune.measure.result import TrialResult
+from autotune.trial.task import SearchPlan
 from autotune.tune.objectives import load_objectives
 from autotune.tune.run_records import TunerOptions
 from autotune.tune.samplers import make_sampler
@@ -74,7 +75,7 @@ class LookupExecutor:
         config: EngineConfig,
         seed: int,
         trial_dir: Path | None,
-        hint_rate: float | None = None,
+        plan: SearchPlan | None = None,
     ) -> tuple[int, ...]:
         self._done.append((number, self.oracle.lookup(config)))
         return ()

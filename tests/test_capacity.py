@@ -28,7 +28,7 @@ from autotune.trial.capacity import (
 )
 from autotune.trial.probe import Probe, judge_probes, meets, pool_nearby, probe_verdict
 from autotune.trial.saturation import saturation_runs
-from autotune.trial.task import evaluate_trial
+from autotune.trial.task import SearchPlan, evaluate_trial
 from autotune.tune.objectives import KEPT_UP_KEY, constraints, is_feasible
 from autotune.workloads.files import load_workload
 from autotune.workloads.spec import LengthDist, WorkloadSpec
@@ -139,8 +139,10 @@ def test_a_hinted_search_brackets_the_hint_and_finds_the_same_capacity_with_fewe
 
 
 def test_a_trial_passes_its_hint_to_the_capacity_search() -> None:
-    """The executors' hint_rate (the guided run's corrected capacity) reaches the search: its first probe."""
-    result = evaluate_trial(SimBackend("H100"), CONFIG, WORKLOAD, SLOS, 0, (), None, hint_rate=5.0)
+    """The executors' plan (the guided run's corrected capacity) reaches the search: its first probe."""
+    result = evaluate_trial(
+        SimBackend("H100"), CONFIG, WORKLOAD, SLOS, 0, (), None, SearchPlan(hint_rate=5.0)
+    )
     assert result.capacity.probes[0].rate == approx(5.0)
     plain = evaluate_trial(SimBackend("H100"), CONFIG, WORKLOAD, SLOS, 0, (), None)
     assert plain.capacity.probes[0].rate != approx(5.0)

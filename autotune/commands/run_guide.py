@@ -228,7 +228,13 @@ def guide_summary(data: dict[str, Any]) -> str:
     lines = ["guide: predicted vs measured per real trial:"]
     for r in data["trials"]:
         measured = f"{r['measured']:,.1f}" if r["measured"] is not None else "infeasible"
-        measured = "nothing (interrupted)" if r.get("interrupted") else measured
+        if r.get("interrupted"):
+            cut = (
+                "cut short at its share of --gpu-hours"
+                if r["interrupted"] == "budget_spent"
+                else "interrupted"
+            )
+            measured = f"nothing ({cut})"
         predicted = f"{r['predicted']:,.1f}" if r["predicted"] is not None else "-"
         by = f"; {r['by']}" if r.get("by") else ""
         if r.get("bursts"):  # tune/guide_check.py: + is slower than the guide's model

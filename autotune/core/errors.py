@@ -49,6 +49,9 @@ class FailureKind(StrEnum):
     PORT_IN_USE = "port_in_use"
     REQUESTS_FAILED = "requests_failed"  # the server answered some requests with an error (e.g. too long)
     EARLY_ABORT = "early_abort"  # stopped early: the SLOs could no longer be met (partial metrics kept)
+    # A capacity search cut short by the run's GPU-hour budget before any rate passed: no verdict, the
+    # tuner tells it FAIL (tune/tuner.py), its GPU time spent
+    BUDGET_SPENT = "budget_spent"
     ERROR = "error"  # anything else
 
 

@@ -39,7 +39,7 @@ from autotune.dispatch.ray_cluster import (
 from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
-from autotune.trial.task import land, run_trial_task
+from autotune.trial.task import SearchPlan, land, run_trial_task
 from autotune.workloads.spec import WorkloadSpec
 
 __all__ = ["ClusterLost", "Executor"]
@@ -161,10 +161,10 @@ class Executor:
         config: EngineConfig,
         seed: int,
         trial_dir: Path | None,
-        hint_rate: float | None = None,
+        plan: SearchPlan | None = None,
     ) -> None:
         """Start one trial as a Ray task; Ray places it (the devices are known when it reports back).
-        `hint_rate`: a capacity search starts from it (trial/capacity.py, CapacitySearch.hint_rate)."""
+        `plan`: what its capacity search starts from and may spend (trial/task.py)."""
         need = self.needs(config)
         if not self.can_start(config):
             raise RuntimeError("submit() without a free slot: call can_start() first")
@@ -180,7 +180,7 @@ class Executor:
             trial_dir,
             self._driver_node,
             self.uses_gpus,
-            hint_rate,
+            plan,
         )
         self._used += need
         nodes = frozenset(self._inventory.nodes)

@@ -9,7 +9,7 @@ from autotune.backends.base import Backend
 from autotune.core.config import EngineConfig
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
-from autotune.trial.task import evaluate_trial
+from autotune.trial.task import SearchPlan, evaluate_trial
 from autotune.workloads.spec import WorkloadSpec
 
 
@@ -59,20 +59,20 @@ class LocalExecutor:
         config: EngineConfig,
         seed: int,
         trial_dir: Path | None,
-        hint_rate: float | None = None,
+        plan: SearchPlan | None = None,
     ) -> None:
         """Take a trial; it runs at the next `wait`."""
         if self._job is not None:
             raise RuntimeError("submit() without a free slot: call can_start() first")
-        self._job = (number, config, seed, hint_rate)
+        self._job = (number, config, seed, plan)
 
     def wait(self, timeout: float) -> list[tuple[int, TrialResult]]:
         """Run the submitted trial now, in this process."""
         if self._job is None:
             return []
-        number, config, seed, hint_rate = self._job
+        number, config, seed, plan = self._job
         try:
-            result = evaluate_trial(self.backend, config, self.workload, self.slos, seed, (), None, hint_rate)
+            result = evaluate_trial(self.backend, config, self.workload, self.slos, seed, (), None, plan)
         finally:
             self._job = None
         return [(number, result)]

@@ -24,7 +24,7 @@ from autotune.core.procs import end_workers, usable_cpus, worker_pool
 from autotune.dispatch.local import LocalExecutor
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
-from autotune.trial.task import evaluate_trial
+from autotune.trial.task import SearchPlan, evaluate_trial
 
 
 class ProcessExecutor(LocalExecutor):
@@ -66,12 +66,12 @@ class ProcessExecutor(LocalExecutor):
         config: EngineConfig,
         seed: int,
         trial_dir: Path | None,
-        hint_rate: float | None = None,
+        plan: SearchPlan | None = None,
     ) -> None:
         """Start a trial on a worker (the simulator writes no trial files)."""
         if not self.can_start():
             raise RuntimeError("submit() without a free slot: call can_start() first")
-        args = (evaluate_trial, self.backend, config, self.workload, self.slos, seed, (), None, hint_rate)
+        args = (evaluate_trial, self.backend, config, self.workload, self.slos, seed, (), None, plan)
         try:
             future = self._workers().submit(*args)
         except BrokenProcessPool:  # a worker died (e.g. killed for memory): its trials were told; start anew

@@ -8,6 +8,7 @@ from typing import Protocol
 
 from autotune.core.config import EngineConfig
 from autotune.measure.result import TrialResult
+from autotune.trial.task import SearchPlan
 
 __all__ = ["TrialExecutor"]
 
@@ -33,7 +34,7 @@ class TrialExecutor(Protocol):
         config: EngineConfig,
         seed: int,
         trial_dir: Path | None,
-        hint_rate: float | None = None,
+        plan: SearchPlan | None = None,
     ) -> None: ...  # noqa: D102
 
     def wait(self, timeout: float) -> list[tuple[int, TrialResult]]: ...  # noqa: D102

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 # What limits a capacity when no SLO does: the server could not keep up with more arrivals (its
 # throughput), whatever the latencies at that rate.
 KEEPING_UP = "keeping up"
+BUDGET_STOP = "the GPU-hour budget"  # how `stopped_by` starts where the run's budget cut the search short
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class CapacityReport:
     measured_request_throughput: float | None = None  # the window's own (None: no rate passed)
     measured_output_throughput: float | None = None
     measured_total_token_throughput: float | None = None
-    stopped_by: str | None = None  # why the search stopped short (the server died or hung)
+    stopped_by: str | None = None  # why the search stopped short (the server died or hung, BUDGET_STOP)
     window_s: tuple[float, float] | None = None  # the planned warm-up and window (seconds)
     # what keeps it from being higher: the rate above it fell short of these (KEEPING_UP, SLOs), or
     # KEEPING_UP when above it lies only the saturation throughput; None: not known (an old study)

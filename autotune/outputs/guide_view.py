@@ -32,6 +32,7 @@ def predicted_vs_measured(search: GuidedSearch, study: optuna.Study) -> list[dic
     ("bursts": the speed offset and the shape, tune/guide_check.py) (the summary, guide.json and the
     report's plot)."""
     rows = []
+    trials = study.get_trials(deepcopy=False)
     for o in search.observations(study):
         rows.append(
             {
@@ -46,8 +47,8 @@ def predicted_vs_measured(search: GuidedSearch, study: optuna.Study) -> list[dic
         check = search.bursts.misfit(o, search.refit, search.index)  # its bursts against the guide's replay
         if check is not None:
             rows[-1]["bursts"] = {"offset": round(check.offset, 4), "shape": round(check.shape, 4)}
-        if o.interrupted:
-            rows[-1]["interrupted"] = True
+        if o.interrupted:  # why: "interrupted", or "budget_spent" (its capacity search hit its cap)
+            rows[-1]["interrupted"] = trials[o.number].user_attrs.get("failure") or "interrupted"
     return rows
 
 

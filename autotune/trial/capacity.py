@@ -20,7 +20,8 @@ from pathlib import Path
 
 from autotune.backends.base import Backend, Session
 from autotune.core.config import EngineConfig
-from autotune.measure.capacity_report import KEEPING_UP, CapacityReport
+from autotune.core.errors import FailureKind
+from autotune.measure.capacity_report import BUDGET_STOP, KEEPING_UP, CapacityReport
 from autotune.measure.evidence import UNSURE, Z, sequential_z
 from autotune.measure.load_report import Saturation
 from autotune.measure.metrics import BenchmarkResult
@@ -78,6 +79,9 @@ class CapacitySearch:
     # Only where it comes from differs: every probe is measured and judged as without it.
     hint_rate: float | None = None
     hint_step: float = HINT_STEP
+    # GPU seconds (per GPU) the whole search may spend, startup included (None: no cap): the guided run's
+    # share of its --gpu-hours. A window that would pass it is not started (docs/measurement.md).
+    max_gpu_s: float | None = None
 
 
 def find_capacity(
@@ -125,13 +129,23 @@ def _search(
     # confidence `z` asks for (a miss is told at `z` itself: a false miss costs capacity, not a promise).
     pass_z = sequential_z(search.max_windows, search.z)
 
+    def plan_at(rate: float) -> Window:
+        queued = rate >= search.queue_free_below * sat.throughput
+        requests = window_requests(slos, search.min_window_requests, search.tail_samples, queued)
+        settle = relaxation_s(rate, sat.throughput) if queued_slos else 0.0
+        return _probe_window(window, rate, search, requests, settle)
+
+    def affords(rate: float) -> bool:
+        """Whether the cap leaves room for a window at `rate`: its load and its last requests' drain."""
+        if search.max_gpu_s is None:
+            return True
+        spent = sum(r.gpu_seconds for r in (*sat_runs, *(r for p in probes for r in p.runs)))
+        return spent + plan_at(rate).end + sat.lifetime_s <= search.max_gpu_s
+
     def measure(p: Probe) -> None:
         """Another window at the probe's rate (of other requests: seed), judged with its earlier ones."""
         write_probe(trial_dir, len(probes), search.max_probes, p.rate)  # for the progress line
-        queued = p.rate >= search.queue_free_below * sat.throughput
-        requests = window_requests(slos, search.min_window_requests, search.tail_samples, queued)
-        settle = relaxation_s(p.rate, sat.throughput) if queued_slos else 0.0
-        plan = _probe_window(window, p.rate, search, requests, settle)
+        plan = plan_at(p.rate)
         load = workload.with_load(
             request_rate=p.rate, num_requests=max(1, math.ceil(p.rate * plan.end)), measure_from=plan.start
         )
@@ -142,21 +156,32 @@ def _search(
 
     probes: list[Probe] = []
     rate: float | None = min(search.hint_rate or START_FRACTION * sat.throughput, top)
+    capped = False
     while rate is not None and len(probes) < search.max_probes:
+        if capped := not affords(rate):
+            break
         probes.append(Probe(rate))
         measure(probes[-1])
         # A window too close to call is measured again, and the windows pooled.
         while probes[-1].own == UNSURE and probes[-1].windows < search.max_windows and session.alive:
+            if capped := not affords(rate):
+                break
             measure(probes[-1])
         if not session.alive:
             break  # the server died or hung: no other rate can be measured on it
         following = _next_hinted_rate if search.hint_rate else _next_rate
         rate = following(probes, *_bracket(probes, top), search, slos)
     low, high = _bracket(probes, top)
-    best = low.result if low is not None else min(probes, key=lambda p: p.rate).result
+    lowest = min(probes, key=lambda p: p.rate).result if probes else sat_result  # no probe: cut at once
+    best = low.result if low is not None else lowest
     annotated = _annotate(best, probes, sat_runs, low, high, top)
     stopped_by = None
-    if not session.alive and probes[-1].result is not best:
+    if capped:
+        cap_h = (search.max_gpu_s or 0.0) / 3600
+        stopped_by = f"{BUDGET_STOP}: a window more would pass this trial's {cap_h:.2f} GPU-h per GPU"
+        if low is None:  # no verdict: the trial is told as cut short, not as missing the SLOs
+            annotated.failure, annotated.message = FailureKind.BUDGET_SPENT, stopped_by
+    elif not session.alive and probes[-1].result is not best:
         # Say why the search stopped short (e.g. an OOM under load at a higher rate).
         last = probes[-1].result
         stopped_by = f"{last.failure}: {last.message}"

@@ -27,6 +27,16 @@ from autotune.workloads.spec import WorkloadSpec
 MAX_SHIPPED_BYTES = 16 << 20  # per file: the tail of a huge server log is the part that explains a failure
 
 
+@dataclass(frozen=True)
+class SearchPlan:
+    """What the run asks of one trial's capacity search (trial/capacity.py, CapacitySearch): the rate to
+    start from (the guided search's corrected prediction) and the GPU seconds per GPU it may spend (the
+    trial's share of --gpu-hours). None: the search's own start, no cap."""
+
+    hint_rate: float | None = None
+    max_gpu_s: float | None = None
+
+
 @dataclass
 class TaskOutput:
     """What the task sends back: the result, where and when it ran, and log files written away from the
@@ -45,10 +55,9 @@ def evaluate_trial(
     seed: int,
     gpu_ids: Sequence[int | str],
     trial_dir: Path | None,
-    hint_rate: float | None = None,
+    plan: SearchPlan | None = None,
 ) -> TrialResult:
-    """One trial: a benchmark at the workload's load, or a capacity search (from `hint_rate`, the guided
-    search's predicted capacity, when given: CapacitySearch.hint_rate).
+    """One trial: a benchmark at the workload's load, or a capacity search as `plan` asks.
 
     A backend bug must not end the study: any exception becomes an `error` failure with its message.
     """
@@ -56,7 +65,8 @@ def evaluate_trial(
         if workload.load == "capacity":
             from autotune.trial.capacity import CapacitySearch, find_capacity
 
-            search = CapacitySearch(hint_rate=hint_rate)
+            plan = plan or SearchPlan()
+            search = CapacitySearch(hint_rate=plan.hint_rate, max_gpu_s=plan.max_gpu_s)
             return find_capacity(backend, config, workload, slos, seed, gpu_ids, trial_dir, search)  # type: ignore[arg-type]
         return backend.evaluate(config, workload, slos, seed, gpu_ids, trial_dir)  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001
@@ -72,7 +82,7 @@ def run_trial_task(
     trial_dir: Path | None,
     driver_node: str | None,
     uses_gpus: bool,
-    hint_rate: float | None = None,
+    plan: SearchPlan | None = None,
 ) -> TaskOutput:
     """The body of a trial's Ray task (see the module docstring)."""
     placement = current_placement(uses_gpus)
@@ -80,12 +90,12 @@ def run_trial_task(
     files: dict[str, bytes] = {}
     if trial_dir is None or placement.node_id == driver_node:
         result = evaluate_trial(
-            backend, config, workload, slos, seed, placement.gpu_ids or (), trial_dir, hint_rate
+            backend, config, workload, slos, seed, placement.gpu_ids or (), trial_dir, plan
         )
     else:
         with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
             gpu_ids = placement.gpu_ids or ()
-            result = evaluate_trial(backend, config, workload, slos, seed, gpu_ids, Path(tmp), hint_rate)
+            result = evaluate_trial(backend, config, workload, slos, seed, gpu_ids, Path(tmp), plan)
             files = _read_files(Path(tmp))
     ran_at = (round(started, 3), round(time.time(), 3))  # wall clock, for utilization
     return TaskOutput(result, dataclasses.replace(placement, ran_at=ran_at), files)

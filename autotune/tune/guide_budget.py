@@ -5,6 +5,11 @@ predicted rate when the objective is a throughput (a capacity search's windows h
 requests, so its GPU time goes as 1 / capacity: a 70B config at half the defaults' rate costs twice their
 search). Before any trial served load the charge is at least the pre-run estimate: a config that failed
 to start cost its startup only. Trials still running are charged as the next (tune/guided.py).
+
+The charge decides whether a trial starts; the cap bounds what it spends: each trial's capacity search
+gets a share of what is left (`trial_cap_s`) and stops before a window that would pass it, so a search
+dearer than its charge (one whose windows near its capacity are too close to call and are measured
+again) cannot carry the run past --gpu-hours.
 """
 
 from __future__ import annotations
@@ -44,23 +49,34 @@ class Budget:
     def next_cost_s(self, observed: Sequence[Observation], value: float | None) -> float:
         """What the next trial (predicted objective `value`; None: not predicted) is charged, in GPU
         seconds: the dearest so far, scaled to `value` for a throughput; until a trial served load, at
-        least the pre-run estimate."""
-        costs = [o.gpu_s for o in observed if o.gpu_s > 0 and not o.interrupted]  # a part is no trial's cost
+        least the pre-run estimate. A trial cut short (Ctrl-C, or its cap) spent a part of a trial's
+        cost: at least that much."""
+        costs = [o.gpu_s for o in observed if o.gpu_s > 0]
         if self.maximize and value is not None and value > 0:
             scaled = [o.gpu_s * o.measured / value for o in observed if o.gpu_s > 0 and o.measured]
             if scaled:
-                return max(scaled)
+                return max([*scaled, *(o.gpu_s for o in observed if o.interrupted)])
         searched = any(o.searched for o in observed)
         return max([*costs, 0.0 if searched else (self.first_trial_gpu_s or 0.0)])
 
-    def trials_left(self, observed: Sequence[Observation], value: float | None, in_flight: int = 0) -> float:
+    def trials_left(
+        self,
+        observed: Sequence[Observation],
+        value: float | None,
+        in_flight: int = 0,
+        reserved_s: float | None = None,
+    ) -> float:
         """How many trials like the next (predicted objective `value`) the budget still affords, the
-        `in_flight` running ones charged as such; infinite without a limit or before any trial has a
+        `in_flight` running ones charged as such, or as the caps they were given (`reserved_s`: what
+        they may still spend at most, trial_cap_s); infinite without a limit or before any trial has a
         cost."""
-        next_s = self.next_cost_s(observed, value)
-        if self.gpu_hours is None or next_s <= 0:
+        if self.gpu_hours is None:
             return math.inf
-        return (self.gpu_hours * 3600 - sum(o.gpu_s for o in observed)) / next_s - in_flight
+        next_s = self.next_cost_s(observed, value)
+        left_s = self.gpu_hours * 3600 - sum(o.gpu_s for o in observed)
+        if next_s <= 0:
+            return math.inf if left_s > 0 else 0.0
+        return (left_s - reserved_s) / next_s if reserved_s is not None else left_s / next_s - in_flight
 
     def stop(
         self,
@@ -68,10 +84,12 @@ class Budget:
         value: float | None,
         in_flight: int,
         what: str = "the next trial",
+        reserved_s: float | None = None,
     ) -> str | None:
         """Why the next trial (`what`, e.g. "vLLM's defaults") must not start: the spend, the running
-        trials (each charged as the next) and the next would pass the budget. None: it fits."""
-        if self.trials_left(observed, value, in_flight) >= 1:
+        trials (each charged as the next, or as its cap: `reserved_s`) and the next would pass the
+        budget. None: it fits."""
+        if self.trials_left(observed, value, in_flight, reserved_s) >= 1:
             return None
         spent = sum(o.gpu_s for o in observed) / 3600
         next_s = self.next_cost_s(observed, value)
@@ -81,10 +99,23 @@ class Budget:
             f"{self.gpu_hours:g} ({spent:.2f} GPU-h spent{running})"
         )
 
-    def waits(self, observed: Sequence[Observation], busy: int) -> bool:
+    def trial_cap_s(self, spent_s: float, reserved_s: float, sharing: int) -> float | None:
+        """The GPU seconds a trial starting now may spend (its capacity search stops before a window that
+        would pass them): what the budget has left after `spent_s` and the running trials' own caps
+        (`reserved_s`), shared evenly by the `sharing` trials that may start now, this one included, so
+        trials side by side cannot pass it together. None: no limit."""
+        if self.gpu_hours is None:
+            return None
+        return max(0.0, (self.gpu_hours * 3600 - spent_s - reserved_s) / max(1, sharing))
+
+    def waits(self, observed: Sequence[Observation], busy: int, reserved_s: float | None = None) -> bool:
         """Whether to start nothing more until a running trial ends: with a limit, while no trial's cost
         is known (no pre-run estimate, none served load), the budget cannot charge another one, and
-        every free GPU would start one blind."""
-        if self.gpu_hours is None or not busy or self.first_trial_gpu_s:
+        every free GPU would start one blind; and while the running trials' caps (`reserved_s`) hold
+        what a trial as dear as the dearest so far would need: their costs, once known, may free it
+        (stopping then would leave it unspent)."""
+        if self.gpu_hours is None or not busy:
             return False
-        return not any(o.searched for o in observed)
+        if reserved_s is not None and self.trials_left(observed, None, reserved_s=reserved_s) < 1:
+            return True
+        return not self.first_trial_gpu_s and not any(o.searched for o in observed)

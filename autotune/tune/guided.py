@@ -38,6 +38,8 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
+from autotune.core.config import gpus_per_replica
+from autotune.trial.task import SearchPlan
 from autotune.tune.guide import GuideTable, Prediction
 from autotune.tune.guide_belief import GuideBelief
 from autotune.tune.guide_budget import Budget, Observation
@@ -95,24 +97,41 @@ class GuidedSearch(GuideBelief):
         # too close to call, and one above it steps down through failing windows; below, a clear pass.
         return float(rate) * math.exp(-min(float(attrs.get("sd", 0.0)), HINT_BELOW))
 
+    def plan(
+        self, study: optuna.Study, trial: optuna.Trial, spent_s: float, reserved_s: float | None, slots: int
+    ) -> SearchPlan:
+        """What `trial`'s capacity search starts from (hint_rate) and may spend per GPU: its share of the
+        budget (Budget.trial_cap_s) among the `slots` trials of its size that may start now, or alone
+        where the budget waits for its cost before starting another."""
+        hint = self.hint_rate(trial)
+        if self.options.gpu_hours is None:
+            return SearchPlan(hint)
+        sharing = 1 if self.waits(study, 1) else max(1, slots)
+        cap_s = self.budget.trial_cap_s(spent_s, reserved_s or 0.0, sharing) or 0.0
+        gpus = gpus_per_replica(self.space.config(trial.params).params())
+        return SearchPlan(hint, cap_s / gpus)
+
     # -- choosing and stopping ------------------------------------------------------------------------
-    def step(self, study: optuna.Study, busy: Collection[str] = ()) -> str | None:
+    def step(
+        self, study: optuna.Study, busy: Collection[str] = (), reserved_s: float | None = None
+    ) -> str | None:
         """Enqueue the next config to measure, or return why the run stops. Nothing is enqueued while a
-        trial waits in the study (the defaults, or an earlier pick not yet asked)."""
+        trial waits in the study (the defaults, or an earlier pick not yet asked). `reserved_s`: the
+        running trials' budget caps (tune/guide_budget.py), charged instead of a next trial's each."""
         if any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
             return None
         observed = self.observations(study)
         if self.refit is not None and self._recalibrate(observed):
             observed = self.observations(study)  # residuals against the re-predicted space
         due = self._defaults_due(study, bool(observed or busy))
-        if due and self._enqueue_defaults(study, observed, len(busy)) is None:
+        if due and self._enqueue_defaults(study, observed, len(busy), reserved_s) is None:
             return None  # the defaults go next (ones the budget cannot afford are left out: a pick instead)
-        self.stop_reason = self._choose(study, observed, set(busy))
+        self.stop_reason = self._choose(study, observed, set(busy), reserved_s)
         return self.stop_reason
 
-    def waits(self, study: optuna.Study, busy: int) -> bool:
+    def waits(self, study: optuna.Study, busy: int, reserved_s: float | None = None) -> bool:
         """Whether to start nothing more until one of the `busy` running trials ends (Budget.waits)."""
-        return self.budget.waits(self.observations(study), busy)
+        return self.budget.waits(self.observations(study), busy, reserved_s)
 
     @property
     def baseline_key(self) -> str | None:
@@ -125,13 +144,13 @@ class GuidedSearch(GuideBelief):
         return self.baseline is not None and started and not has_baseline(study)
 
     def _enqueue_defaults(
-        self, study: optuna.Study, observed: Sequence[Observation], busy: int
+        self, study: optuna.Study, observed: Sequence[Observation], busy: int, reserved_s: float | None
     ) -> str | None:
         """Enqueue vLLM's defaults (None), or say why the budget cannot afford them. A low predicted
         capacity is a long search: defaults the budget cannot afford are left out, and the run goes on
         with the picks it can afford rather than ending with budget unspent (the summary says what they
         would cost: `defaults_over_budget`)."""
-        over_budget = self.budget.stop(observed, self._defaults_value(), busy, "vLLM's defaults")
+        over_budget = self.budget.stop(observed, self._defaults_value(), busy, "vLLM's defaults", reserved_s)
         if over_budget:
             return over_budget
         study.enqueue_trial(dict(self.baseline or {}), user_attrs={"baseline": True}, skip_if_exists=False)
@@ -164,7 +183,9 @@ class GuidedSearch(GuideBelief):
         self.use_table(table, extra)
         return True
 
-    def _choose(self, study: optuna.Study, observed: Sequence[Observation], busy: set[str]) -> str | None:
+    def _choose(
+        self, study: optuna.Study, observed: Sequence[Observation], busy: set[str], reserved_s: float | None
+    ) -> str | None:
         tried = {o.key for o in observed if not o.interrupted} | busy | unlaunched_keys(study)
         free = self._free(tried)
         if not free:
@@ -205,7 +226,7 @@ class GuidedSearch(GuideBelief):
         chosen = self.candidates[pick]
         at = free.index(pick)
         corrected = math.exp(self.sign * mean[at])
-        over_budget = self.budget.stop(observed, corrected, len(busy))
+        over_budget = self.budget.stop(observed, corrected, len(busy), reserved_s=reserved_s)
         if over_budget:
             return over_budget + self._outlook(bound, best, observed)
         attrs = {"predicted": round(corrected, 4), "raw": round(self.own_prediction(chosen.key) or 0.0, 4)}
@@ -228,7 +249,7 @@ class GuidedSearch(GuideBelief):
         if self.candidates:
             return "every config the guide predicts to meet the SLOs has been measured"
         if not observed and not busy and self._defaults_due(study, True):
-            return self._enqueue_defaults(study, observed, 0)
+            return self._enqueue_defaults(study, observed, 0, None)
         defaults = [o for o in observed if o.key == self.baseline_key and not o.interrupted]
         confirmed = (
             "; vLLM's defaults, measured, meet none either" if defaults and not defaults[0].measured else ""

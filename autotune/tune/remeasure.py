@@ -18,7 +18,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import optuna
 
@@ -27,6 +26,7 @@ from autotune.dispatch.executor import Executor
 from autotune.tune.front import baseline, contenders, recommend
 from autotune.tune.objectives import ObjectiveSet
 from autotune.tune.recommendation import resolution_of
+from autotune.tune.run_records import TunerOptions
 from autotune.tune.study import TrialRecord, held_gpu_seconds, records
 
 TOP_CANDIDATES = 3
@@ -138,19 +138,20 @@ def remeasure(
     study: optuna.Study,
     executor: Executor,
     objectives: ObjectiveSet,
-    repeats: int,
-    seed: int,
-    run_dir: Path | None,
+    options: TunerOptions,
     interrupted: Callable[[], bool] = lambda: False,
     budget_s: float | None = None,
-    real_time: bool = False,
 ) -> int:
-    """Run the repeats not yet in the study; returns how many ran. Raises KeyboardInterrupt when
-    `interrupted()` turns true (what finished is already stored).
+    """Run the `options.repeats` repeats not yet in the study, once announced (`announce`); returns how
+    many ran. Raises KeyboardInterrupt when `interrupted()` turns true (what finished is stored).
 
     `budget_s`: the GPU-seconds they may still spend (None: no limit), charged as RepeatBudget says:
     a repeat starts only when it and every running one fit, each at the dearest run so far.
-    `real_time` (a server per run): repeats cut short by an interrupt spent the GPU time they held."""
+    With `options.real_time` (a server per run) repeats cut short by an interrupt spent the GPU time
+    they held."""
+    if options.repeats <= 0 or not announce(options.repeats, budget_s):
+        return 0
+    repeats, seed, run_dir, real_time = options.repeats, options.seed, options.run_dir, options.real_time
     maximize = [o.maximize for o in objectives.objectives]
     done: dict[str, dict[str, float]] = {k: dict(v) for k, v in (stored_repeats(study) or {}).items()}
     todo = [

@@ -152,17 +152,38 @@ def tell_result(
     cons = constraints(result, slos)
     for name, value in cons.items():
         trial.set_constraint(name, value)
+    attrs = _result_attrs(result, key)
+    attrs["feasible"] = is_feasible(cons)
+    attrs |= {f"margin_{slo.name}": round(cons[slo.name], 4) for slo in slos}
+    for name, value in attrs.items():
+        trial.set_user_attr(name, value)
+    if result.benchmark is None:
+        values = failed_values(objectives.objectives, slos, _worst_measured(study, objectives))
+    else:
+        values = [o.value(result) for o in objectives.objectives]
+    return study.tell(trial, values)
+
+
+def tell_cut_short(study: optuna.Study, trial: optuna.Trial, result: TrialResult, key: str) -> FrozenTrial:
+    """Tell a trial the run's budget cut short before it reached a verdict (FailureKind.BUDGET_SPENT):
+    FAIL, like an interrupted one (no sampler learns from it, the budget counts its GPU time), with what
+    it measured kept in its attrs."""
+    for name, value in _result_attrs(result, key).items():
+        trial.set_user_attr(name, value)
+    return study.tell(trial, state=TrialState.FAIL)
+
+
+def _result_attrs(result: TrialResult, key: str) -> dict[str, Any]:
+    """A result's user attrs: its config, failure, GPU time, server log tail, metrics and typed parts."""
     config = config_attr(result.config)
     gpus = gpus_per_replica(config)
     attrs = {
         "config": config,
         "config_key": key,
-        "feasible": is_feasible(cons),
         "failure": str(result.failure) if result.failure else None,
         "message": result.message[:500],
         "gpu_seconds": round(result.gpu_seconds * gpus, 3),
         "gpu_seconds_saved": round(result.saved_s * gpus, 3),  # by early abort
-        **{f"margin_{slo.name}": round(cons[slo.name], 4) for slo in slos},
     }
     if result.log_tail:
         attrs["log_tail"] = result.log_tail[-LOG_TAIL_CHARS:]
@@ -171,13 +192,7 @@ def tell_result(
     info = info_attr(result)
     if info:
         attrs[INFO_ATTR] = _jsonable(info)
-    for name, value in attrs.items():
-        trial.set_user_attr(name, value)
-    if result.benchmark is None:
-        values = failed_values(objectives.objectives, slos, _worst_measured(study, objectives))
-    else:
-        values = [o.value(result) for o in objectives.objectives]
-    return study.tell(trial, values)
+    return attrs
 
 
 def _worst_measured(study: optuna.Study, objectives: ObjectiveSet) -> dict[str, float]:
@@ -202,6 +217,8 @@ def tell_duplicate(study: optuna.Study, trial: optuna.Trial, original: FrozenTri
     trial.set_user_attr("duplicate_of", original.number)
     trial.set_user_attr("gpu_seconds", 0.0)
     trial.set_user_attr("gpu_seconds_saved", 0.0)
+    if original.state == TrialState.FAIL:  # cut short by the budget (tell_cut_short): no values to copy
+        return study.tell(trial, state=TrialState.FAIL)
     return study.tell(trial, original.values)
 
 

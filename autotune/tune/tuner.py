@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.core.config import EngineConfig
+from autotune.core.config import EngineConfig, gpus_per_replica
 from autotune.core.errors import FailureKind
 from autotune.core.interrupts import on_stop
 from autotune.dispatch.protocol import TrialExecutor
@@ -33,9 +33,10 @@ from autotune.dispatch.ray_cluster import ClusterLost
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.trial.live import read_probe
+from autotune.trial.task import SearchPlan
 from autotune.tune.objectives import ObjectiveSet, metric_unit
 from autotune.tune.progress import Progress, ProgressState, running_params
-from autotune.tune.remeasure import announce, remeasure, repeats_gpu_seconds
+from autotune.tune.remeasure import remeasure, repeats_gpu_seconds
 from autotune.tune.result_attrs import PLACEMENT_ATTRS, placement_attr
 from autotune.tune.run_records import RunSummary, TunerOptions
 from autotune.tune.samplers import sampler_exhausted
@@ -47,12 +48,14 @@ from autotune.tune.study import (
     config_key,
     fail_stale_trials,
     held_gpu_seconds,
+    tell_cut_short,
     tell_duplicate,
     tell_result,
 )
 from autotune.tune.tally import Tally
 
 POLL_S = 0.5
+CAP_ATTR = "gpu_seconds_cap"  # a budgeted trial's share of --gpu-hours, all its GPUs (GuidedSearch.plan)
 # Suggestions rejected before launch (vLLM's validity rules, startup screening) cost no GPU time and do
 # not count toward --n-trials; this bound stops a space that is almost all invalid from looping forever.
 MAX_REJECTS_PER_TRIAL = 5
@@ -67,6 +70,7 @@ class _Pending:
     config: EngineConfig
     key: str
     duplicates: list[optuna.Trial] = field(default_factory=list)
+    cap_s: float = 0.0  # the GPU seconds its search may spend under --gpu-hours (all its GPUs; 0: none)
 
 
 class Tuner:
@@ -136,30 +140,22 @@ class Tuner:
 
     def _remeasure(self) -> int:
         """Re-measure the top candidates and the baseline with other seeds (see tune/remeasure.py)."""
-        if self.options.repeats <= 0:
-            return 0
-        if self.progress:
+        if self.progress and self.options.repeats > 0:
             self.progress.close()
         left_s = self._budget_left_s()
-        if not announce(self.options.repeats, left_s):
-            return 0
         return remeasure(
-            self.study,
-            self.executor,
-            self.objectives,
-            self.options.repeats,
-            self.options.seed,
-            self.options.run_dir,
-            interrupted=lambda: self._interrupted,
-            budget_s=left_s,
-            real_time=self.options.real_time,
+            self.study, self.executor, self.objectives, self.options, lambda: self._interrupted, left_s
         )
 
     def _budget_left_s(self) -> float | None:
         """GPU-seconds left under --gpu-hours after every trial and repeat so far (None: no budget)."""
         if self._budget_h is None:
             return None
-        return max(0.0, self._budget_h * 3600 - self._tally.gpu_s - repeats_gpu_seconds(self.study))
+        return max(0.0, self._budget_h * 3600 - self._spent_s())
+
+    def _spent_s(self) -> float:
+        """GPU-seconds every trial and repeat so far spent."""
+        return self._tally.gpu_s + repeats_gpu_seconds(self.study)
 
     @property
     def _budget_h(self) -> float | None:
@@ -224,15 +220,12 @@ class Tuner:
         if not problems and not self.executor.fits(config):
             problems = [self.executor.misfit(config) or "does not fit the GPUs"]
         if problems:
-            trial.set_user_attr("launched", False)
-            result = TrialResult(config=config, failure=FailureKind.INVALID_CONFIG, message=problems[0])
-            self._tell(trial, result, key)
+            self._tell_unlaunched(trial, config, key, problems[0])
         elif key in self._known:  # a measurement beats a prediction (a study resumed after --no-screen)
             self._record(tell_duplicate(self.study, trial, self._known[key]))
         elif (screening := self._screen(config)) is not None:
-            trial.set_user_attr("launched", False)
             trial.set_user_attr("screened", True)
-            self._tell(trial, screening.result(config), key)
+            self._tell_unlaunched(trial, config, key, screening)
         elif (pending := self._pending_for(key)) is not None:
             pending.duplicates.append(trial)
             return False
@@ -248,12 +241,21 @@ class Tuner:
         """Queued trials that can no longer run (a lost node took the GPUs they need) are told why."""
         for pending in [p for p in self._queued if not self.executor.fits(p.config)]:
             self._queued.remove(pending)
-            pending.trial.set_user_attr("launched", False)
             message = self.executor.misfit(pending.config) or "does not fit the GPUs"
-            result = TrialResult(config=pending.config, failure=FailureKind.INVALID_CONFIG, message=message)
-            frozen = self._tell(pending.trial, result, pending.key)
+            frozen = self._tell_unlaunched(pending.trial, pending.config, pending.key, message)
             for duplicate in pending.duplicates:
                 self._record(tell_duplicate(self.study, duplicate, frozen))
+
+    def _tell_unlaunched(
+        self, trial: optuna.Trial, config: EngineConfig, key: str, why: str | Screening
+    ) -> FrozenTrial:
+        """Tell a config that is not launched: invalid, too large for the GPUs, or screened."""
+        trial.set_user_attr("launched", False)
+        if isinstance(why, Screening):
+            return self._tell(trial, why.result(config), key)
+        return self._tell(
+            trial, TrialResult(config=config, failure=FailureKind.INVALID_CONFIG, message=why), key
+        )
 
     def _screen(self, config: EngineConfig) -> Screening | None:
         return self.screen.check(config) if self.screen is not None else None
@@ -271,14 +273,14 @@ class Tuner:
     def _guide_waits(self) -> bool:
         """A guided run under a budget waits for the first trial's cost before it starts another."""
         busy = len(self._running) + len(self._queued)
-        return self.guide is not None and self.guide.waits(self.study, busy)
+        return self.guide is not None and self.guide.waits(self.study, busy, self._reserved_s())
 
     def _guide_stops(self) -> bool:
         """A guided run: the guide enqueues the next config, or says why the run stops."""
         if self.guide is None:
             return False
         busy = [p.key for p in (*self._running.values(), *self._queued)]
-        self._stop_reason = self.guide.step(self.study, busy)
+        self._stop_reason = self.guide.step(self.study, busy, self._reserved_s())
         return self._stop_reason is not None
 
     def _converged(self) -> bool:
@@ -293,13 +295,28 @@ class Tuner:
     def _submit(self, pending: _Pending) -> None:
         number = pending.trial.number
         trial_dir = self.options.run_dir / "trials" / str(number) if self.options.run_dir else None
-        hint = self.guide.hint_rate(pending.trial) if self.guide is not None else None
         pending.trial.set_user_attr("config", config_attr(pending.config))  # kept should it be cut short
         if self.options.real_time:  # should the driver die, a resume charges the GPU time until then
             pending.trial.set_user_attr(LAUNCHED_AT_ATTR, round(time.time(), 3))
-        self.executor.submit(number, pending.config, self.options.seed, trial_dir, hint)
+        self.executor.submit(number, pending.config, self.options.seed, trial_dir, self._plan(pending))
         self._running[number] = pending
         self._submitted[number] = time.monotonic()
+
+    def _plan(self, pending: _Pending) -> SearchPlan:
+        """A guided trial's plan (GuidedSearch.plan), given the GPUs left beside it; its cap reserved."""
+        if self.guide is None:
+            return SearchPlan()
+        need = self.executor.needs(pending.config)
+        free = self.executor.capacity - sum(self.executor.needs(p.config) for p in self._running.values())
+        plan = self.guide.plan(self.study, pending.trial, self._spent_s(), self._reserved_s(), free // need)
+        if plan.max_gpu_s is not None:
+            pending.cap_s = plan.max_gpu_s * gpus_per_replica(pending.config.params())
+            pending.trial.set_user_attr(CAP_ATTR, round(pending.cap_s, 3))
+        return plan
+
+    def _reserved_s(self) -> float | None:
+        """Under a budget, the GPU seconds the running trials may still spend at most: their caps."""
+        return sum(p.cap_s for p in self._running.values()) if self._budget_h is not None else None
 
     # -- telling ------------------------------------------------------------------------------------------
 
@@ -315,6 +332,10 @@ class Tuner:
             self._record(tell_duplicate(self.study, duplicate, frozen))
 
     def _tell(self, trial: optuna.Trial, result: TrialResult, key: str) -> FrozenTrial:
+        if result.failure == FailureKind.BUDGET_SPENT:  # no verdict: not a config that misses the SLOs
+            frozen = tell_cut_short(self.study, trial, result, key)
+            self._record(frozen)
+            return frozen
         frozen = tell_result(self.study, trial, result, self.objectives, self.slos, key)
         if trial.user_attrs.get("launched", True):
             self._known[key] = frozen

@@ -1,0 +1,47 @@
+"""The guided run's --gpu-hours as a cap (tune/guide_budget.py, trial_cap_s): each trial's capacity search
+gets a share of what the budget has left and stops before a window that would pass it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+from cli import autotune
+from optuna.trial import TrialState
+from test_guided import REALITY, SPACE
+
+
+def _run(folder: Path, gpu_hours: str) -> tuple[str, list[optuna.trial.FrozenTrial], dict]:
+    (folder / "space.yaml").write_text(SPACE)
+    (folder / "reality.yaml").write_text(REALITY)
+    args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=2s", "--guide", "sim", "--parallel", "2"]
+    args += ["--sim-calibration", "reality.yaml", "--noise", "0.02", "--repeats", "0", "--study", "g"]
+    out = autotune(folder, *args, "--guide-top", "0", "--n-trials", "6", "--gpu-hours", gpu_hours)
+    study = optuna.load_study(study_name="g", storage=f"sqlite:///{folder}/runs/g/study.db")
+    return out.stdout + out.stderr, study.trials, json.loads((folder / "runs/g/guide.json").read_text())
+
+
+def test_a_search_dearer_than_what_the_budget_has_left_stops_at_its_share(tmp_path: Path) -> None:
+    """The guide's first pick's search costs about 0.14 GPU-h on this reality; with 0.1 GPU-h it is
+    given all of it (the budget waits for a first cost before sharing it), stops before the window
+    that would pass it, and reports the rate that passed as a lower bound; the run spends no more."""
+    said, trials, guide = _run(tmp_path, "0.1")
+    first = trials[0]
+    assert first.state == TrialState.COMPLETE and first.user_attrs["feasible"]
+    assert first.user_attrs["gpu_seconds_cap"] == 360.0
+    assert first.user_attrs["gpu_seconds"] <= 360.0
+    assert first.user_attrs["info"]["capacity_stopped_by"].startswith("the GPU-hour budget")
+    assert guide["gpu_hours"] <= 0.1
+    assert "req/s per replica or more (its search stopped at its share of --gpu-hours)" in said
+
+
+def test_a_search_cut_before_any_rate_passed_is_told_as_cut_short_and_the_run_stops(tmp_path: Path) -> None:
+    """With 0.03 GPU-h the first search's share is spent by its startup and saturation burst: it is told
+    FAIL (no verdict: the sampler learns nothing from it, the budget counts it), and the run stops
+    rather than charging the next trial nothing."""
+    said, trials, guide = _run(tmp_path, "0.03")
+    assert [t.state for t in trials] == [TrialState.FAIL]
+    assert trials[0].user_attrs["failure"] == "budget_spent" and trials[0].user_attrs["gpu_seconds"] > 0
+    assert guide["stop_reason"].startswith("budget: the next trial")
+    assert "measured nothing (cut short at its share of --gpu-hours)" in said
