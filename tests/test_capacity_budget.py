@@ -1,9 +1,11 @@
-"""A capacity search under a GPU-second cap (the guided run's share of --gpu-hours): it never starts a
-window that would pass the cap, keeps what it measured before, and says why it stopped."""
+"""A capacity search under a GPU-second cap (the guided run's share of --gpu-hours, for a trial or a
+re-measurement): it never starts a window that would pass the cap, keeps what it measured before, and
+says why it stopped."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from test_capacity import CONFIG, QUICK, SLOS, WORKLOAD
 
@@ -12,6 +14,7 @@ from autotune.core.errors import FailureKind
 from autotune.measure.result import TrialResult
 from autotune.trial.capacity import find_capacity
 from autotune.trial.task import SearchPlan, evaluate_trial
+from autotune.tune.remeasure import RepeatBudget
 
 
 def _search(max_gpu_s: float | None) -> TrialResult:
@@ -52,3 +55,18 @@ def test_a_trial_passes_its_cap_to_the_capacity_search() -> None:
     capped = evaluate_trial(SimBackend("H100"), CONFIG, WORKLOAD, SLOS, 0, (), None, plan)
     assert capped.gpu_seconds <= plan.max_gpu_s < whole.gpu_seconds
     assert "GPU-hour budget" in (capped.capacity.stopped_by or "")
+
+
+def test_repeats_are_capped_at_their_share_and_a_cut_one_is_not_counted() -> None:
+    """The re-measurements' budget (tune/remeasure.py): a repeat starts while the dearest run so far fits
+    beside the running repeats' caps, gets a share of what is left, and one the cap stopped gives no value
+    to its config's mean (a lower bound, or no verdict)."""
+    budget = RepeatBudget(left_s=3000.0, dearest_s=1000.0)
+    first = budget.cap_s(0.0, 2)
+    assert first == 1500.0 and budget.fits(first)
+    assert budget.cap_s(first, 1) == 1500.0 and not budget.fits(first + 1500.0)
+    assert RepeatBudget(left_s=math.inf, dearest_s=1000.0).cap_s(0.0, 1) is None
+    whole = _search(None)
+    assert not whole.cut_by_budget
+    assert _search(whole.gpu_seconds * 0.999).cut_by_budget
+    assert _search(whole.startup_s + 1.0).cut_by_budget

@@ -386,8 +386,8 @@ def test_when_the_guides_best_is_vllms_defaults_they_are_measured_once(folder: P
 def test_re_measuring_the_top_stays_within_the_budget(folder: Path, parallel: str) -> None:
     """Three trials (~0.14 GPU-h each) under 1 GPU-h leave room for some of their six repeats (two seeds
     each: the top and the defaults), not all: those that fit run, and guide.json's spend, the
-    trials' and the repeats', stays within the budget. Two at a time, each running repeat is charged
-    as the next one: a repeat that does not fit beside them waits for them."""
+    trials' and the repeats', stays within the budget. Two at a time, each running repeat holds its cap
+    (its share of what is left): a repeat that does not fit beside them waits for them."""
     out = guided_run(folder, "--n-trials", "3", "--gpu-hours", "1", "--repeats", "2", "--parallel", parallel)
     assert "repeat(s) left out" in out.stderr and "more than the budget has left" in out.stderr
     study = study_of(folder)

@@ -23,6 +23,7 @@ import optuna
 
 from autotune.core.config import gpus_per_replica
 from autotune.dispatch.executor import Executor
+from autotune.trial.task import SearchPlan
 from autotune.tune.front import baseline, contenders, recommend
 from autotune.tune.objectives import ObjectiveSet
 from autotune.tune.recommendation import resolution_of
@@ -56,7 +57,8 @@ class RepeatBudget:
     """What the repeats may still spend, in GPU-seconds (inf: no limit). A repeat is charged the dearest
     run of a target so far (first runs and finished repeats): one config's search costs up to 4x more
     in one run than in another (its noise decides how many probes it takes), so its own first run is no
-    bound, and the budget is a cap."""
+    bound. The charge decides whether a repeat starts; its cap (`cap_s`, its share of what is left) stops
+    its search before a window that would pass the budget."""
 
     left_s: float
     dearest_s: float
@@ -67,9 +69,14 @@ class RepeatBudget:
         left = math.inf if budget_s is None else budget_s
         return cls(left, max((r.trial.gpu_seconds for r in todo), default=0.0))
 
-    def fits(self, running: int = 0) -> bool:
-        """Whether one more repeat fits beside `running` ones, each charged as the next one."""
-        return self.dearest_s * (running + 1) <= self.left_s
+    def fits(self, reserved_s: float = 0.0) -> bool:
+        """Whether one more repeat fits beside the running ones, whose caps hold `reserved_s`."""
+        return self.dearest_s <= self.left_s - reserved_s
+
+    def cap_s(self, reserved_s: float, sharing: int) -> float | None:
+        """What a repeat starting now may spend: what is left after the running repeats' caps, shared by
+        the `sharing` repeats that may start now (None: no limit)."""
+        return None if math.isinf(self.left_s) else max(0.0, self.left_s - reserved_s) / max(1, sharing)
 
     def charge(self, gpu_s: float) -> None:
         """A finished repeat's cost (all of its GPUs)."""
@@ -161,6 +168,7 @@ def remeasure(
     ]
     budget = RepeatBudget.of(todo, budget_s)
     running: dict[int, Repeat] = {}
+    caps: dict[int, float] = {}  # job number -> its cap (all its GPUs), while it runs
     started: dict[int, float] = {}  # job number -> when it was submitted
     in_flight: dict[str, list[float]] = {}  # IN_FLIGHT_ATTR, on a real backend
     ran = 0
@@ -172,7 +180,7 @@ def remeasure(
         # A config that no longer fits (a node of the cluster was lost) is not re-measured.
         todo = [r for r in todo if executor.fits(r.trial.engine_config())]
         while todo and executor.can_start(todo[0].trial.engine_config()):
-            if not budget.fits(len(running)):  # the next could pass the budget
+            if not budget.fits(sum(caps.values())):  # the next could pass the budget
                 if not running:  # nothing running will hand budget back: the rest cannot fit
                     print(
                         f"autotune: {len(todo)} repeat(s) left out: each could cost up to "
@@ -185,7 +193,11 @@ def remeasure(
             trial_dir = (
                 run_dir / "trials" / str(repeat.trial.number) / f"repeat-{repeat.index}" if run_dir else None
             )
-            executor.submit(repeat.job_number, repeat.trial.engine_config(), seed + repeat.index, trial_dir)
+            config = repeat.trial.engine_config()
+            used = sum(executor.needs(r.trial.engine_config()) for r in running.values())
+            sharing = min(len(todo) + 1, (executor.capacity - used) // executor.needs(config))
+            plan_ = _plan(repeat, budget.cap_s(sum(caps.values()), sharing), caps)
+            executor.submit(repeat.job_number, config, seed + repeat.index, trial_dir, plan_)
             running[repeat.job_number] = repeat
             started[repeat.job_number] = time.monotonic()
             if real_time:
@@ -194,9 +206,17 @@ def remeasure(
                 study.set_user_attr(IN_FLIGHT_ATTR, in_flight)
         for number, result in executor.wait(POLL_S):
             repeat = running.pop(number)
-            value = objectives.objectives[0].value(result)
-            done.setdefault(str(repeat.trial.number), {})[str(repeat.index)] = value
-            study.set_user_attr(ATTR, done)
+            caps.pop(number, None)
+            if result.cut_by_budget:  # a lower bound, or no verdict: the mean of its config takes neither
+                print(
+                    f"autotune: a repeat of trial #{repeat.trial.number} stopped at its share of the budget "
+                    "(not counted)",
+                    file=sys.stderr,
+                )
+            else:
+                value = objectives.objectives[0].value(result)
+                done.setdefault(str(repeat.trial.number), {})[str(repeat.index)] = value
+                study.set_user_attr(ATTR, done)
             gpu_s = result.gpu_seconds * gpus_per_replica(repeat.trial.config)
             study.set_user_attr(GPU_ATTR, repeats_gpu_seconds(study) + gpu_s)
             if in_flight.pop(str(number), None) is not None:
@@ -204,6 +224,15 @@ def remeasure(
             budget.charge(gpu_s)
             ran += 1
     return ran
+
+
+def _plan(repeat: Repeat, cap_s: float | None, caps: dict[int, float]) -> SearchPlan:
+    """A repeat's search plan with its cap (RepeatBudget.cap_s; None: none), recorded in `caps` while it
+    runs."""
+    if cap_s is None:
+        return SearchPlan()
+    caps[repeat.job_number] = cap_s
+    return SearchPlan(max_gpu_s=cap_s / gpus_per_replica(repeat.trial.config))
 
 
 def _charge_held(study: optuna.Study, running: dict[int, Repeat], started: dict[int, float]) -> None:
