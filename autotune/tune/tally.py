@@ -10,6 +10,7 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from autotune.core.errors import FailureKind
+from autotune.tune.progress import ProgressState
 from autotune.tune.result_attrs import parse_info
 
 
@@ -56,6 +57,14 @@ class Tally:
             self.baseline = value
         shown = f" {value:,.0f}" if value is not None and attrs.get("feasible") else ""
         self.last = f"#{frozen.number} {_status(attrs)}{shown}"
+
+    def state(self, total: int, guided: bool, **rest: Any) -> ProgressState:
+        """The progress line's state: these counts of `total`, the GPU-hours spent when `guided`, and
+        `rest` (the running trials, the times, the budget: ProgressState's other fields)."""
+        counts = {"feasible": self.feasible, "failed": self.failed, "rejected": self.rejected}
+        counts |= {"best": self.best, "baseline": self.baseline, "last": self.last}
+        gpu_hours = self.gpu_s / 3600 if guided else None
+        return ProgressState(done=self.done, total=total, gpu_hours=gpu_hours, **counts, **rest)
 
     def _better(self, a: float, b: float) -> bool:
         return a > b if self.maximize else a < b

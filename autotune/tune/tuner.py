@@ -35,7 +35,7 @@ from autotune.measure.slo import Slo
 from autotune.trial.live import read_probe
 from autotune.trial.task import SearchPlan
 from autotune.tune.objectives import ObjectiveSet, metric_unit
-from autotune.tune.progress import Progress, ProgressState, running_params
+from autotune.tune.progress import Progress, running_params
 from autotune.tune.remeasure import remeasure, repeats_gpu_seconds
 from autotune.tune.result_attrs import PLACEMENT_ATTRS, placement_attr
 from autotune.tune.run_records import RunSummary, TunerOptions
@@ -389,28 +389,17 @@ class Tuner:
     def _show(self) -> None:
         if not self.progress:
             return
-        c = self._tally
         running = running_params(self.executor.in_flight(), self.space.names)
         now = time.monotonic()
-        trial_dirs = {
-            n: self.options.run_dir / "trials" / str(n) if self.options.run_dir else None for n, _ in running
-        }
-        self.progress.show(
-            ProgressState(
-                done=c.done,
-                total=self.options.n_trials,
-                feasible=c.feasible,
-                failed=c.failed,
-                rejected=c.rejected,
-                best=c.best,
-                baseline=c.baseline,
-                unit=metric_unit(self.objectives.objectives[0].metric),
-                running=running,
-                last=c.last,
-                elapsed_s=now - self._started,
-                running_since={n: now - self._submitted[n] for n, _ in running if n in self._submitted},
-                probes={n: read_probe(d) for n, d in trial_dirs.items()},
-                gpu_hours=c.gpu_s / 3600 if self.guide is not None else None,
-                budget_h=self._budget_h,
-            )
+        run_dir = self.options.run_dir
+        state = self._tally.state(
+            self.options.n_trials,
+            self.guide is not None,
+            unit=metric_unit(self.objectives.objectives[0].metric),
+            running=running,
+            elapsed_s=now - self._started,
+            running_since={n: now - self._submitted[n] for n, _ in running if n in self._submitted},
+            probes={n: read_probe(run_dir / "trials" / str(n) if run_dir else None) for n, _ in running},
+            budget_h=self._budget_h,
         )
+        self.progress.show(state)
