@@ -11,6 +11,8 @@ from cli import autotune
 from optuna.trial import TrialState
 from test_guided import REALITY, SPACE
 
+from autotune.tune.guide_budget import Budget, Observation
+
 
 def _run(folder: Path, gpu_hours: str) -> tuple[str, list[optuna.trial.FrozenTrial], dict]:
     (folder / "space.yaml").write_text(SPACE)
@@ -45,3 +47,21 @@ def test_a_search_cut_before_any_rate_passed_is_told_as_cut_short_and_the_run_st
     assert trials[0].user_attrs["failure"] == "budget_spent" and trials[0].user_attrs["gpu_seconds"] > 0
     assert guide["stop_reason"].startswith("budget: the next trial")
     assert "measured nothing (cut short at its share of --gpu-hours)" in said
+
+
+def test_the_budget_shares_what_is_left_and_waits_for_the_running_trials_caps() -> None:
+    """Budget (tune/guide_budget.py): a trial's cap is its share of what the finished trials and the
+    running trials' caps leave; while those caps hold what the next trial would be charged, the run waits
+    for their costs (not stopping with budget they may hand back); a trial cut short is a floor under
+    the next one's charge."""
+    budget = Budget(gpu_hours=1.0)
+    measured = [Observation(0, "a", {}, 100.0, 100.0, 900.0)]  # 900 GPU-s at 100 tok/s
+    assert budget.trial_cap_s(900.0, 0.0, 3) == 900.0
+    assert budget.trial_cap_s(900.0, 1800.0, 1) == 900.0
+    assert budget.waits(measured, busy=1, reserved_s=2000.0)  # 2,700 left, 2,000 held: 700 < 900
+    assert not budget.waits(measured, busy=1, reserved_s=1000.0)
+    said = budget.stop(measured, 100.0, 1, reserved_s=2000.0)
+    assert said is not None and "1 trial(s) running with up to 0.56 GPU-h left to them" in said
+    cut = Observation(1, "b", {}, 100.0, None, 1500.0, searched=False, interrupted=True)
+    assert budget.next_cost_s([*measured, cut], 200.0) == 1500.0  # not 900 x 100 / 200
+    assert budget.next_cost_s(measured, 200.0) == 450.0

@@ -94,6 +94,8 @@ class Budget:
         spent = sum(o.gpu_s for o in observed) / 3600
         next_s = self.next_cost_s(observed, value)
         running = f", {in_flight} trial(s) running" if in_flight else ""
+        if in_flight and reserved_s:
+            running += f" with up to {reserved_s / 3600:.2f} GPU-h left to them"
         return (
             f"budget: {what}, about {next_s / 3600:.2f} GPU-h, would pass --gpu-hours "
             f"{self.gpu_hours:g} ({spent:.2f} GPU-h spent{running})"
