@@ -60,7 +60,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.backends.factory import make_backend
     from autotune.catalog.gpus import get_gpu
     from autotune.catalog.models import known_max_model_len
-    from autotune.commands.run_guide import check_guide_options
+    from autotune.commands.run_guide import check_guide_options, shared_calibration
     from autotune.core.errors import AutotuneError
     from autotune.core.inputs import check_gpus_text, check_runs_dir, serve_command
     from autotune.dispatch.gpus import parse_gpus
@@ -94,6 +94,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     if refused and args.backend == "sim":
         raise AutotuneError(refused)
     guide_calibration = check_guide_options(args, workload, refused)
+    calibration, guide_calibration = shared_calibration(args, calibration, guide_calibration)
     gpu = get_gpu(space.gpu)
     # None: a real model outside the catalog, whose context length vLLM checks itself.
     max_pos = known_max_model_len(space.model, None, args.backend)

@@ -87,6 +87,22 @@ def check_guide_options(args: argparse.Namespace, workload: Any, unmodelled: str
     return calibration_option(args.guide_calibration)
 
 
+def shared_calibration(args: argparse.Namespace, sim: Any, guide: Any) -> tuple[Any, Any]:
+    """The calibrations a run uses: (the simulator's: the startup screen and the pre-run estimate, or
+    the simulated trials; the guide's, None when not guided). With `--backend sim` the simulator's
+    calibration plays the reality, which the guide must learn from measurements alone; on a real
+    backend there is no reality to keep from it, and one calibration of the GPU, given with either
+    option, serves both (`autotune calibrate` writes one for --sim-calibration, a guided run one for
+    --guide-calibration)."""
+    if args.backend == "sim":
+        return sim, guide
+    if guide is not None and args.guide_calibration is None and args.sim_calibration is not None:
+        return sim, sim
+    if args.sim_calibration is None and args.guide_calibration is not None:
+        return guide, guide
+    return sim, guide
+
+
 def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
     """The guided search of the run set up in `s` (run._Setup): the guide's table of the whole space
     (cached in <runs-dir>/guide/) and its prediction of vLLM's defaults; None when the run is not
