@@ -167,8 +167,8 @@ def _search(
             if capped := not affords(rate):
                 break
             measure(probes[-1])
-        if not session.alive:
-            break  # the server died or hung: no other rate can be measured on it
+        if capped or not session.alive:
+            break  # the cap is reached, or the server died or hung: no other rate can be measured on it
         following = _next_hinted_rate if search.hint_rate else _next_rate
         rate = following(probes, *_bracket(probes, top), search, slos)
     low, high = _bracket(probes, top)
