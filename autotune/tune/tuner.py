@@ -308,7 +308,8 @@ class Tuner:
             return SearchPlan()
         need = self.executor.needs(pending.config)
         free = self.executor.capacity - sum(self.executor.needs(p.config) for p in self._running.values())
-        plan = self.guide.plan(self.study, pending.trial, self._spent_s(), self._reserved_s(), free // need)
+        slots = min(free // need, self.options.n_trials - self._outstanding())  # the trials that may start
+        plan = self.guide.plan(self.study, pending.trial, self._spent_s(), self._reserved_s(), slots)
         if plan.max_gpu_s is not None:
             pending.cap_s = plan.max_gpu_s * gpus_per_replica(pending.config.params())
             pending.trial.set_user_attr(CAP_ATTR, round(pending.cap_s, 3))
