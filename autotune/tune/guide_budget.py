@@ -4,7 +4,8 @@ A trial's cost is known only once it ran, so the next is charged the dearest tri
 predicted rate when the objective is a throughput (a capacity search's windows hold a set number of
 requests, so its GPU time goes as 1 / capacity: a 70B config at half the defaults' rate costs twice their
 search). Before any trial served load the charge is at least the pre-run estimate: a config that failed
-to start cost its startup only. Trials still running are charged as the next (tune/guided.py).
+to start cost its startup only. Trials still running are charged as the next, or as the caps the run
+gave them (tune/tuner.py, below).
 
 The charge decides whether a trial starts; the cap bounds what it spends: each trial's capacity search
 gets a share of what is left (`trial_cap_s`) and stops before a window that would pass it, so a search
