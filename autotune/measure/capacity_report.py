@@ -64,3 +64,8 @@ class CapacityReport:
     # KEEPING_UP when above it lies only the saturation throughput; None: not known (an old study)
     limited_by: tuple[str, ...] | None = None
     bursts: tuple[BurstSummary, ...] = ()  # the saturation bursts that opened the search, in order
+
+    @property
+    def cut_by_budget(self) -> bool:
+        """Whether the run's GPU-hour budget stopped the search (its rate is then a lower bound)."""
+        return bool(self.stopped_by and self.stopped_by.startswith(BUDGET_STOP))

@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.core.config import EngineConfig
 from autotune.core.errors import FailureKind
-from autotune.measure.capacity_report import BUDGET_STOP, CapacityReport
+from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.load_report import LoadReport
 from autotune.measure.metrics import BenchmarkResult
 from autotune.measure.placement import Placement
@@ -57,8 +57,8 @@ class TrialResult:
     def cut_by_budget(self) -> bool:
         """Whether the run's GPU-hour budget stopped its capacity search: its capacity is a lower bound,
         or it has none (FailureKind.BUDGET_SPENT)."""
-        stopped = self.capacity.stopped_by if self.capacity is not None else None
-        return self.failure == FailureKind.BUDGET_SPENT or bool(stopped and stopped.startswith(BUDGET_STOP))
+        cut = self.capacity is not None and self.capacity.cut_by_budget
+        return self.failure == FailureKind.BUDGET_SPENT or cut
 
     @property
     def gpu_seconds(self) -> float:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.core.config import gpus_per_replica
-from autotune.measure.capacity_report import BUDGET_STOP, KEEPING_UP
+from autotune.measure.capacity_report import KEEPING_UP
 from autotune.measure.evidence import UNSURE
 from autotune.outputs.cost import CostView, Sizing, cost_view, sizing
 from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, pareto_front
@@ -267,7 +267,7 @@ def capacity_text(record: TrialRecord, slos: list[str]) -> str:
     if c is None or c.rate <= 0:
         return ""
     head = f"capacity {c.rate:.2f} req/s per replica"
-    if c.stopped_by and c.stopped_by.startswith(BUDGET_STOP):
+    if c.cut_by_budget:
         head += " or more (its search stopped at its share of --gpu-hours)"
     limits = c.limited_by or ()
     above = next((p for p in c.probes if c.bracket is not None and p.rate == c.bracket[1]), None)

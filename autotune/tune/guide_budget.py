@@ -23,6 +23,13 @@ from typing import Any
 from autotune.measure.capacity_report import BurstSummary
 
 
+def share_s(left_s: float, reserved_s: float, sharing: int) -> float:
+    """A run's cap for one more trial or repeat: the GPU seconds `left_s` left after the running ones'
+    caps (`reserved_s`), shared evenly by the `sharing` that may start now, so that side by side they
+    cannot pass it together."""
+    return max(0.0, left_s - reserved_s) / max(1, sharing)
+
+
 @dataclass(frozen=True)
 class Observation:
     """A finished real trial as the guide sees it."""
@@ -104,12 +111,12 @@ class Budget:
 
     def trial_cap_s(self, spent_s: float, reserved_s: float, sharing: int) -> float | None:
         """The GPU seconds a trial starting now may spend (its capacity search stops before a window that
-        would pass them): what the budget has left after `spent_s` and the running trials' own caps
-        (`reserved_s`), shared evenly by the `sharing` trials that may start now, this one included, so
-        trials side by side cannot pass it together. None: no limit."""
-        if self.gpu_hours is None:
-            return None
-        return max(0.0, (self.gpu_hours * 3600 - spent_s - reserved_s) / max(1, sharing))
+        would pass them): what the budget has left after `spent_s`, shared (`share_s`) with the running
+        trials' caps (`reserved_s`) and the `sharing` trials that may start now, this one included.
+        None: no limit."""
+        return (
+            None if self.gpu_hours is None else share_s(self.gpu_hours * 3600 - spent_s, reserved_s, sharing)
+        )
 
     def waits(self, observed: Sequence[Observation], busy: int, reserved_s: float | None = None) -> bool:
         """Whether to start nothing more until a running trial ends: with a limit, while no trial's cost

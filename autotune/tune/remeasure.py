@@ -25,6 +25,7 @@ from autotune.core.config import gpus_per_replica
 from autotune.dispatch.executor import Executor
 from autotune.trial.task import SearchPlan
 from autotune.tune.front import baseline, contenders, recommend
+from autotune.tune.guide_budget import share_s
 from autotune.tune.objectives import ObjectiveSet
 from autotune.tune.recommendation import resolution_of
 from autotune.tune.run_records import TunerOptions
@@ -74,9 +75,9 @@ class RepeatBudget:
         return self.dearest_s <= self.left_s - reserved_s
 
     def cap_s(self, reserved_s: float, sharing: int) -> float | None:
-        """What a repeat starting now may spend: what is left after the running repeats' caps, shared by
-        the `sharing` repeats that may start now (None: no limit)."""
-        return None if math.isinf(self.left_s) else max(0.0, self.left_s - reserved_s) / max(1, sharing)
+        """What a repeat starting now may spend: what is left, shared (`share_s`) with the running
+        repeats' caps (`reserved_s`) and the `sharing` repeats that may start now (None: no limit)."""
+        return None if math.isinf(self.left_s) else share_s(self.left_s, reserved_s, sharing)
 
     def charge(self, gpu_s: float) -> None:
         """A finished repeat's cost (all of its GPUs)."""
