@@ -10,7 +10,7 @@ from autotune.core.config import EngineConfig
 from autotune.measure.result import TrialResult
 from autotune.trial.task import SearchPlan
 
-__all__ = ["TrialExecutor"]
+__all__ = ["TrialExecutor", "free_slots"]
 
 
 class TrialExecutor(Protocol):
@@ -40,3 +40,9 @@ class TrialExecutor(Protocol):
     def wait(self, timeout: float) -> list[tuple[int, TrialResult]]: ...  # noqa: D102
 
     def cancel_all(self) -> list[int]: ...  # noqa: D102
+
+
+def free_slots(executor: TrialExecutor, config: EngineConfig) -> int:
+    """How many trials of `config` could start now beside the executor's running ones."""
+    used = sum(executor.needs(running) for _, running in executor.in_flight())
+    return (executor.capacity - used) // executor.needs(config)

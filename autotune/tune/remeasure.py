@@ -23,6 +23,7 @@ import optuna
 
 from autotune.core.config import gpus_per_replica
 from autotune.dispatch.executor import Executor
+from autotune.dispatch.protocol import free_slots
 from autotune.trial.task import SearchPlan
 from autotune.tune.front import baseline, contenders, recommend
 from autotune.tune.guide_budget import share_s
@@ -195,8 +196,7 @@ def remeasure(
                 run_dir / "trials" / str(repeat.trial.number) / f"repeat-{repeat.index}" if run_dir else None
             )
             config = repeat.trial.engine_config()
-            used = sum(executor.needs(r.trial.engine_config()) for r in running.values())
-            sharing = min(len(todo) + 1, (executor.capacity - used) // executor.needs(config))
+            sharing = min(len(todo) + 1, free_slots(executor, config))
             plan_ = _plan(repeat, budget.cap_s(sum(caps.values()), sharing), caps)
             executor.submit(repeat.job_number, config, seed + repeat.index, trial_dir, plan_)
             running[repeat.job_number] = repeat

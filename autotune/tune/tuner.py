@@ -28,7 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.core.config import EngineConfig, gpus_per_replica
 from autotune.core.errors import FailureKind
 from autotune.core.interrupts import on_stop
-from autotune.dispatch.protocol import TrialExecutor
+from autotune.dispatch.protocol import TrialExecutor, free_slots
 from autotune.dispatch.ray_cluster import ClusterLost
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
@@ -306,9 +306,8 @@ class Tuner:
         """A guided trial's plan (GuidedSearch.plan), given the GPUs left beside it; its cap reserved."""
         if self.guide is None:
             return SearchPlan()
-        need = self.executor.needs(pending.config)
-        free = self.executor.capacity - sum(self.executor.needs(p.config) for p in self._running.values())
-        slots = min(free // need, self.options.n_trials - self._outstanding())  # the trials that may start
+        # the trials that may start now: as many as the free GPUs and --n-trials allow
+        slots = min(free_slots(self.executor, pending.config), self.options.n_trials - self._outstanding())
         plan = self.guide.plan(self.study, pending.trial, self._spent_s(), self._reserved_s(), slots)
         if plan.max_gpu_s is not None:
             pending.cap_s = plan.max_gpu_s * gpus_per_replica(pending.config.params())
