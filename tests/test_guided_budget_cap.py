@@ -47,6 +47,22 @@ def test_a_search_cut_before_any_rate_passed_is_told_as_cut_short_and_the_run_st
     assert trials[0].user_attrs["failure"] == "budget_spent" and trials[0].user_attrs["gpu_seconds"] > 0
     assert guide["stop_reason"].startswith("budget: the next trial")
     assert "measured nothing (cut short at its share of --gpu-hours)" in said
+    assert "0 configs measured" in said  # --n-trials counts trials with a verdict, as a resume does
+
+
+def test_a_resume_with_more_budget_measures_the_cut_config_again(tmp_path: Path) -> None:
+    """A trial cut short has no verdict: a resume does not count it toward --n-trials nor answer its
+    config from it, so the guide's pick is measured again; its GPU time stays spent."""
+    _run(tmp_path, "0.03")
+    args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=2s", "--guide", "sim", "--resume"]
+    args += ["--sim-calibration", "reality.yaml", "--noise", "0.02", "--repeats", "0", "--study", "g"]
+    out = autotune(tmp_path, *args, "--guide-top", "0", "--n-trials", "2", "--gpu-hours", "0.4")
+    study = optuna.load_study(study_name="g", storage=f"sqlite:///{tmp_path}/runs/g/study.db")
+    cut, *resumed = study.trials
+    again = [t for t in resumed if t.user_attrs["config"] == cut.user_attrs["config"]]
+    assert [t.state for t in again] == [TrialState.COMPLETE] and "duplicate_of" not in again[0].user_attrs
+    assert again[0].user_attrs["gpu_seconds"] > 0 and cut.user_attrs["gpu_seconds"] > 0
+    assert "2 configs measured" in out.stdout + out.stderr
 
 
 def test_the_budget_shares_what_is_left_and_waits_for_the_running_trials_caps() -> None:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.errors import FailureKind
 from autotune.tune.progress import ProgressState
@@ -32,10 +32,14 @@ class Tally:
     gpu_s: float = 0.0  # GPU time of the told trials (the progress line of a guided run)
 
     def record(self, frozen: FrozenTrial) -> None:
-        """Count one told trial and describe it in `last`."""
+        """Count one told trial and describe it in `last`. A FAIL one (interrupted, or cut short by the
+        budget before a verdict) counts its GPU time only: --n-trials counts trials with a verdict."""
         attrs = frozen.user_attrs
         if "duplicate_of" not in attrs:
             self.gpu_s += float(attrs.get("gpu_seconds", 0.0))
+        if frozen.state == TrialState.FAIL:  # no verdict (cut short): its GPU time spent, not a trial done
+            self.last = f"#{frozen.number} {_status(attrs)}"
+            return
         if "duplicate_of" in attrs:
             self.duplicates += 1
             self.duplicate_streak += 1

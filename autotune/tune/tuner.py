@@ -351,13 +351,12 @@ class Tuner:
 
     def _load_existing(self) -> None:
         """On resume: count the finished trials and remember their configs for dedupe."""
-        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
             key = frozen.user_attrs.get("config_key")
-            if key and frozen.user_attrs.get("launched", True) and "duplicate_of" not in frozen.user_attrs:
+            measured = frozen.state == TrialState.COMPLETE and frozen.user_attrs.get("launched", True)
+            if key and measured and "duplicate_of" not in frozen.user_attrs:
                 self._known.setdefault(key, frozen)
-            self._record(frozen)
-        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-            self._tally.gpu_s += float(frozen.user_attrs.get("gpu_seconds", 0.0))  # cut short, yet spent
+            self._record(frozen)  # a FAIL one (cut short) counts its GPU time only
         self._told = 0
 
     def _abandon(self) -> None:
