@@ -117,7 +117,8 @@ def print_summary(written: Any, summary: Any, run_dir: Path) -> None:
     ended = " (timeout)" if summary.timed_out else ""
     converged = " (the sampler converged: it proposed only measured configs)" if summary.converged else ""
     if summary.repeated:
-        ended += f"; {summary.repeated} re-measurements of the top configs and the baseline"
+        plural = "s" if summary.repeated > 1 else ""
+        ended += f"; {summary.repeated} re-measurement{plural} of the top configs and the baseline"
     cost = out.cost.text() if out.cost is not None else ""
     print(
         f"\n{summary.completed} configs measured, {summary.duplicates} duplicate suggestions answered from "

@@ -157,8 +157,8 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
         f"; best predicted {search.raw(ranked[0]) or 0:,.0f} ({_short(ranked[0].params)})" if ranked else ""
     )
     print(
-        f"autotune: guide: {len(table.predictions)} configs predicted{refined}{cached}: {starts} start, "
-        f"{len(search.candidates)} meet the SLOs{best}",
+        f"autotune: guide: {len(table.predictions):,} configs predicted{refined}{cached}: {starts:,} start, "
+        f"{len(search.candidates):,} meet the SLOs{best}",
         file=sys.stderr,
     )
     print(f"autotune: guide: {budget_text(args.gpu_hours, first_trial_gpu_s)}", file=sys.stderr)
