@@ -63,6 +63,20 @@ def test_each_trial_ties_by_its_own_bracket_not_the_coarsest(tmp_path: Path) -> 
     assert tied.keeps_defaults and tied.candidate.number == 1 and "a tie, not a gain" in tied.text
 
 
+def test_a_gain_beyond_the_margin_on_average_but_not_in_every_pair_says_so(tmp_path: Path) -> None:
+    """+5.5 % on average over three paired runs, the lowest +2 % (under the 3 % margin): the defaults
+    stay, and the text does not call +5.5 % "within the margin"."""
+    outcomes = [
+        ({"max_num_seqs": 1024, "baseline": True}, capacity(5000, 0.03)),
+        ({"max_num_seqs": 256}, capacity(5100, 0.03)),
+    ]
+    d = decision(tmp_path, outcomes, {"1": {"1": 5500, "2": 5220}, "0": {"1": 5000, "2": 5000}})
+    assert d.keeps_defaults and d.gain is not None and not d.gain.significant
+    assert d.gain.ratio > 1.03 and d.gain.low < 1.03
+    assert "lowest paired run, +2.0 %" in d.text and "not a sure gain" in d.text
+    assert "a tie" not in d.text
+
+
 def test_a_near_tie_that_every_repeat_puts_below_is_called_a_loss(tmp_path: Path) -> None:
     """Tied on its first run, picked for its latency, and below the defaults in every repeat: the text
     says so, not "a tie"."""

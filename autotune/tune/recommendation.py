@@ -118,6 +118,13 @@ def _decide(
             f"near-tie (trial #{candidate.number}) measured below them in every repeat: {name} "
             f"{gain.percent()}."
         )
+    elif gain.ratio > 1 + gain.margin:
+        # Beyond the margin on average, not in every paired run: the rule asks every pair to clear it.
+        text = (
+            f"Keep {defaults} (trial #{base.number}): the best config found (trial #{candidate.number}) "
+            f"gains {gain.percent()} on average, but its lowest paired run, {_pct(gain.low)}, is within "
+            f"the measurement's margin of {gain.margin:.1%}: not a sure gain."
+        )
     else:
         text = (
             f"Keep {defaults} (trial #{base.number}): the best config found (trial "
