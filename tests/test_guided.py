@@ -396,6 +396,7 @@ def test_re_measuring_the_top_stays_within_the_budget(folder: Path, parallel: st
     repeats_h = study.user_attrs["remeasured_gpu_seconds"] / 3600
     ran = sum(len(v) for v in study.user_attrs["remeasured"].values())
     assert len(study.trials) == 3 and 0 < ran < 2 * 3  # some of the three configs' six repeats
+    assert sorted(study.user_attrs["remeasure_targets"]) == [0, 1, 2]  # meant for all three
     assert guide["remeasure_gpu_hours"] == pytest.approx(repeats_h, abs=1e-3)
     assert guide["gpu_hours"] == pytest.approx(trials_h / 3600 + repeats_h, abs=1e-3)
     assert guide["gpu_hours"] <= 1.0

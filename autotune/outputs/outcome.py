@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,7 @@ class Outcome:
     cost: CostView | None = None
     sizing: Sizing | None = None
     remeasured: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # trial -> repeat -> value
+    planned: Sequence[int] = ()  # the trials the run meant to re-measure (tune/remeasure.py)
 
     def gain(self, record: TrialRecord) -> float | None:
         """Relative change of the primary objective against the baseline (+0.23 = 23% better)."""
@@ -161,6 +162,25 @@ class Outcome:
             "that as ties, and confirm on the deployment (autotune bench --url ... --capacity)."
         )
 
+    def once_note(self) -> str:
+        """One sentence when the run recommends a switch from the defaults that it meant to re-measure
+        and could not (a budget left no room): the gain then rests on one capacity search of each, and on a
+        noisy GPU one search spreads a few percent ("" otherwise)."""
+        best, base = self.best, self.baseline
+        if self.decision.keeps_defaults or best is None or base is None or best.number == base.number:
+            return ""
+        once = [
+            r for r in (best, base) if r.number in self.planned and not self.remeasured.get(str(r.number))
+        ]
+        if not once:
+            return ""
+        who = " and ".join(f"trial #{r.number}" + (" (the defaults)" if r is base else "") for r in once)
+        return (
+            f"Measured once: {who} could not be re-measured within the budget, so the gain rests on single "
+            "capacity searches, which spread a few percent on a GPU: confirm it on the deployment (autotune "
+            "bench --url ... --capacity) before you switch."
+        )
+
     def feasible(self) -> list[TrialRecord]:
         """Feasible trials (duplicates left out)."""
         return [r for r in self.records if r.feasible and r.duplicate_of is None]
@@ -198,9 +218,7 @@ class Outcome:
                 out.append(f"capacity measured to within {resolution:.1%}")
             if self.best.kept_up is False:
                 out.append("at the fixed load the recommended config did not keep up with the arrivals")
-        spread = self.spread_note()
-        if spread:
-            out.append(spread)
+        out += [note for note in (self.spread_note(), self.once_note()) if note]
         return out
 
 
@@ -214,6 +232,7 @@ def outcome(
     gpu_price: float | None = None,
     remeasured: Mapping[str, Mapping[str, float]] | None = None,
     repeats_gpu_s: float = 0.0,
+    planned: Sequence[int] = (),
 ) -> Outcome:
     """Front, recommendation (with its gain), baseline and costs of a study's records."""
     decision = decide(records, maximize, objective_names, remeasured)
@@ -235,6 +254,7 @@ def outcome(
         ),
         sizing=sizing(best, target_rate, gpu_price, simulated) if best is not None and target_rate else None,
         remeasured=remeasured or {},
+        planned=planned,
     )
 
 

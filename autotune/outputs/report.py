@@ -75,9 +75,7 @@ def summary_text(out: Outcome) -> str:
             parts.append(f"  {capacity[0].upper()}{capacity[1:]}.")
     if out.sizing is not None:
         parts.append(f"  for {out.sizing.text()}")
-    spread = out.spread_note()
-    if spread:
-        parts.append(f"  {spread}")
+    parts += [f"  {note}" for note in (out.spread_note(), out.once_note()) if note]
     if out.simulated:
         parts.append(f"  {SIMULATED_NOTE[0].upper()}{SIMULATED_NOTE[1:]}.")
     return "\n".join(parts)

@@ -35,6 +35,7 @@ from autotune.tune.study import TrialRecord, held_gpu_seconds, records
 TOP_CANDIDATES = 3
 ATTR = "remeasured"
 GPU_ATTR = "remeasured_gpu_seconds"  # what the repeats cost, all of their GPUs (the run's GPU time spent)
+TARGETS_ATTR = "remeasure_targets"  # the trials the run meant to re-measure, whether the budget let it or not
 # Repeats on a real backend still running: job number -> [launch, time.time(); GPUs]. A driver killed
 # outright (SIGKILL) charges nothing itself; the next one charges these (charge_dead_repeats).
 IN_FLIGHT_ATTR = "remeasuring"
@@ -121,6 +122,12 @@ def stored_repeats(study: optuna.Study) -> dict[str, dict[str, float]] | None:
     return study.user_attrs.get(ATTR)
 
 
+def planned_targets(study: optuna.Study) -> list[int]:
+    """The trial numbers the run meant to re-measure (empty: no repeats were asked for, or a study from
+    before they were kept); outputs/outcome.py says when the recommendation rests on one run of one."""
+    return [int(n) for n in study.user_attrs.get(TARGETS_ATTR) or []]
+
+
 def repeats_gpu_seconds(study: optuna.Study) -> float:
     """The GPU-seconds the study's repeats spent (0: none ran, or a study from before they were kept)."""
     return float(study.user_attrs.get(GPU_ATTR) or 0.0)
@@ -158,16 +165,16 @@ def remeasure(
     a repeat starts only when it and every running one fit, each at the dearest run so far.
     With `options.real_time` (a server per run) repeats cut short by an interrupt spent the GPU time
     they held."""
-    if options.repeats <= 0 or not announce(options.repeats, budget_s):
+    if options.repeats <= 0:
+        return 0
+    maximize = [o.maximize for o in objectives.objectives]
+    chosen = targets(records(study), maximize)
+    study.set_user_attr(TARGETS_ATTR, [r.number for r in chosen])
+    if not announce(options.repeats, budget_s):
         return 0
     repeats, seed, run_dir, real_time = options.repeats, options.seed, options.run_dir, options.real_time
-    maximize = [o.maximize for o in objectives.objectives]
     done: dict[str, dict[str, float]] = {k: dict(v) for k, v in (stored_repeats(study) or {}).items()}
-    todo = [
-        r
-        for r in plan(targets(records(study), maximize), repeats)
-        if str(r.index) not in done.get(str(r.trial.number), {})
-    ]
+    todo = [r for r in plan(chosen, repeats) if str(r.index) not in done.get(str(r.trial.number), {})]
     budget = RepeatBudget.of(todo, budget_s)
     running: dict[int, Repeat] = {}
     caps: dict[int, float] = {}  # job number -> its cap (all its GPUs), while it runs
