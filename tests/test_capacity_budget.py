@@ -7,12 +7,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from test_capacity import CONFIG, QUICK, SLOS, WORKLOAD
+from test_capacity import CONFIG, LLAMA_8B, QUICK, SLOS, WORKLOAD
 
 from autotune.backends.sim import SimBackend
+from autotune.core.config import EngineConfig
 from autotune.core.errors import FailureKind
 from autotune.measure.result import TrialResult
 from autotune.trial.capacity import find_capacity
+from autotune.trial.saturation import saturation_runs
 from autotune.trial.task import SearchPlan, evaluate_trial
 from autotune.tune.remeasure import RepeatBudget
 
@@ -70,3 +72,20 @@ def test_repeats_are_capped_at_their_share_and_a_cut_one_is_not_counted() -> Non
     assert not whole.cut_by_budget
     assert _search(whole.gpu_seconds * 0.999).cut_by_budget
     assert _search(whole.startup_s + 1.0).cut_by_budget
+
+
+def test_a_cap_that_cannot_hold_the_second_saturation_burst_does_not_run_it() -> None:
+    """128 sequences of short requests: the first burst (256 requests) sizes a second of 512. A cap
+    below what that second burst would take at the first one's pace stops the search there, within
+    the cap and with no verdict; a cap with room for it runs both bursts."""
+    config = EngineConfig(model=LLAMA_8B, max_model_len=4096, max_num_seqs=128)
+    with SimBackend("H100").session(config) as session:
+        first = saturation_runs(session, config, WORKLOAD, 0)[0]
+    with SimBackend("H100").session(config) as session:
+        cut = saturation_runs(session, config, WORKLOAD, 0, max_gpu_s=first.gpu_seconds + first.benchmark_s)
+    assert [r.failure for r in cut] == [FailureKind.BUDGET_SPENT]
+    assert cut[0].gpu_seconds <= first.gpu_seconds + first.benchmark_s
+    assert "saturation burst of 512 requests" in cut[0].message
+    with SimBackend("H100").session(config) as session:
+        both = saturation_runs(session, config, WORKLOAD, 0, max_gpu_s=first.gpu_seconds * 10)
+    assert [r.benchmark.completed for r in both] == [256, 512] and all(r.ok for r in both)

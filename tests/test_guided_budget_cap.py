@@ -39,12 +39,15 @@ def test_a_search_dearer_than_what_the_budget_has_left_stops_at_its_share(tmp_pa
 
 
 def test_a_search_cut_before_any_rate_passed_is_told_as_cut_short_and_the_run_stops(tmp_path: Path) -> None:
-    """With 0.03 GPU-h the first search's share is spent by its startup and saturation burst: it is told
-    FAIL (no verdict: the sampler learns nothing from it, the budget counts it), and the run stops
+    """With 0.03 GPU-h the first search's share cannot hold its second saturation burst (its pace in the
+    first says so): that burst is not run, the trial is told FAIL (no verdict: the sampler learns
+    nothing from it, the budget counts its startup and first burst, within its cap), and the run stops
     rather than charging the next trial nothing."""
     said, trials, guide = _run(tmp_path, "0.03")
     assert [t.state for t in trials] == [TrialState.FAIL]
-    assert trials[0].user_attrs["failure"] == "budget_spent" and trials[0].user_attrs["gpu_seconds"] > 0
+    cut = trials[0].user_attrs
+    assert cut["failure"] == "budget_spent" and 0 < cut["gpu_seconds"] <= cut["gpu_seconds_cap"]
+    assert cut["message"].startswith("the GPU-hour budget: a saturation burst of")
     assert guide["stop_reason"].startswith("budget: the next trial")
     assert "measured nothing (cut short at its share of --gpu-hours)" in said
     assert "0 configs measured" in said  # --n-trials counts trials with a verdict, as a resume does

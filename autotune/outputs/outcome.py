@@ -164,11 +164,13 @@ class Outcome:
 
     def once_note(self) -> str:
         """One sentence when the run recommends a switch from the defaults that it meant to re-measure
-        and could not (a budget left no room): the gain then rests on one capacity search of each, and on a
-        noisy GPU one search spreads a few percent ("" otherwise)."""
-        best, base = self.best, self.baseline
+        and could not (a budget left no room), by less than one search's spread on a noisy GPU: the gain
+        then rests on one capacity search of each ("" otherwise)."""
+        best, base, gain = self.best, self.baseline, self.decision.gain
         if self.decision.keeps_defaults or best is None or base is None or best.number == base.number:
             return ""
+        if gain is not None and gain.low >= 1 + SENSITIVE_SPREAD:
+            return ""  # beyond what one search's noise can make
         once = [
             r for r in (best, base) if r.number in self.planned and not self.remeasured.get(str(r.number))
         ]
@@ -177,8 +179,8 @@ class Outcome:
         who = " and ".join(f"trial #{r.number}" + (" (the defaults)" if r is base else "") for r in once)
         return (
             f"Measured once: {who} could not be re-measured within the budget, so the gain rests on single "
-            "capacity searches, which spread a few percent on a GPU: confirm it on the deployment (autotune "
-            "bench --url ... --capacity) before you switch."
+            "capacity searches, which spread a few percent on a GPU (more near an ITL or TPOT SLO): confirm "
+            "it on the deployment (autotune bench --url ... --capacity) before you switch."
         )
 
     def feasible(self) -> list[TrialRecord]:

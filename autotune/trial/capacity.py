@@ -113,11 +113,12 @@ def _search(
     trial_dir: Path | None = None,
 ) -> TrialResult:
     workload = workload.with_rate_arrivals()
-    sat_runs = saturation_runs(session, config, workload, seed)
+    sat_runs = saturation_runs(session, config, workload, seed, search.max_gpu_s)
     sat_result = sat_runs[-1]
     sat = _saturation(sat_result)
     if not sat_result.ok or not sat or sat.throughput <= 0:
-        # Did not start, or could not serve at all: no rate will help, and the reason is the trial's.
+        # Did not start, could not serve at all, or the cap left no room to saturate it: no rate will
+        # help, and the reason is the trial's.
         return _annotate(sat_result, [], sat_runs, None, None, 0.0)
     window = plan_window(sat.lifetime_s, search.window_scale, search.min_warmup_s, search.min_window_s)
     top = SATURATION_MARGIN * sat.throughput

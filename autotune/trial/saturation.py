@@ -4,12 +4,14 @@ rates worth probing and its decode time sets the config's request lifetime (tria
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
 from autotune.backends.base import Session
 from autotune.core.config import EngineConfig
-from autotune.measure.capacity_report import BurstSummary
+from autotune.core.errors import FailureKind
+from autotune.measure.capacity_report import BUDGET_STOP, BurstSummary
 from autotune.measure.result import TrialResult
 from autotune.measure.server_report import EngineFacts, ServerReport
 from autotune.workloads.spec import WorkloadSpec
@@ -25,7 +27,7 @@ BURST_METRICS = ("mean_ttft_ms", "median_itl_ms", "mean_tpot_ms", "output_throug
 
 
 def saturation_runs(
-    session: Session, config: EngineConfig, workload: WorkloadSpec, seed: int
+    session: Session, config: EngineConfig, workload: WorkloadSpec, seed: int, max_gpu_s: float | None = None
 ) -> list[TrialResult]:
     """The all-at-once runs that measure saturation throughput: the last one is the measurement.
 
@@ -34,6 +36,9 @@ def saturation_runs(
     when KV memory holds that many requests: a decode-heavy 8B config on an L4 holds ~25, and 2,048
     requests at t=0 cost it 88 GPU-minutes. So a first burst of SIZING_REQUESTS reports the KV cache
     size, and a second, larger one runs only when the batch it implies needs it.
+
+    `max_gpu_s` (a trial's cap, per GPU): a second burst that would pass it at the first one's pace is
+    not run, and the first is returned as cut short (FailureKind.BUDGET_SPENT): no saturation, no search.
     """
     seqs = config.max_num_seqs or DEFAULT_MAX_NUM_SEQS
     first = session.measure(workload.burst(saturation_burst(seqs)), (), seed)
@@ -42,6 +47,15 @@ def saturation_runs(
     needed = saturation_burst(seqs, _batch_limit(first, seqs))
     if needed <= SIZING_REQUESTS:
         return [first]
+    sent = first.benchmark.completed + first.benchmark.failed if first.benchmark is not None else 0
+    second_s = first.benchmark_s * needed / max(1, sent)  # a burst's time grows with its requests
+    if max_gpu_s is not None and first.gpu_seconds + second_s > max_gpu_s:
+        cap_h = max_gpu_s / 3600
+        message = (
+            f"{BUDGET_STOP}: a saturation burst of {needed} requests would pass the trial's "
+            f"{cap_h:.2f} GPU-h per GPU"
+        )
+        return [dataclasses.replace(first, failure=FailureKind.BUDGET_SPENT, message=message)]
     return [first, session.measure(workload.burst(needed), (), seed)]
 
 
