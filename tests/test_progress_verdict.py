@@ -14,6 +14,7 @@ from test_study import OBJECTIVES, build_run, ok
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.result import TrialResult
 from autotune.outputs import report
+from autotune.outputs.dashboard import note_markdown
 from autotune.outputs.outcome import outcome
 from autotune.tune.progress import ProgressState, render
 from autotune.tune.study import records
@@ -114,6 +115,7 @@ def test_a_switch_the_budget_left_unconfirmed_says_it_rests_on_one_run_of_each(t
     assert not out.decision.keeps_defaults
     assert note.startswith("Measured once: trial #1 and trial #0 (the defaults) could not be re-measured")
     assert note in report.summary_text(out) and note in out.flags()
+    assert note in note_markdown("s", out)  # the dashboard's note says it too
     repeated = {"0": {"1": 950.0}, "1": {"1": 1000.0}}
     assert outcome(recs, *args, remeasured=repeated, planned=[1, 0]).once_note() == ""
     assert outcome(recs, *args).once_note() == ""
