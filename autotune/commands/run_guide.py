@@ -44,7 +44,7 @@ def add_guide_options(parser: Any) -> None:
     parser.add_argument(
         "--gpu-hours",
         type=arg(values.positive_number),
-        help="guided runs: stop before a trial would pass this many GPU-hours",
+        help="guided runs: a cap on the GPU-hours spent (each trial's search stops at its share of it)",
     )
 
 
