@@ -152,7 +152,7 @@ def note_markdown(name: str, out: Any) -> str:
     lines += ["### Recommendation", out.verdict()]
     if out.decision.gain is not None and out.decision.gain.percent() not in out.verdict():
         lines.append(f"Gain: {out.gain_text()}")
-    lines += [f"**{note}**" for note in (out.spread_note(), out.once_note()) if note]
+    lines += [f"**{note}**" for note in out.noise_notes()]
     if out.best is not None:
         from autotune.outputs.export import command_lines
 

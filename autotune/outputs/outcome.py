@@ -183,6 +183,11 @@ class Outcome:
             "it on the deployment (autotune bench --url ... --capacity) before you switch."
         )
 
+    def noise_notes(self) -> list[str]:
+        """What the measurement's noise leaves open about the recommendation (`spread_note`, `once_note`),
+        for the summary, the flags and the dashboard's note alike."""
+        return [note for note in (self.spread_note(), self.once_note()) if note]
+
     def feasible(self) -> list[TrialRecord]:
         """Feasible trials (duplicates left out)."""
         return [r for r in self.records if r.feasible and r.duplicate_of is None]
@@ -220,7 +225,7 @@ class Outcome:
                 out.append(f"capacity measured to within {resolution:.1%}")
             if self.best.kept_up is False:
                 out.append("at the fixed load the recommended config did not keep up with the arrivals")
-        out += [note for note in (self.spread_note(), self.once_note()) if note]
+        out += self.noise_notes()
         return out
 
 
