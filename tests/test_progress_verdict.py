@@ -17,6 +17,7 @@ from autotune.outputs import report
 from autotune.outputs.dashboard import note_markdown
 from autotune.outputs.outcome import outcome
 from autotune.tune.progress import ProgressState, render
+from autotune.tune.remeasure import StoredRepeats
 from autotune.tune.study import records
 from autotune.tune.tally import Tally
 
@@ -80,7 +81,7 @@ def test_a_re_measured_gain_says_the_progress_line_showed_a_first_measurement(tm
     )
     assert "best 986 tok/s (+4.9% vs baseline)" in progress_line(study)
     repeats = {"0": {"1": 1000.0, "2": 990.0}, "1": {"1": 1005.0, "2": 995.0}}  # +0.5 % each
-    out = outcome(records(study), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"], remeasured=repeats)
+    out = outcome(records(study), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"], repeats=StoredRepeats(repeats))
     assert out.decision.keeps_defaults
     note = out.progress_note()
     assert note.startswith(
@@ -110,14 +111,14 @@ def test_a_switch_the_budget_left_unconfirmed_says_it_rests_on_one_run_of_each(t
     base = ({"max_num_seqs": 1024, "baseline": True}, searched(940, 500, 40, 0.01))
     study = build_run(tmp_path / "a", [base, ({"max_num_seqs": 512}, searched(990, 450, 35, 0.01))])
     recs, args = records(study), (OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
-    out = outcome(recs, *args, planned=[1, 0])
+    out = outcome(recs, *args, repeats=StoredRepeats(planned=(1, 0)))
     note = out.once_note()
     assert not out.decision.keeps_defaults
     assert note.startswith("Measured once: trial #1 and trial #0 (the defaults) could not be re-measured")
     assert note in report.summary_text(out) and note in out.flags()
     assert note in note_markdown("s", out)  # the dashboard's note says it too
     repeated = {"0": {"1": 950.0}, "1": {"1": 1000.0}}
-    assert outcome(recs, *args, remeasured=repeated, planned=[1, 0]).once_note() == ""
+    assert outcome(recs, *args, repeats=StoredRepeats(repeated, planned=(1, 0))).once_note() == ""
     assert outcome(recs, *args).once_note() == ""
     far = build_run(tmp_path / "b", [base, ({"max_num_seqs": 512}, searched(1200, 450, 35, 0.01))])
-    assert outcome(records(far), *args, planned=[1, 0]).once_note() == ""
+    assert outcome(records(far), *args, repeats=StoredRepeats(planned=(1, 0))).once_note() == ""

@@ -220,6 +220,7 @@ def test_runs_of_the_pick_far_apart_are_flagged_as_sensitive_to_noise(tmp_path: 
     flags say so; the same config measured 2 % apart is not flagged."""
     from autotune.outputs.outcome import outcome
     from autotune.outputs.report import summary_text
+    from autotune.tune.remeasure import StoredRepeats
 
     outcomes = [
         ({"max_num_seqs": 1024, "baseline": True}, capacity(4000, 0.03)),
@@ -228,7 +229,7 @@ def test_runs_of_the_pick_far_apart_are_flagged_as_sensitive_to_noise(tmp_path: 
     recs = records(build_run(tmp_path, outcomes))
 
     def flagged(repeats: dict) -> str:
-        out = outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"], remeasured=repeats)
+        out = outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"], repeats=StoredRepeats(repeats))
         assert out.best is not None and out.best.number == 1
         note = out.spread_note()
         assert (note in out.flags()) if note else all("Sensitive" not in f for f in out.flags())

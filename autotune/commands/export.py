@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.store.storage import open_study
     from autotune.store.urls import run_storage
     from autotune.tune.recommendation import decide
-    from autotune.tune.remeasure import stored_repeats
+    from autotune.tune.remeasure import StoredRepeats
     from autotune.tune.study import records
 
     info = export.load_run(args.run_dir)
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         maximize = [d == optuna.study.StudyDirection.MAXIMIZE for d in study.directions]
         names = study.metric_names or [f"objective {i}" for i in range(len(maximize))]
-        chosen = decide(recs, maximize, names, stored_repeats(study)).trial
+        chosen = decide(recs, maximize, names, StoredRepeats.of(study).values).trial
         if chosen is None:
             raise AutotuneError(f"{args.run_dir} has no feasible trial to recommend; pass --trial N")
     if not chosen.feasible:

@@ -64,7 +64,7 @@ def write_results(
     from autotune.outputs import report
     from autotune.outputs.outcome import outcome as read_outcome
     from autotune.store.storage import storage_error
-    from autotune.tune.remeasure import planned_targets, repeats_gpu_seconds, stored_repeats
+    from autotune.tune.remeasure import StoredRepeats
     from autotune.tune.study import records
 
     out, problem = None, ""
@@ -81,9 +81,7 @@ def write_results(
                 context,
                 args.target_rate,
                 args.gpu_price,
-                stored_repeats(study),
-                repeats_gpu_seconds(study),
-                planned_targets(study),
+                StoredRepeats.of(study),
             )
             out = outcome, recs
             if recs:

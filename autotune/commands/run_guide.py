@@ -207,12 +207,12 @@ def finish_guided(search: Any, study: Any, run_dir: Path, stop_reason: str | Non
     from autotune.core.atomic import atomic_write_text
     from autotune.outputs.guide_view import GUIDE_FILE, predicted_vs_measured, unmeasured_defaults
     from autotune.sim.calibration import calibration_yaml
-    from autotune.tune.remeasure import repeats_gpu_seconds
+    from autotune.tune.remeasure import StoredRepeats
 
     rows = predicted_vs_measured(search, study)
     factor = search.refit.factor(search.index)
     fitted = search.refit.calibration(search.index)
-    repeats_h = repeats_gpu_seconds(study) / 3600
+    repeats_h = StoredRepeats.of(study).gpu_s / 3600
     spent = sum(r["gpu_hours"] for r in rows) + repeats_h
     data = {
         "gpu_hours": round(spent, 4),  # the trials' and the re-measurements'

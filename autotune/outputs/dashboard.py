@@ -94,21 +94,12 @@ class StudyNote:
 
         from autotune.outputs.guide_view import guide_figure
         from autotune.outputs.outcome import outcome
-        from autotune.tune.remeasure import planned_targets, repeats_gpu_seconds, stored_repeats
+        from autotune.tune.remeasure import StoredRepeats
         from autotune.tune.study import records
 
         slos = self.context.get("slos", [])
-        remeasured = stored_repeats(self.study)
-        out = outcome(
-            records(self.study),
-            self.names,
-            self.maximize,
-            slos,
-            self.context,
-            remeasured=remeasured,
-            repeats_gpu_s=repeats_gpu_seconds(self.study),
-            planned=planned_targets(self.study),
-        )
+        repeats = StoredRepeats.of(self.study)
+        out = outcome(records(self.study), self.names, self.maximize, slos, self.context, repeats=repeats)
         save_note(self.study, note_markdown(self.study.study_name, out))
         figures = {FIGURE_ID: pareto_figure(out), GUIDE_FIGURE_ID: guide_figure(out.records, self.names[0])}
         for name, figure in figures.items():

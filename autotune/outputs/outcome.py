@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +13,7 @@ from autotune.outputs.cost import CostView, Sizing, cost_view, sizing
 from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, pareto_front
 from autotune.tune.objectives import PER_GPU
 from autotune.tune.recommendation import Recommendation, decide, resolution_of, runs_of
+from autotune.tune.remeasure import StoredRepeats
 from autotune.tune.study import TrialRecord
 
 # Said wherever a simulated run's results go (report, summary, best.json, exports, dashboard note).
@@ -48,8 +49,7 @@ class Outcome:
     context: dict[str, Any] = field(default_factory=dict)  # the study's settings (model, gpu, workload...)
     cost: CostView | None = None
     sizing: Sizing | None = None
-    remeasured: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # trial -> repeat -> value
-    planned: Sequence[int] = ()  # the trials the run meant to re-measure (tune/remeasure.py)
+    repeats: StoredRepeats = field(default_factory=StoredRepeats)  # the top configs' re-measurements
 
     def gain(self, record: TrialRecord) -> float | None:
         """Relative change of the primary objective against the baseline (+0.23 = 23% better)."""
@@ -149,7 +149,7 @@ class Outcome:
         chosen = [r for r in (self.best, self.baseline) if r is not None and r.values]
         spreads = []
         for record in {r.number: r for r in chosen}.values():
-            runs = runs_of(record, self.remeasured)
+            runs = runs_of(record, self.repeats.values)
             low, high = min(runs), max(runs)
             if len(runs) > 1 and low > 0 and high / low - 1 > SENSITIVE_SPREAD:
                 what = f"{fmt_number(low)} to {fmt_number(high)} ({high / low - 1:.0%} apart)"
@@ -172,7 +172,9 @@ class Outcome:
         if gain is not None and gain.low >= 1 + SENSITIVE_SPREAD:
             return ""  # beyond what one search's noise can make
         once = [
-            r for r in (best, base) if r.number in self.planned and not self.remeasured.get(str(r.number))
+            r
+            for r in (best, base)
+            if r.number in self.repeats.planned and not self.repeats.values.get(str(r.number))
         ]
         if not once:
             return ""
@@ -237,12 +239,12 @@ def outcome(
     context: dict[str, Any] | None = None,
     target_rate: float | None = None,
     gpu_price: float | None = None,
-    remeasured: Mapping[str, Mapping[str, float]] | None = None,
-    repeats_gpu_s: float = 0.0,
-    planned: Sequence[int] = (),
+    repeats: StoredRepeats | None = None,
 ) -> Outcome:
-    """Front, recommendation (with its gain), baseline and costs of a study's records."""
-    decision = decide(records, maximize, objective_names, remeasured)
+    """Front, recommendation (with its gain), baseline and costs of a study's records (`repeats`: the
+    study's re-measurements, tune/remeasure.py)."""
+    repeats = repeats or StoredRepeats()
+    decision = decide(records, maximize, objective_names, repeats.values)
     best = decision.trial
     ctx = dict(context or {})
     simulated = is_simulated(ctx)
@@ -257,11 +259,10 @@ def outcome(
         decision=decision,
         context=ctx,
         cost=cost_view(
-            records, simulated, int(ctx.get("gpus") or 0), str(ctx.get("gpu") or ""), repeats_gpu_s
+            records, simulated, int(ctx.get("gpus") or 0), str(ctx.get("gpu") or ""), repeats.gpu_s
         ),
         sizing=sizing(best, target_rate, gpu_price, simulated) if best is not None and target_rate else None,
-        remeasured=remeasured or {},
-        planned=planned,
+        repeats=repeats,
     )
 
 

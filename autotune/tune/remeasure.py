@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import optuna
 
@@ -117,20 +117,25 @@ def plan(chosen: Sequence[TrialRecord], repeats: int) -> list[Repeat]:
     return [Repeat(trial, index) for index in range(1, repeats + 1) for trial in ordered]
 
 
-def stored_repeats(study: optuna.Study) -> dict[str, dict[str, float]] | None:
-    """The repeats a study holds: trial number -> {repeat index: primary value} (None: none ran)."""
-    return study.user_attrs.get(ATTR)
+@dataclass(frozen=True)
+class StoredRepeats:
+    """What a study keeps of its repeats (all empty: none were asked for, or none ran)."""
 
+    values: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # trial -> {index: value}
+    gpu_s: float = 0.0  # what they spent, all of their GPUs
+    # The trials the run meant to re-measure, whether the budget let it or not: outputs/outcome.py says
+    # when the recommendation rests on one run of one.
+    planned: tuple[int, ...] = ()
 
-def planned_targets(study: optuna.Study) -> list[int]:
-    """The trial numbers the run meant to re-measure (empty: no repeats were asked for, or a study from
-    before they were kept); outputs/outcome.py says when the recommendation rests on one run of one."""
-    return [int(n) for n in study.user_attrs.get(TARGETS_ATTR) or []]
-
-
-def repeats_gpu_seconds(study: optuna.Study) -> float:
-    """The GPU-seconds the study's repeats spent (0: none ran, or a study from before they were kept)."""
-    return float(study.user_attrs.get(GPU_ATTR) or 0.0)
+    @classmethod
+    def of(cls, study: optuna.Study) -> StoredRepeats:
+        """The repeats `study` holds (a study from before a record was kept reads it as empty)."""
+        attrs = study.user_attrs
+        return cls(
+            attrs.get(ATTR) or {},
+            float(attrs.get(GPU_ATTR) or 0.0),
+            tuple(int(n) for n in attrs.get(TARGETS_ATTR) or []),
+        )
 
 
 def announce(repeats: int, budget_s: float | None) -> bool:
@@ -173,7 +178,7 @@ def remeasure(
     if not announce(options.repeats, budget_s):
         return 0
     repeats, seed, run_dir, real_time = options.repeats, options.seed, options.run_dir, options.real_time
-    done: dict[str, dict[str, float]] = {k: dict(v) for k, v in (stored_repeats(study) or {}).items()}
+    done: dict[str, dict[str, float]] = {k: dict(v) for k, v in StoredRepeats.of(study).values.items()}
     todo = [r for r in plan(chosen, repeats) if str(r.index) not in done.get(str(r.trial.number), {})]
     budget = RepeatBudget.of(todo, budget_s)
     running: dict[int, Repeat] = {}
@@ -226,7 +231,7 @@ def remeasure(
                 done.setdefault(str(repeat.trial.number), {})[str(repeat.index)] = value
                 study.set_user_attr(ATTR, done)
             gpu_s = result.gpu_seconds * gpus_per_replica(repeat.trial.config)
-            study.set_user_attr(GPU_ATTR, repeats_gpu_seconds(study) + gpu_s)
+            study.set_user_attr(GPU_ATTR, StoredRepeats.of(study).gpu_s + gpu_s)
             if in_flight.pop(str(number), None) is not None:
                 study.set_user_attr(IN_FLIGHT_ATTR, in_flight)
             budget.charge(gpu_s)
@@ -246,7 +251,7 @@ def _plan(repeat: Repeat, cap_s: float | None, caps: dict[int, float]) -> Search
 def _charge_held(study: optuna.Study, running: dict[int, Repeat], started: dict[int, float]) -> None:
     """The repeats an interrupt cut short held their GPUs until now: that time was spent."""
     held = sum(held_gpu_seconds(started[n], r.trial.config) for n, r in running.items())
-    study.set_user_attr(GPU_ATTR, repeats_gpu_seconds(study) + held)
+    study.set_user_attr(GPU_ATTR, StoredRepeats.of(study).gpu_s + held)
     study.set_user_attr(IN_FLIGHT_ATTR, {})
 
 
@@ -257,5 +262,5 @@ def charge_dead_repeats(study: optuna.Study, died: float) -> None:
     if not in_flight:
         return
     held = sum(max(0.0, died - launched) * gpus for launched, gpus in in_flight.values()) if died else 0.0
-    study.set_user_attr(GPU_ATTR, repeats_gpu_seconds(study) + held)
+    study.set_user_attr(GPU_ATTR, StoredRepeats.of(study).gpu_s + held)
     study.set_user_attr(IN_FLIGHT_ATTR, {})

@@ -36,7 +36,7 @@ from autotune.trial.live import read_probe
 from autotune.trial.task import SearchPlan
 from autotune.tune.objectives import ObjectiveSet, metric_unit
 from autotune.tune.progress import Progress, running_params
-from autotune.tune.remeasure import remeasure, repeats_gpu_seconds
+from autotune.tune.remeasure import StoredRepeats, remeasure
 from autotune.tune.result_attrs import PLACEMENT_ATTRS, placement_attr
 from autotune.tune.run_records import RunSummary, TunerOptions
 from autotune.tune.samplers import sampler_exhausted
@@ -155,7 +155,7 @@ class Tuner:
 
     def _spent_s(self) -> float:
         """GPU-seconds every trial and repeat so far spent."""
-        return self._tally.gpu_s + repeats_gpu_seconds(self.study)
+        return self._tally.gpu_s + StoredRepeats.of(self.study).gpu_s
 
     @property
     def _budget_h(self) -> float | None:
