@@ -26,17 +26,26 @@ RAY_NOTICE = "Token authentication is enabled"  # Ray's own line at ray.init, no
 TINY = "num_requests: 8\nload: fixed\nprompt_len: 64\noutput_len: 8\n"  # a trial takes milliseconds
 
 
-def _cmd(runs: Path, study: str, n_trials: int, *extra: str) -> list[str]:
+def _cmd(runs: Path, study: str, n_trials: int, *extra: str, tiny: bool = True) -> list[str]:
+    """The run's command (`tiny`: a workload whose trials take milliseconds; else the default chat
+    workload at capacity, a second or two a trial)."""
     workload = runs / "tiny.yaml"
     workload.write_text(TINY)
-    cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--workload", str(workload)]
+    cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small"]
+    cmd += ["--workload", str(workload)] if tiny else []
     return [*cmd, "--runs-dir", str(runs), "--study", study, "--n-trials", str(n_trials), "--quiet", *extra]
 
 
-def _start(runs: Path, study: str, at_least: int) -> subprocess.Popen[str]:
-    """A long run in the background, returned once `at_least` trials are COMPLETE."""
+def _start(runs: Path, study: str, at_least: int, session: bool = False) -> subprocess.Popen[str]:
+    """A long run in the background (`session`: in a process group of its own, with trials long enough
+    that one is always running), returned once `at_least` trials are COMPLETE."""
     proc = subprocess.Popen(
-        _cmd(runs, study, 100_000), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
+        _cmd(runs, study, 100_000, tiny=not session),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        start_new_session=session,
     )
     db, deadline = runs / study / "study.db", time.monotonic() + 120
     while _completed(db, study)[0] < at_least and time.monotonic() < deadline and proc.poll() is None:
@@ -58,15 +67,23 @@ def _trials(runs: Path, study: str) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name=study, storage=f"sqlite:///{runs / study / 'study.db'}").trials
 
 
-def test_sigterm_acts_like_ctrl_c(tmp_path: Path) -> None:
-    proc = _start(tmp_path, "term", at_least=2)
-    proc.send_signal(signal.SIGTERM)
+@pytest.mark.parametrize("group", [False, True], ids=["driver", "process-group"])
+def test_sigterm_acts_like_ctrl_c(tmp_path: Path, group: bool) -> None:
+    """SIGTERM to the driver, or to its whole process group as `timeout`, `kill -TERM -PGID` or a
+    service manager sends it (the trials' worker processes get it too): the running trials are
+    interrupted, not failed configs."""
+    proc = _start(tmp_path, "term", at_least=2, session=group)
+    if group:
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == 130, err
     assert "finished trials kept" in err and "--resume continues" in err and "Traceback" not in err
     trials = _trials(tmp_path, "term")
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     assert all(t.user_attrs.get("failure") == "interrupted" for t in trials if t.state == TrialState.FAIL)
+    assert not [t.number for t in trials if t.user_attrs.get("failure") == "error"], "no config failed"
     csv_rows = (tmp_path / "term" / "trials.csv").read_text().splitlines()[1:]
     assert len(csv_rows) == sum(t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in trials)
     assert (tmp_path / "term" / "report.html").stat().st_size > 0

@@ -54,8 +54,10 @@ BACKGROUND_NICE = 19
 
 def worker_pool(processes: int, background: bool = False) -> ProcessPoolExecutor:
     """Worker processes for CPU-bound work (simulations). Spawned, not forked: the driver has threads
-    (a study's lease) whose locks a fork would copy. They ignore Ctrl-C: the driver takes it and ends
-    them (`end_workers`); a driver killed outright (SIGKILL, the OOM killer) cannot, so each worker
+    (a study's lease) whose locks a fork would copy. They ignore Ctrl-C, SIGTERM and SIGHUP, which a
+    terminal, `timeout` or a service manager sends the whole process group: the driver takes them and
+    ends its workers (`end_workers`), so a trial they cut is interrupted, not a failed config; a driver
+    killed outright (SIGKILL, the OOM killer) cannot, so each worker
     exits by itself once its parent is gone. `background` workers run at the lowest CPU priority."""
     return ProcessPoolExecutor(
         max(1, processes),
@@ -67,11 +69,11 @@ def worker_pool(processes: int, background: bool = False) -> ProcessPoolExecutor
 
 def end_workers(pool: ProcessPoolExecutor) -> None:
     """Stop `pool` now: pending work is dropped and running work killed (its own shutdown would wait
-    for the running tasks to finish)."""
+    for the running tasks to finish; the workers ignore SIGTERM, and simulations hold nothing to clean)."""
     workers = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
     for process in workers:
-        process.terminate()
+        process.kill()
     for process in workers:
         process.join(timeout=5)
 
@@ -115,7 +117,8 @@ PARENT_CHECK_S = 1.0  # how often a worker looks whether its driver still runs
 
 
 def _init_worker(parent: int, nice: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     if nice:
         os.nice(nice)
     threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="parent-watch").start()
