@@ -25,7 +25,7 @@ from autotune.tune.objectives import FAILED_KEY, KEPT_UP_KEY, Objective, load_ob
 from autotune.tune.progress import ProgressState
 from autotune.tune.run_records import TunerOptions
 from autotune.tune.samplers import GP_MODULES, auto_sampler, make_sampler
-from autotune.tune.space import space_from_dict
+from autotune.tune.space import load_space, space_from_dict
 from autotune.tune.study import StudySettings, config_key, records, tell_result
 from autotune.tune.study_open import open_study, sqlite_url, start_study
 from autotune.tune.tuner import MAX_DUPLICATES_IN_A_ROW, Tuner
@@ -171,6 +171,23 @@ def test_connect_storage(tmp_path: Path) -> None:
     assert connect_storage(url) is not None  # a second process opening the same file finds its schema
     with pytest.raises(AutotuneError, match="cannot open storage nosuchdb://x"):
         connect_storage("nosuchdb://x", attempts=2)
+
+
+def test_a_resumed_study_keeps_its_search_space_and_load(tmp_path: Path) -> None:
+    """Trials of two spaces or two loads in one study would be compared as if alike: refused. A study
+    from before they were recorded resumes."""
+    storage, sampler = sqlite_url(tmp_path), optuna.samplers.RandomSampler()
+    small, wide = load_space("small"), load_space("vllm")
+    assert small.digest() != wide.digest() and small.digest() == load_space("small").digest()
+    kept = settings(load="capacity", space_digest=small.digest())
+    open_study("s", storage, kept, sampler, resume=False)
+    with pytest.raises(AutotuneError, match="another search space.*same --space"):
+        open_study("s", storage, dataclasses.replace(kept, space_digest=wide.digest()), sampler, resume=True)
+    with pytest.raises(AutotuneError, match="was run with load 'capacity', not 'fixed'"):
+        open_study("s", storage, dataclasses.replace(kept, load="fixed"), sampler, resume=True)
+    assert open_study("s", storage, kept, sampler, resume=True).study_name == "s"
+    open_study("old", storage, settings(), sampler, resume=False)
+    assert open_study("old", storage, kept, sampler, resume=True).study_name == "old"
 
 
 def test_existing_study_needs_resume_and_same_settings(tmp_path: Path) -> None:

@@ -177,6 +177,8 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         workload=s.workload.name,
         backend=args.backend,
         sim_calibration=s.calibration.to_dict(),
+        load=s.workload.load,
+        space_digest=s.space.digest(),
     )
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
 

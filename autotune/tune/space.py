@@ -19,6 +19,8 @@ checked before anything is launched, and an invalid suggestion is told to the st
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -188,6 +190,13 @@ class SearchSpace:
         for p in self.params:
             values[p.name] = list(p.choices) if p.choices else [p.low, p.high]
         return values
+
+    def digest(self) -> str:
+        """A short hash of the flags tuned (with their ranges, steps and scales) and fixed: a resumed
+        study must search the same space. A hash, not the values: a fixed flag may be a secret."""
+        parts = {p.name: [p.type, p.low, p.high, p.log, p.step, list(p.choices)] for p in self.params}
+        text = json.dumps({"params": parts, "fixed": dict(self.fixed)}, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def grid(self, max_steps: int | None = None) -> dict[str, list[Any]]:
         """A discrete version of the space for Optuna's GridSampler (`max_steps`: see grid_values)."""

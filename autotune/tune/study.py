@@ -50,6 +50,8 @@ class StudySettings:
     # The simulator's constants (every value, not a file name): what a sim run's results came from,
     # and what a real run's estimates and screen used.
     sim_calibration: dict[str, float] = field(default_factory=dict)
+    load: str = ""  # how each config is measured: capacity or fixed (empty: not recorded)
+    space_digest: str = ""  # SearchSpace.digest(): the flags tuned and fixed (empty: not recorded)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, stored as a study user attr."""

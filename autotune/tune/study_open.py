@@ -134,8 +134,15 @@ def check_resume(study: optuna.Study, settings: StudySettings) -> None:
             f"{settings.objectives}: use the same --objectives or another --study"
         )
     stored = study.user_attrs.get(SETTINGS_ATTR, {})
-    for key in ("slos", "model", "gpu", "workload", "backend"):
-        if key in stored and stored[key] != getattr(settings, key):
+    if stored.get("space_digest") and stored["space_digest"] != settings.space_digest:
+        raise AutotuneError(
+            f"study {study.study_name!r} was run with another search space (its tuned or fixed flags "
+            "differ): resume with the same --space or pick another --study"
+        )
+    # Studies from before the load was recorded have none (or an empty one): nothing to compare.
+    recorded = [key for key in ("slos", "model", "gpu", "workload", "backend") if key in stored]
+    for key in recorded + (["load"] if stored.get("load") else []):
+        if stored[key] != getattr(settings, key):
             raise AutotuneError(
                 f"study {study.study_name!r} was run with {key} {stored[key]!r}, not "
                 f"{getattr(settings, key)!r}: resume with the same settings or pick another --study"
