@@ -73,8 +73,14 @@ def test_a_client_that_leaves_a_huge_fan_out_does_not_hold_the_server(server: Si
 
 @pytest.mark.parametrize(
     "extra",
-    [["--set", "max_num_seqs=8"], ["--backend", "docker"], ["--space", "small"], ["--noise"]],
-    ids=["set", "backend", "space", "noise"],
+    [
+        ["--set", "max_num_seqs=8"],
+        ["--backend", "docker"],
+        ["--backend", "sim"],
+        ["--space", "small"],
+        ["--noise"],
+    ],
+    ids=["set", "backend", "backend-sim", "space", "noise"],
 )
 def test_bench_url_refuses_options_that_launch_a_server(
     server: SimServerProcess,

@@ -38,7 +38,7 @@ SETTABLE = sorted({*ENGINE_FLAGS, *OTHER_VLLM_FLAGS})  # what a search space may
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `autotune bench` options."""
-    add_backend_option(parser)
+    add_backend_option(parser, default=None)  # None: an explicit --backend (even sim) is refused with --url
     parser.add_argument(
         "--url",
         type=arg(values.url),
@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
         result, head, config = bench_url(args, workload, slos)
     else:
+        args.backend = args.backend or "sim"  # left unset by default so that --url can refuse an explicit one
         result, head, config = _bench_launched(args, workload, slos)
     head |= {"workload": workload.name, "num_prompts": workload.num_requests}
     head |= {"request_rate": workload.request_rate, "max_concurrency": workload.max_concurrency}

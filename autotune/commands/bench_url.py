@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 # Options that launch or configure a server, as (flag, its attribute, its default): none applies to --url.
 _LAUNCH_OPTIONS = (
-    ("--backend", "backend", "sim"),
+    ("--backend", "backend", None),
     ("--set", "settings", []),
     ("--space", "space", "vllm"),
     ("--serve-cmd", "serve_cmd", DEFAULT_SERVE_CMD),

@@ -56,11 +56,11 @@ def add_seed_option(parser: Parser, text: str) -> None:
     parser.add_argument("--seed", type=arg(values.seed), default=0, help=f"{text}; 0 to 2**32-1")
 
 
-def add_backend_option(parser: Parser) -> None:
-    """--backend."""
+def add_backend_option(parser: Parser, default: str | None = "sim") -> None:
+    """--backend; `default` None lets a command tell an explicit `--backend sim` from none given."""
     parser.add_argument(
         "--backend",
-        default="sim",
+        default=default,
         choices=BACKENDS,
         help="sim (default): the simulated engine in process; vllm: `vllm serve` subprocesses; docker: "
         "vllm/vllm-openai containers",
