@@ -41,6 +41,8 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes]]] = [
     ("set-block-x", ["bench", "--set", "block_size=x"], {}),
     ("set-no-value", ["bench", "--set", "max_num_seqs"], {}),
     ("set-unknown", ["bench", "--set", "max_num_seq=8"], {}),
+    ("set-twice", ["bench", "--set", "max_num_seqs=8", "--set", "max_num_seqs=16"], {}),
+    ("set-twice-dashes", ["bench", "--set", "max_num_seqs=8", "--set", "max-num-seqs=8"], {}),
     (
         "bench-prompt-too-long",
         ["bench", "--workload", "{tmp}/w.yaml", "--set", "max_model_len=1024"],
@@ -359,3 +361,11 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert_rejected(argv, files, tmp_path, capfd, monkeypatch)
+
+
+def test_a_repeated_set_names_the_flag_and_both_values(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = ["bench", "--rate", "5", "--set", "max_num_seqs=8", "--set", "max_num_seqs=16"]
+    line = assert_rejected(argv, {}, tmp_path, capfd, monkeypatch)
+    assert "--set max_num_seqs given twice (8 and 16)" in line

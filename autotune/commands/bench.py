@@ -91,8 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_settings(settings: list[str]) -> dict[str, Any]:
-    """["max_num_seqs=256", ...] -> {"max_num_seqs": 256}; unknown names are an error."""
+    """["max_num_seqs=256", ...] -> {"max_num_seqs": 256}; unknown names and a name given twice are errors."""
     out: dict[str, Any] = {}
+    given: dict[str, str] = {}  # each name's value as typed, to quote both when one is given twice
     for item in settings:
         name, sep, value = item.partition("=")
         name = name.strip().replace("-", "_")
@@ -100,6 +101,9 @@ def parse_settings(settings: list[str]) -> dict[str, Any]:
             raise AutotuneError(f"bad --set {item!r}: expected NAME=VALUE, e.g. max_num_seqs=256")
         if name not in SETTABLE:
             raise AutotuneError(f"unknown vLLM parameter {name!r}; known: {', '.join(SETTABLE)}")
+        if name in given:  # which value was meant cannot be guessed
+            raise AutotuneError(f"--set {name} given twice ({given[name]} and {value}): keep one")
+        given[name] = value
         out[name] = parse_value(value)
     check_flags(out, "bad --set")
     return out
