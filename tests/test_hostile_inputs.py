@@ -284,6 +284,12 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], str]] = [
         {},
         "bad flag: gpu_memory_utilization=nan",
     ),
+    (
+        "sim-server-model-unknown",  # the old code logged the server's start first (three lines)
+        ["sim-server", "nonexist", "--port", "0"],
+        {},
+        "unknown model 'nonexist'",
+    ),
 ]
 # Alias bombs: the old code expanded them (tens of GB); run as subprocesses under the memory limit.
 BOMB_CASES: list[tuple[str, list[str], dict[str, str | bytes], str]] = [

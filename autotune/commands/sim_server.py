@@ -100,6 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Build the engine config from the flags and serve; exit 1 when the engine refuses the config."""
     from autotune.catalog.gpus import get_gpu
+    from autotune.catalog.models import get_model
     from autotune.core.config import ENGINE_FLAGS, LONG_PREFILL, EngineConfig, check_flags
     from autotune.core.errors import AutotuneError
     from autotune.sim.calibration import calibration_option
@@ -109,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     model = args.model_flag or args.model_tag
     if not model:
         raise AutotuneError("sim-server needs a model: autotune sim-server MODEL [flags]")
+    get_model(model)  # an unknown model is a usage error (one line), before the server logs anything
     flags = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
     check_flags(flags, "bad flag")  # what vLLM's own argument checks refuse: one line, not a traceback
     config = EngineConfig(model=model).replace(**flags)
