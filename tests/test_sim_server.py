@@ -183,6 +183,13 @@ def test_prefix_caching_hits_for_shared_token_prefixes(server: SimServerProcess)
     assert after - before >= 256
 
 
+def test_the_startup_log_lists_only_the_args_that_differ_from_vllms_defaults(
+    server: SimServerProcess,
+) -> None:
+    line = next(line for line in server.log().splitlines() if "non-default args:" in line)
+    assert "non-default args: {'max_model_len': 4096} model=" in line  # not block_size=16 and the like
+
+
 def test_invalid_config_exits_nonzero_with_vllms_message() -> None:
     args = [
         MODEL,

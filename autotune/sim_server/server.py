@@ -71,7 +71,7 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
     vllm_log(
         "INFO",
         "utils.py:326",
-        f"non-default args: {config.params()} model={config.model!r} gpu={options.gpu!r}",
+        f"non-default args: {non_default_args(config)} model={config.model!r} gpu={options.gpu!r}",
     )
     if not options.calibration.is_default:
         changed = ", ".join(f"{k}={v:g}" for k, v in options.calibration.changed().items())
@@ -113,6 +113,13 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
         return asyncio.run(_serve_http(service, options))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down
         return 0
+
+
+def non_default_args(config: EngineConfig) -> dict[str, object]:
+    """The config's flags that differ from vLLM's defaults, as vLLM's own `non-default args:` line lists."""
+    defaults = EngineConfig(model=config.model).params()
+    missing = object()  # a flag unset by default (None) differs from it whatever its value
+    return {name: value for name, value in config.params().items() if defaults.get(name, missing) != value}
 
 
 async def _serve_http(service: SimService, options: ServerOptions) -> int:
