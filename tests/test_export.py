@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_bad_inputs import assert_rejected
 from test_study import build_run, ok
 
 from autotune.cli import main
@@ -153,3 +154,21 @@ def test_a_pipeline_parallel_replica_asks_for_all_its_gpus() -> None:
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
     helm = yaml.safe_load(render(config, "helm"))
     assert helm["servingEngineSpec"]["modelSpec"][0]["requestGPU"] == 4
+
+
+@pytest.mark.parametrize(
+    ("fmt", "option"),
+    [("helm", "--tag"), ("docker", "--image"), ("k8s", "--secret"), ("helm", "--secret-key")],
+)
+def test_an_empty_container_option_is_refused_not_defaulted(
+    fmt: str,
+    option: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    build_run(tmp_path / "run", [({"max_num_seqs": 256}, ok(4000, 1500, 20))])
+    line = assert_rejected(
+        ["export", "{tmp}/run", "--format", fmt, option, ""], {}, tmp_path, capfd, monkeypatch
+    )
+    assert f"argument {option}:" in line

@@ -15,6 +15,7 @@ HELP = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `autotune export` options."""
+    from autotune.core import values
     from autotune.core.inputs import arg
     from autotune.outputs import export
     from autotune.outputs.export import FORMATS
@@ -24,12 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", default="cmd", choices=FORMATS, help="output format (default cmd)")
     parser.add_argument(
         "--tag",
+        type=arg(values.text),  # an empty tag would deploy `:latest` (or the default) unasked
         default=f"v{VLLM_RELEASE}",
         help=f"vllm/vllm-openai image tag for docker, k8s, helm (default v{VLLM_RELEASE}, the vLLM release "
         "autotune follows)",
     )
     parser.add_argument(
-        "--image", help="container image (default: the one the run was tuned with, else vllm/vllm-openai:TAG)"
+        "--image",
+        type=arg(values.text),  # "" is not "the default image"
+        help="container image (default: the one the run was tuned with, else vllm/vllm-openai:TAG)",
     )
     parser.add_argument(
         "--secret",
