@@ -173,16 +173,14 @@ class WorkloadSpec:
             # blocks holds the long rows in their share, so probes of a capacity search see one mix.
             by_length = first + np.argsort(prompt[first:stop] + output[first:stop], kind="stable")
             if len(by_length) == 0:
-                raise AutotuneError(
-                    f"workload {self.name}: the trace has no rows after {self.trace.start:g}s"
-                )
+                raise AutotuneError(f"workload {self.name}: the trace has no rows {self.trace.kept()}")
             picks = (stratified_uniforms(rng, n) * len(by_length)).astype(np.int64)
             rows = by_length[np.minimum(picks, len(by_length) - 1)]
             return prompt[rows], output[rows], None
         if len(seconds) - first < n:
             raise AutotuneError(
-                f"workload {self.name}: the trace has {len(seconds) - first} requests after "
-                f"{self.trace.start:g}s, fewer than num_requests={n}"
+                f"workload {self.name}: the trace has {len(seconds) - first} requests {self.trace.kept()}, "
+                f"fewer than num_requests={n}"
             )
         window = slice(first, first + n)
         arrivals = (seconds[window] - seconds[first]) / self.trace.time_scale

@@ -85,6 +85,12 @@ class TraceSource:
             keep &= prompt[order] + output[order] <= self.max_len
         return seconds[keep], prompt[order][keep], output[order][keep]
 
+    def kept(self) -> str:
+        """The rows read() keeps from `start` on, for an error that finds too few: e.g. "after 0s with
+        prompt + output of at most max_len=5 tokens" (a filter must be named, or it looks like the trace)."""
+        length = f" with prompt + output of at most max_len={self.max_len} tokens" if self.max_len else ""
+        return f"after {self.start:g}s{length}"
+
     def describe(self) -> str:
         """E.g. "Azure conv trace x2"."""
         label = f"Azure {self.name} trace" if self.name in TRACES else f"trace {Path(self.name).name}"
