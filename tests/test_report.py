@@ -142,3 +142,23 @@ def test_capacity_probes_survive_the_study_storage(tmp_path: Path) -> None:
     (record,) = records(build_run(tmp_path, [({"max_num_seqs": 64, "baseline": True}, result)]))
     assert record.capacity.probes == probes  # stored as a list of dicts, not its str(), and read back
     assert record.info["capacity_probes"][0]["p99_ttft_ms"] == 300.0
+
+
+def test_trials_csv_writes_whole_number_columns_with_gaps_as_integers(tmp_path: Path) -> None:
+    import csv
+
+    from autotune.tune.study import tell_duplicate
+
+    study = build_run(
+        tmp_path,
+        [({"max_num_seqs": 1024, "baseline": True}, ok(4000, 1500, 20)), ({"max_num_seqs": 256}, None)],
+    )
+    tell_duplicate(study, study.ask(), study.trials[0])
+    recs = records(study)
+    recs[0].params = {"max_num_seqs": 1024}  # a param some trials lack (a conditional one)
+    report.write_all(tmp_path, outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"]))
+    with (tmp_path / "trials.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["duplicate_of"] for r in rows] == ["", "", "0"]  # not 0.0
+    assert [r["max_num_seqs"] for r in rows] == ["1024", "", ""]
+    assert rows[0]["output_throughput"] == "4000.0"  # a float column stays one

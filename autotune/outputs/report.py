@@ -14,6 +14,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from autotune.core.atomic import atomic_write_text
 from autotune.core.config import gpus_per_replica
 from autotune.outputs.export import render, serve_flags
@@ -86,7 +88,11 @@ def write_all(run_dir: Path, out: Outcome) -> list[Path]:
     import pandas as pd
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    frame = pd.DataFrame([_row(r, out) for r in out.records])
+    rows = [_row(r, out) for r in out.records]
+    frame = pd.DataFrame(rows)
+    for name in _integer_columns(rows):
+        # pandas turns a whole-number column with a gap into floats (duplicate_of 1.0): keep it whole
+        frame[name] = pd.array([row.get(name) for row in rows], dtype="Int64")
     paths = [run_dir / "trials.csv", run_dir / "pareto.csv"]
     atomic_write_text(paths[0], frame.to_csv(index=False))
     front_numbers = {r.number for r in out.front}
@@ -133,6 +139,18 @@ def _row(r: TrialRecord, out: Outcome) -> dict[str, Any]:
     gpu_ids = where.gpu_ids if where is not None else None
     row["gpu_ids"] = ",".join(map(str, gpu_ids)) if gpu_ids else None
     return row
+
+
+def _integer_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The columns whose values are all whole numbers where given (trial numbers, counts, int flags)."""
+    names = dict.fromkeys(name for row in rows for name in row)  # in column order
+    return [name for name in names if _whole_numbers([row.get(name) for row in rows])]
+
+
+def _whole_numbers(values: list[Any]) -> bool:
+    """True when the values are ints or missing, at least one given (bools are not numbers here)."""
+    given = [v for v in values if v is not None]
+    return bool(given) and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in given)
 
 
 def _extra_columns(out: Outcome) -> dict[str, Any]:
