@@ -58,8 +58,9 @@ def kept(study: Any) -> str:
 def write_results(
     study: Any, s: Any, args: argparse.Namespace, context: dict, note: Any, lease: Any, dashboard: Any
 ) -> tuple[Any, str]:
-    """Write the results (Ctrl-C waits until they are complete): (the outcome and records, ''), or
-    (None, why) when they could not be written (a full disk: the study still has every trial)."""
+    """Write the results (Ctrl-C waits until they are complete): (the outcome and the names of the files
+    written, ''), or (None, why) when they could not be written (a full disk: the study still
+    has every trial)."""
     from autotune.core.interrupts import deferred_ctrl_c
     from autotune.outputs import report
     from autotune.outputs.outcome import outcome as read_outcome
@@ -83,11 +84,10 @@ def write_results(
                 args.gpu_price,
                 StoredRepeats.of(study),
             )
-            out = outcome, recs
-            if recs:
-                report.write_all(s.run_dir, outcome)
-                if note is not None:
-                    note.update(force=True)
+            files = [p.name for p in report.write_all(s.run_dir, outcome)] if recs else []
+            out = outcome, files
+            if recs and note is not None:
+                note.update(force=True)
         except Exception as exc:  # noqa: BLE001  (a full disk, a broken storage: the trials are safe)
             problem = (
                 f"cannot write the results to {s.run_dir}/ ({storage_error(exc)}); the study keeps every "
@@ -111,7 +111,7 @@ def print_summary(written: Any, summary: Any, run_dir: Path) -> None:
     """The front, the recommendation and what the run did, on stdout."""
     from autotune.outputs import report
 
-    out, recs = written
+    out, files = written
     print(report.summary_text(out))
     ended = " (timeout)" if summary.timed_out else ""
     converged = " (the sampler converged: it proposed only measured configs)" if summary.converged else ""
@@ -124,5 +124,5 @@ def print_summary(written: Any, summary: Any, run_dir: Path) -> None:
         f"earlier results{converged}, {summary.rejected} suggestions rejected "
         f"before launch ({summary.screened} predicted to fail to start); {summary.told} told this run in "
         f"{summary.wall_s:.0f} s{ended}; {cost}"
-        f"\nResults: {run_dir}/ (trials.csv, pareto.csv, best.json, best.sh, pareto.png, report.html)"
+        f"\nResults: {run_dir}/ ({', '.join(files) or 'nothing written: no trial finished'})"
     )

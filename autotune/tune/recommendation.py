@@ -25,6 +25,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from autotune.core.errors import FailureKind
 from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, recommend
 from autotune.tune.study import TrialRecord
 
@@ -78,6 +79,19 @@ def decide(
     return dataclasses.replace(decision, text=decision.text + note)
 
 
+def _none_feasible(recs: Sequence[TrialRecord]) -> str:
+    """Why nothing is recommended: the trials failed or missed the SLOs, or the budget cut them short
+    before a verdict (then they say nothing about their configs)."""
+    cut = sum(r.failure == FailureKind.BUDGET_SPENT for r in recs)
+    if cut and cut == len(recs):
+        return (
+            f"No verdict: the {'trial was' if cut == 1 else f'{cut} trials were'} cut short by --gpu-hours "
+            "before reaching one (a larger budget affords a whole trial)."
+        )
+    rest = f" ({cut} cut short by --gpu-hours before a verdict)" if cut else ""
+    return f"No feasible config: every trial failed or violated the SLOs{rest} (see trials.csv for reasons)."
+
+
 def _decide(
     recs: Sequence[TrialRecord],
     maximize: Sequence[bool],
@@ -89,8 +103,7 @@ def _decide(
     name = objective_names[0]
     defaults = defaults_label(base)
     if candidate is None:
-        text = "No feasible config: every trial failed or violated the SLOs (see trials.csv for reasons)."
-        return Recommendation(None, None, base, None, False, text)
+        return Recommendation(None, None, base, None, False, _none_feasible(recs))
     if base is None or not base.values:
         text = f"Recommended: trial #{candidate.number} (no baseline trial in this study to compare with)."
         return Recommendation(candidate, candidate, base, None, False, text)
