@@ -21,7 +21,7 @@ from autotune.measure.slo import parse_slos
 from autotune.outputs.export import RunInfo
 from autotune.store.storage import connect_storage
 from autotune.tune.front import pareto_front, recommend
-from autotune.tune.objectives import FAILED_KEY, KEPT_UP_KEY, Objective, load_objectives
+from autotune.tune.objectives import FAILED_KEY, KEPT_UP_KEY, Objective, ObjectiveSet, load_objectives
 from autotune.tune.progress import ProgressState
 from autotune.tune.run_records import TunerOptions
 from autotune.tune.samplers import GP_MODULES, auto_sampler, make_sampler
@@ -60,11 +60,15 @@ def bench(throughput: float, ttft_ms: float, itl_ms: float) -> BenchmarkResult:
     return BenchmarkResult.from_dict(data)
 
 
-def build_run(run_dir: Path, outcomes: list[tuple[dict, TrialResult | None]]) -> optuna.Study:
-    """A finished study on SQLite in run_dir (with run.json), one trial per (params, result)."""
+def build_run(
+    run_dir: Path, outcomes: list[tuple[dict, TrialResult | None]], objectives: ObjectiveSet = OBJECTIVES
+) -> optuna.Study:
+    """A finished study on SQLite in run_dir (with run.json), one trial per (params, result), optimising
+    `objectives` (the default run's unless given)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     storage = sqlite_url(run_dir)
-    study = open_study("unit", storage, settings(), optuna.samplers.RandomSampler(seed=0), resume=False)
+    chosen = settings(objectives=objectives.names, directions=objectives.directions)
+    study = open_study("unit", storage, chosen, optuna.samplers.RandomSampler(seed=0), resume=False)
     for params, result in outcomes:
         trial = study.ask()
         if params.get("baseline"):
@@ -74,7 +78,7 @@ def build_run(run_dir: Path, outcomes: list[tuple[dict, TrialResult | None]]) ->
             config=config, failure=FailureKind.KV_CACHE_OOM, message="No available memory"
         )
         result.config = config
-        tell_result(study, trial, result, OBJECTIVES, SLOS, config_key(config))
+        tell_result(study, trial, result, objectives, SLOS, config_key(config))
     RunInfo(study="unit", storage=storage, directory=run_dir).save()
     return study
 
