@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from test_study import OBJECTIVES, build_run, ok
 
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.result import TrialResult
+from autotune.tune.objectives import objectives_from_dict
 from autotune.tune.recommendation import decide
 from autotune.tune.study import records
 
@@ -240,3 +242,22 @@ def test_runs_of_the_pick_far_apart_are_flagged_as_sensitive_to_noise(tmp_path: 
     assert "Sensitive to noise: trial #1's 3 runs measured 4,600 to 5,700 (24% apart)" in note
     assert "#0" not in note  # the defaults' runs agree within 2 %
     assert flagged({"1": {"1": 5250, "2": 5350}, "0": {"1": 4050, "2": 3990}}) == ""
+
+
+def test_a_latency_gain_and_its_interval_read_as_reductions(tmp_path: Path) -> None:
+    """Minimized, the gain is (baseline - value) / baseline, its paired-run interval too, and a loss is
+    "higher": not the inverse ratio (369 / 250 = +47.6 %)."""
+    latency = objectives_from_dict({"objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}]})
+    outcomes = [
+        ({"max_num_seqs": 1024, "baseline": True}, capacity(5000, 0.03, ttft_ms=400)),
+        ({"max_num_seqs": 256}, capacity(5000, 0.03, ttft_ms=300)),
+    ]
+    study = build_run(tmp_path, outcomes, latency)
+    repeats = {"1": {"1": 320.0, "2": 280.0}, "0": {"1": 400.0, "2": 400.0}}
+    d = decide(records(study), [False], latency.names, repeats)
+    assert d.gain is not None and d.gain.significant and not d.gain.maximize
+    assert d.gain.percent() == "25.0 % lower (interval 20.0 % to 30.0 % lower, 3 paired runs)"
+    assert d.text == "Recommended: trial #1: p99_ttft_ms " + d.gain.percent() + " vs vLLM's defaults."
+    worse = dataclasses.replace(d.gain, ratio=0.8, low=0.75, high=1.25)
+    assert worse.percent() == "25.0 % higher (interval 33.3 % higher to 20.0 % lower, 3 paired runs)"
+    assert worse.figure(0.8) == "25.0 % higher" and d.gain.figure(1.25) == "20.0 % lower"

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import optuna
+from test_recommendation import capacity as bracketed
 from test_study import OBJECTIVES, build_run, ok
 
 from autotune.measure.capacity_report import CapacityReport, ProbeSummary
 from autotune.outputs import report
 from autotune.outputs.cost import cost_view, sizing
+from autotune.outputs.dashboard import note_markdown
 from autotune.outputs.outcome import fmt_number, outcome
+from autotune.tune.objectives import objectives_from_dict
 from autotune.tune.study import TrialRecord, records
 
 MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
@@ -70,6 +74,33 @@ def test_outcome_shows_the_gain_and_says_what_to_know(tmp_path: Path) -> None:
     assert kept.flags() == [
         "the best config found (#1) gains less than the measurement's margin (1.0%): vLLM's defaults are kept"
     ]
+
+
+def test_a_latency_objective_gives_one_figure_everywhere(tmp_path: Path) -> None:
+    """Minimizing p99 TTFT alone, 250 ms against the defaults' 369 ms: the table, the verdict, best.json,
+    report.html and the dashboard note all say 32.2 % lower, and the interval is not called capacity."""
+    latency = objectives_from_dict({"objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}]})
+    study = build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, bracketed(5000, 0.03, ttft_ms=369)),
+            ({"max_num_seqs": 256}, bracketed(5000, 0.03, ttft_ms=250)),
+        ],
+        latency,
+    )
+    out = outcome(records(study), latency.names, [False], ["ttft_p99=2s"])
+    assert "#1     250          +32.2%" in report.front_table(out)
+    verdict = out.verdict()
+    assert verdict.startswith("Recommended: trial #1: p99_ttft_ms 32.2 % lower (one run each) vs vLLM")
+    assert "+47.6" not in verdict and "capacity brackets" not in verdict
+    assert verdict.endswith("Trial #1 vs the defaults: p99_ttft_ms -32.2%.")
+    report.write_all(tmp_path, out)
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert round(best["gain_vs_baseline"], 4) == best["gain"]["reduction"] == 0.3225
+    assert best["gain"]["reduction_interval"] == [0.3225, 0.3225] and best["gain"]["how"] == "one run each"
+    assert "32.2 % lower" in (tmp_path / "report.html").read_text()
+    note = note_markdown("unit", out)
+    assert "+32.2% vs the baseline #0" in note and "32.2 % lower" in note and "47.6" not in note
 
 
 def test_cost_view_and_sizing(tmp_path: Path) -> None:

@@ -209,6 +209,9 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
             "significant": gain.significant,
             "how": gain.how,
         }
+        if not gain.maximize:  # ratio is baseline / value; the reduction is gain_vs_baseline's figure
+            data["gain"]["reduction"] = round(gain.reduction(gain.ratio), 4)
+            data["gain"]["reduction_interval"] = [round(gain.reduction(x), 4) for x in (gain.low, gain.high)]
     if out.best is not None:
         config = out.best.engine_config()
         data |= {

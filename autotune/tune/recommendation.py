@@ -12,7 +12,9 @@ The margin a gain must clear:
   is the mean of the paired ratios and its interval their lowest and highest; it counts when even the
   lowest clears the capacity resolution;
 - without: the gain counts when it clears the resolution of both measurements (their capacity
-  brackets do not overlap), or TIE_TOLERANCE at a fixed load (deterministic: equal is equal).
+  brackets do not overlap), or TIE_TOLERANCE at a fixed load (deterministic: equal is equal); a latency
+  objective is one value at each trial's capacity, so its gain has no interval, only that margin.
+A minimized objective's gain is shown as its reduction, (baseline - value) / baseline, as in the front table.
 With repeats the candidate itself is chosen among the re-measured configs by the mean of their runs:
 the best single run of many is partly the luckiest draw (the winner's curse), the mean of three less so.
 When the baseline itself misses the SLOs, any feasible config is a gain: it is what makes them hold.
@@ -32,7 +34,8 @@ from autotune.tune.study import TrialRecord
 
 @dataclass(frozen=True)
 class Gain:
-    """The candidate's primary objective against the baseline's, as an improvement ratio (> 1 better)."""
+    """The candidate's primary objective against the baseline's, as an improvement ratio (> 1 better):
+    new / old for a maximized objective, old / new for a minimized one (a latency)."""
 
     metric: str
     ratio: float
@@ -41,10 +44,24 @@ class Gain:
     margin: float  # what the gain had to clear (a fraction: 0.03 = 3 %)
     significant: bool
     how: str  # where the interval comes from
+    maximize: bool = True
 
     def percent(self) -> str:
-        """e.g. "+4.1 % (interval +1.0 % to +7.3 %)"."""
-        return f"{_pct(self.ratio)} (interval {_pct(self.low)} to {_pct(self.high)}, {self.how})"
+        """e.g. "+4.1 % (interval +1.0 % to +7.3 %)"; a minimized objective's as its reduction, e.g.
+        "32.3 % lower (interval 30.1 % to 34.0 % lower)", the figure the front table and best.json show."""
+        if self.maximize:
+            return f"{_pct(self.ratio)} (interval {_pct(self.low)} to {_pct(self.high)}, {self.how})"
+        if self.low == self.high:
+            return f"{_lower(self.ratio)} ({self.how})"  # one value each: no interval to give
+        return f"{_lower(self.ratio)} (interval {_lower_span(self.low, self.high)}, {self.how})"
+
+    def figure(self, ratio: float) -> str:
+        """One of the gain's ratios as `percent` writes it: "+2.0 %", or "2.0 % lower" when minimized."""
+        return _pct(ratio) if self.maximize else _lower(ratio)
+
+    def reduction(self, ratio: float) -> float:
+        """A minimized objective's ratio (old / new) as (old - new) / old: 0.323 = 32.3 % lower."""
+        return _reduction(ratio)
 
 
 @dataclass(frozen=True)
@@ -135,8 +152,8 @@ def _decide(
         # Beyond the margin on average, not in every paired run: the rule asks every pair to clear it.
         text = (
             f"Keep {defaults} (trial #{base.number}): the best config found (trial #{candidate.number}) "
-            f"gains {gain.percent()} on average, but its lowest paired run, {_pct(gain.low)}, is within "
-            f"the measurement's margin of {gain.margin:.1%}: not a sure gain."
+            f"gains {gain.percent()} on average, but its lowest paired run, {gain.figure(gain.low)}, is "
+            f"within the measurement's margin of {gain.margin:.1%}: not a sure gain."
         )
     else:
         text = (
@@ -190,21 +207,31 @@ def measure_gain(
         _improvement(cand_runs[k], base_runs[k], maximize) for k in sorted(cand_runs) if k in base_runs
     ]
     if len(pairs) > 1:
+        # Minimized: the harmonic mean of old / new is the mean reduction, the figure the gain is shown as.
+        mean = statistics.fmean(pairs) if maximize else statistics.harmonic_mean(pairs)
         return Gain(
             metric,
-            statistics.fmean(pairs),
+            mean,
             min(pairs),
             max(pairs),
             resolution,
             min(pairs) > 1 + resolution,
             f"{len(pairs)} paired runs",
+            maximize,
         )
+    if resolution > 0 and not maximize:
+        # A latency is one measurement at each trial's capacity: the brackets bound the rate, not it. Its
+        # gain still has to clear the baseline's bracket, as a throughput's does.
+        significant = first / (1 + resolution_of(base)) > 1
+        return Gain(metric, first, first, first, resolution, significant, "one run each", maximize)
     if resolution > 0:
         # Capacity brackets: the candidate's true value is in [value, value x (1 + its resolution)].
         low = first / (1 + resolution_of(base))
         high = first * (1 + resolution_of(candidate))
         return Gain(metric, first, low, high, resolution, low > 1, "capacity brackets")
-    return Gain(metric, first, first, first, TIE_TOLERANCE, first > 1 + TIE_TOLERANCE, "one run each")
+    return Gain(
+        metric, first, first, first, TIE_TOLERANCE, first > 1 + TIE_TOLERANCE, "one run each", maximize
+    )
 
 
 def resolution_of(record: TrialRecord) -> float:
@@ -222,3 +249,24 @@ def _improvement(new: float, old: float, maximize: bool) -> float:
 
 def _pct(ratio: float) -> str:
     return f"{(ratio - 1) * 100:+.1f} %"
+
+
+def _reduction(ratio: float) -> float:
+    """old / new as (old - new) / old, the front table's convention for a minimized objective."""
+    return 1 - 1 / ratio if ratio > 0 else float("-inf")
+
+
+def _lower(ratio: float) -> str:
+    """A minimized objective's ratio (old / new) as words: "32.3 % lower", or "4.0 % higher" for a loss."""
+    change = _reduction(ratio)
+    return f"{abs(change) * 100:.1f} % {'lower' if change >= 0 else 'higher'}"
+
+
+def _lower_span(low: float, high: float) -> str:
+    """An interval of ratios (old / new) as words, e.g. "30.1 % to 34.0 % lower"."""
+    first, last = _reduction(low), _reduction(high)
+    if first >= 0:  # both ends lower: one word for both
+        return f"{first * 100:.1f} % to {last * 100:.1f} % lower"
+    if last < 0:  # both higher: the smaller rise first
+        return f"{-last * 100:.1f} % to {-first * 100:.1f} % higher"
+    return f"{_lower(low)} to {_lower(high)}"
