@@ -9,7 +9,7 @@ from test_study import OBJECTIVES, build_run, ok
 
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.result import TrialResult
-from autotune.tune.objectives import objectives_from_dict
+from autotune.tune.objectives import load_objectives, objectives_from_dict
 from autotune.tune.recommendation import decide
 from autotune.tune.study import records
 
@@ -261,3 +261,21 @@ def test_a_latency_gain_and_its_interval_read_as_reductions(tmp_path: Path) -> N
     worse = dataclasses.replace(d.gain, ratio=0.8, low=0.75, high=1.25)
     assert worse.percent() == "25.0 % higher (interval 33.3 % higher to 20.0 % lower, 3 paired runs)"
     assert worse.figure(0.8) == "25.0 % higher" and d.gain.figure(1.25) == "20.0 % lower"
+
+
+def test_keeping_the_defaults_mentions_latency_only_when_a_latency_breaks_ties(tmp_path: Path) -> None:
+    """Throughput alone: no lower-latency config could have won a tie, so the sentence does not say so."""
+    outcomes = [
+        ({"max_num_seqs": 1024, "baseline": True}, capacity(5000, 0.03)),
+        ({"max_num_seqs": 256}, capacity(4000, 0.03)),
+    ]
+    alone = load_objectives("throughput")
+    study = build_run(tmp_path / "a", outcomes, alone)
+    d = decide(records(study), [True], alone.names)
+    assert d.keeps_defaults and d.text == (
+        "Keep vLLM's defaults (trial #0): no config found beats their output_throughput by more than the "
+        "measurement's resolution."
+    )
+    default = decision(tmp_path / "b", outcomes)  # the default run's sentence is unchanged
+    assert default.keeps_defaults
+    assert default.text.endswith("the measurement's resolution with lower latency.")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from autotune.core.errors import FailureKind
 from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, recommend
+from autotune.tune.objectives import metric_unit
 from autotune.tune.study import TrialRecord
 
 
@@ -134,7 +135,7 @@ def _decide(
     if candidate.number == base.number:
         text = (
             f"Keep {defaults} (trial #{base.number}): no config found beats their {name} by more than "
-            "the measurement's resolution with lower latency."
+            f"the measurement's resolution{tie_clause(objective_names)}."
         )
         return Recommendation(base, candidate, base, None, True, text)
     gain = measure_gain(candidate, base, maximize[0], name, remeasured)
@@ -162,6 +163,15 @@ def _decide(
             f"{gain.margin:.1%}: a tie, not a gain."
         )
     return Recommendation(base, candidate, base, gain, True, text)
+
+
+def tie_clause(objective_names: Sequence[str]) -> str:
+    """How a tie with the defaults could still have won, by the objectives that break ties (all but the
+    first): " with lower latency" when one is a latency, "" when there are none."""
+    rest = list(objective_names[1:])
+    if any(metric_unit(n) == "ms" for n in rest):
+        return " with lower latency"
+    return f" or ties with them with a better {', '.join(rest)}" if rest else ""
 
 
 def pick(
