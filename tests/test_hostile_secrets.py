@@ -45,6 +45,7 @@ def test_a_storage_password_is_never_shown(
             f"postgresql://u@db.example/s?password={SECRET}&sslmode=require",
             "postgresql://u@db.example/s?sslmode=require",
         ),
+        (f"sqlite:////elsewhere/x.db?password={SECRET}", "sqlite:////elsewhere/x.db"),
     ],
 )
 def test_run_json_keeps_no_storage_password(url: str, recorded: str, tmp_path: Path) -> None:

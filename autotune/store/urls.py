@@ -36,13 +36,14 @@ def absolute(url: str, cwd: Path | None = None) -> str:
 
 
 def for_run_file(url: str, run_dir: Path) -> str:
-    """How run.json records `url`: an SQLite file inside the run folder relative to it; no password."""
+    """How run.json records `url`: an SQLite file inside the run folder relative to it; no password (a
+    SQLite URL's `?password=` too, whatever the file's place)."""
     path = sqlite_path(url)
     if path is not None and path.is_absolute():
         try:
             return f"{SQLITE_PREFIX}{path.resolve().relative_to(run_dir.resolve())}"
         except ValueError:
-            return url
+            pass
     return without_password(url)
 
 
