@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
 from test_study import OBJECTIVES, build_run, ok
 
 from autotune.measure.capacity_report import CapacityReport
@@ -279,3 +280,19 @@ def test_keeping_the_defaults_mentions_latency_only_when_a_latency_breaks_ties(t
     default = decision(tmp_path / "b", outcomes)  # the default run's sentence is unchanged
     assert default.keeps_defaults
     assert default.text.endswith("the measurement's resolution with lower latency.")
+
+
+def test_a_run_that_measured_nothing_says_so_and_re_measures_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A budget below one trial's cost launches nothing: there is nothing to recommend nor to repeat
+    (no "re-measuring the top 3" line), and the verdict does not blame failed trials that never ran."""
+    from autotune.tune.remeasure import remeasure
+    from autotune.tune.run_records import TunerOptions
+
+    study = build_run(tmp_path, [])
+    assert (
+        decide(records(study), MAXIMIZE, OBJECTIVES.names).text == "No trial finished: nothing to recommend."
+    )
+    assert remeasure(study, None, OBJECTIVES, TunerOptions(n_trials=1, repeats=2), budget_s=36.0) == 0  # type: ignore[arg-type]
+    assert "re-measuring" not in capsys.readouterr().err

@@ -101,7 +101,9 @@ def _none_feasible(recs: Sequence[TrialRecord]) -> str:
     """Why nothing is recommended: the trials failed or missed the SLOs, or the budget cut them short
     before a verdict (then they say nothing about their configs)."""
     cut = sum(r.failure == FailureKind.BUDGET_SPENT for r in recs)
-    if cut and cut == len(recs):
+    if not recs:
+        return "No trial finished: nothing to recommend."
+    if cut == len(recs):
         return (
             f"No verdict: the {'trial was' if cut == 1 else f'{cut} trials were'} cut short by --gpu-hours "
             "before reaching one (a larger budget affords a whole trial)."

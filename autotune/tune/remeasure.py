@@ -175,7 +175,7 @@ def remeasure(
     maximize = [o.maximize for o in objectives.objectives]
     chosen = targets(records(study), maximize)
     study.set_user_attr(TARGETS_ATTR, [r.number for r in chosen])
-    if not announce(options.repeats, budget_s):
+    if not chosen or not announce(options.repeats, budget_s):  # nothing measured: nothing to repeat
         return 0
     repeats, seed, run_dir, real_time = options.repeats, options.seed, options.run_dir, options.real_time
     done: dict[str, dict[str, float]] = {k: dict(v) for k, v in StoredRepeats.of(study).values.items()}
