@@ -16,6 +16,7 @@ from autotune.measure.result import TrialResult
 from autotune.outputs import report
 from autotune.outputs.dashboard import note_markdown
 from autotune.outputs.outcome import outcome
+from autotune.tune.objectives import objectives_from_dict
 from autotune.tune.progress import ProgressState, render
 from autotune.tune.remeasure import StoredRepeats
 from autotune.tune.study import records
@@ -122,3 +123,28 @@ def test_a_switch_the_budget_left_unconfirmed_says_it_rests_on_one_run_of_each(t
     assert outcome(recs, *args).once_note() == ""
     far = build_run(tmp_path / "b", [base, ({"max_num_seqs": 512}, searched(1200, 450, 35, 0.01))])
     assert outcome(records(far), *args, repeats=StoredRepeats(planned=(1, 0))).once_note() == ""
+
+
+def test_a_minimized_objectives_progress_line_and_note_both_read_its_reduction(tmp_path: Path) -> None:
+    """p99 TTFT alone, 400 ms -> 300 ms: the progress line and the verdict's note on it both say "25.0%
+    lower", as the verdict does, not -25.0 % in one and +25.0 % in the other."""
+    latency = objectives_from_dict({"objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}]})
+    study = build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, searched(940, 400, 40, 0.01)),
+            ({"max_num_seqs": 512}, searched(940, 300, 40, 0.01)),
+        ],
+        latency,
+    )
+    tally = Tally(maximize=False)
+    for trial in study.trials:
+        tally.record(trial)
+    line = render(tally.state(2, guided=False, unit="ms"), bar=False)
+    assert "best 300 ms (25.0% lower than baseline)" in line
+    repeats = {"1": {"1": 320.0, "2": 280.0}, "0": {"1": 400.0, "2": 400.0}}
+    out = outcome(records(study), latency.names, [False], ["ttft_p99=2s"], repeats=StoredRepeats(repeats))
+    assert out.progress_note().startswith(
+        "The progress line's best, trial #1 (300 p99_ttft_ms, 25.0% lower than the defaults), was its first "
+        "measurement; with the re-measurements (3 paired runs) its gain is 25.0 % lower"
+    )

@@ -12,6 +12,7 @@ from autotune.measure.evidence import UNSURE
 from autotune.outputs.cost import CostView, Sizing, cost_view, sizing
 from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, pareto_front
 from autotune.tune.objectives import PER_GPU
+from autotune.tune.progress import versus
 from autotune.tune.recommendation import Recommendation, decide, resolution_of, runs_of
 from autotune.tune.remeasure import StoredRepeats
 from autotune.tune.study import TrialRecord
@@ -123,7 +124,8 @@ class Outcome:
             return ""
         shown = f"trial #{top.number} ({fmt_number((top.values or [0.0])[0])} {self.objective_names[0]}"
         first = self.gain(top)
-        shown += f", {first * 100:+.1f}% vs the defaults)" if first is not None else ")"
+        # as the progress line words it: a minimized objective's gain is its reduction, "32.3% lower"
+        shown += f", {versus(first, self.maximize[0], 'the defaults')})" if first is not None else ")"
         if top.number != candidate.number:
             n, bracket = candidate.number, resolution_of(candidate)
             value, best = (candidate.values or [0.0])[0], (top.values or [0.0])[0]

@@ -43,6 +43,7 @@ class ProgressState:
     best: float | None = None  # best feasible primary objective so far
     baseline: float | None = None  # the baseline's primary objective (if it was feasible)
     unit: str = "tok/s"
+    maximize: bool = True  # the primary objective's direction: a minimized one's gain is its reduction
     running: list[tuple[int, Mapping[str, Any]]] = field(default_factory=list)  # (trial number, params)
     last: str = ""  # what the last finished trial was, e.g. "#7 feasible 4,210 tok/s"
     elapsed_s: float | None = None  # since the run started
@@ -74,6 +75,14 @@ def short_params(params: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
+def versus(gain: float, maximize: bool, other: str) -> str:
+    """A primary objective's gain (+0.23 = 23 % better) against `other`: "+23.0% vs baseline", or for a
+    minimized one its reduction in words, "32.3% lower than baseline", as the verdict words it."""
+    if maximize:
+        return f"{gain * 100:+.1f}% vs {other}"
+    return f"{abs(gain) * 100:.1f}% {'lower' if gain >= 0 else 'higher'} than {other}"
+
+
 def render(state: ProgressState, width: int | None = None, bar: bool = True) -> str:
     """One line: [####....] 12/50  12m03s  feasible 7  best 4,210 tok/s (+23% vs baseline)  running #13 ..."""
     parts = []
@@ -94,7 +103,8 @@ def render(state: ProgressState, width: int | None = None, bar: bool = True) -> 
     if state.best is not None:
         best = f"best {state.best:,.0f} {state.unit}"
         if state.baseline:
-            best += f" ({(state.best / state.baseline - 1) * 100:+.1f}% vs baseline)"
+            change = state.best / state.baseline - 1
+            best += f" ({versus(change if state.maximize else -change, state.maximize, 'baseline')})"
         parts.append(best)
     else:
         parts.append("best -")

@@ -66,7 +66,7 @@ class Tally:
         """The progress line's state: these counts of `total`, the GPU-hours spent when `guided`, and
         `rest` (the running trials, the times, the budget: ProgressState's other fields)."""
         counts = {"feasible": self.feasible, "failed": self.failed, "rejected": self.rejected}
-        counts |= {"best": self.best, "baseline": self.baseline, "last": self.last}
+        counts |= {"best": self.best, "baseline": self.baseline, "last": self.last, "maximize": self.maximize}
         gpu_hours = self.gpu_s / 3600 if guided else None
         return ProgressState(done=self.done, total=total, gpu_hours=gpu_hours, **counts, **rest)
 
