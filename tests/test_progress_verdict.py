@@ -148,3 +148,31 @@ def test_a_minimized_objectives_progress_line_and_note_both_read_its_reduction(t
         "The progress line's best, trial #1 (300 p99_ttft_ms, 25.0% lower than the defaults), was its first "
         "measurement; with the re-measurements (3 paired runs) its gain is 25.0 % lower"
     )
+
+
+def test_a_tie_the_progress_note_explains_names_the_objective_that_broke_it(tmp_path: Path) -> None:
+    """p99 TTFT first, output throughput breaking its ties: the tie goes to the higher throughput, not
+    "the lowest latencies"."""
+    objectives = objectives_from_dict(
+        {
+            "objectives": [
+                {"metric": "p99_ttft_ms", "direction": "minimize"},
+                {"metric": "output_throughput", "direction": "maximize"},
+            ]
+        }
+    )
+    study = build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, searched(3000, 1500, 40, 0.0)),
+            ({"max_num_seqs": 512}, searched(4000, 900, 40, 0.0)),  # the lowest TTFT measured
+            ({"max_num_seqs": 256}, searched(5000, 905, 40, 0.0)),  # within 1 % of it, more throughput
+        ],
+        objectives,
+    )
+    out = outcome(records(study), objectives.names, [False, True], ["ttft_p99=2s"])
+    assert out.decision.candidate.number == 2
+    assert out.progress_note() == (
+        "The progress line's best, trial #1 (900 p99_ttft_ms, 40.0% lower than the defaults), ties with "
+        "trial #2: they are within 1%, and a tie goes to the best output_throughput, #2's."
+    )

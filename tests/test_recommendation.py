@@ -11,7 +11,7 @@ from test_study import OBJECTIVES, build_run, ok
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.result import TrialResult
 from autotune.tune.objectives import load_objectives, objectives_from_dict
-from autotune.tune.recommendation import decide
+from autotune.tune.recommendation import decide, tie_clause
 from autotune.tune.study import records
 
 MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
@@ -296,3 +296,33 @@ def test_a_run_that_measured_nothing_says_so_and_re_measures_nothing(
     )
     assert remeasure(study, None, OBJECTIVES, TunerOptions(n_trials=1, repeats=2), budget_s=36.0) == 0  # type: ignore[arg-type]
     assert "re-measuring" not in capsys.readouterr().err
+
+
+def test_a_near_tie_below_in_every_repeat_is_named_by_what_broke_the_tie(tmp_path: Path) -> None:
+    """p99 TTFT first, output throughput breaking its ties: the near-tie is not "the lowest-latency"
+    one (throughput picked it), and the default objectives' sentence keeps its words."""
+    objectives = objectives_from_dict(
+        {
+            "objectives": [
+                {"metric": "p99_ttft_ms", "direction": "minimize"},
+                {"metric": "output_throughput", "direction": "maximize"},
+            ]
+        }
+    )
+    outcomes = [
+        ({"max_num_seqs": 1024, "baseline": True}, capacity(4000, 0.1, ttft_ms=1000)),
+        ({"max_num_seqs": 256}, capacity(5000, 0.1, ttft_ms=1005)),  # within 1 %, more throughput
+    ]
+    study = build_run(tmp_path, outcomes, objectives)
+    repeats = {"1": {"1": 1100.0, "2": 1080.0}, "0": {"1": 1000.0, "2": 1000.0}}
+    d = decide(records(study), [False, True], objectives.names, repeats)
+    assert d.keeps_defaults and d.candidate.number == 1 and d.gain is not None and d.gain.high < 1
+    assert "The near-tie with the best output_throughput (trial #1) measured below them" in d.text
+    assert "latency" not in d.text
+
+
+def test_a_tie_clause_names_a_throughput_that_breaks_ties_with_a_latency(tmp_path: Path) -> None:
+    """A latency and a throughput break ties: "with lower latency" would leave the throughput out."""
+    mixed = ["output_throughput", "p99_ttft_ms", "request_throughput"]
+    assert tie_clause(mixed) == " or ties with them with a better p99_ttft_ms, request_throughput"
+    assert tie_clause(OBJECTIVES.names) == " with lower latency"

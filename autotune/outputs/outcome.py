@@ -13,7 +13,14 @@ from autotune.outputs.cost import CostView, Sizing, cost_view, sizing
 from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, pareto_front
 from autotune.tune.objectives import PER_GPU
 from autotune.tune.progress import versus
-from autotune.tune.recommendation import Recommendation, decide, resolution_of, runs_of
+from autotune.tune.recommendation import (
+    Recommendation,
+    decide,
+    latencies_break_ties,
+    resolution_of,
+    runs_of,
+    tie_breakers,
+)
 from autotune.tune.remeasure import StoredRepeats
 from autotune.tune.study import TrialRecord
 
@@ -133,16 +140,20 @@ class Outcome:
                 why = f"#{n}'s capacity bracket, {bracket:.1%}, reaches it"
             else:
                 why = f"they are within {TIE_TOLERANCE:.0%}"
-            return (
-                f"The progress line's best, {shown}, ties with trial #{n}: {why}, and a tie goes to the "
-                f"lowest latencies, #{n}'s."
-            )
+            return f"The progress line's best, {shown}, ties with trial #{n}: {why}{self._tie_goes(n)}."
         if gain is not None and gain.how.endswith("paired runs") and first is not None:
             return (
                 f"The progress line's best, {shown}, was its first measurement; with the re-measurements "
                 f"({gain.how}) its gain is {gain.percent()}."
             )
         return ""
+
+    def _tie_goes(self, number: int) -> str:
+        """Who wins a tie, after the progress note's why: the objectives after the first ("" if none)."""
+        if latencies_break_ties(self.objective_names):
+            return f", and a tie goes to the lowest latencies, #{number}'s"
+        by = tie_breakers(self.objective_names)
+        return f", and a tie goes to {by}, #{number}'s" if by else ""
 
     def spread_note(self) -> str:
         """One sentence when the recommended config's or the baseline's runs (its first and its repeats)

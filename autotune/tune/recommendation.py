@@ -145,10 +145,10 @@ def _decide(
         text = f"Recommended: trial #{candidate.number}: {name} {gain.percent()} vs {defaults}."
         return Recommendation(candidate, candidate, base, gain, False, text)
     if gain.low < gain.high < 1:
-        # Tied on its first run (picked for its latency), but every repeat measured it below the defaults.
+        # Tied on its first run (picked by the tie-break), but every repeat measured it below the defaults.
         text = (
-            f"Keep {defaults} (trial #{base.number}): no config found beats them. The lowest-latency "
-            f"near-tie (trial #{candidate.number}) measured below them in every repeat: {name} "
+            f"Keep {defaults} (trial #{base.number}): no config found beats them. "
+            f"{_near_tie(objective_names, candidate.number)} measured below them in every repeat: {name} "
             f"{gain.percent()}."
         )
     elif gain.ratio > 1 + gain.margin:
@@ -169,11 +169,35 @@ def _decide(
 
 def tie_clause(objective_names: Sequence[str]) -> str:
     """How a tie with the defaults could still have won, by the objectives that break ties (all but the
-    first): " with lower latency" when one is a latency, "" when there are none."""
+    first): " with lower latency" when they are latencies, "" when there are none."""
     rest = list(objective_names[1:])
-    if any(metric_unit(n) == "ms" for n in rest):
+    if latencies_break_ties(objective_names):
         return " with lower latency"
     return f" or ties with them with a better {', '.join(rest)}" if rest else ""
+
+
+def latencies_break_ties(objective_names: Sequence[str]) -> bool:
+    """Whether a tie on the primary objective is broken by latencies alone (the default objectives'
+    p99 TTFT and ITL): the texts that say "the lowest latencies" hold only then."""
+    rest = objective_names[1:]
+    return bool(rest) and all(metric_unit(n) == "ms" for n in rest)
+
+
+def tie_breakers(objective_names: Sequence[str]) -> str:
+    """The objectives that break a tie on the primary one, for a text that names them: "the best
+    request_throughput", "the best a, b together" ("" when there are none)."""
+    rest = list(objective_names[1:])
+    if not rest:
+        return ""
+    return f"the best {', '.join(rest)}" + (" together" if len(rest) > 1 else "")
+
+
+def _near_tie(objective_names: Sequence[str], number: int) -> str:
+    """The config a tie rule picked, named by what picked it (the best one found when nothing breaks ties)."""
+    if latencies_break_ties(objective_names):
+        return f"The lowest-latency near-tie (trial #{number})"
+    by = tie_breakers(objective_names)
+    return f"The near-tie with {by} (trial #{number})" if by else f"The best config found (trial #{number})"
 
 
 def pick(
