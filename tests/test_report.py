@@ -14,7 +14,7 @@ from autotune.outputs import report
 from autotune.outputs.cost import cost_view, sizing
 from autotune.outputs.dashboard import note_markdown
 from autotune.outputs.outcome import fmt_number, outcome
-from autotune.tune.objectives import objectives_from_dict
+from autotune.tune.objectives import ObjectiveSet, load_objectives, objectives_from_dict
 from autotune.tune.study import TrialRecord, records
 
 MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
@@ -193,3 +193,32 @@ def test_trials_csv_writes_whole_number_columns_with_gaps_as_integers(tmp_path: 
     assert [r["duplicate_of"] for r in rows] == ["", "", "0"]  # not 0.0
     assert [r["max_num_seqs"] for r in rows] == ["1024", "", ""]
     assert rows[0]["output_throughput"] == "4000.0"  # a float column stays one
+
+
+def test_best_json_and_the_dashboard_note_speak_of_latencies_only_when_there_are_some(tmp_path: Path) -> None:
+    """Throughput alone: no latency breaks ties or is told for a failed config; the default objectives'
+    texts are unchanged."""
+    outcomes = [
+        ({"max_num_seqs": 1024, "baseline": True}, bracketed(5000, 0.03)),
+        ({"max_num_seqs": 256}, bracketed(6000, 0.03)),
+    ]
+
+    def texts(run_dir: Path, objectives: ObjectiveSet) -> tuple[str, str]:
+        study = build_run(run_dir, outcomes, objectives)
+        maximize = [o.maximize for o in objectives.objectives]
+        out = outcome(records(study), objectives.names, maximize, ["ttft_p99=2s"])
+        report.write_all(run_dir, out)
+        return json.loads((run_dir / "best.json").read_text())["how"], note_markdown("s", out)
+
+    how, note = texts(tmp_path / "a", load_objectives("throughput"))
+    assert how.startswith("highest feasible output_throughput on the Pareto front; vLLM's defaults are kept")
+    assert "is told throughput 0, so it sits in the worst corner" in note and "latenc" not in how + note
+    how, note = texts(tmp_path / "b", OBJECTIVES)
+    assert how.startswith(
+        "highest feasible output_throughput on the Pareto front (ties within the capacity resolution go to "
+        "the lowest latencies together); vLLM's defaults are kept"
+    )
+    assert "is told throughput 0 and latencies 10% past the worst measured (or its SLO limit), so" in note
+    latency = objectives_from_dict({"objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}]})
+    how, _ = texts(tmp_path / "c", latency)
+    assert how.startswith("lowest feasible p99_ttft_ms on the Pareto front; vLLM's")

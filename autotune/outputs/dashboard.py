@@ -163,10 +163,18 @@ def note_markdown(name: str, out: Any) -> str:
         "### Reading the plots",
         "Feasibility is the trial user attr `feasible` (and `failure`); the figure *Pareto front with "
         "feasibility* on the study's main page colours it. A config that failed or was rejected is told "
-        "throughput 0 and latencies 10% past the worst measured (or its SLO limit), so it sits in the "
-        "worst corner of Optuna's own plots instead of stretching their scales.",
+        f"{_failed_told(out.maximize)}, so it sits in the worst corner of Optuna's own plots instead of "
+        "stretching their scales.",
     ]
     return "\n".join(lines)
+
+
+def _failed_told(maximize: list[bool]) -> str:
+    """What a failed config is told (objectives.failed_values), by the objectives there are: a throughput
+    0, a latency 10% past the worst."""
+    told = ["throughput 0"] if any(maximize) else []
+    told += ["latencies 10% past the worst measured (or its SLO limit)"] if not all(maximize) else []
+    return " and ".join(told)
 
 
 def pareto_figure(out: Any) -> dict[str, Any]:

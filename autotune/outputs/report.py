@@ -25,6 +25,7 @@ from autotune.outputs.plots import plot_pairs, plot_probes
 from autotune.outputs.report_html import write_html
 from autotune.tune.front import defaults_label
 from autotune.tune.progress import short_params
+from autotune.tune.recommendation import latencies_break_ties, tie_breakers
 from autotune.tune.study import TrialRecord
 
 SUMMARY_METRICS = ("request_throughput", "p99_tpot_ms", "p99_e2el_ms", "num_preemptions", "capacity_rate")
@@ -175,6 +176,14 @@ def _summary_fallbacks(r: TrialRecord) -> dict[str, Any]:
     }
 
 
+def _ties_go(objective_names: list[str]) -> str:
+    """best.json's "how" on ties: to the objectives after the first, named unless they are latencies."""
+    if latencies_break_ties(objective_names):
+        return " (ties within the capacity resolution go to the lowest latencies together)"
+    by = tie_breakers(objective_names)
+    return f" (ties within the capacity resolution go to {by})" if by else ""
+
+
 def _write_best(run_dir: Path, out: Outcome) -> Path:
     path = run_dir / "best.json"
     data: dict[str, Any] = {"verdict": out.verdict(), "slos": out.slos, "objectives": out.objective_names}
@@ -182,8 +191,8 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
     if out.simulated:
         data["simulated_note"] = SIMULATED_NOTE
     data["how"] = (
-        f"highest feasible {out.objective_names[0]} on the Pareto front (ties within the capacity resolution "
-        "go to the lowest latencies together); vLLM's defaults are kept unless the gain clears the "
+        f"{'highest' if out.maximize[0] else 'lowest'} feasible {out.objective_names[0]} on the Pareto front"
+        f"{_ties_go(out.objective_names)}; vLLM's defaults are kept unless the gain clears the "
         "measurement's resolution or noise"
     )
     gain = out.decision.gain
