@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import optuna
 from test_study import OBJECTIVES, build_run, ok
 
+from autotune.core.config import EngineConfig
+from autotune.core.errors import FailureKind
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.result import TrialResult
 from autotune.outputs import report
@@ -176,3 +179,28 @@ def test_a_tie_the_progress_note_explains_names_the_objective_that_broke_it(tmp_
         "The progress line's best, trial #1 (900 p99_ttft_ms, 40.0% lower than the defaults), ties with "
         "trial #2: they are within 1%, and a tie goes to the best output_throughput, #2's."
     )
+
+
+def test_a_crashed_trial_reads_as_crashed_not_as_one_that_did_not_keep_up() -> None:
+    """A server that died mid-load served less than it was offered: the crash is the cause, and the
+    progress line says so; a trial that ran to the end behind its load still reads "did not keep up"."""
+    behind = {"info": {"offered_rate": 14.5, "served_rate": 2.9, "kept_up": False}}
+    for attrs, said in (({**behind, "failure": "crashed"}, "crashed"), (behind, "did not keep up")):
+        tally = Tally(maximize=True)
+        tally.record(optuna.trial.create_trial(values=[100.0, 9000.0, 900.0], user_attrs=attrs))
+        assert tally.last.split(" ", 1)[1].startswith(said)
+    assert tally.last.endswith("did not keep up (served 2.9 of 14.5 req/s)")
+
+
+def test_nothing_is_re_measured_when_nothing_met_the_slos_nor_a_baseline_that_failed(tmp_path: Path) -> None:
+    """Repeats of a crashed or unstartable config fail the same way (on a GPU: up to a startup timeout
+    each); with no config that met the SLOs there is no gain to measure."""
+    from autotune.tune.remeasure import targets
+
+    crashed = TrialResult(config=EngineConfig(model="m"), failure=FailureKind.CRASHED, message="exit 3")
+    crashed.benchmark = ok(100, 9000, 900).benchmark
+    base = ({"max_num_seqs": 1024, "baseline": True}, crashed)
+    failed = build_run(tmp_path / "a", [base, ({"max_num_seqs": 512}, None)])
+    assert records(failed)[0].values and targets(records(failed), MAXIMIZE) == []
+    one = build_run(tmp_path / "b", [base, ({"max_num_seqs": 512}, ok(990, 450, 35))])
+    assert [r.number for r in targets(records(one), MAXIMIZE)] == [1]

@@ -89,7 +89,8 @@ class RepeatBudget:
 
 def targets(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> list[TrialRecord]:
     """The config the recommendation would pick, the best others by the primary objective
-    (TOP_CANDIDATES in all, best first) and the baseline.
+    (TOP_CANDIDATES in all, best first) and the baseline, unless it failed (crashed, did not start);
+    none when no config met the SLOs.
 
     The pick is among the configs tied on throughput, by latency: it need not be one of the best few
     by throughput, and its gain can only get an interval if it was measured again. The others are the
@@ -102,8 +103,10 @@ def targets(recs: Sequence[TrialRecord], maximize: Sequence[bool]) -> list[Trial
         r for r in ranked if pick is None or r.number != pick.number
     ]
     chosen = chosen[:TOP_CANDIDATES]
+    if not chosen:
+        return []  # nothing met the SLOs: no gain to measure, and a failed baseline would fail again
     base = baseline(recs)
-    if base is not None and base.values and all(r.number != base.number for r in chosen):
+    if base is not None and base.values and not base.failure and all(r.number != base.number for r in chosen):
         chosen.append(base)
     return chosen
 

@@ -78,7 +78,7 @@ def _status(attrs: Mapping[str, Any]) -> str:
     """A told trial in a few words: feasible, its failure, or that it did not keep up with its load."""
     status = "feasible" if attrs.get("feasible") else attrs.get("failure") or "violates SLO"
     stored = parse_info(attrs)
-    if stored.kept_up is False:
+    if stored.kept_up is False and not attrs.get("failure"):  # a crash is the cause, not the pace
         status = "did not keep up"
         steady = stored.load.steady if stored.load is not None else None
         if steady is not None:
