@@ -314,3 +314,5 @@ def test_backend_is_picklable_and_checks_its_command() -> None:
     assert pickle.loads(pickle.dumps(original)) == original
     with pytest.raises(AutotuneError, match="'no-such-vllm-binary' not found on PATH: give its full path"):
         ProcessBackend("H100", serve_cmd=("no-such-vllm-binary", "serve")).evaluate(CONFIG, WORKLOAD)
+    with pytest.raises(AutotuneError, match="'/nonexistent/prog' is not an executable file"):
+        ProcessBackend("H100", serve_cmd=("/nonexistent/prog", "serve")).evaluate(CONFIG, WORKLOAD)

@@ -65,6 +65,8 @@ class ProcessBackend(Backend):
         """Raise AutotuneError when the serve command cannot be run on this host."""
         program = self.serve_cmd[0]
         if shutil.which(program) is None:
+            if os.sep in program:  # a path: which() found no executable file there
+                raise AutotuneError(f"serve command {program!r} is not an executable file")
             fix = "install vLLM or pass --serve-cmd" if program == "vllm" else "give its full path"
             raise AutotuneError(f"serve command {program!r} not found on PATH: {fix}")
 
