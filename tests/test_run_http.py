@@ -9,6 +9,7 @@ both must be recorded with their reason while the study goes on, and no server p
 from __future__ import annotations
 
 import csv
+import os
 import sys
 from pathlib import Path
 
@@ -47,19 +48,31 @@ os.execv(sys.executable, [sys.executable, "-m", "autotune.cli", "sim-server", *a
 """
 
 
-def _processes() -> list[tuple[str, str]]:
-    """(state, cmdline) of every process."""
+def _processes() -> list[tuple[int, int, str, str]]:
+    """(pid, parent pid, state, cmdline) of every process."""
     out = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        out.append((state, cmdline))
+        out.append((int(proc.name), int(fields[1]), fields[0], cmdline))
     return out
+
+
+def _our_zombies() -> int:
+    """Zombies among this test process's descendants (its Ray cluster, the servers its workers launch):
+    other processes on the machine (a parallel test's) are not this run's to reap."""
+    procs = _processes()
+    ours, grew = {os.getpid()}, True
+    while grew:
+        more = {pid for pid, ppid, _, _ in procs if ppid in ours} - ours
+        ours |= more
+        grew = bool(more)
+    return sum(state == "Z" for pid, _, state, _ in procs if pid in ours)
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -69,7 +82,7 @@ def test_study_over_http_records_failures_and_leaves_no_server(
     (tmp_path / "space.yaml").write_text(SPACE)
     (tmp_path / "tiny.yaml").write_text(WORKLOAD)
     (tmp_path / "serve.py").write_text(WRAPPER)
-    zombies_before = sum(state == "Z" for state, _ in _processes())
+    zombies_before = _our_zombies()
 
     args = ["run", "--space", str(tmp_path / "space.yaml"), "--workload", str(tmp_path / "tiny.yaml")]
     args += ["--backend", "vllm", "--serve-cmd", f"{sys.executable} {tmp_path / 'serve.py'}"]
@@ -91,6 +104,7 @@ def test_study_over_http_records_failures_and_leaves_no_server(
     assert ok["reason"] == "" and ok["feasible"] == "True" and float(ok["output_throughput"]) > 0
     assert (tmp_path / "http" / "trials").is_dir()  # server logs of each trial
 
-    leftovers = [c for s, c in _processes() if "sim-server" in c and f"--max-model-len {MAX_MODEL_LEN}" in c]
+    ours = f"--max-model-len {MAX_MODEL_LEN}"
+    leftovers = [c for _, _, _, c in _processes() if "sim-server" in c and ours in c]
     assert leftovers == []
-    assert sum(state == "Z" for state, _ in _processes()) <= zombies_before
+    assert _our_zombies() <= zombies_before
