@@ -255,14 +255,12 @@ def measure_gain(
             f"{len(pairs)} paired runs",
             maximize,
         )
-    if resolution > 0 and not maximize:
-        # A latency is one measurement at each trial's capacity: the brackets bound the rate, not it. Its
-        # gain still has to clear the baseline's bracket, as a throughput's does.
-        significant = first / (1 + resolution_of(base)) > 1
-        return Gain(metric, first, first, first, resolution, significant, "one run each", maximize)
     if resolution > 0:
+        low = first / (1 + resolution_of(base))  # the gain must clear the baseline's capacity bracket
+        if not maximize:
+            # A latency is one measurement at each trial's capacity: the brackets bound the rate, not it.
+            return Gain(metric, first, first, first, resolution, low > 1, "one run each", maximize)
         # Capacity brackets: the candidate's true value is in [value, value x (1 + its resolution)].
-        low = first / (1 + resolution_of(base))
         high = first * (1 + resolution_of(candidate))
         return Gain(metric, first, low, high, resolution, low > 1, "capacity brackets")
     return Gain(

@@ -234,7 +234,7 @@ def remeasure(
                 done.setdefault(str(repeat.trial.number), {})[str(repeat.index)] = value
                 study.set_user_attr(ATTR, done)
             gpu_s = result.gpu_seconds * gpus_per_replica(repeat.trial.config)
-            study.set_user_attr(GPU_ATTR, StoredRepeats.of(study).gpu_s + gpu_s)
+            _add_gpu_s(study, gpu_s)
             if in_flight.pop(str(number), None) is not None:
                 study.set_user_attr(IN_FLIGHT_ATTR, in_flight)
             budget.charge(gpu_s)
@@ -251,10 +251,15 @@ def _plan(repeat: Repeat, cap_s: float | None, caps: dict[int, float]) -> Search
     return SearchPlan(max_gpu_s=cap_s / gpus_per_replica(repeat.trial.config))
 
 
+def _add_gpu_s(study: optuna.Study, gpu_s: float) -> None:
+    """Add `gpu_s` (all of a repeat's GPUs) to what the study's repeats spent."""
+    study.set_user_attr(GPU_ATTR, StoredRepeats.of(study).gpu_s + gpu_s)
+
+
 def _charge_held(study: optuna.Study, running: dict[int, Repeat], started: dict[int, float]) -> None:
     """The repeats an interrupt cut short held their GPUs until now: that time was spent."""
     held = sum(held_gpu_seconds(started[n], r.trial.config) for n, r in running.items())
-    study.set_user_attr(GPU_ATTR, StoredRepeats.of(study).gpu_s + held)
+    _add_gpu_s(study, held)
     study.set_user_attr(IN_FLIGHT_ATTR, {})
 
 
@@ -265,5 +270,5 @@ def charge_dead_repeats(study: optuna.Study, died: float) -> None:
     if not in_flight:
         return
     held = sum(max(0.0, died - launched) * gpus for launched, gpus in in_flight.values()) if died else 0.0
-    study.set_user_attr(GPU_ATTR, StoredRepeats.of(study).gpu_s + held)
+    _add_gpu_s(study, held)
     study.set_user_attr(IN_FLIGHT_ATTR, {})
