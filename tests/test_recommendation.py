@@ -6,8 +6,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from test_study import OBJECTIVES, build_run, ok
+from test_study import MODEL, OBJECTIVES, build_run, ok
 
+from autotune.core.config import EngineConfig
+from autotune.core.errors import FailureKind
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.result import TrialResult
 from autotune.tune.objectives import load_objectives, objectives_from_dict
@@ -326,3 +328,19 @@ def test_a_tie_clause_names_a_throughput_that_breaks_ties_with_a_latency(tmp_pat
     mixed = ["output_throughput", "p99_ttft_ms", "request_throughput"]
     assert tie_clause(mixed) == " or ties with them with a better p99_ttft_ms, request_throughput"
     assert tie_clause(OBJECTIVES.names) == " with lower latency"
+
+
+def test_no_feasible_config_names_the_failure_its_trials_share(tmp_path: Path) -> None:
+    """With nothing feasible, the verdict names the failure most launched trials share, and none when
+    each failure is its own config's."""
+    crash = "server exited with code 1: ImportError: libcuda.so.1: cannot open shared object file"
+
+    def failed(kind: FailureKind, message: str, seqs: int) -> tuple[dict, TrialResult]:
+        config = EngineConfig(model=MODEL).replace(max_num_seqs=seqs)
+        return {"max_num_seqs": seqs}, TrialResult(config=config, failure=kind, message=message)
+
+    shared = [failed(FailureKind.CRASHED, crash, s) for s in (64, 128)]
+    d = decision(tmp_path / "shared", [*shared, failed(FailureKind.KV_CACHE_OOM, "No available memory", 256)])
+    assert d.candidate is None and f"2 of 3 launched failed alike: crashed ({crash})" in d.text
+    own = [failed(FailureKind.CRASHED, f"server exited with code {code}", 64 * code) for code in (1, 2)]
+    assert "alike" not in decision(tmp_path / "own", own).text

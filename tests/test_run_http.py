@@ -108,3 +108,22 @@ def test_study_over_http_records_failures_and_leaves_no_server(
     leftovers = [c for _, _, _, c in _processes() if "sim-server" in c and ours in c]
     assert leftovers == []
     assert _our_zombies() <= zombies_before
+
+
+def test_a_serve_command_that_fails_alike_for_every_config_halts_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server that rejects a flag whatever the config (here: one the serve command adds) fails the
+    defaults and the next configs with one message: the run halts after three, exit 1, and says why."""
+    (tmp_path / "tiny.yaml").write_text(WORKLOAD)
+    broken = f"{sys.executable} -m autotune.cli sim-server --no-such-flag"
+    args = ["run", "--space", "small", "--workload", str(tmp_path / "tiny.yaml"), "--guide", "none"]
+    args += ["--backend", "vllm", "--serve-cmd", broken, "--gpus", "1", "--n-trials", "8", "--quiet"]
+    args += ["--runs-dir", str(tmp_path), "--study", "broken"]
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("autotune run: error: halted: the first 3 configs launched all failed alike")
+    assert "unrecognized arguments: --no-such-flag" in err[-1]
+    with open(tmp_path / "broken" / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 and {r["reason"] for r in rows} == {"invalid_config"}  # kept, not lost

@@ -266,7 +266,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
             guide=guide,
         )
         summary = run_end.run_tuner(tuner, study, s.run_dir)
-        finish_guided(guide, study, s.run_dir, summary.stop_reason)
+        finish_guided(guide, study, s.run_dir, summary.halted or summary.stop_reason)
     except RunFailure as exc:
         if isinstance(exc, ClusterLost):  # the storage is fine: the results are written as after Ctrl-C
             run_end.write_results(study, s, args, context, note, lease, dashboard)
@@ -283,6 +283,8 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
     if problem:
         raise RunFailure(problem)
     run_end.print_summary(written, summary, s.run_dir)
+    if summary.halted:
+        raise RunFailure(f"halted: {summary.halted}")
     return 0
 
 

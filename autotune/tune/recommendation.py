@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -109,7 +110,25 @@ def _none_feasible(recs: Sequence[TrialRecord]) -> str:
             "before reaching one (a larger budget affords a whole trial)."
         )
     rest = f" ({cut} cut short by --gpu-hours before a verdict)" if cut else ""
-    return f"No feasible config: every trial failed or violated the SLOs{rest} (see trials.csv for reasons)."
+    return (
+        f"No feasible config: every trial failed or violated the SLOs{rest}{_commonest_failure(recs)} (see "
+        "trials.csv for reasons)."
+    )
+
+
+def _commonest_failure(recs: Sequence[TrialRecord]) -> str:
+    """'; 3 of 5 launched failed alike: <kind> (<message>)' for the most frequent failure among the
+    launched trials, '' when none failed twice alike (each failure is then its config's own)."""
+    launched = [
+        r for r in recs if r.launched and r.duplicate_of is None and r.failure != FailureKind.BUDGET_SPENT
+    ]
+    counts = Counter((r.failure, r.message) for r in launched if r.failure)
+    if not counts:
+        return ""
+    (failure, message), n = counts.most_common(1)[0]
+    if n < 2:
+        return ""
+    return f"; {n} of {len(launched)} launched failed alike: {failure} ({message[:160]})"
 
 
 def _decide(

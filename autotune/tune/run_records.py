@@ -33,3 +33,4 @@ class RunSummary:
     duplicates: int = 0  # suggestions answered with an earlier result (free, not counted)
     converged: bool = False  # the run ended because the sampler only proposed measured configs
     stop_reason: str | None = None  # why a guided run stopped early (tune/guided.py)
+    halted: str | None = None  # why the run halted: its first launched trials all failed alike (tune/halt.py)

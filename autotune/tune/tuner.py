@@ -34,6 +34,7 @@ from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.trial.live import read_probe
 from autotune.trial.task import SearchPlan
+from autotune.tune.halt import FirstFailures
 from autotune.tune.objectives import ObjectiveSet, metric_unit
 from autotune.tune.progress import Progress, running_params
 from autotune.tune.remeasure import StoredRepeats, remeasure
@@ -102,6 +103,8 @@ class Tuner:
         self.on_told = on_told  # called after each trial told (e.g. the dashboard note)
         self.guide = guide  # a GuidedSearch (tune/guided.py): enqueues each next trial, or says stop
         self._stop_reason: str | None = None
+        self._first_failures = FirstFailures()
+        self._halt: str | None = None  # the first launched trials all failed alike: the setup is broken
         self._known: dict[str, FrozenTrial] = {}
         self._running: dict[int, _Pending] = {}  # trial number -> its pending record
         self._queued: list[_Pending] = []  # asked, valid, waiting for enough free GPUs
@@ -136,6 +139,7 @@ class Tuner:
             duplicates=self._tally.duplicates,
             converged=self._converged(),
             stop_reason=self._stop_reason,
+            halted=self._halt,
         )
 
     def _remeasure(self) -> int:
@@ -268,6 +272,7 @@ class Tuner:
             or self._converged()
             or sampler_exhausted(self.study)
             or self._stop_reason is not None
+            or self._halt is not None
         )
 
     def _guide_waits(self) -> bool:
@@ -328,6 +333,7 @@ class Tuner:
                     pending.trial.set_user_attr(name, value)
         self._submitted.pop(number, None)
         frozen = self._tell(pending.trial, result, pending.key)
+        self._halt = self._halt or self._first_failures.record(frozen)
         for duplicate in pending.duplicates:
             self._record(tell_duplicate(self.study, duplicate, frozen))
 

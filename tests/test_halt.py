@@ -1,0 +1,49 @@
+"""A run halts when its first launched trials all fail alike (tune/halt.py): the setup is broken."""
+
+from __future__ import annotations
+
+from optuna.trial import FrozenTrial, TrialState, create_trial
+
+from autotune.tune.halt import HALT_AFTER, FirstFailures
+
+UNKNOWN_FLAG = "error: unrecognized arguments: --max-num-partial-prefills 2"
+
+
+def told(
+    failure: str | None, message: str = "", state: TrialState = TrialState.COMPLETE, **attrs
+) -> FrozenTrial:
+    """A trial as the tuner tells it: its failure kind and message in its user attrs."""
+    return create_trial(
+        state=state,
+        value=None if state == TrialState.FAIL else 0.0,
+        user_attrs={"failure": failure, "message": message, **attrs},
+    )
+
+
+def outcome(trials: list[FrozenTrial]) -> list[str | None]:
+    first = FirstFailures()
+    return [first.record(t) for t in trials]
+
+
+def test_the_first_launched_trials_failing_alike_halt_the_run() -> None:
+    reasons = outcome([told("invalid_config", UNKNOWN_FLAG) for _ in range(HALT_AFTER)])
+    assert reasons[:-1] == [None] * (HALT_AFTER - 1)
+    assert reasons[-1] is not None and UNKNOWN_FLAG in reasons[-1] and "invalid_config" in reasons[-1]
+
+
+def test_unlaunched_duplicate_and_cut_short_trials_say_nothing_of_the_setup() -> None:
+    crash = ("crashed", "server exited with code 1: RuntimeError: no CUDA device")
+    trials = [told(*crash), told("invalid_config", "over max_model_len", launched=False)]
+    trials += [told(*crash, duplicate_of=0), told("budget_spent", "cut", state=TrialState.FAIL), told(*crash)]
+    assert outcome(trials)[:-1] == [None] * 4
+    assert outcome(trials)[-1] is None  # two launched so far
+    assert outcome([*trials, told(*crash)])[-1] is not None
+
+
+def test_failures_a_config_causes_itself_or_that_differ_never_halt() -> None:
+    kv = [told("kv_cache_oom", "No available memory for the cache blocks.") for _ in range(5)]
+    assert outcome(kv) == [None] * 5  # configs short of memory alike: their own values, not the setup
+    differ = [told("crashed", f"server exited with code {code}") for code in (1, 2, 1, 1, 1)]
+    assert outcome(differ) == [None] * 5
+    after_a_success = [told(None), *[told("crashed", "server exited with code 1") for _ in range(4)]]
+    assert outcome(after_a_success) == [None] * 5  # one server worked: the setup can serve
