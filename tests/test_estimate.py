@@ -18,7 +18,7 @@ from autotune.backends.sim import SimBackend
 from autotune.catalog.gpus import get_gpu
 from autotune.catalog.models import known_max_model_len
 from autotune.measure.slo import parse_slos
-from autotune.outputs.estimate import SAMPLE, sample_configs
+from autotune.outputs.estimate import SAMPLE, remeasure_trials, sample_configs
 from autotune.outputs.outcome import outcome
 from autotune.trial.task import evaluate_trial
 from autotune.tune.screen import make_screen
@@ -106,3 +106,10 @@ def test_re_measurements_count_in_the_gpu_time_spent(folder: Path) -> None:
     with open(folder / "runs/noisy/trials.csv") as f:
         trials_h = sum(float(row["gpu_seconds"] or 0) for row in csv.DictReader(f)) / 3600
     assert float(spent[2]) > 0 and float(spent[1]) == pytest.approx(trials_h + float(spent[2]), abs=0.011)
+
+
+def test_the_estimate_re_measures_no_more_configs_than_the_run_measures() -> None:
+    """The top three and the baseline, `--repeats` each: with --n-trials 2 only two configs exist."""
+    assert remeasure_trials(2, noisy=True, n_trials=50) == 8
+    assert remeasure_trials(2, noisy=True, n_trials=2) == 4
+    assert remeasure_trials(2, noisy=False, n_trials=50) == 0  # a noise-free backend repeats nothing

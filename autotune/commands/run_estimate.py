@@ -21,7 +21,7 @@ def print_estimate(args: argparse.Namespace, s: Any, gpus: int) -> Any:
         flush=True,
     )
     screen = None if args.no_screen else make_screen(s.space.model, s.space.gpu, calibration=s.calibration)
-    repeats = remeasure_trials(args.repeats, s.backend.noisy)
+    repeats = remeasure_trials(args.repeats, s.backend.noisy, args.n_trials)
     try:
         estimate = estimate_run(
             s.space, s.workload, s.slos, args.n_trials, gpus, repeats, args.seed, screen,

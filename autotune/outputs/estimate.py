@@ -150,8 +150,9 @@ def _gpu(name: str) -> Any:
         return None
 
 
-def remeasure_trials(repeats: int, noisy: bool) -> int:
-    """How many re-measurement trials a run adds: the top configs and the baseline, `repeats` each."""
+def remeasure_trials(repeats: int, noisy: bool, n_trials: int) -> int:
+    """How many re-measurement trials a run adds: the top configs and the baseline, `repeats` each;
+    no more configs than the run measures (`n_trials`)."""
     from autotune.tune.remeasure import TOP_CANDIDATES
 
-    return (TOP_CANDIDATES + 1) * repeats if noisy else 0
+    return min(TOP_CANDIDATES + 1, n_trials) * repeats if noisy else 0
