@@ -190,3 +190,18 @@ def test_abort_savings_follow_the_arrival_schedule_not_the_completion_pace() -> 
     # every request already arrived (a burst): the completion pace so far, 995 left at 5 per 12 s
     assert abort_savings(done, [0.0] * 1000, 12.0, 995, limit_s=1800.0) == pytest.approx(1788.0)
     assert abort_savings(done, [0.0] * 1000, 12.0, 10, limit_s=1800.0) == pytest.approx(24.0)
+
+
+def test_a_reason_by_interpolation_says_so_rather_than_counting_too_few_violators() -> None:
+    """p99 of 20 values reads 81 % of the way from the 19th to the 20th: one request far over the limit
+    loses it, and the reason says how, not '1 over (>= 2 lose it for certain)'."""
+    guard = SloGuard(parse_slos("ttft_p99=2s"), num_requests=20)
+    guard.add(_record(ttft=0.3))
+    guard.add(_record(ttft=9.5))
+    reason = guard.check()
+    assert reason is not None and "lose it for certain" not in reason
+    assert reason.startswith(
+        "p99_ttft_ms cannot be met: 1 of 20 requests already over 2000 ms, the least at 9,500"
+    )
+    assert "81% of the way to it from the largest other value (>= 300 ms)" in reason
+    assert np.percentile([0.0] * 18 + [0.3, 9.5], 99) > 2.0  # what the reason claims

@@ -178,12 +178,20 @@ class SloGuard:
         q = _PERCENTILE_OF_STAT[slo.stat]
         min_over = min([tally.min_over, *over_bounds])
         max_under = max([tally.max_under, *(b for b in bounds if b <= limit)])
-        if percentile_lower_bound_exceeds(n_total, q, limit, over, min_over, max_under):
-            return (
-                f"{slo.key} cannot be met: {over} of {n_total} {_UNIT[slo.metric]} already over "
-                f"{slo.limit_ms:g} ms (>= {_violations_needed(n_total, q)} lose it for certain)"
-            )
-        return None
+        if not percentile_lower_bound_exceeds(n_total, q, limit, over, min_over, max_under):
+            return None
+        unit = _UNIT[slo.metric]
+        reason = f"{slo.key} cannot be met: {over} of {n_total} {unit} already over {slo.limit_ms:g} ms"
+        needed = _violations_needed(n_total, q)
+        if over >= needed:
+            return f"{reason} (>= {needed} lose it for certain)"
+        # One fewer: the percentile interpolates between the largest other value and the least violator.
+        frac = (n_total - 1) * q / 100.0 % 1
+        return (
+            f"{reason}, the least at {min_over * 1000:,.0f} ms; the {slo.stat} lies {frac:.0%} of the way to "
+            f"it from the largest other value (>= {max_under * 1000:,.0f} ms): over {slo.limit_ms:g} ms "
+            "whatever the rest"
+        )
 
     def _max_count(self, metric: str) -> int | None:
         """The largest number of values the final statistic can be taken over (None: unbounded)."""
