@@ -426,3 +426,19 @@ def test_a_trial_cut_short_counts_against_the_budget_on_resume(two_trials: Path,
     assert [(r["trial"], r["gpu_hours"], r["measured"]) for r in rows] == [(2, 0.5, None)]
     assert guide["gpu_hours"] == pytest.approx(spent + 0.5, abs=1e-3)
     assert "#2: predicted" in out.stderr and "nothing (interrupted)" in out.stderr
+
+
+def test_a_trial_the_raw_guide_predicted_to_miss_the_slos_is_plotted_from_its_corrected_prediction(
+    tmp_path: Path,
+) -> None:
+    """guide.json's "raw" is 0 for a config the guide at its own calibration predicted to miss the SLOs
+    (its refit then predicted it to meet them): the plot shows its corrected error, and the report is
+    written (a division by that 0 failed the run's results)."""
+    from autotune.outputs.guide_view import plot_guide
+
+    rows = [
+        {"trial": 0, "predicted": 611.5, "raw": 611.5, "measured": 32.9, "gpu_hours": 1.9},
+        {"trial": 2, "predicted": 274.2, "raw": 0.0, "measured": 242.3, "gpu_hours": 1.6},
+    ]
+    png = plot_guide(tmp_path / "guide.png", {"trials": rows}, "output_throughput")
+    assert png is not None and png.read_bytes().startswith(b"\x89PNG")

@@ -123,12 +123,15 @@ def plot_guide(path: Path, data: dict[str, Any], metric: str) -> Path | None:
 
 def _plot_scatter(ax: Any, rows: Sequence[dict[str, Any]], metric: str) -> None:
     measured = [r["measured"] for r in rows]
-    ax.scatter([r["raw"] for r in rows], measured, marker="x", color="#999", label="guide (raw)")
+    raw = [r for r in rows if r.get("raw")]  # 0: the raw guide predicted it would miss the SLOs
+    ax.scatter(
+        [r["raw"] for r in raw], [r["measured"] for r in raw], marker="x", color="#999", label="guide (raw)"
+    )
     ax.scatter([r["predicted"] for r in rows], measured, color="#1f77b4", label="guide corrected")
     for r in rows:
         ax.annotate(f"#{r['trial']}", (r["predicted"], r["measured"]), fontsize=7, xytext=(3, 3),
                     textcoords="offset points")  # fmt: skip
-    values = [v for r in rows for v in (r["raw"], r["predicted"], r["measured"])]
+    values = [v for r in rows for v in (r.get("raw"), r["predicted"], r["measured"]) if v]
     lo, hi = min(values) * 0.95, max(values) * 1.05
     ax.plot([lo, hi], [lo, hi], color="#444", linewidth=0.8, label="predicted = measured")
     ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel=f"predicted {metric}", ylabel=f"measured {metric}")
@@ -140,8 +143,10 @@ def _plot_errors(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     correction learns, and which misses lie within the measurement's resolution."""
     trials = [r["trial"] for r in rows]
     for key, style in (("raw", {"marker": "x", "color": "#999"}), ("predicted", {"color": "#1f77b4"})):
-        errors = [100 * (r["measured"] / r[key] - 1) for r in rows]
-        ax.scatter(trials, errors, label="vs guide (raw)" if key == "raw" else "vs guide corrected", **style)
+        some = [r for r in rows if r.get(key)]  # a raw 0: predicted to miss the SLOs, no ratio to plot
+        errors = [100 * (r["measured"] / r[key] - 1) for r in some]
+        label = "vs guide (raw)" if key == "raw" else "vs guide corrected"
+        ax.scatter([r["trial"] for r in some], errors, label=label, **style)
     ax.axhline(0, color="#444", linewidth=0.8)
     ax.axhspan(-100 * RESOLUTION, 100 * RESOLUTION, color="#1f77b4", alpha=0.08,
                label=f"within {RESOLUTION:.0%} (the resolution)")  # fmt: skip
