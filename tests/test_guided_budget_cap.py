@@ -13,10 +13,16 @@ from test_guided import REALITY, SPACE
 
 from autotune.tune.guide_budget import Budget, Observation
 
+# A reality three times slower than the guide's model: its searches cost far more than the pre-run
+# estimate (from the guide's calibration) charges the first trial.
+SLOW = "gemm_eff: 0.2\nattn_eff: 0.2\nstep_base_s: 0.012\nbw_eff: 0.3\n"
 
-def _run(folder: Path, gpu_hours: str) -> tuple[str, list[optuna.trial.FrozenTrial], dict]:
+
+def _run(
+    folder: Path, gpu_hours: str, reality: str = REALITY
+) -> tuple[str, list[optuna.trial.FrozenTrial], dict]:
     (folder / "space.yaml").write_text(SPACE)
-    (folder / "reality.yaml").write_text(REALITY)
+    (folder / "reality.yaml").write_text(reality)
     args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=2s", "--guide", "sim", "--parallel", "2"]
     args += ["--sim-calibration", "reality.yaml", "--noise", "0.02", "--repeats", "0", "--study", "g"]
     out = autotune(folder, *args, "--guide-top", "0", "--n-trials", "6", "--gpu-hours", gpu_hours)
@@ -25,25 +31,27 @@ def _run(folder: Path, gpu_hours: str) -> tuple[str, list[optuna.trial.FrozenTri
 
 
 def test_a_search_dearer_than_what_the_budget_has_left_stops_at_its_share(tmp_path: Path) -> None:
-    """The guide's first pick's search costs about 0.14 GPU-h on this reality; with 0.1 GPU-h it is
-    given all of it (the budget waits for a first cost before sharing it), stops before the window
-    that would pass it, and reports the rate that passed as a lower bound; the run spends no more."""
-    said, trials, guide = _run(tmp_path, "0.1")
+    """The guide's first pick's search costs about 0.14 GPU-h on this reality; the pre-run estimate
+    charges it about 0.1, so 0.12 GPU-h afford one trial, and it is given all of them (the second free
+    GPU starts nothing the budget affords: it must not halve the share), stops before the window that
+    would pass them, and reports the rate that passed as a lower bound; the run spends no more."""
+    said, trials, guide = _run(tmp_path, "0.12")
+    assert "autotune: estimate: about" in said  # the first trial's charge, from the guide's calibration
     first = trials[0]
     assert first.state == TrialState.COMPLETE and first.user_attrs["feasible"]
-    assert first.user_attrs["gpu_seconds_cap"] == 360.0
-    assert first.user_attrs["gpu_seconds"] <= 360.0
+    assert first.user_attrs["gpu_seconds_cap"] == 432.0
+    assert first.user_attrs["gpu_seconds"] <= 432.0
     assert first.user_attrs["info"]["capacity_stopped_by"].startswith("the GPU-hour budget")
-    assert guide["gpu_hours"] <= 0.1
+    assert guide["gpu_hours"] <= 0.12
     assert "req/s per replica or more (its search stopped at its share of --gpu-hours)" in said
 
 
 def test_a_search_cut_before_any_rate_passed_is_told_as_cut_short_and_the_run_stops(tmp_path: Path) -> None:
-    """With 0.03 GPU-h the first search's share cannot hold its second saturation burst (its pace in the
-    first says so): that burst is not run, the trial is told FAIL (no verdict: the sampler learns
-    nothing from it, the budget counts its startup and first burst, within its cap), and the run stops
-    rather than charging the next trial nothing."""
-    said, trials, guide = _run(tmp_path, "0.03")
+    """On a reality three times slower than the estimate, 0.11 GPU-h cannot hold the first search's second
+    saturation burst (its pace in the first says so): that burst is not run, the trial is told FAIL (no
+    verdict: the sampler learns nothing from it, the budget counts its startup and first burst, within
+    its cap), and the run stops rather than charging the next trial nothing."""
+    said, trials, guide = _run(tmp_path, "0.11", SLOW)
     assert [t.state for t in trials] == [TrialState.FAIL]
     cut = trials[0].user_attrs
     assert cut["failure"] == "budget_spent" and 0 < cut["gpu_seconds"] <= cut["gpu_seconds_cap"]
@@ -60,10 +68,10 @@ def test_a_search_cut_before_any_rate_passed_is_told_as_cut_short_and_the_run_st
 def test_a_resume_with_more_budget_measures_the_cut_config_again(tmp_path: Path) -> None:
     """A trial cut short has no verdict: a resume does not count it toward --n-trials nor answer its
     config from it, so the guide's pick is measured again; its GPU time stays spent."""
-    _run(tmp_path, "0.03")
+    _run(tmp_path, "0.11", SLOW)
     args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=2s", "--guide", "sim", "--resume"]
     args += ["--sim-calibration", "reality.yaml", "--noise", "0.02", "--repeats", "0", "--study", "g"]
-    out = autotune(tmp_path, *args, "--guide-top", "0", "--n-trials", "2", "--gpu-hours", "0.4")
+    out = autotune(tmp_path, *args, "--guide-top", "0", "--n-trials", "2", "--gpu-hours", "0.6")
     study = optuna.load_study(study_name="g", storage=f"sqlite:///{tmp_path}/runs/g/study.db")
     cut, *resumed = study.trials
     again = [t for t in resumed if t.user_attrs["config"] == cut.user_attrs["config"]]
@@ -88,3 +96,12 @@ def test_the_budget_shares_what_is_left_and_waits_for_the_running_trials_caps() 
     cut = Observation(1, "b", {}, 100.0, None, 1500.0, searched=False, interrupted=True)
     assert budget.next_cost_s([*measured, cut], 200.0) == 1500.0  # not 900 x 100 / 200
     assert budget.next_cost_s(measured, 200.0) == 450.0
+
+
+def test_a_budget_below_the_estimated_first_trial_launches_nothing(tmp_path: Path) -> None:
+    """The simulated backend charges a guided run's first trial the pre-run estimate, as a real backend
+    does: a budget below it starts no trial (the first's startup and first burst cannot be cut)."""
+    said, trials, guide = _run(tmp_path, "0.05")
+    assert trials == [] and guide["gpu_hours"] == 0
+    assert guide["stop_reason"].startswith("budget: the next trial, about 0.1")
+    assert "No trial finished: nothing to recommend." in said

@@ -233,7 +233,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
         per_replica = _per_replica_note(s)
         if per_replica:
             print(f"autotune: {per_replica}", file=sys.stderr)
-        estimate = print_estimate(args, s, executor.capacity) if args.backend != "sim" else None
+        estimate = _estimate(args, s, executor.capacity)
         guide = make_guided(args, s, estimate)  # None: not a guided run
         screen = (
             None if args.no_screen else make_screen(s.space.model, s.space.gpu, calibration=s.calibration)
@@ -304,6 +304,17 @@ def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> No
         f"{s.workload.name} at {_load_text(s)}, SLO {slos}; {where}; {args.n_trials} trial(s){resumed})",
         file=sys.stderr,
     )
+
+
+def _estimate(args: argparse.Namespace, s: _Setup, gpus: int) -> Any:
+    """The pre-run estimate on a real backend. A simulated run needs none, unless a guided run's budget
+    must charge its first trial: then from the guide's calibration (the backend's plays the reality,
+    which the guide must not read)."""
+    if args.backend != "sim":
+        return print_estimate(args, s, gpus, s.calibration)
+    if s.guide_calibration is not None and args.gpu_hours is not None:
+        return print_estimate(args, s, gpus, s.guide_calibration)
+    return None
 
 
 def _per_replica_note(s: _Setup) -> str | None:

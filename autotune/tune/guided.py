@@ -101,12 +101,15 @@ class GuidedSearch(GuideBelief):
         self, study: optuna.Study, trial: optuna.Trial, spent_s: float, reserved_s: float | None, slots: int
     ) -> SearchPlan:
         """What `trial`'s capacity search starts from (hint_rate) and may spend per GPU: its share of the
-        budget (Budget.trial_cap_s) among the `slots` trials of its size that may start now, or alone
-        where the budget waits for its cost before starting another."""
+        budget (Budget.trial_cap_s) among the `slots` trials of its size that may start now and the
+        budget affords, or alone where the budget waits for its cost before starting another."""
         hint = self.hint_rate(trial)
         if self.options.gpu_hours is None:
             return SearchPlan(hint)
-        sharing = 1 if self.waits(study, 1) else max(1, slots)
+        observed = self.observations(study)
+        # free GPUs beyond what the budget affords start nothing: they must not halve this trial's share
+        affordable = self.budget.trials_left(observed, None, reserved_s=reserved_s or 0.0)
+        sharing = 1 if self.budget.waits(observed, 1) else max(1, int(min(slots, affordable)))
         cap_s = self.budget.trial_cap_s(spent_s, reserved_s or 0.0, sharing) or 0.0
         gpus = gpus_per_replica(self.space.config(trial.params).params())
         return SearchPlan(hint, cap_s / gpus)
