@@ -2,7 +2,7 @@
 
 A drop-in for `vllm serve` in tests and on machines without a GPU: `--serve-cmd "autotune sim-server"`.
 The GPU comes from --gpu, else the AUTOTUNE_SIM_GPU environment variable (the process backend sets
-it), else H100.
+it), else H100. API keys come from --api-key, else VLLM_API_KEY, as vLLM takes them.
 """
 
 from __future__ import annotations
@@ -47,6 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ignored.add_argument(flag)
     for flag in ("--trust-remote-code", "--disable-log-requests", "--disable-log-stats"):
         ignored.add_argument(flag, action="store_true")
+    parser.add_argument(
+        "--api-key", nargs="+", metavar="KEY",
+        help="require `Authorization: Bearer KEY` (any of the KEYs) on /v1 routes, as vLLM does "
+        "(default: $VLLM_API_KEY; unset: no key needed)",
+    )  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=port_number, default=8000)
     parser.add_argument(
@@ -105,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.core.errors import AutotuneError
     from autotune.sim.calibration import calibration_option
     from autotune.sim.flags import refusal
+    from autotune.sim_server.auth import ApiKeyCheck, served_api_keys
     from autotune.sim_server.server import ServerOptions, serve
 
     model = args.model_flag or args.model_tag
@@ -136,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         debug_timings=args.debug_timings,
         calibration=calibration,
         time_scale=args.time_scale,
+        api_keys=ApiKeyCheck(served_api_keys(args.api_key)),
         **_limits(args),
     )
     return serve(config, options)

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ def start_sim_server(
     ready_timeout_s: float = 30.0,
     wait_ready: bool = True,
     cpu: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[SimServerProcess]:
     """Run `autotune sim-server ARGS --port <free> --gpu GPU` as a real subprocess.
 
@@ -51,7 +52,8 @@ def start_sim_server(
     CLI command (faster start).
 
     Waits for /health (unless `wait_ready` is False, e.g. for a config that must fail), yields the
-    process, and always terminates it. `cpu` pins the server to one CPU core (benchmarks).
+    process, and always terminates it. `cpu` pins the server to one CPU core (benchmarks). `env` is its
+    environment (default: this process's).
     Raises RuntimeError with the log tail when the server exits or never becomes ready.
     """
     import tempfile
@@ -68,7 +70,12 @@ def start_sim_server(
     preexec = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
-            cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec
+            cmd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=preexec,
+            env=env,
         )
     handle = SimServerProcess(process, port, log_path, f"http://127.0.0.1:{port}")
     try:

@@ -2,7 +2,8 @@
 
 /v1/completions and /v1/chat/completions (streaming and plain), /health, /v1/models, /version and
 /metrics (vLLM's metric names); unknown paths and methods answer FastAPI's JSON 404 / 405, as
-vLLM's server does.
+vLLM's server does. With API keys (--api-key, VLLM_API_KEY), a /v1 request without one gets 401 before
+any of that (autotune.sim_server.auth).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from autotune.core.config import VLLM_RELEASE
+from autotune.sim_server.auth import UNAUTHORIZED
 from autotune.sim_server.exposition import METRICS_CONTENT_TYPE, render_metrics
 from autotune.sim_server.http_messages import HttpRequest
 from autotune.sim_server.httpd import HttpConnection
@@ -44,7 +46,11 @@ class SimRoutes:
         self._routes["/v1/chat/completions"] = (("POST",), self.chat_completions)
 
     def handle(self, conn: HttpConnection, request: HttpRequest) -> None:
-        """Route one request: 404 for an unknown path, 405 for a method the path does not take."""
+        """Route one request: 401 without a required API key (vLLM checks it before routing, so an
+        unknown /v1 path gets 401 too), 404 for an unknown path, 405 for a method the path does not take."""
+        if not self.service.options.api_keys.allows(request.method, request.path, request.headers):
+            conn.respond_json(401, UNAUTHORIZED)
+            return
         route = self._routes.get(request.path)
         if route is None:
             conn.respond_json(404, {"detail": "Not Found"})  # FastAPI's answer, as vLLM's server gives

@@ -71,7 +71,8 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
     vllm_log(
         "INFO",
         "utils.py:326",
-        f"non-default args: {non_default_args(config)} model={config.model!r} gpu={options.gpu!r}",
+        f"non-default args: {non_default_args(config)} model={config.model!r} gpu={options.gpu!r}"
+        + (" api_key='***'" if options.api_keys else ""),  # that keys are required; never a key
     )
     if not options.calibration.is_default:
         changed = ", ".join(f"{k}={v:g}" for k, v in options.calibration.changed().items())

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
+from autotune.sim_server.auth import ApiKeyCheck
 from autotune.sim_server.exposition import ServerMetrics, metrics_registry
 from autotune.sim_server.http_messages import MAX_BODY_BYTES, READ_TIMEOUT_S
 from autotune.sim_server.parsing import ParsedRequest, RequestParser
@@ -56,6 +57,7 @@ class ServerOptions:
     read_timeout_s: float = READ_TIMEOUT_S
     calibration: Calibration = DEFAULT_CALIBRATION  # the engine model's constants
     time_scale: float = 1.0  # simulated seconds per wall-clock second
+    api_keys: ApiKeyCheck = dataclasses.field(default_factory=lambda: ApiKeyCheck(()), repr=False)
 
 
 def vllm_log(level: str, where: str, message: str) -> None:
