@@ -27,6 +27,7 @@ import httpx
 from autotune.backends.base import Backend
 from autotune.backends.server import ServerSession, TrialLimits, server_session
 from autotune.backends.server_metrics import Sample, scrape_metrics
+from autotune.core.api_keys import REFUSED_STATUSES, auth_headers, client_api_key, refusal_message
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, one_line
 from autotune.core.secrets import masked
@@ -61,10 +62,16 @@ class ServedConfig:
 
 
 def served_models(base_url: str) -> list[Mapping[str, Any]]:
-    """The entries of /v1/models; AutotuneError when no OpenAI-compatible server answers there."""
+    """The entries of /v1/models; AutotuneError when no OpenAI-compatible server answers there, or
+    when it refuses autotune's API key (or the lack of one)."""
     where = masked(base_url)  # a URL may carry a password
+    api_key = client_api_key()
     try:
-        response = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=10.0)
+        response = httpx.get(base_url.rstrip("/") + "/v1/models", headers=auth_headers(api_key), timeout=10.0)
+        if response.status_code in REFUSED_STATUSES:
+            raise AutotuneError(
+                refusal_message(where, response.status_code, response.reason_phrase, bool(api_key))
+            )
         if response.is_error:
             raise AutotuneError(
                 f"no OpenAI-compatible server at {where}: GET /v1/models answered "

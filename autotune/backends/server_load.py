@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from autotune.backends.base import Workload
 from autotune.backends.failures import BENCHMARK, classify
 from autotune.backends.server_metrics import KvSampler, scrape_metrics, server_figures
+from autotune.core.api_keys import client_api_key
 from autotune.core.errors import FailureKind
 from autotune.measure.early_abort import InFlight, LoadGuard, SloGuard, abort_savings
 from autotune.measure.load_report import LoadReport
@@ -214,7 +215,11 @@ def run_load(
     salt: int = 0,
     measure_from: float = 0.0,
 ) -> LoadResult | None:
-    """Run the load generator (in its own event loop); None when `total_timeout_s` ran out."""
+    """Run the load generator (in its own event loop); None when `total_timeout_s` ran out.
+
+    Requests carry the API key of this process's environment (VLLM_API_KEY, else OPENAI_API_KEY: see
+    autotune.core.api_keys): a server this trial launched inherited the same environment.
+    """
     from autotune.measure import loadgen  # httpx's streaming stack: imported when a load runs
 
     async def main() -> LoadResult | None:
@@ -230,6 +235,7 @@ def run_load(
                     guard=guard,
                     salt=salt,
                     measure_from=measure_from,
+                    api_key=client_api_key(),
                 ),
                 timeout=total_timeout_s,
             )

@@ -22,7 +22,9 @@ import httpx
 
 from autotune.backends.server_metrics import parse_prometheus
 from autotune.calibrate.points import point_requests
+from autotune.core.api_keys import REFUSED_STATUSES, auth_headers, client_api_key, refusal_message
 from autotune.core.errors import AutotuneError, RunFailure
+from autotune.core.secrets import masked
 from autotune.measure.loadgen import CHAT, COMPLETIONS, run_load
 from autotune.measure.metrics import RequestRecord, compute_metrics
 from autotune.sim_server.exposition import TIME_SCALE_METRIC
@@ -72,12 +74,18 @@ class ServerInfo:
 
 
 def probe_server(url: str) -> ServerInfo:
-    """Read /v1/models and /metrics; AutotuneError (one line) when nothing or no OpenAI server answers."""
+    """Read /v1/models and /metrics; AutotuneError (one line) when nothing or no OpenAI server answers,
+    or when the server refuses autotune's API key (or the lack of one)."""
     base = url.rstrip("/")
+    api_key = client_api_key()
     try:
-        response = httpx.get(base + "/v1/models", timeout=10.0)
+        response = httpx.get(base + "/v1/models", headers=auth_headers(api_key), timeout=10.0)
     except httpx.HTTPError as exc:
         raise AutotuneError(f"cannot reach {url}: {exc or type(exc).__name__}") from None
+    if response.status_code in REFUSED_STATUSES:
+        raise AutotuneError(
+            refusal_message(masked(url), response.status_code, response.reason_phrase, bool(api_key))
+        )
     try:
         models = response.json().get("data") if response.status_code == 200 else None
     except (ValueError, AttributeError):
@@ -143,6 +151,7 @@ def measure_serve(info: ServerInfo, point: dict[str, Any], salt: int) -> tuple[d
             endpoint=CHAT if point.get("api") == "chat" else COMPLETIONS,
             request_timeout_s=REQUEST_TIMEOUT_S,
             salt=salt,
+            api_key=client_api_key(),
         )
     )
     failed = [r for r in load.records if not r.success]
@@ -175,7 +184,10 @@ def rescaled(record: RequestRecord, scale: float) -> RequestRecord:
 def _warm_up(info: ServerInfo) -> None:
     """One short request first (a server's first request pays one-time costs), as vllm bench does."""
     probe = [Request(request_id=2**31 - 1, prompt_len=16, output_len=4)]
-    load = asyncio.run(run_load(info.url, info.model, probe, request_timeout_s=REQUEST_TIMEOUT_S, salt=10**6))
+    key = client_api_key()
+    load = asyncio.run(
+        run_load(info.url, info.model, probe, request_timeout_s=REQUEST_TIMEOUT_S, salt=10**6, api_key=key)
+    )
     if not load.records or not load.records[0].success:
         error = load.records[0].error if load.records else "no answer"
         raise AutotuneError(f"{info.url}: the warm-up request failed: {error}")

@@ -1,8 +1,41 @@
-"""API keys, as vLLM takes them: `vllm serve --api-key KEY` (or VLLM_API_KEY in its environment) makes
-vLLM answer 401 to a /v1 request without `Authorization: Bearer KEY`; `vllm bench serve` sends
-OPENAI_API_KEY's key."""
+"""The API key autotune's clients send to a server's OpenAI routes, and what they say when it is refused.
+
+`vllm serve --api-key KEY` (or VLLM_API_KEY in its environment) makes vLLM answer 401 to a /v1 request
+without `Authorization: Bearer KEY`. autotune sends VLLM_API_KEY, the key a vLLM it launches requires
+(the server inherits the same environment), else OPENAI_API_KEY, the one `vllm bench serve` sends. The
+value never reaches a message: a refusal names the variables, not the key.
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 SERVER_KEY_VAR = "VLLM_API_KEY"
 CLIENT_KEY_VARS = (SERVER_KEY_VAR, "OPENAI_API_KEY")  # in the order they are looked up
+REFUSED_STATUSES = frozenset({401, 403})  # vLLM answers 401; a proxy in front of it may answer 403
+
+
+def client_api_key(env: Mapping[str, str] | None = None) -> str | None:
+    """The key to send: VLLM_API_KEY, else OPENAI_API_KEY, of `env` (default: this process's); None if
+    neither is set (an empty value counts as unset, as vLLM ignores an empty key)."""
+    env = os.environ if env is None else env
+    return next((env[name] for name in CLIENT_KEY_VARS if env.get(name)), None)
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The Authorization header carrying `api_key` ({} without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def refusal_hint(key_sent: bool) -> str:
+    """Why a server refuses requests with 401/403, in words a user can act on (never the key itself)."""
+    if key_sent:
+        names = " or ".join(CLIENT_KEY_VARS)
+        return f"it does not accept the API key sent from {names}"
+    return f"it needs an API key: set {' or '.join(CLIENT_KEY_VARS)}"
+
+
+def refusal_message(where: str, status: int, reason: str, key_sent: bool) -> str:
+    """One line for a server (`where`, its URL with any password masked) that refused autotune's requests."""
+    return f"the server at {where} refused the requests: {status} {reason} ({refusal_hint(key_sent)})"

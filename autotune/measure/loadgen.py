@@ -13,6 +13,8 @@ client must never be the bottleneck, see benchmarks/loadgen_overhead.py) instead
     time is that of the socket read that completed it (vllm bench takes it when its task gets to the
     chunk, which adds the client's own event-loop delay at high concurrency);
   - a request with an HTTP error, a timeout or no token chunk is a failed record (never dropped);
+    a given API key goes with every request as `Authorization: Bearer KEY` (vllm bench serve sends
+    OPENAI_API_KEY's), and a refusal's error (401, 403) says what to set;
   - requests and connections are prepared before the clock starts, and no cyclic garbage collection
     runs while requests are timed.
 With a guard (`SloGuard`), the run stops as soon as an SLO can no longer be met: in-flight requests are
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from autotune.core.api_keys import REFUSED_STATUSES, auth_headers, refusal_hint
 from autotune.measure.early_abort import InFlight, LoadGuard
 from autotune.measure.http_transport import BODY_STREAM, StreamingTransport
 from autotune.measure.metrics import RequestRecord
@@ -90,6 +93,7 @@ class _Run:
     t0: float
     guard: LoadGuard | None
     measure_from: float = 0.0  # requests sent earlier are a warm-up: the guard counts them toward no SLO
+    key_sent: bool = False  # whether requests carry an API key (what a refusal's error then says)
     records: list[RequestRecord] = field(default_factory=list)
     request_ids: list[int] = field(default_factory=list)
     in_flight: dict[int, _Stream] = field(default_factory=dict)
@@ -147,12 +151,15 @@ def build_payload(request: Request, model: str, chat: bool, vocab_size: int, sal
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def _http_request(url: str, request: Request, body: bytes, timeout_s: float) -> httpx.Request:
+def _http_request(
+    url: str, request: Request, body: bytes, timeout_s: float, api_key: str | None
+) -> httpx.Request:
     """The httpx request for one workload request, built before the clock starts."""
     headers = {
         "Content-Type": "application/json",
         "Accept-Encoding": "identity",  # SSE bytes exactly as the server wrote them
         "x-request-id": str(request.request_id),
+        **auth_headers(api_key),
     }
     # Only connecting has its own timeout: a request's whole life is bounded by `timeout_s` anyway.
     return httpx.Request(
@@ -179,7 +186,7 @@ async def _stream_request(run: _Run, rid: int, request: Request, http_request: h
             try:
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")
-                    raise _HttpError(f"HTTP {response.status_code}: {text[:500]}")
+                    raise _HttpError(_status_error(response.status_code, text, run.key_sent))
                 await response.extensions[BODY_STREAM].consume(events.feed)
             finally:
                 await response.aclose()  # keeps the connection if the body was read to its end
@@ -239,6 +246,13 @@ class _HttpError(Exception):
     """The server answered, but not with a usable stream."""
 
 
+def _status_error(status: int, body: str, key_sent: bool) -> str:
+    """A failed request's error: the status and the server's words, and for a refusal (401/403) what
+    to do about it, so that every message built from it (a trial's, a warm-up's) names the cause."""
+    error = f"HTTP {status}: {body[:500]}"
+    return f"{error} ({refusal_hint(key_sent)})" if status in REFUSED_STATUSES else error
+
+
 def _fail(record: RequestRecord, error: str) -> None:
     record.success = False
     record.error = error
@@ -289,12 +303,14 @@ async def run_load(
     guard: LoadGuard | None = None,
     salt: int = 0,
     measure_from: float = 0.0,
+    api_key: str | None = None,
 ) -> LoadResult:
     """Replay `requests` against `base_url` (e.g. "http://127.0.0.1:8000") and time every request.
 
     `endpoint` is "/v1/completions" or "/v1/chat/completions"; `vocab_size` bounds the token ids of
     token-id prompts; a different `salt` per run keeps a server's prefix cache from serving one run's
-    prompts to the next. Requests are replayed in `arrival_time` order. Never raises for a failed
+    prompts to the next; `api_key` goes with every request as `Authorization: Bearer` (see
+    autotune.core.api_keys). Requests are replayed in `arrival_time` order. Never raises for a failed
     request: its record has success=False and the error text. The `guard` counts only the requests
     sent from `measure_from` (s) on (`add`): earlier ones are a warm-up that no statistic includes
     (`warmup`: a failed one can still tell that the server is gone).
@@ -304,7 +320,7 @@ async def run_load(
     url = base_url.rstrip("/") + endpoint
     # Requests are built before the clock starts so the hot path only sends and parses.
     http_requests = [
-        _http_request(url, r, build_payload(r, model, chat, vocab_size, salt), request_timeout_s)
+        _http_request(url, r, build_payload(r, model, chat, vocab_size, salt), request_timeout_s, api_key)
         for r in ordered
     ]
     transport = StreamingTransport()
@@ -313,7 +329,7 @@ async def run_load(
         in_flight = min(max_concurrency or len(ordered), len(ordered), PREOPEN_MAX)
         await transport.open_connections(url, in_flight, timeout=request_timeout_s)
         with _gc_paused():
-            run = _Run(transport, request_timeout_s, time.perf_counter(), guard, measure_from)
+            run = _Run(transport, request_timeout_s, time.perf_counter(), guard, measure_from, bool(api_key))
             dispatcher = asyncio.create_task(_dispatch(run, ordered, http_requests, max_concurrency))
             watcher = asyncio.create_task(_guard_loop(run)) if guard is not None else None
             await run.done.wait()
