@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+import autotune
 from autotune.backends.docker import (
     LABEL_OWNER_PID,
     LABEL_TRIAL,
@@ -105,6 +106,21 @@ def test_trial_in_a_container_over_real_http(
     assert result.benchmark.server["num_gpu_blocks"] > 0
     assert "--load-format dummy" in " ".join(result.server.command)
     assert (tmp_path / "server.log").stat().st_size > 0  # the container's logs were captured
+    assert _autotune_containers(docker) == []
+
+
+def test_the_container_gets_vllm_api_key_by_name_and_the_client_sends_it(
+    docker, sim_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "sk-container-key-93e1d7"
+    monkeypatch.setenv("VLLM_API_KEY", key)  # the server requires it only if the container got it
+    # the autotune under test inside the container (the venv's editable install may be another checkout)
+    backend = _backend(sim_image, env={"PYTHONPATH": str(Path(autotune.__file__).parents[1])})
+    result = backend.evaluate(CONFIG, WORKLOAD, trial_dir=tmp_path)
+    assert result.ok, (result.failure, result.message, result.log_tail)
+    log = (tmp_path / "server.log").read_text()
+    assert "api_key='***'" in log  # the server's startup line: it required a key
+    assert key not in log + repr(result) + " ".join(result.server.command)
     assert _autotune_containers(docker) == []
 
 

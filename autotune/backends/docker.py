@@ -24,6 +24,7 @@ from autotune.backends.server import (
     TrialLimits,
     server_session,
 )
+from autotune.core.api_keys import SERVER_KEY_VAR
 from autotune.core.config import DEFAULT_IMAGE, EngineConfig
 from autotune.core.errors import AutotuneError
 from autotune.core.procs import pid_alive
@@ -35,7 +36,9 @@ CONTAINER_HF_CACHE = "/root/.cache/huggingface"
 LABEL_TRIAL = "autotune.trial"
 LABEL_OWNER_PID = "autotune.owner_pid"
 LABEL_OWNER_HOST = "autotune.owner_host"
-PASSED_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE")
+# Variables of this process the container gets (by the SDK's environment, never on a command line):
+# VLLM_API_KEY makes the server require the key the load generator sends (autotune.core.api_keys).
+PASSED_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE", SERVER_KEY_VAR)
 LOG_FETCH_LINES = 2000  # lines fetched from the engine while the container runs
 ENGINE_LOST_EXIT_CODE = 125  # Docker's own exit status for "the daemon failed" (docker run)
 REAPED_STATES = ("exited", "dead")
