@@ -9,18 +9,16 @@ value never reaches a message: a refusal names the variables, not the key.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 SERVER_KEY_VAR = "VLLM_API_KEY"
 CLIENT_KEY_VARS = (SERVER_KEY_VAR, "OPENAI_API_KEY")  # in the order they are looked up
 REFUSED_STATUSES = frozenset({401, 403})  # vLLM answers 401; a proxy in front of it may answer 403
 
 
-def client_api_key(env: Mapping[str, str] | None = None) -> str | None:
-    """The key to send: VLLM_API_KEY, else OPENAI_API_KEY, of `env` (default: this process's); None if
-    neither is set (an empty value counts as unset, as vLLM ignores an empty key)."""
-    env = os.environ if env is None else env
-    return next((env[name] for name in CLIENT_KEY_VARS if env.get(name)), None)
+def client_api_key() -> str | None:
+    """The key to send: this process's VLLM_API_KEY, else OPENAI_API_KEY; None if neither is set (an
+    empty value counts as unset, as vLLM ignores an empty key)."""
+    return next((os.environ[name] for name in CLIENT_KEY_VARS if os.environ.get(name)), None)
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

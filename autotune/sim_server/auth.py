@@ -1,7 +1,7 @@
 """API keys on the sim-server, as vLLM's API server checks them (AuthenticationMiddleware in
 vllm/entrypoints/openai/api_server.py, 0.11): with keys set, a request whose path starts with /v1 needs
 `Authorization: Bearer KEY` with one of them, else 401 `{"error": "Unauthorized"}` before any routing;
-OPTIONS requests and every other path (/health, /metrics, /version, /ping) stay open. (Later vLLM
+OPTIONS requests and every other path (/health, /metrics, /version) stay open. (Later vLLM
 releases guard /v2, /inference and /cohere too; the sim-server serves none of them.)
 
 The keys are `--api-key`'s (it takes several, for rotation), else VLLM_API_KEY's; empty ones count as
@@ -21,11 +21,10 @@ GUARDED_PREFIX = "/v1"
 UNAUTHORIZED = {"error": "Unauthorized"}
 
 
-def served_api_keys(flag_keys: Sequence[str] | None, env: Mapping[str, str] | None = None) -> list[str]:
+def served_api_keys(flag_keys: Sequence[str] | None) -> list[str]:
     """The keys a server requires: `--api-key`'s when given (they take precedence, as in vLLM), else
-    VLLM_API_KEY of `env` (default: this process's); [] when authentication is off."""
-    env = os.environ if env is None else env
-    return [key for key in (flag_keys or [env.get(SERVER_KEY_VAR, "")]) if key]
+    VLLM_API_KEY's; [] when authentication is off."""
+    return [key for key in (flag_keys or [os.environ.get(SERVER_KEY_VAR, "")]) if key]
 
 
 class ApiKeyCheck:
