@@ -22,6 +22,16 @@ def ctrl_c_enabled() -> Iterator[None]:
     signal.signal(signal.SIGINT, previous)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_api_key() -> Iterator[None]:
+    """No API key from the developer's shell: with VLLM_API_KEY set, every sim-server a test starts would
+    require it and the tests that send requests without one would fail (tests/test_api_keys.py sets keys
+    itself)."""
+    saved = {name: os.environ.pop(name) for name in ("VLLM_API_KEY", "OPENAI_API_KEY") if name in os.environ}
+    yield
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     """A real local Ray cluster with 2 CPUs and 2 fake GPUs, shared by the whole session."""

@@ -21,7 +21,6 @@ import pytest
 from cli import autotune
 
 from autotune.backends.process import ProcessBackend
-from autotune.core.api_keys import CLIENT_KEY_VARS
 from autotune.core.config import EngineConfig
 from autotune.sim_server.process import start_sim_server
 from autotune.workloads.spec import LengthDist, WorkloadSpec
@@ -48,15 +47,8 @@ SIM_SERVER = (sys.executable, "-m", "autotune.cli", "sim-server")
 
 
 def environment(**keys: str) -> dict[str, str]:
-    """This process's environment without any API key, plus `keys`."""
-    return {**{k: v for k, v in os.environ.items() if k not in CLIENT_KEY_VARS}, **keys}
-
-
-@pytest.fixture
-def no_key_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    """In-process clients (a trial's load generator) see no API key unless a test sets one."""
-    for name in CLIENT_KEY_VARS:
-        monkeypatch.delenv(name, raising=False)
+    """This process's environment (without API keys: see tests/conftest.py), plus `keys`."""
+    return {**os.environ, **keys}
 
 
 def completion(base_url: str, headers: Mapping[str, str]) -> httpx.Response:
@@ -130,7 +122,6 @@ def test_calibrate_url_refused_is_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "h100.yaml").exists()
 
 
-@pytest.mark.usefixtures("no_key_here")
 def test_a_trial_sends_vllm_api_key_to_the_server_it_launched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -143,7 +134,6 @@ def test_a_trial_sends_vllm_api_key_to_the_server_it_launched(
     assert "api_key='***'" in log and KEY not in log + repr(result)
 
 
-@pytest.mark.usefixtures("no_key_here")
 def test_a_trial_refused_for_want_of_a_key_says_so(tmp_path: Path) -> None:
     backend = ProcessBackend(
         "H100", serve_cmd=(*SIM_SERVER, f"--api-key={KEY}"), startup_timeout_s=60, benchmark_timeout_s=60
