@@ -12,7 +12,9 @@ from autotune.core.config import EngineConfig
 from autotune.core.errors import FailureKind
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.result import TrialResult
-from autotune.tune.objectives import load_objectives, objectives_from_dict
+from autotune.measure.slo import parse_slos
+from autotune.outputs.cost import sizing
+from autotune.tune.objectives import constraints, is_feasible, load_objectives, objectives_from_dict
 from autotune.tune.recommendation import decide, tie_clause
 from autotune.tune.study import records
 
@@ -344,3 +346,15 @@ def test_no_feasible_config_names_the_failure_its_trials_share(tmp_path: Path) -
     assert d.candidate is None and f"2 of 3 launched failed alike: crashed ({crash})" in d.text
     own = [failed(FailureKind.CRASHED, f"server exited with code {code}", 64 * code) for code in (1, 2)]
     assert "alike" not in decision(tmp_path / "own", own).text
+
+
+def test_a_capacity_search_that_confirmed_no_rate_is_no_config_meeting_the_slos(tmp_path: Path) -> None:
+    """Its lowest window read p99 TTFT 1.7 s under a 2 s limit, too close to call: the search reported
+    capacity 0. It is not recommended as meeting the SLOs, and nothing is sized from it."""
+    unconfirmed = ok(1200, 1732, 30)
+    unconfirmed.capacity = dataclasses.replace(capacity(1200, 0.03).capacity, rate=0.0, bracket=None)
+    cons = constraints(unconfirmed, parse_slos("ttft_p99=2s"))
+    assert cons["ttft_p99"] < 0 and not is_feasible(cons)  # the window's margin kept, the trial infeasible
+    d = decision(tmp_path, [({"max_num_seqs": 1024, "baseline": True}, unconfirmed)])
+    assert d.candidate is None and "No feasible config" in d.text
+    assert sizing(records(build_run(tmp_path / "size", [({"max_num_seqs": 64}, unconfirmed)]))[0], 10) is None

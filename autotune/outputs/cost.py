@@ -116,9 +116,9 @@ def sizing(
 ) -> Sizing | None:
     """Replicas and GPUs to serve `target_rate` req/s with the recommended trial; None without a rate
     (`simulated`: its rate comes from the simulated engine, and the sizing says so)."""
-    capacity = best.capacity.rate if best.capacity is not None else None
-    known = bool(capacity)
-    rate = float(capacity or best.metrics.get("request_throughput") or 0.0)
+    # a capacity trial's rate is its capacity (0: no rate passed, nothing to size); else its fixed load's
+    known = best.capacity is not None
+    rate = best.capacity.rate if known else float(best.metrics.get("request_throughput") or 0.0)
     if rate <= 0 or target_rate <= 0:
         return None
     replicas = math.ceil(target_rate / rate)

@@ -201,7 +201,11 @@ def constraints(result: TrialResult, slos: Sequence[Slo]) -> dict[str, float]:
     else:
         values[KEPT_UP_KEY] = 0.0
     aborted = result.failure == FailureKind.EARLY_ABORT and all(v <= 0 for v in values.values())
-    values[FAILED_KEY] = 1.0 if result.failure not in (None, FailureKind.EARLY_ABORT) or aborted else 0.0
+    # A capacity search that confirmed no rate found no capacity: its lowest window may read under the
+    # limits, too close to them to call (trial/capacity.py), but that is no config meeting the SLOs.
+    no_rate = result.capacity is not None and result.capacity.rate <= 0
+    failed = result.failure not in (None, FailureKind.EARLY_ABORT) or aborted or no_rate
+    values[FAILED_KEY] = 1.0 if failed else 0.0
     return values
 
 
