@@ -33,7 +33,15 @@ SIM_SERVER = f"{sys.executable} -m autotune.cli sim-server"
         (["--gpu", "RTX-9999"], "unknown GPU"),
         (["--gpus", "two"], "bad --gpus"),
         (["--objectives", "nope"], "objectives file not found"),
-        (["--model", "meta-llama/Llama-3.1-70B-Instruct"], "use tensor parallelism (TP >= 2)"),
+        (
+            ["--model", "meta-llama/Llama-3.1-70B-Instruct"],
+            "use tensor parallelism (TP >= 2), e.g. --space tp",
+        ),
+        (
+            ["--space", "tp", "--gpu", "L4"],
+            "does not fit on 4 L4s (tensor_parallel_size 4): use tensor parallelism (TP >= 8), add it to the "
+            "space's tensor_parallel_size",
+        ),
         (["--target-rate", "0"], "argument --target-rate: value must be positive"),
     ],
 )

@@ -150,9 +150,17 @@ def check_tensor_parallel(space: SearchSpace) -> None:
     largest = max(tps)
     needed = required_tp(space.model, space.gpu, largest)
     if needed is not None:
+        where = (
+            f"one {space.gpu}" if largest == 1 else f"{largest} {space.gpu}s (tensor_parallel_size {largest})"
+        )
+        # the shipped tp space goes up to 4: past that, or already on a TP space, the space must grow
+        fix = (
+            "e.g. --space tp"
+            if largest == 1 and needed <= 4
+            else "add it to the space's tensor_parallel_size"
+        )
         raise AutotuneError(
-            f"{space.model} does not fit on one {space.gpu} at tensor_parallel_size {largest}: use tensor "
-            f"parallelism (TP >= {needed}), e.g. --space tp"
+            f"{space.model} does not fit on {where}: use tensor parallelism (TP >= {needed}), {fix}"
         )
 
 
