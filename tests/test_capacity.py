@@ -115,6 +115,10 @@ def test_capacity_is_a_rate_the_config_sustains() -> None:
     assert check.kept_up and meets(check, SLOS)
     failing = [p for p in result.capacity.probes if not p.meets_slos]
     assert failing and min(p.rate for p in failing) == high
+    # the result's throughputs are the capacity's, and goodput with them: it never passes throughput
+    bench = result.benchmark
+    assert bench.request_throughput == pytest.approx(result.capacity.rate, abs=1e-4)
+    assert bench.request_goodput is not None and 0 < bench.request_goodput <= bench.request_throughput
 
 
 @pytest.mark.parametrize("off", [1.0, 1.1])

@@ -344,11 +344,14 @@ def _annotate(
     if own is not None:
         per_request_out = own.total_output_tokens / own.completed
         per_request_all = (own.total_input_tokens + own.total_output_tokens) / own.completed
+        # goodput too, as the share of the window's requests that met the SLOs: it cannot pass throughput
+        good_share = own.request_goodput / own.request_throughput if own.request_goodput is not None else None
         best.benchmark = dataclasses.replace(
             own,
             request_throughput=capacity,
             output_throughput=capacity * per_request_out,
             total_token_throughput=capacity * per_request_all,
+            request_goodput=capacity * good_share if good_share is not None else None,
         )
     saturation = _saturation(sat)
     best.capacity = CapacityReport(
