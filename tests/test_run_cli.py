@@ -207,3 +207,17 @@ def test_grid_sampler_stops_when_the_grid_is_done(tmp_path: Path) -> None:
     configs = {(t.params["max_num_seqs"], t.params["max_num_batched_tokens"]) for t in study.trials}
     assert configs == {(64, 2048), (64, 8192), (256, 2048), (256, 8192)}
     assert len(study.trials) <= 5  # the four grid points and the baseline, then it stops asking
+
+
+def test_another_load_or_objectives_is_another_default_study(tmp_path: Path) -> None:
+    """A study keeps its load and objectives: runs that differ only in them get their own default names
+    (they were refused as a --resume of the first), and the defaults keep today's name."""
+    base = ["run", "--space", "small", "--n-trials", "1", "--quiet", "--runs-dir", str(tmp_path)]
+    for extra in ([], ["--load", "fixed"], ["--objectives", "throughput"]):
+        assert main([*base, *extra]) == 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [
+        "llama-3.1-8b-instruct-h100-chat",
+        "llama-3.1-8b-instruct-h100-chat-fixed",
+        "llama-3.1-8b-instruct-h100-chat-throughput",
+    ]

@@ -113,7 +113,9 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     )
     if hasattr(backend, "preflight"):
         backend.preflight()
-    name = args.study or default_study_name(space.model, space.gpu, workload.name, [str(x) for x in slos])
+    name = args.study or default_study_name(
+        space.model, space.gpu, workload.name, [*_variant(args, workload), *(str(x) for x in slos)]
+    )
     run_dir = Path(args.runs_dir) / name
     storage = absolute(args.storage) if args.storage else sqlite_url(run_dir)
     if args.storage:
@@ -304,6 +306,13 @@ def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> No
         f"{s.workload.name} at {_load_text(s)}, SLO {slos}; {where}; {args.n_trials} trial(s){resumed})",
         file=sys.stderr,
     )
+
+
+def _variant(args: argparse.Namespace, workload: Any) -> list[str]:
+    """What a default study name adds past model, GPU and workload: a load other than capacity and
+    objectives other than the default (a study keeps both, so another is another study)."""
+    load = [workload.load] if workload.load != "capacity" else []
+    return load + ([Path(args.objectives).stem] if args.objectives != "default" else [])
 
 
 def _estimate(args: argparse.Namespace, s: _Setup, gpus: int) -> Any:

@@ -41,7 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--objectives", default="default", help="objectives YAML (or a name in objectives/)")
     study = parser.add_argument_group("study")
     study.add_argument(
-        "--study", type=arg(values.file_name), help="study name (default: from model, GPU and workload)"
+        "--study",
+        type=arg(values.file_name),
+        help="study name (default: from model, GPU, workload, SLOs, and a load or objectives other than the "
+        "defaults)",
     )
     study.add_argument(
         "--storage",
