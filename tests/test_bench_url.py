@@ -70,6 +70,19 @@ def test_bench_url_reports_the_servers_config_its_kv_usage_and_a_verdict_per_slo
     verdicts = {v["slo"]: v["met"] for v in report["slo_verdicts"]}
     assert verdicts == {"ttft_p99=30s": True, "itl_p50=0.001ms": False}
     assert done.returncode == 1, done.stderr  # a verdict failed: the check fails
+    assert "time-scale" not in done.stderr  # a real-time server gets no note on its clock
+
+
+def test_bench_url_says_when_the_server_is_a_time_scaled_sim_server(tmp_path: Path) -> None:
+    """A sim-server with --time-scale 20 serves 20x faster than the GPU it simulates: bench measures
+    wall-clock time, so its figures are 20x too good, and it says so (calibrate --url rescales)."""
+    (tmp_path / "check.yaml").write_text(WORKLOAD)
+    with start_sim_server([MODEL, "--time-scale", "20"]) as server:
+        done = bench(tmp_path, "--url", server.base_url, "--workload", "check.yaml", "--json")
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"{server.base_url} is autotune sim-server at --time-scale 20: its latencies and rates" in done.stderr
+    )
 
 
 def test_bench_url_capacity_searches_the_running_server(tmp_path: Path) -> None:

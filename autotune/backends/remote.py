@@ -32,6 +32,7 @@ from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, one_line
 from autotune.core.secrets import masked
 from autotune.measure.server_report import ServerReport
+from autotune.sim_server.exposition import TIME_SCALE_METRIC
 
 CACHE_INFO = "vllm:cache_config_info"
 CACHE_INFO_SOURCE = f"/metrics {CACHE_INFO}"
@@ -54,6 +55,7 @@ class ServedConfig:
     values: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     num_gpu_blocks: int | None = None
+    time_scale: float = 1.0  # simulated seconds per wall-clock second: > 1 on a sim-server with --time-scale
 
     @property
     def unknown(self) -> list[str]:
@@ -90,7 +92,8 @@ def served_config(base_url: str, model: Mapping[str, Any] | None) -> ServedConfi
     """What the server at `base_url` reports of its config (`model`: its /v1/models entry, if any)."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    labels = cache_config_labels(scrape_metrics(base_url.rstrip("/")))
+    samples = scrape_metrics(base_url.rstrip("/"))
+    labels = cache_config_labels(samples)
     for label, (flag, read) in _CACHE_LABELS.items():
         with contextlib.suppress(KeyError, ValueError):
             values[flag] = read(labels[label])
@@ -101,7 +104,8 @@ def served_config(base_url: str, model: Mapping[str, Any] | None) -> ServedConfi
     blocks = None
     with contextlib.suppress(KeyError, ValueError):
         blocks = int(float(labels["num_gpu_blocks"]))
-    return ServedConfig(values, sources, blocks)
+    scale = next((s.value for s in samples if s.name == TIME_SCALE_METRIC), 1.0)
+    return ServedConfig(values, sources, blocks, max(1.0, float(scale)))
 
 
 def cache_config_labels(samples: Sequence[Sample]) -> dict[str, str]:

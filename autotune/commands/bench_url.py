@@ -10,6 +10,7 @@ never filled with autotune's defaults. The load is the workload's, or `--rate` /
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING, Any
 
 from autotune.commands.options import DEFAULT_SERVE_CMD
@@ -61,6 +62,13 @@ def bench_url(
     model = args.model or str(models[0]["id"])
     entry = next((m for m in models if m["id"] == model), None)
     served = served_config(args.url, entry)
+    if served.time_scale > 1:  # its clock runs fast: every time it serves is that many times too short
+        print(
+            f"autotune bench: note: {masked(args.url)} is autotune sim-server at --time-scale "
+            f"{served.time_scale:g}: its latencies and rates are measured in wall-clock time, "
+            f"{served.time_scale:g}x faster than the simulated GPU (autotune calibrate --url rescales them)",
+            file=sys.stderr,
+        )
     config = EngineConfig(model=model)
     if args.capacity:
         backend = Narrated(RemoteBackend(args.url))
