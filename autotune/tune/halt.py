@@ -37,19 +37,19 @@ class FirstFailures:
     """The failures of a run's first launched trials, while they are all alike."""
 
     seen: list[tuple[str, str]] = field(default_factory=list)  # (failure kind, message) per trial
-    broken: bool = False  # a launched trial did anything else: this run's setup works
+    varied: bool = False  # a launched trial did anything else: the setup is not what fails them all
 
     def record(self, frozen: FrozenTrial) -> str | None:
         """Note a trial told this run; the reason to halt once the first HALT_AFTER launched trials
         failed with one kind and one message, else None."""
         attrs = frozen.user_attrs
         launched = attrs.get("launched", True) and "duplicate_of" not in attrs
-        if self.broken or not launched or frozen.state != TrialState.COMPLETE:
+        if self.varied or not launched or frozen.state != TrialState.COMPLETE:
             return None  # unlaunched, answered from another trial, or cut short: no word on the setup
         failure, message = attrs.get("failure"), str(attrs.get("message") or "")
         alike = bool(failure and message) and failure not in _CONFIG_FAILURES
         if not alike or (self.seen and self.seen[0] != (failure, message)):
-            self.broken = True
+            self.varied = True
             return None
         self.seen.append((failure, message))
         if len(self.seen) < HALT_AFTER:
