@@ -1,7 +1,8 @@
 """Results from the simulated engine say so wherever they go: the summary, report.html's "Before you
 deploy" box and its $/Mtok figure, best.json, best.sh, the dashboard note, and every export format (a
-comment that is valid in that format, so the export still pastes and parses). A study run as a process
-from its folder, with relative paths, then exported from there."""
+comment line that is valid in that format, so the export still pastes and parses; for `flags`, spliced
+into a command, on stderr). A study run as a process from its folder, with relative paths, then exported
+from there."""
 
 from __future__ import annotations
 
@@ -58,19 +59,27 @@ def test_the_dashboard_note_says_simulated(folder: Path) -> None:
     assert "Simulated: these results come from autotune's simulated vLLM engine" in get_note(study)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_every_export_format_carries_a_valid_comment(folder: Path, fmt: str) -> None:
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "flags"])
+def test_every_whole_export_carries_a_valid_comment(folder: Path, fmt: str) -> None:
     text = autotune(folder, "export", "runs/s", "--format", fmt).stdout
     comments = [line for line in text.splitlines() if "# simulated:" in line]
-    assert len(comments) == 1, text
-    without = text.replace(comments[0], comments[0].split("# simulated:")[0].rstrip())
+    assert len(comments) == 1 and text.startswith("# simulated:"), text
+    without = text.replace(comments[0] + "\n", "")
     if fmt in ("yaml", "k8s", "helm"):
         assert yaml.safe_load(text) == yaml.safe_load(without)  # a YAML comment
-        assert text.startswith("# simulated:")
     else:
-        # a shell comment: the same words, and the command still a valid shell line
+        # a line of its own that a shell running the command as a script ignores
         assert shlex.split(text, comments=True) == shlex.split(without, comments=True)
-        line = f"vllm serve model {text}" if fmt == "flags" else text
-        subprocess.run(["bash", "-n"], input=line, text=True, check=True)
-        if fmt == "flags":  # pasted after `vllm serve MODEL`: one line, the flags before the comment
-            assert text.count("\n") == 1 and text.index("--") < text.index("# simulated:")
+        subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def test_exported_flags_splice_into_a_command_the_note_on_stderr(folder: Path) -> None:
+    done = autotune(folder, "export", "runs/s", "--format", "flags")
+    assert "simulated:" in done.stderr and "confirm them on one" in done.stderr
+    # `vllm serve MODEL $(autotune export RUN --format flags)`: the substitution is word-split, `#`
+    # included, so stdout must be the flags and nothing else
+    words = subprocess.run(
+        ["bash", "-c", 'printf "%s\\n" $(cat)'], input=done.stdout, text=True, capture_output=True, check=True
+    ).stdout.split("\n")[:-1]
+    assert words == shlex.split(done.stdout) and words[0].startswith("--")
+    assert not any(w.startswith("#") or w == "simulated:" for w in words)

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the export on stdout."""
+    """Print the export on stdout (a simulated run's note with it, or on stderr for `flags`)."""
     import optuna
 
     from autotune.core.errors import AutotuneError
@@ -88,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
     )
     text = export.render(chosen.engine_config(), args.format, options=options)
     if is_simulated(info.meta):
-        text = export.with_note(text, args.format, SIMULATED_NOTE)
+        if args.format in export.NOTE_ON_STDERR:
+            print(f"autotune export: {SIMULATED_NOTE}", file=sys.stderr)
+        else:
+            text = export.with_note(text, SIMULATED_NOTE)
     sys.stdout.write(text)
     return 0

@@ -158,14 +158,16 @@ def _flag_groups(args: list[str]) -> list[list[str]]:
     return groups
 
 
-def with_note(text: str, fmt: str, note: str) -> str:
-    """`text` (a `render` output) with `note` as a comment valid in its format: a `#` line above a
-    command or a YAML document, and for `flags` a `#` comment ending their line (pasted after
-    `vllm serve MODEL`, a line of its own above them would run the command without them)."""
-    comment = "# " + " ".join(note.split())
-    if fmt == "flags":
-        return f"{text.rstrip()}  {comment}\n"
-    return f"{comment}\n{text}"
+# Formats whose output is words to splice into a command (`vllm serve MODEL $(autotune export RUN
+# --format flags)`): command substitution does not parse `#` as a comment, so a note there would become
+# arguments. Their note goes to stderr; the other formats are a whole command or document, which carry it.
+NOTE_ON_STDERR = ("flags",)
+
+
+def with_note(text: str, note: str) -> str:
+    """`text` (a `render` output of a format not in NOTE_ON_STDERR) with `note` as a `#` line above the
+    command or YAML document: a line a shell running it as a script, or a YAML parser, ignores."""
+    return "# " + " ".join(note.split()) + "\n" + text
 
 
 def local_model_dir(model: str) -> Path | None:
