@@ -77,8 +77,10 @@ def test_outcome_shows_the_gain_and_says_what_to_know(tmp_path: Path) -> None:
 
 
 def test_a_latency_objective_gives_one_figure_everywhere(tmp_path: Path) -> None:
-    """Minimizing p99 TTFT alone, 250 ms against the defaults' 369 ms: the table, the verdict, best.json,
-    report.html and the dashboard note all say 32.2 % lower, and the interval is not called capacity."""
+    """Minimizing p99 TTFT alone, 250 ms against the defaults' 369 ms: the verdict, best.json's gain,
+    report.html and the dashboard note all say 32.2 % lower, and the interval is not called capacity. The
+    "vs baseline" columns (and the note's best) show the metric's signed change, -32.2 %, as the verdict's
+    "vs the defaults" does: a "+" there read as the latency going up."""
     latency = objectives_from_dict({"objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}]})
     study = build_run(
         tmp_path,
@@ -89,7 +91,7 @@ def test_a_latency_objective_gives_one_figure_everywhere(tmp_path: Path) -> None
         latency,
     )
     out = outcome(records(study), latency.names, [False], ["ttft_p99=2s"])
-    assert "#1     250          +32.2%" in report.front_table(out)
+    assert "#1     250          -32.2%" in report.front_table(out)
     verdict = out.verdict()
     assert verdict.startswith("Recommended: trial #1: p99_ttft_ms 32.2 % lower (one run each) vs vLLM")
     assert "+47.6" not in verdict and "capacity brackets" not in verdict
@@ -98,9 +100,31 @@ def test_a_latency_objective_gives_one_figure_everywhere(tmp_path: Path) -> None
     best = json.loads((tmp_path / "best.json").read_text())
     assert round(best["gain_vs_baseline"], 4) == best["gain"]["reduction"] == 0.3225
     assert best["gain"]["reduction_interval"] == [0.3225, 0.3225] and best["gain"]["how"] == "one run each"
-    assert "32.2 % lower" in (tmp_path / "report.html").read_text()
+    html = (tmp_path / "report.html").read_text()
+    assert "32.2 % lower" in html and "<td>-32.2%</td>" in html and "+32.2%" not in html
     note = note_markdown("unit", out)
-    assert "+32.2% vs the baseline #0" in note and "32.2 % lower" in note and "47.6" not in note
+    assert "-32.2% vs the baseline #0" in note and "32.2 % lower" in note and "47.6" not in note
+
+
+def test_vs_baseline_is_the_signed_change_whichever_way_the_objective_points(tmp_path: Path) -> None:
+    """A minimized throughput 20 % lower than the defaults' is -20.0 % in the column (it was +20.0 %, the
+    gain in the objective's direction), and a maximized one 20 % higher is +20.0 % as before."""
+    for direction, sign in (("minimize", "-"), ("maximize", "+")):
+        objectives = objectives_from_dict(
+            {"objectives": [{"metric": "output_throughput", "direction": direction}]}
+        )
+        throughput = 3200 if direction == "minimize" else 4800
+        study = build_run(
+            tmp_path / direction,
+            [
+                ({"max_num_seqs": 1024, "baseline": True}, ok(4000, 1500, 20)),
+                ({"max_num_seqs": 256}, ok(throughput, 1500, 20)),
+            ],
+            objectives,
+        )
+        out = outcome(records(study), objectives.names, [direction == "maximize"], ["ttft_p99=2s"])
+        assert f"#1     {fmt_number(throughput)}              {sign}20.0%" in report.front_table(out)
+        assert out.verdict().endswith(f"Trial #1 vs the defaults: output_throughput {sign}20.0%.")
 
 
 def test_cost_view_and_sizing(tmp_path: Path) -> None:

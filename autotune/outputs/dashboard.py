@@ -131,8 +131,8 @@ def note_markdown(name: str, out: Any) -> str:
     if out.best is not None:
         unit = out.objective_names[0]
         value = fmt_number((out.best.values or [0.0])[0])
-        gain = out.gain(out.best)
-        vs = f" ({gain * 100:+.1f}% vs the baseline #{base.number})" if gain is not None and base else ""
+        change = out.change(out.best)
+        vs = f" ({change * 100:+.1f}% vs the baseline #{base.number})" if change is not None and base else ""
         lines += [f"**Best feasible so far:** trial #{out.best.number}, {unit} {value}{vs}", ""]
     if base is not None and base.values:
         status = "feasible" if base.feasible else base.failure or "violates the SLOs"

@@ -59,14 +59,20 @@ class Outcome:
     sizing: Sizing | None = None
     repeats: StoredRepeats = field(default_factory=StoredRepeats)  # the top configs' re-measurements
 
-    def gain(self, record: TrialRecord) -> float | None:
-        """Relative change of the primary objective against the baseline (+0.23 = 23% better)."""
+    def change(self, record: TrialRecord) -> float | None:
+        """Signed relative change of the primary objective's metric against the baseline (-0.634: 63.4 %
+        lower, whichever way the objective points): what the "vs baseline" columns show, as the
+        verdict's "vs the defaults" does, so one column reads the same under any objective."""
         if self.baseline is None or not self.baseline.values or not record.values:
             return None
         base = self.baseline.values[0]
-        if base == 0:
+        return record.values[0] / base - 1 if base else None
+
+    def gain(self, record: TrialRecord) -> float | None:
+        """Relative change of the primary objective against the baseline (+0.23 = 23% better)."""
+        change = self.change(record)
+        if change is None:
             return None
-        change = record.values[0] / base - 1
         return change if self.maximize[0] else -change
 
     def verdict(self) -> str:

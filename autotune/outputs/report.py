@@ -42,10 +42,8 @@ def front_table(out: Outcome, limit: int = 15) -> str:
     for r in out.front[:limit]:
         mark = "*" if out.best and r.number == out.best.number else ""
         values = [_fmt(v) for v in r.values or []]
-        gain = out.gain(r)
-        gain_cell = _gain_text(gain) if gain is not None else "-"
         cells = [f(r) for f in extra.values()]
-        rows.append([mark, f"#{r.number}", *values, gain_cell, *cells, _params_text(r)])
+        rows.append([mark, f"#{r.number}", *values, _gain_text(out.change(r)), *cells, _params_text(r)])
     base = out.baseline
     if base and base.values and all(r.number != base.number for r in out.front[:limit]):
         status = "feasible" if base.feasible else base.failure or "violates SLO"

@@ -163,14 +163,13 @@ def _front(out: Outcome) -> str:
 
 def _front_row(out: Outcome, r: TrialRecord) -> tuple[str, list[str]]:
     recommended = out.best is not None and r.number == out.best.number
-    gain = out.gain(r)
     capacity = r.capacity.rate if r.capacity is not None else None
     cells = [
         "★" if recommended else "",
         f"#{r.number}" + (f" ({defaults_label(r)})" if r.baseline else ""),
         str(gpus_per_replica(r.config)),
         *(fmt_number(v) for v in r.values or []),
-        _pct(gain),
+        _pct(out.change(r)),
         *([_pct(out.gain_per_gpu(r))] if _per_gpu_column(out) else []),
         fmt_number(capacity),
         limited_by(r),
