@@ -115,3 +115,16 @@ def test_a_bracket_topped_by_the_saturation_margin_says_so() -> None:
     )
     measured = dataclasses.replace(report, bound_measured=True)
     assert capacity_lines({**dataclasses.asdict(measured), "probes": []}, [])[0].endswith("10.0%)")
+
+
+def test_one_request_is_not_judged_on_keeping_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One request at 1 req/s: its window ends at its only arrival, which defines no rate and finishes
+    after it. The verdict said "yes (...; 0.00 of 1.00 req/s served)"; it now says it cannot tell."""
+    path = tmp_path / "one.yaml"
+    path.write_text(SMALL.replace("num_requests: 12", "num_requests: 1").replace("rate: 20", "rate: 1"))
+    assert main(["bench", "--workload", str(path)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("Kept up with the load"))
+    assert line.split(None, 5)[-1].startswith("not judged (the run is too short to tell"), line
+    assert main(["bench", "--workload", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["completed"] == 1 and "load_verdict" not in report

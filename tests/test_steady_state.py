@@ -48,6 +48,10 @@ def test_fixed_load_runs_are_judged_after_two_lifetimes_or_not_at_all() -> None:
     assert report.kept_up is False  # judged from 4 s (two 2 s lifetimes) to the last arrival
     _, report = measure_window(records(10, 8, 6), 12.0, 0.0)
     assert report is None  # 6 s of arrivals, the batch only full after 4: too short to tell
+    one = records(1, 8, 2, lifetime=0.1)[:1]
+    assert one[0].start_time > 0.4  # past two lifetimes: the window is (0.2 s, its one arrival)
+    _, report = measure_window(one, 2.0, 0.0)
+    assert report is None  # one arrival, at the window's end: no rate offered, none served ("0.00 of 1.00")
 
 
 def test_window_follows_the_request_lifetime() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +18,11 @@ from autotune.measure.slo import Slo
 from autotune.trial.capacity import SATURATION_MARGIN
 
 SIMULATED_NOTE = "simulated: these figures come from autotune's simulated engine; confirm them on a GPU"
+# Why a fixed-rate run has no verdict on keeping up (autotune/measure/steady_state.py `measure_window`).
+TOO_SHORT = (
+    "the run is too short to tell: too few requests in the window judged, which starts after the warm-up "
+    "or else two request lifetimes in"
+)
 
 
 def print_report(
@@ -151,11 +157,22 @@ def verdict_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         growth = f"backlog {load['backlog_growth']:+.1%} of arrivals, {load['backlog_allowed']:.1%} allowed"
         served = f"{load['served_rate']:.2f} of {load['offered_rate']:.2f} req/s served"
         rows.append(("Kept up with the load", f"{word} ({growth}; {served})"))
+    elif _open_loop(report):
+        # said, not left out: a verdict-less fixed-rate run would read as one that passed unjudged
+        rows.append(("Kept up with the load", f"not judged ({TOO_SHORT})"))
     for v in report.get("slo_verdicts", []):
         word, sign = ("PASS", "<=") if v["met"] else ("FAIL", ">")
         value = f"{v['metric']} {v['value_ms']:.2f} {sign} {v['limit_ms']:g}"
         rows.append((f"SLO {v['slo']}", f"{word} ({value})"))
     return rows
+
+
+def _open_loop(report: dict[str, Any]) -> bool:
+    """A fixed-rate run that completed (no capacity search, no concurrency cap, no burst): one that a
+    long enough window judges on keeping up."""
+    rate = report.get("request_rate")
+    fixed = "capacity" not in report and "failure" not in report and report.get("max_concurrency") is None
+    return fixed and isinstance(rate, int | float) and math.isfinite(rate)
 
 
 def _unmeasured_top(c: CapacityReport) -> str:

@@ -14,7 +14,8 @@ that does not adds (offered - served) x window of them. That needs the batch to 
 window starts, which is what the warm-up is for: `plan_window` derives it and the window from the
 config's own request lifetime; what the longest requests still add after it is expected, and
 subtracted (`steadiness`). A fixed-load run has no warm-up, so its window starts two lifetimes in
-(measured from its own records) and a run shorter than that cannot tell (no verdict).
+(measured from its own records) and a run shorter than that cannot tell (no verdict), nor can a window
+with a single arrival.
 `measure_window` computes a window's metrics and this verdict from the records of either backend
 (`start_time` is the send time on the run's clock, from 0).
 """
@@ -42,6 +43,9 @@ WARMUP_RESIDENCES = 2.0  # warm-up: two request lifetimes, so the running batch 
 WINDOW_RESIDENCES = 4.0  # window: four more, so a queue growing by a few % shows in TTFT and the backlog
 MIN_WARMUP_S = 10.0
 MIN_WINDOW_S = 30.0  # at least 30 s of arrivals: p99 over several hundred requests at typical rates
+# A window ends at its last arrival: one arrival alone defines no rate (its "offered rate" is the window's
+# length), and it cannot finish inside the window, so a verdict needs two.
+MIN_WINDOW_ARRIVALS = 2
 
 
 @dataclass(frozen=True)
@@ -229,6 +233,8 @@ def measure_window(
         window = Window(WARMUP_RESIDENCES * lifetime(records), last_send)
         if window.length < 0.5 * last_send:
             return metrics, None  # too short to tell
+    if sum(window.start <= r.start_time <= window.end for r in records) < MIN_WINDOW_ARRIVALS:
+        return metrics, None
     evidence = tuple(c.stored() for c in slo_criteria(measured, slos))
     return metrics, LoadReport(steady=steadiness(records, window).stored(), slo_evidence=evidence)
 
