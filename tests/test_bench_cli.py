@@ -128,3 +128,22 @@ def test_one_request_is_not_judged_on_keeping_up(tmp_path: Path, capsys: pytest.
     assert main(["bench", "--workload", str(path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["completed"] == 1 and "load_verdict" not in report
+
+
+def test_a_capacity_search_says_which_window_its_metrics_are(capsys: pytest.CaptureFixture[str]) -> None:
+    """No rate meets a 5 ms p99 TTFT: the metrics are the lowest probe's window, not one "at that rate"
+    (there is none); with a capacity, the window at it; with no probe at all, the saturation burst."""
+    from autotune.commands.bench_report import metrics_source
+
+    assert main(["bench", "--capacity", "--slo", "ttft_p99=5ms"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    rates = [float(x.split()[0]) for x in lines if x.endswith(" FAIL")]
+    assert rates and not any("at that rate" in x for x in lines)
+    said = (
+        f"No rate passed: the metrics below are the window at the lowest rate probed, {min(rates):.2f} req/s"
+    )
+    assert any(x.startswith(said) for x in lines), lines
+    assert metrics_source({"rate": 19.2, "probes": []}).startswith(
+        "The metrics below are the window at the capacity, 19.20 req/s"
+    )
+    assert metrics_source({"rate": 0.0, "probes": []}).startswith("No rate was probed")

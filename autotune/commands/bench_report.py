@@ -129,7 +129,7 @@ def format_table(report: dict[str, Any], slos: Sequence[Slo] = ()) -> str:
         lines.append(SIMULATED_NOTE)
     if "capacity" in report:
         lines += capacity_lines(report["capacity"], slos)
-        lines.append("The metrics below are the window at that rate (throughputs: sustained at it).")
+        lines.append(metrics_source(report["capacity"]))
     lines += [f"{name:<42}{value}" if value != "" else f"{name:-^62}" for name, value in rows]
     lines.append("=" * 62)
     return "\n".join(lines)
@@ -215,6 +215,23 @@ def capacity_lines(capacity: dict[str, Any], slos: Sequence[Slo]) -> list[str]:
             f"{_num(p['p99_itl_ms']):>10}  {p['windows'] or 0:>7}  {(p['verdict'] or '').upper()}{failure}"
         )
     return lines
+
+
+def metrics_source(capacity: dict[str, Any]) -> str:
+    """Which run a capacity search's metrics are (trial/capacity.py `find_capacity`): the window at the
+    capacity, else (no rate passed) the lowest probe's, else (nothing probed) the saturation burst's."""
+    if capacity["rate"] > 0:
+        return (
+            f"The metrics below are the window at the capacity, {capacity['rate']:.2f} req/s (throughputs: "
+            "sustained at it)."
+        )
+    rates = [p["rate"] for p in capacity["probes"]]
+    if rates:
+        return (
+            f"No rate passed: the metrics below are the window at the lowest rate probed, {min(rates):.2f} "
+            "req/s (throughputs: as measured there)."
+        )
+    return "No rate was probed: the metrics below are the saturation run's (every request at once)."
 
 
 def _num(value: float | None) -> str:
