@@ -147,3 +147,16 @@ def test_a_capacity_search_says_which_window_its_metrics_are(capsys: pytest.Capt
         "The metrics below are the window at the capacity, 19.20 req/s"
     )
     assert metrics_source({"rate": 0.0, "probes": []}).startswith("No rate was probed")
+
+
+def test_in_process_bench_reports_the_prefix_cache_hit_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Shared prefixes: the simulated engine's hit rate under the key `bench --url` reads from a server's
+    /metrics, for a fixed load and a capacity search alike."""
+    path = tmp_path / "shared.yaml"
+    path.write_text(SMALL + "shared_prefix: {num_prefixes: 2, prefix_len: 512}\n")
+    for extra in ([], ["--capacity"]):
+        main(["bench", "--workload", str(path), *extra, "--json"])
+        report = json.loads(capsys.readouterr().out)
+        assert 0.5 < report["prefix_cache_hit_rate"] <= 1.0, extra

@@ -168,6 +168,8 @@ class SimSession:
             "kv_cache_tokens": run.memory.kv_cache_tokens,
             "peak_kv_cache_usage": run.stats.peak_kv_cache_usage,
         }
+        if run.stats.prefix_cache_queries:  # as a real server's /metrics gives it (server_metrics.py)
+            server["prefix_cache_hit_rate"] = run.stats.prefix_cache_hits / run.stats.prefix_cache_queries
         benchmark, load = measure_window(
             run.records,
             run.duration,
