@@ -102,6 +102,7 @@ def test_a_budget_below_the_estimated_first_trial_launches_nothing(tmp_path: Pat
     """The simulated backend charges a guided run's first trial the pre-run estimate, as a real backend
     does: a budget below it starts no trial (the first's startup and first burst cannot be cut)."""
     said, trials, guide = _run(tmp_path, "0.05")
+    assert "guide: budget 0.05 GPU-h affords no trial: one costs about 0.1" in said  # said before the run
     assert trials == [] and guide["gpu_hours"] == 0
     assert guide["stop_reason"].startswith("budget: the next trial, about 0.1")
     assert "No trial finished: nothing to recommend." in said

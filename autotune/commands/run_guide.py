@@ -191,6 +191,11 @@ def budget_text(budget_h: float | None, trial_gpu_s: float | None) -> str:
     if budget_h is None:
         return (per + "; " if per else "") + "no --gpu-hours: the run stops at --n-trials or when the guide "
         "predicts nothing better is left"
+    if trial_gpu_s and budget_h * 3600 < trial_gpu_s:
+        return (
+            f"budget {budget_h:g} GPU-h affords no trial: one costs about {trial_gpu_s / 3600:.2f} GPU-h "
+            "(the estimate above), so nothing will launch; a larger --gpu-hours affords one"
+        )
     most = f", at most {math.floor(budget_h * 3600 / trial_gpu_s)} trials" if trial_gpu_s else ""
     return (
         f"budget {budget_h:g} GPU-h{most}{'; ' + per if per else ''}, re-measuring the top included; it "
