@@ -45,13 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(cmd)
-        cmd.set_defaults(handler=module.run)
+        cmd.set_defaults(handler=module.run, usage_error=cmd.error)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `autotune` console script."""
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # said by the subcommand, whose --help lists its flags (the top level names none)
+        args.usage_error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.handler(args) or 0)
     except AutotuneError as exc:

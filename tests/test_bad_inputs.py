@@ -369,3 +369,14 @@ def test_a_repeated_set_names_the_flag_and_both_values(
     argv = ["bench", "--rate", "5", "--set", "max_num_seqs=8", "--set", "max_num_seqs=16"]
     line = assert_rejected(argv, {}, tmp_path, capfd, monkeypatch)
     assert "--set max_num_seqs given twice (8 and 16)" in line
+
+
+@pytest.mark.parametrize("command", ["run", "bench", "sim-server"])
+def test_an_unknown_flag_points_to_its_commands_help(
+    command: str, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The subcommand's --help lists its flags; the top level's names none of them."""
+    line = assert_rejected([command, "--no-such-flag"], {}, tmp_path, capfd, monkeypatch)
+    assert line == (
+        f"autotune {command}: error: unrecognized arguments: --no-such-flag (see autotune {command} --help)"
+    )
