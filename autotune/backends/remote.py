@@ -63,17 +63,25 @@ class ServedConfig:
         return [name for name in UNREPORTED if name not in self.values]
 
 
+def get_models(base_url: str) -> httpx.Response:
+    """GET /v1/models with this process's API key (autotune.core.api_keys); AutotuneError (one line)
+    when the server refuses it, or the lack of one. httpx's errors are left to the caller's wording."""
+    api_key = client_api_key()
+    response = httpx.get(base_url.rstrip("/") + "/v1/models", headers=auth_headers(api_key), timeout=10.0)
+    if response.status_code in REFUSED_STATUSES:
+        where = masked(base_url)  # a URL may carry a password
+        raise AutotuneError(
+            refusal_message(where, response.status_code, response.reason_phrase, bool(api_key))
+        )
+    return response
+
+
 def served_models(base_url: str) -> list[Mapping[str, Any]]:
     """The entries of /v1/models; AutotuneError when no OpenAI-compatible server answers there, or
     when it refuses autotune's API key (or the lack of one)."""
     where = masked(base_url)  # a URL may carry a password
-    api_key = client_api_key()
     try:
-        response = httpx.get(base_url.rstrip("/") + "/v1/models", headers=auth_headers(api_key), timeout=10.0)
-        if response.status_code in REFUSED_STATUSES:
-            raise AutotuneError(
-                refusal_message(where, response.status_code, response.reason_phrase, bool(api_key))
-            )
+        response = get_models(base_url)
         if response.is_error:
             raise AutotuneError(
                 f"no OpenAI-compatible server at {where}: GET /v1/models answered "
@@ -104,13 +112,19 @@ def served_config(base_url: str, model: Mapping[str, Any] | None) -> ServedConfi
     blocks = None
     with contextlib.suppress(KeyError, ValueError):
         blocks = int(float(labels["num_gpu_blocks"]))
-    scale = next((s.value for s in samples if s.name == TIME_SCALE_METRIC), 1.0)
-    return ServedConfig(values, sources, blocks, max(1.0, float(scale)))
+    return ServedConfig(values, sources, blocks, time_scale(samples))
 
 
 def cache_config_labels(samples: Sequence[Sample]) -> dict[str, str]:
     """The labels of the first `vllm:cache_config_info` sample ({} when the server has none)."""
     return next((dict(s.labels) for s in samples if s.name == CACHE_INFO), {})
+
+
+def time_scale(samples: Sequence[Sample]) -> float:
+    """A sim-server's --time-scale as its /metrics gives it: simulated seconds per wall-clock second (1 for
+    any other server, and never below 1)."""
+    scale = next((s.value for s in samples if s.name == TIME_SCALE_METRIC), 1.0)
+    return max(1.0, float(scale))
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,13 @@ from typing import Any
 
 import httpx
 
+from autotune.backends.remote import cache_config_labels, get_models, time_scale
 from autotune.backends.server_metrics import parse_prometheus
 from autotune.calibrate.points import point_requests
-from autotune.core.api_keys import REFUSED_STATUSES, auth_headers, client_api_key, refusal_message
+from autotune.core.api_keys import client_api_key
 from autotune.core.errors import AutotuneError, RunFailure
-from autotune.core.secrets import masked
 from autotune.measure.loadgen import CHAT, COMPLETIONS, run_load
 from autotune.measure.metrics import RequestRecord, compute_metrics
-from autotune.sim_server.exposition import TIME_SCALE_METRIC
 from autotune.workloads.spec import Request
 
 Progress = Callable[[str], None]
@@ -77,15 +76,10 @@ def probe_server(url: str) -> ServerInfo:
     """Read /v1/models and /metrics; AutotuneError (one line) when nothing or no OpenAI server answers,
     or when the server refuses autotune's API key (or the lack of one)."""
     base = url.rstrip("/")
-    api_key = client_api_key()
     try:
-        response = httpx.get(base + "/v1/models", headers=auth_headers(api_key), timeout=10.0)
+        response = get_models(url)
     except httpx.HTTPError as exc:
         raise AutotuneError(f"cannot reach {url}: {exc or type(exc).__name__}") from None
-    if response.status_code in REFUSED_STATUSES:
-        raise AutotuneError(
-            refusal_message(masked(url), response.status_code, response.reason_phrase, bool(api_key))
-        )
     try:
         models = response.json().get("data") if response.status_code == 200 else None
     except (ValueError, AttributeError):
@@ -108,9 +102,7 @@ def _metrics(base: str) -> tuple[dict[str, str], float]:
         samples = parse_prometheus(response.text) if response.status_code == 200 else []
     except httpx.HTTPError:
         samples = []
-    cache = next((s.labels for s in samples if s.name == "vllm:cache_config_info"), {})
-    scale = next((s.value for s in samples if s.name == TIME_SCALE_METRIC), 1.0)
-    return dict(cache), float(scale) if scale >= 1.0 else 1.0
+    return cache_config_labels(samples), time_scale(samples)
 
 
 def measure_points(
