@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from autotune.core.api_keys import CLIENT_KEY_VARS
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -27,7 +29,7 @@ def no_api_key() -> Iterator[None]:
     """No API key from the developer's shell: with VLLM_API_KEY set, every sim-server a test starts would
     require it and the tests that send requests without one would fail (tests/test_api_keys.py sets keys
     itself)."""
-    saved = {name: os.environ.pop(name) for name in ("VLLM_API_KEY", "OPENAI_API_KEY") if name in os.environ}
+    saved = {name: os.environ.pop(name) for name in CLIENT_KEY_VARS if name in os.environ}
     yield
     os.environ.update(saved)
 
