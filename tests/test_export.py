@@ -36,12 +36,13 @@ def test_cmd_and_flags_parse_back_to_the_same_config() -> None:
     assert parse_command(f"vllm serve {CONFIG.model} {flags}") == CONFIG
 
 
-def test_docker_passes_hf_token_by_name_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_docker_passes_hf_token_and_api_key_by_name_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_secret_value_123")
+    monkeypatch.setenv("VLLM_API_KEY", "hf_secret_key_456")
     args = shlex.split(render(CONFIG, "docker", image_tag="v0.11.0"))
     assert args[:4] == ["docker", "run", "--gpus", "2"] and "--ipc=host" in args
     assert args[args.index("-p") + 1] == "8000:8000"
-    assert args[args.index("--env") + 1] == "HF_TOKEN"
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--env"] == ["HF_TOKEN", "VLLM_API_KEY"]
     image = args.index("vllm/vllm-openai:v0.11.0")
     assert EngineConfig.from_args(args[image + 1 :]) == CONFIG  # the image's args are vllm serve's
     assert all("hf_secret" not in render(CONFIG, fmt) for fmt in ("cmd", "docker", "yaml", "k8s", "helm"))

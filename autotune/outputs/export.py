@@ -3,7 +3,7 @@ config file (`vllm serve --config`), a Kubernetes pod spec (containers + volumes
 vLLM production stack's Helm chart.
 
 Secrets are referenced, never written: HF_TOKEN goes by name (`--env HF_TOKEN`, a secretKeyRef to a
-Secret named by `--secret`). A local model directory is mounted read-only at /models/<name>.
+Secret named by `--secret`), and so does VLLM_API_KEY in `docker run`, as the docker backend passed it. A local model directory is mounted read-only at /models/<name>.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from autotune.core.api_keys import SERVER_KEY_VAR
 from autotune.core.atomic import atomic_write_text
 from autotune.core.config import DEFAULT_IMAGE, VLLM_IMAGE, VLLM_RELEASE, EngineConfig, gpus_per_replica
 from autotune.core.errors import AutotuneError
@@ -191,7 +192,9 @@ def _container_model(config: EngineConfig) -> tuple[list[str], Path | None]:
 
 
 def docker_command(config: EngineConfig, image: str = DEFAULT_IMAGE) -> list[str]:
-    """`docker run` of vLLM's OpenAI image with this config (HF_TOKEN passed through by name)."""
+    """`docker run` of vLLM's OpenAI image with this config. HF_TOKEN and VLLM_API_KEY go by name: docker
+    copies a variable the shell has set and skips one it has not, so a server tuned behind an API key is
+    deployed behind the same one."""
     gpus = gpus_per_replica(config.params())
     model_args, local = _container_model(config)
     mount = ["-v", f"{local}:{MODEL_MOUNT}/{local.name}:ro"] if local is not None else []
@@ -208,6 +211,8 @@ def docker_command(config: EngineConfig, image: str = DEFAULT_IMAGE) -> list[str
         *mount,
         "--env",
         "HF_TOKEN",
+        "--env",
+        SERVER_KEY_VAR,
         image,
         *model_args,
         *serve_flags(config),
