@@ -75,6 +75,22 @@ def test_a_tie_rule_verdict_says_why_it_is_not_the_progress_lines_best(tmp_path:
     )
 
 
+def test_no_note_when_the_kept_defaults_are_the_progress_lines_best(tmp_path: Path) -> None:
+    """The defaults measured highest and a lower-latency config ties with them: the verdict keeps the
+    defaults, the trial the progress line showed, so there is nothing to reconcile."""
+    study = build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, searched(986, 900, 48, 0.03)),
+            ({"max_num_seqs": 256}, searched(960, 450, 35, 0.04)),
+        ],
+    )
+    out = outcome(records(study), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    assert out.decision.keeps_defaults and out.decision.candidate.number == 1
+    assert out.highest().number == 0 and out.progress_note() == ""
+    assert "progress line" not in report.summary_text(out)
+
+
 def test_a_re_measured_gain_says_the_progress_line_showed_a_first_measurement(tmp_path: Path) -> None:
     study = build_run(
         tmp_path,

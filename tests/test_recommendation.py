@@ -52,6 +52,8 @@ def test_a_gain_within_the_capacity_resolution_keeps_the_defaults(tmp_path: Path
     assert d.keeps_defaults and d.trial is d.baseline and d.candidate.number == 1
     assert d.gain is not None and not d.gain.significant and d.gain.how == "capacity brackets"
     assert "Keep vLLM's defaults" in d.text and "a tie, not a gain" in d.text
+    # trial #1 is the tie rule's pick (the lowest latencies among near-ties), not "the best config found"
+    assert "The lowest-latency near-tie (trial #1) differs by +2.0 %" in d.text
 
 
 def test_each_trial_ties_by_its_own_bracket_not_the_coarsest(tmp_path: Path) -> None:

@@ -135,6 +135,9 @@ class Outcome:
         top, candidate, gain = self.highest(), self.decision.candidate, self.decision.gain
         if top is None or candidate is None:
             return ""
+        kept = self.decision.trial
+        if kept is not None and top.number == kept.number != candidate.number:
+            return ""  # the verdict deploys the progress line's best (the defaults, kept in a tie)
         shown = f"trial #{top.number} ({fmt_number((top.values or [0.0])[0])} {self.objective_names[0]}"
         first = self.gain(top)
         # as the progress line words it: a minimized objective's gain is its reduction, "32.3% lower"

@@ -178,10 +178,11 @@ def _decide(
             f"within the measurement's margin of {gain.margin:.1%}: not a sure gain."
         )
     else:
+        # The candidate is the tie rule's pick, not the highest value: it is named by what picked it.
         text = (
-            f"Keep {defaults} (trial #{base.number}): the best config found (trial "
-            f"#{candidate.number}) differs by {gain.percent()}, within the measurement's margin of "
-            f"{gain.margin:.1%}: a tie, not a gain."
+            f"Keep {defaults} (trial #{base.number}): no config found beats their {name} by more than the "
+            f"measurement's margin of {gain.margin:.1%}. {_near_tie(objective_names, candidate.number)} "
+            f"differs by {gain.percent()}: a tie, not a gain."
         )
     return Recommendation(base, candidate, base, gain, True, text)
 
