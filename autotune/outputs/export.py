@@ -3,7 +3,8 @@ config file (`vllm serve --config`), a Kubernetes pod spec (containers + volumes
 vLLM production stack's Helm chart.
 
 Secrets are referenced, never written: HF_TOKEN goes by name (`--env HF_TOKEN`, a secretKeyRef to a
-Secret named by `--secret`), and so does VLLM_API_KEY in `docker run`, as the docker backend passed it. A local model directory is mounted read-only at /models/<name>.
+Secret named by `--secret`), and so does VLLM_API_KEY in `docker run`, as the docker backend passed it.
+A local model directory is mounted read-only at /models/<name>.
 """
 
 from __future__ import annotations
