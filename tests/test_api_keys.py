@@ -21,6 +21,7 @@ import pytest
 from cli import autotune
 
 from autotune.backends.process import ProcessBackend
+from autotune.core.api_keys import server_api_key
 from autotune.core.config import EngineConfig
 from autotune.sim_server.process import start_sim_server
 from autotune.workloads.spec import LengthDist, WorkloadSpec
@@ -134,12 +135,41 @@ def test_a_trial_sends_vllm_api_key_to_the_server_it_launched(
     assert "api_key='***'" in log and KEY not in log + repr(result)
 
 
+def test_the_key_a_launched_server_requires_is_read_as_vllm_reads_it() -> None:
+    env = {"VLLM_API_KEY": OTHER_KEY}
+    assert server_api_key(["vllm", "serve", "m"], env) == OTHER_KEY
+    assert server_api_key(["vllm", "serve", "m"], {"VLLM_API_KEY": ""}) is None  # empty: no key
+    assert server_api_key(["vllm", "serve", "m", "--api-key", KEY, "k2"], env) == KEY  # the flag wins
+    assert server_api_key(["env", f"VLLM_API_KEY={KEY}", "vllm", "serve"], env) == KEY
+    assert server_api_key(["vllm", "serve", "--api-key=a1b2c3", "--api-key", KEY], {}) == KEY  # the last
+
+
+@pytest.mark.parametrize("given", ["--api-key=", "VLLM_API_KEY="])
+def test_a_trial_sends_the_key_its_serve_command_gives_the_server(tmp_path: Path, given: str) -> None:
+    """`--serve-cmd "vllm serve --api-key=KEY"` (or `env VLLM_API_KEY=KEY vllm serve`) with no key in
+    autotune's environment: the trial sends the server its own key, and no log or result holds it."""
+    serve_cmd = ("env", given + KEY, *SIM_SERVER) if given == "VLLM_API_KEY=" else (*SIM_SERVER, given + KEY)
+    backend = ProcessBackend("H100", serve_cmd=serve_cmd, startup_timeout_s=60, benchmark_timeout_s=60)
+    result = backend.evaluate(EngineConfig(model=MODEL, max_model_len=4096), WORKLOAD, trial_dir=tmp_path)
+    assert result.ok, (result.failure, result.message)
+    assert result.benchmark.completed == 6
+    stored = repr(result) + (tmp_path / "server.log").read_text()
+    assert KEY not in stored and "api_key='***'" in stored
+
+
 def test_a_trial_refused_for_want_of_a_key_says_so(tmp_path: Path) -> None:
+    """A wrapper that gives the server a key autotune cannot see (read from a file): one clear message."""
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY)
+    wrapper = (
+        "import os, sys; from autotune.cli import main; "
+        f"os.environ['VLLM_API_KEY'] = open({str(key_file)!r}).read(); "
+        "sys.exit(main(['sim-server', *sys.argv[1:]]))"
+    )
     backend = ProcessBackend(
-        "H100", serve_cmd=(*SIM_SERVER, f"--api-key={KEY}"), startup_timeout_s=60, benchmark_timeout_s=60
+        "H100", serve_cmd=(sys.executable, "-c", wrapper), startup_timeout_s=60, benchmark_timeout_s=60
     )
     result = backend.evaluate(EngineConfig(model=MODEL, max_model_len=4096), WORKLOAD, trial_dir=tmp_path)
     assert not result.ok
     assert "HTTP 401" in result.message and NEEDS_A_KEY in result.message, result.message
-    stored = repr(result) + (tmp_path / "server.log").read_text()
-    assert KEY not in stored and "--api-key=***" in " ".join(result.server.command)
+    assert KEY not in repr(result) + (tmp_path / "server.log").read_text()

@@ -37,6 +37,28 @@ def test_only_secret_flags_are_masked() -> None:
     assert "8192" in scrub("--max-num-batched-tokens 8192", {"MAX_NUM_BATCHED_TOKENS": "8192"})
 
 
+def test_secret_environment_assignments_in_a_command_are_masked() -> None:
+    """`env HF_TOKEN=... vllm serve ...` as a serve command: the assignment's value is a secret, another
+    assignment (CUDA_VISIBLE_DEVICES=0) is not."""
+    args = [
+        "env",
+        f"HF_TOKEN={HF_TOKEN}",
+        "CUDA_VISIBLE_DEVICES=0",
+        f"VLLM_API_KEY={API_KEY}",
+        "vllm",
+        "serve",
+    ]
+    assert scrub_args(args) == [
+        "env",
+        "HF_TOKEN=***",
+        "CUDA_VISIBLE_DEVICES=0",
+        "VLLM_API_KEY=***",
+        "vllm",
+        "serve",
+    ]
+    assert secret_args(args) == [HF_TOKEN, API_KEY]
+
+
 def test_storage_password_is_never_printed_nor_recorded(tmp_path: Path) -> None:
     url = f"postgresql://user:{DB_PASSWORD}@127.0.0.1:5432/studies"
     assert DB_PASSWORD not in masked(f"cannot open storage {url}")

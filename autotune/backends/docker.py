@@ -24,7 +24,7 @@ from autotune.backends.server import (
     TrialLimits,
     server_session,
 )
-from autotune.core.api_keys import SERVER_KEY_VAR
+from autotune.core.api_keys import SERVER_KEY_VAR, server_api_key
 from autotune.core.config import DEFAULT_IMAGE, EngineConfig
 from autotune.core.errors import AutotuneError
 from autotune.core.procs import pid_alive
@@ -142,7 +142,10 @@ class DockerBackend(Backend):
         except docker.errors.APIError as exc:
             raise LaunchError(_first_line(exc)) from exc
         scrubbing = ({**os.environ, **(self.env or {})}, secret_args(self.command(config, port)))
-        handle = _Container(container, f"http://127.0.0.1:{port}", log_path, self.stop_grace_s, scrubbing)
+        api_key = server_api_key(self.command(config, inside_port), options["environment"])
+        handle = _Container(
+            container, f"http://127.0.0.1:{port}", log_path, self.stop_grace_s, scrubbing, api_key
+        )
         try:
             container.start()
         except docker.errors.APIError as exc:
@@ -198,6 +201,7 @@ class _Container:
         log_path: Path,
         grace_s: float,
         scrubbing: tuple[Mapping[str, str], Sequence[str]] = ({}, ()),
+        api_key: str | None = None,
     ) -> None:
         self.container = container
         self.scrubbing = scrubbing  # (environment, secret flag values): masked in the saved log
@@ -206,6 +210,7 @@ class _Container:
         self.grace_s = grace_s
         self._stopped = False
         self.engine_lost = ""  # why the Docker engine stopped answering mid-trial, once it did
+        self.api_key = api_key  # the key its command or environment requires
 
     def exit_code(self) -> int | None:
         import docker

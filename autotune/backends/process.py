@@ -24,6 +24,7 @@ from autotune.backends.server import (
     read_tail,
     server_session,
 )
+from autotune.core.api_keys import server_api_key
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError
 from autotune.core.secrets import scrub, scrub_args, secret_args
@@ -120,7 +121,8 @@ class ProcessBackend(Backend):
             daemon=True,
         )
         copier.start()
-        return _ServerProcess(popen, f"http://127.0.0.1:{port}", log_path, self.stop_grace_s, copier)
+        api_key = server_api_key(args, env)
+        return _ServerProcess(popen, f"http://127.0.0.1:{port}", log_path, self.stop_grace_s, copier, api_key)
 
 
 class _ServerProcess:
@@ -133,12 +135,14 @@ class _ServerProcess:
         log_path: Path,
         grace_s: float,
         copier: threading.Thread | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.popen = popen
         self.base_url = base_url
         self.log_path = log_path
         self.grace_s = grace_s
         self.copier = copier
+        self.api_key = api_key  # the key its command or environment requires
 
     def exit_code(self) -> int | None:
         return self.popen.poll()

@@ -159,6 +159,7 @@ class _Attached:
     """A server someone else runs: it is not ours to stop, and its exit and log are not ours to see."""
 
     base_url: str
+    api_key: str | None = None  # not known: the client's own key is sent
 
     def exit_code(self) -> int | None:
         """Never known here."""

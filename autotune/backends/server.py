@@ -207,7 +207,9 @@ def _start(handle: ServerHandle, model: str, timeout_s: float, salt: int) -> Ser
     if failure is not None:
         return failure
     left = max(deadline - time.monotonic(), 1.0)
-    warmup = run_load(handle.base_url, model, [warmup_request()], None, None, left, left, salt=salt)
+    warmup = run_load(
+        handle.base_url, model, [warmup_request()], None, None, left, left, salt=salt, api_key=handle.api_key
+    )
     if warmup is not None and warmup.records and warmup.records[0].success:
         return None
     code = settled_exit_code(handle)

@@ -43,6 +43,7 @@ class ServerHandle(Protocol):
     """A launched server, as the shared path sees it."""
 
     base_url: str  # http://127.0.0.1:<port>
+    api_key: str | None  # the key it was launched to require (None: unknown; the client's own is sent)
 
     def exit_code(self) -> int | None:
         """The exit status once the server has exited (negative: killed by a signal), else None."""
@@ -118,6 +119,7 @@ def benchmark(
         sampler=sampler,
         salt=salt,
         measure_from=measure_from,
+        api_key=handle.api_key,
     )
     if load is None:
         code = settled_exit_code(handle, settle_s=0.0)
@@ -214,11 +216,12 @@ def run_load(
     sampler: KvSampler | None = None,
     salt: int = 0,
     measure_from: float = 0.0,
+    api_key: str | None = None,
 ) -> LoadResult | None:
     """Run the load generator (in its own event loop); None when `total_timeout_s` ran out.
 
-    Requests carry the API key of this process's environment (VLLM_API_KEY, else OPENAI_API_KEY: see
-    autotune.core.api_keys): a server this trial launched inherited the same environment.
+    Requests carry `api_key` (the key the server was launched with), else this process's VLLM_API_KEY
+    or OPENAI_API_KEY (autotune.core.api_keys).
     """
     from autotune.measure import loadgen  # httpx's streaming stack: imported when a load runs
 
@@ -235,7 +238,7 @@ def run_load(
                     guard=guard,
                     salt=salt,
                     measure_from=measure_from,
-                    api_key=client_api_key(),
+                    api_key=api_key or client_api_key(),
                 ),
                 timeout=total_timeout_s,
             )

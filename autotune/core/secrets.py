@@ -26,6 +26,8 @@ _SECRET_FLAG = re.compile(
     r"^--?(?:[\w-]*[-_])?(?:api[-_]key|hf[-_]token|token|auth[-_]token|secret|secret[-_]key|password|passwd)$",
     re.IGNORECASE,
 )
+# An environment assignment in a command (`env HF_TOKEN=... vllm serve`), a secret when its name is one.
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MIN_SECRET_CHARS = 6  # shorter values ("1", "true") would mask innocent text everywhere
 
 
@@ -36,10 +38,14 @@ def secret_values(env: Mapping[str, str] | None = None) -> list[str]:
 
 
 def secret_args(args: Sequence[str]) -> list[str]:
-    """Values of the known secret flags in a command line (`--api-key X`, `--hf-token=X`)."""
+    """Values of the known secret flags in a command line (`--api-key X`, `--hf-token=X`) and of its
+    secret-named environment assignments (`env HF_TOKEN=X vllm serve`)."""
     values = []
     for i, arg in enumerate(args):
         name, eq, inline = arg.partition("=")
+        if _secret_assignment(name, eq):
+            values += [inline] if len(inline) >= MIN_SECRET_CHARS else []
+            continue
         if not _SECRET_FLAG.match(name):
             continue
         value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
@@ -71,9 +77,16 @@ def scrub_args(args: Sequence[str]) -> list[str]:
         elif _SECRET_FLAG.match(name):
             out.append(f"{name}=***" if eq else arg)
             hide_next = not eq
+        elif _secret_assignment(name, eq):
+            out.append(f"{name}=***")
         else:
             out.append(scrub(arg))
     return out
+
+
+def _secret_assignment(name: str, eq: str) -> bool:
+    """Whether `name=...` is an environment assignment of a secret-named variable (HF_TOKEN=...)."""
+    return bool(eq) and bool(_ASSIGNMENT.match(name)) and bool(_SECRET_NAME.search(name))
 
 
 def masked(text: str) -> str:
