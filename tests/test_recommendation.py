@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 from pathlib import Path
 
@@ -13,7 +14,9 @@ from autotune.core.errors import FailureKind
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import parse_slos
+from autotune.outputs import report
 from autotune.outputs.cost import sizing
+from autotune.outputs.outcome import outcome
 from autotune.tune.objectives import constraints, is_feasible, load_objectives, objectives_from_dict
 from autotune.tune.recommendation import decide, tie_clause
 from autotune.tune.study import records
@@ -360,3 +363,25 @@ def test_a_capacity_search_that_confirmed_no_rate_is_no_config_meeting_the_slos(
     d = decision(tmp_path, [({"max_num_seqs": 1024, "baseline": True}, unconfirmed)])
     assert d.candidate is None and "No feasible config" in d.text
     assert sizing(records(build_run(tmp_path / "size", [({"max_num_seqs": 64}, unconfirmed)]))[0], 10) is None
+
+
+def test_a_capacity_search_that_confirmed_no_rate_says_so_not_violates_slo(tmp_path: Path) -> None:
+    """Its margin reads under the limit, so "violates SLO" would contradict trials.csv's own column."""
+    unconfirmed = ok(1200, 1732, 30)
+    unconfirmed.capacity = dataclasses.replace(capacity(1200, 0.03).capacity, rate=0.0, bracket=None)
+    over = ok(1000, 2500, 30)  # its window missed the SLO
+    good = ok(1500, 1000, 30)  # a front, so the summary shows the baseline's row
+    outcomes = [
+        ({"max_num_seqs": 1024, "baseline": True}, unconfirmed),
+        ({}, over),
+        ({"max_num_seqs": 64}, good),
+    ]
+    recs = records(build_run(tmp_path, outcomes))
+    out = outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    report.write_all(tmp_path / "out", out)
+    with (tmp_path / "out" / "trials.csv").open() as f:
+        rows = {row["trial"]: row for row in csv.DictReader(f)}
+    assert rows["0"]["reason"] == "no rate confirmed (its lowest rate too close to the SLOs to call)"
+    assert float(rows["0"]["margin_ttft_p99"]) < 0
+    assert rows["1"]["reason"] == "violates SLO" and float(rows["1"]["margin_ttft_p99"]) > 0
+    assert "baseline (no rate confirmed" in report.summary_text(out)

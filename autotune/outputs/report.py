@@ -46,7 +46,7 @@ def front_table(out: Outcome, limit: int = 15) -> str:
         rows.append([mark, f"#{r.number}", *values, _gain_text(out.change(r)), *cells, _params_text(r)])
     base = out.baseline
     if base and base.values and all(r.number != base.number for r in out.front[:limit]):
-        status = "feasible" if base.feasible else base.failure or "violates SLO"
+        status = base.status
         values = [_fmt(v) for v in base.values]
         cells = [f(base) for f in extra.values()]
         rows.append(["", f"#{base.number}", *values, f"baseline ({status})", *cells, _params_text(base)])
@@ -116,7 +116,7 @@ def _row(r: TrialRecord, out: Outcome) -> dict[str, Any]:
         "feasible": r.feasible,
         "pareto": any(f.number == r.number for f in out.front),
         "duplicate_of": r.duplicate_of,
-        "reason": r.failure or ("" if r.feasible else "violates SLO"),
+        "reason": "" if r.feasible else r.status,
         "message": r.message,
     }
     row.update(r.params)

@@ -234,7 +234,7 @@ def _all_trials(out: Outcome) -> str:
     head = ["trial", "state", *(metric_label(n) for n in out.objective_names), "result", "config"]
     rows = []
     for r in out.records:
-        status = "feasible" if r.feasible else r.failure or "violates SLO"
+        status = r.status
         if r.duplicate_of is not None:
             status += f" (same config as #{r.duplicate_of})"
         values = [fmt_number(v) if r.metrics else "" for v in r.values or [None] * len(out.objective_names)]

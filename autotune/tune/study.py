@@ -87,6 +87,15 @@ class TrialRecord:
     info: dict[str, Any] = field(default_factory=dict)  # the `info` attr as stored (best.json copies it)
 
     @property
+    def status(self) -> str:
+        """ "feasible", or why not in a few words (unmet_reason)."""
+        return (
+            "feasible"
+            if self.feasible
+            else unmet_reason(self.failure, self.margins, self.capacity, self.kept_up)
+        )
+
+    @property
     def kept_up(self) -> bool | None:
         """Whether the server kept up with the load: the capacity search's verdict, else the window's."""
         if self.capacity is not None:
@@ -96,6 +105,31 @@ class TrialRecord:
     def engine_config(self) -> EngineConfig:
         """The trial's flags as an EngineConfig."""
         return config_from_attr(self.config)
+
+
+NO_RATE = "no rate confirmed"
+
+
+def margins_of(attrs: Mapping[str, Any]) -> dict[str, float]:
+    """A told trial's SLO margins ((value - limit) / limit, by SLO name) from its user attrs."""
+    return {k.removeprefix("margin_"): v for k, v in attrs.items() if k.startswith("margin_")}
+
+
+def unmet_reason(
+    failure: str | None, margins: Mapping[str, float], capacity: CapacityReport | None, kept_up: bool | None
+) -> str:
+    """Why an infeasible trial is: its failure, else an SLO its window missed, else not keeping up, else
+    (NO_RATE) a capacity search whose lowest window met every SLO too narrowly to call at its confidence:
+    its margins read under the limits, yet it confirmed no rate (tune/objectives.py, constraints)."""
+    if failure:
+        return failure
+    if kept_up is False:  # the pace is the cause: latencies of a growing queue miss their SLOs too
+        return "did not keep up"
+    if any(m > 0 for m in margins.values()):
+        return "violates SLO"
+    if capacity is not None and capacity.rate <= 0:
+        return f"{NO_RATE} (its lowest rate too close to the SLOs to call)"
+    return "violates SLO"
 
 
 def has_baseline(study: optuna.Study) -> bool:
@@ -253,7 +287,7 @@ def records(study: optuna.Study) -> list[TrialRecord]:
                 failure=attrs.get("failure"),
                 message=attrs.get("message", ""),
                 metrics=dict(attrs.get("metrics", {})),
-                margins={k.removeprefix("margin_"): v for k, v in attrs.items() if k.startswith("margin_")},
+                margins=margins_of(attrs),
                 baseline=bool(attrs.get("baseline")),
                 duplicate_of=attrs.get("duplicate_of"),
                 gpu_seconds=float(attrs.get("gpu_seconds", 0.0)),

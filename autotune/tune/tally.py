@@ -12,6 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.core.errors import FailureKind
 from autotune.tune.progress import ProgressState
 from autotune.tune.result_attrs import parse_info
+from autotune.tune.study import margins_of, unmet_reason
 
 
 @dataclass
@@ -75,11 +76,13 @@ class Tally:
 
 
 def _status(attrs: Mapping[str, Any]) -> str:
-    """A told trial in a few words: feasible, its failure, or that it did not keep up with its load."""
-    status = "feasible" if attrs.get("feasible") else attrs.get("failure") or "violates SLO"
+    """A told trial in a few words: feasible, or why not (unmet_reason) with the rates it fell short at."""
     stored = parse_info(attrs)
-    if stored.kept_up is False and not attrs.get("failure"):  # a crash is the cause, not the pace
-        status = "did not keep up"
+    if attrs.get("feasible"):
+        status = "feasible"
+    else:
+        status = unmet_reason(attrs.get("failure"), margins_of(attrs), stored.capacity, stored.kept_up)
+    if status == "did not keep up":
         steady = stored.load.steady if stored.load is not None else None
         if steady is not None:
             status += f" (served {steady.served_rate:.1f} of {steady.offered_rate:.1f} req/s)"
