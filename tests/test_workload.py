@@ -371,6 +371,20 @@ def test_bad_trace_csv(tmp_path: Path):
     assert "TIMESTAMP,ContextTokens,GeneratedTokens" in one_line_error(spec.requests)
 
 
+def write_trace(tmp_path: Path, stamps: list[str], encoding: str = "utf-8") -> WorkloadSpec:
+    """A trace CSV with these timestamps (100-token prompts, 10-token outputs) and a workload replaying it."""
+    rows = "".join(f"{stamp},100,10\n" for stamp in stamps)
+    path = tmp_path / "t.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows, encoding=encoding)
+    return WorkloadSpec(name="t", num_requests=len(stamps), trace=TraceSource(str(path)))
+
+
+def test_trace_saved_with_a_byte_order_mark_reads(tmp_path: Path):
+    """Excel's "CSV UTF-8" starts with a byte order mark: it must not join the first column's name."""
+    spec = write_trace(tmp_path, ["2023-11-16 18:15:46", "2023-11-16 18:15:48.5"], encoding="utf-8-sig")
+    assert [r.arrival_time for r in spec.requests()] == [0.0, 2.5]
+
+
 def test_text_prompts_reject_shared_prefix(tmp_path: Path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "hello", "output_len": 3}\n')

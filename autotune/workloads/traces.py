@@ -59,7 +59,8 @@ class TraceSource:
         """(seconds since the first row, prompt lengths, output lengths), sorted by time, filtered."""
         regular_file(self.path, "trace", MAX_DATA_BYTES)
         try:
-            with self.path.open(newline="") as f:
+            # utf-8-sig: Excel's "CSV UTF-8" starts with a byte order mark, else glued to "TIMESTAMP"
+            with self.path.open(newline="", encoding="utf-8-sig") as f:
                 rows = list(csv.reader(f))
         except OSError as exc:
             raise AutotuneError(f"cannot read trace {self.path}: {exc.strerror or exc}") from None
