@@ -380,3 +380,12 @@ def test_an_unknown_flag_points_to_its_commands_help(
     assert line == (
         f"autotune {command}: error: unrecognized arguments: --no-such-flag (see autotune {command} --help)"
     )
+
+
+def test_a_bad_trace_timestamp_names_the_file_and_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = "TIMESTAMP,ContextTokens,GeneratedTokens\n0,9,3\nsoon,9,3\n"
+    files = {"w.yaml": "num_requests: 2\ntrace: t.csv\n", "t.csv": trace}
+    line = assert_rejected(["run", "--workload", "{tmp}/w.yaml"], files, tmp_path, capfd, monkeypatch)
+    assert f"trace {tmp_path / 't.csv'} line 3: TIMESTAMP 'soon' is neither seconds (a number) nor" in line

@@ -385,6 +385,40 @@ def test_trace_saved_with_a_byte_order_mark_reads(tmp_path: Path):
     assert [r.arrival_time for r in spec.requests()] == [0.0, 2.5]
 
 
+@pytest.mark.parametrize(
+    ("stamps", "arrivals"),
+    [(["0", "1", "2"], [0.0, 1.0, 2.0]), (["10", "11", "12.5", "10.25"], [0.0, 0.25, 1.0, 2.5])],
+)
+def test_trace_numeric_timestamps_are_seconds(tmp_path: Path, stamps: list[str], arrivals: list[float]):
+    """A TIMESTAMP column of numbers is seconds (numpy would read 2 as the year 2)."""
+    assert [r.arrival_time for r in write_trace(tmp_path, stamps).requests()] == arrivals
+
+
+@pytest.mark.parametrize(
+    ("stamps", "expected"),
+    [
+        (["0", "soon"], "line 3: TIMESTAMP 'soon' is neither seconds (a number) nor an ISO date-time"),
+        (["0", "nan"], "line 3: TIMESTAMP 'nan' is neither"),
+        (
+            ["2023-11-16 18:15:46", "2023-13-01 00:00:00"],
+            "line 3: TIMESTAMP '2023-13-01 00:00:00' is neither",
+        ),
+        (["2023-11-16 18:15:46", "now"], "line 3: TIMESTAMP 'now' is neither"),
+        (
+            ["0", "2023-11-16 18:15:46"],
+            "line 3: TIMESTAMP '2023-11-16 18:15:46' mixes formats: the first row's",
+        ),
+        (
+            ["2023-11-16 18:15:46", "5"],
+            "line 3: TIMESTAMP '5' mixes formats: the first row's TIMESTAMP is an ISO",
+        ),
+    ],
+)
+def test_bad_trace_timestamp_names_its_line(tmp_path: Path, stamps: list[str], expected: str):
+    message = one_line_error(write_trace(tmp_path, stamps).requests)
+    assert message.startswith(f"trace {tmp_path / 't.csv'} ") and expected in message
+
+
 def test_text_prompts_reject_shared_prefix(tmp_path: Path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "hello", "output_len": 3}\n')

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,11 +20,15 @@ from autotune.core.inputs import MAX_DATA_BYTES, regular_file
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TRACES = ("conv", "code")  # the shipped Azure LLM inference traces (see data/AZURE_TRACE_README.md)
+# An ISO date, optionally with a time of day to the minute, second or a fraction of one (T or a space)
+_ISO = re.compile(r"\d{4}-\d\d-\d\d(?:[T ]\d\d:\d\d(?::\d\d(?:\.\d+)?)?)?")
 
 
 @dataclass(frozen=True)
 class TraceSource:
     """Rows of an Azure-format CSV (TIMESTAMP, ContextTokens, GeneratedTokens).
+
+    TIMESTAMP: all seconds (numbers) or all ISO date-times; a bad one is an error naming its line.
 
     arrivals "trace": replay the timestamps from the first row at or after `start` seconds into the
     trace, divided by `time_scale` (2 = twice as fast). arrivals "rate": lengths only, rows from the
@@ -61,30 +66,30 @@ class TraceSource:
         try:
             # utf-8-sig: Excel's "CSV UTF-8" starts with a byte order mark, else glued to "TIMESTAMP"
             with self.path.open(newline="", encoding="utf-8-sig") as f:
-                rows = list(csv.reader(f))
+                reader = csv.reader(f)
+                rows = [(reader.line_num, row) for row in reader]  # line numbers name a bad row
         except OSError as exc:
             raise AutotuneError(f"cannot read trace {self.path}: {exc.strerror or exc}") from None
         except UnicodeDecodeError:
             raise AutotuneError(f"trace {self.path} is not a text CSV file") from None
         try:
             # csv.reader + column indexes: DictReader is 3x slower on the 19k-row conv trace
-            columns = [rows[0].index(name) for name in ("TIMESTAMP", "ContextTokens", "GeneratedTokens")]
-            table = [[row[i] for i in columns] for row in rows[1:] if row]
-            stamps = np.array([t.strip().replace(" ", "T") for t, _, _ in table], dtype="datetime64[ns]")
-            prompt = np.array([int(p) for _, p, _ in table], dtype=np.int64)
-            output = np.array([int(o) for _, _, o in table], dtype=np.int64)
+            columns = [rows[0][1].index(name) for name in ("TIMESTAMP", "ContextTokens", "GeneratedTokens")]
+            table = [(line, [row[i] for i in columns]) for line, row in rows[1:] if row]
+            prompt = np.array([int(p) for _, (_, p, _) in table], dtype=np.int64)
+            output = np.array([int(o) for _, (_, _, o) in table], dtype=np.int64)
         except (IndexError, ValueError, TypeError) as exc:
             raise AutotuneError(
                 f"trace {self.path} is not TIMESTAMP,ContextTokens,GeneratedTokens CSV ({exc})"
             ) from None
         if not table:
             raise AutotuneError(f"trace {self.path} has no rows")
-        order = np.argsort(stamps, kind="stable")
-        seconds = (stamps[order] - stamps[order][0]) / np.timedelta64(1, "s")
+        seconds = _seconds(self.path, [(line, t) for line, (t, _, _) in table])
+        order = np.argsort(seconds, kind="stable")
         keep = (prompt[order] >= 1) & (output[order] >= 1)
         if self.max_len is not None:
             keep &= prompt[order] + output[order] <= self.max_len
-        return seconds[keep], prompt[order][keep], output[order][keep]
+        return seconds[order][keep], prompt[order][keep], output[order][keep]
 
     def kept(self) -> str:
         """The rows read() keeps from `start` on, for an error that finds too few: e.g. "after 0s with
@@ -99,3 +104,50 @@ class TraceSource:
             return f"{label} lengths"
         start = f" from {self.start:g}s" if self.start else ""
         return f"{label} x{self.time_scale:g}{start}"
+
+
+def _seconds(path: Path, stamps: list[tuple[int, str]]) -> np.ndarray:
+    """Each (line, TIMESTAMP) as seconds after the earliest: all numbers (seconds) or all ISO date-times,
+    as the first row's; any other is an AutotuneError naming its line."""
+    numeric = _number(stamps[0][1]) is not None
+    parse = _number if numeric else _date_time
+    values = []
+    for line, text in stamps:
+        value = parse(text)
+        if value is None:
+            raise AutotuneError(_bad_stamp(path, line, text, numeric))
+        values.append(value)
+    if numeric:
+        return np.array(values) - min(values)
+    times = np.array(values, dtype="datetime64[ns]")
+    return (times - times.min()) / np.timedelta64(1, "s")
+
+
+def _number(text: str) -> float | None:
+    """A finite number of seconds, else None."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _date_time(text: str) -> np.datetime64 | None:
+    """An ISO date-time ("2023-11-16 18:15:46.6805900", as the Azure traces write it), else None.
+    Matched before numpy parses it: numpy reads "2" as the year 2."""
+    match = _ISO.fullmatch(text.strip())
+    if match is None:
+        return None
+    try:
+        return np.datetime64(match[0].replace(" ", "T"), "ns")
+    except ValueError:  # well-formed but no date, e.g. month 13
+        return None
+
+
+def _bad_stamp(path: Path, line: int, text: str, numeric: bool) -> str:
+    """The error of a TIMESTAMP that is not of the first row's format."""
+    where = f"trace {path} line {line}: TIMESTAMP {text!r}"
+    if _number(text) is None and _date_time(text) is None:
+        return f"{where} is neither seconds (a number) nor an ISO date-time (e.g. 2023-11-16 18:15:46.68)"
+    first = "seconds (a number)" if numeric else "an ISO date-time"
+    return f"{where} mixes formats: the first row's TIMESTAMP is {first}"
