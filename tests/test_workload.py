@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -392,6 +393,19 @@ def test_trace_saved_with_a_byte_order_mark_reads(tmp_path: Path):
 def test_trace_numeric_timestamps_are_seconds(tmp_path: Path, stamps: list[str], arrivals: list[float]):
     """A TIMESTAMP column of numbers is seconds (numpy would read 2 as the year 2)."""
     assert [r.arrival_time for r in write_trace(tmp_path, stamps).requests()] == arrivals
+
+
+def test_trace_timestamps_with_a_zone_are_converted_to_utc_without_a_warning(tmp_path: Path):
+    stamps = [
+        "2023-11-16T18:15:46Z",
+        "2023-11-16T19:15:48+01:00",
+        "2023-11-16 17:45:50-0030",
+        "2023-11-16T20:15:51+02",
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy warned on each zoned timestamp it parsed
+        requests = write_trace(tmp_path, [*stamps, "2023-11-16T18:15:47.5+00:00"]).requests()
+    assert [r.arrival_time for r in requests] == [0.0, 1.5, 2.0, 4.0, 5.0]
 
 
 @pytest.mark.parametrize(

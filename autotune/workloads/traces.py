@@ -20,15 +20,20 @@ from autotune.core.inputs import MAX_DATA_BYTES, regular_file
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TRACES = ("conv", "code")  # the shipped Azure LLM inference traces (see data/AZURE_TRACE_README.md)
-# An ISO date, optionally with a time of day to the minute, second or a fraction of one (T or a space)
-_ISO = re.compile(r"\d{4}-\d\d-\d\d(?:[T ]\d\d:\d\d(?::\d\d(?:\.\d+)?)?)?")
+# An ISO date, optionally with a time of day to the minute, second or a fraction of one (T or a space),
+# then optionally its zone: Z (UTC) or an offset from UTC (+01:00, -0530, +01)
+_ISO = re.compile(
+    r"(?P<local>\d{4}-\d\d-\d\d(?:[T ]\d\d:\d\d(?::\d\d(?:\.\d+)?)?)?)"
+    r"(?:Z|(?P<sign>[+-])(?P<hours>\d\d)(?::?(?P<minutes>\d\d))?)?"
+)
 
 
 @dataclass(frozen=True)
 class TraceSource:
     """Rows of an Azure-format CSV (TIMESTAMP, ContextTokens, GeneratedTokens).
 
-    TIMESTAMP: all seconds (numbers) or all ISO date-times; a bad one is an error naming its line.
+    TIMESTAMP: all seconds (numbers) or all ISO date-times, converted to UTC where they end in Z or an
+    offset (+01:00); a bad one is an error naming its line.
 
     arrivals "trace": replay the timestamps from the first row at or after `start` seconds into the
     trace, divided by `time_scale` (2 = twice as fast). arrivals "rate": lengths only, rows from the
@@ -133,15 +138,25 @@ def _number(text: str) -> float | None:
 
 
 def _date_time(text: str) -> np.datetime64 | None:
-    """An ISO date-time ("2023-11-16 18:15:46.6805900", as the Azure traces write it), else None.
-    Matched before numpy parses it: numpy reads "2" as the year 2."""
+    """An ISO date-time ("2023-11-16 18:15:46.6805900", as the Azure traces write it), in UTC if it
+    names its zone, else None. Matched before numpy parses it: numpy reads "2" as the year 2."""
     match = _ISO.fullmatch(text.strip())
     if match is None:
         return None
     try:
-        return np.datetime64(match[0].replace(" ", "T"), "ns")
+        # the zone is applied here: numpy would too, but warns on every zoned string it parses
+        local = np.datetime64(match["local"].replace(" ", "T"), "ns")
     except ValueError:  # well-formed but no date, e.g. month 13
         return None
+    return local - _utc_offset(match)
+
+
+def _utc_offset(match: re.Match[str]) -> np.timedelta64:
+    """How far an _ISO match's zone is ahead of UTC (none or Z: zero)."""
+    if match["sign"] is None:
+        return np.timedelta64(0, "m")
+    minutes = int(match["hours"]) * 60 + int(match["minutes"] or 0)
+    return np.timedelta64(minutes if match["sign"] == "+" else -minutes, "m")
 
 
 def _bad_stamp(path: Path, line: int, text: str, numeric: bool) -> str:
