@@ -223,6 +223,11 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes]]] = [
         {"w.yaml": "num_requests: 4\nprompt_len: {dist: lognormal}\noutput_len: 8\n"},
     ),
     (
+        "workload-std-of-lognormal",
+        ["run", "--workload", "{tmp}/w.yaml"],
+        {"w.yaml": "num_requests: 4\nprompt_len: {dist: lognormal, mean: 64, std: 9}\noutput_len: 8\n"},
+    ),
+    (
         "workload-trace-missing",
         ["run", "--workload", "{tmp}/w.yaml"],
         {"w.yaml": "num_requests: 4\ntrace: nope.csv\n"},

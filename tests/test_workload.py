@@ -323,6 +323,29 @@ def one_line_error(call) -> str:
             "num_requests: 10\nprompt_len: {dist: fixed, mean: 5, min: 9, max: 3}\noutput_len: 5\n",
             "min <= max",
         ),
+        (
+            "num_requests: 10\noutput_len: 5\n"
+            "prompt_len: {dist: lognormal, mean: 1000, std: 500, max: 4000}\n",
+            "prompt_len: std does not apply to lognormal (its keys: mean, median, sigma, min, max)",
+        ),
+        (
+            "num_requests: 10\nprompt_len: 5\noutput_len: {dist: normal, mean: 200, sigma: 0.5}\n",
+            "output_len: sigma does not apply to normal (its keys: mean, std, min, max)",
+        ),
+        (
+            "num_requests: 10\nprompt_len: {dist: uniform, mean: 1000, std: 500}\noutput_len: 5\n",
+            "prompt_len: std does not apply to uniform (its keys: mean, range_ratio, min, max)",
+        ),
+        (
+            "num_requests: 10\noutput_len: 5\n"
+            "prompt_len: {dist: fixed, mean: 9, sigma: 1, range_ratio: 0.5}\n",
+            "prompt_len: sigma, range_ratio do not apply to fixed (its keys: mean, min, max)",
+        ),
+        (
+            "num_requests: 10\noutput_len: 5\n"
+            "prompt_len: {dist: lognormal, mean: 900, median: 800, sigma: 1}\n",
+            "prompt_len: give a lognormal its mean or its median, not both",
+        ),
         ("num_requests: 10\nprompt_len: 5\noutput_len: 5\nshared_prefix: {num_prefixes: 4}\n", "both"),
         ("num_requests: 10\ntrace: {name: conv, arrivals: replay}\n", "arrivals"),
         ("num_requests: 10\ntrace: {name: conv, time_scale: 0}\n", "time_scale"),

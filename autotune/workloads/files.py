@@ -51,7 +51,14 @@ _TOP_KEYS = {
     "name", "description", "num_requests", "seed", "load", "request_rate", "burstiness", "max_concurrency",
     "prompt_len", "output_len", "trace", "jsonl", "shared_prefix",
 }  # fmt: skip
-_LENGTH_KEYS = {"dist", "mean", "median", "range_ratio", "std", "sigma", "min", "max"}
+# The keys each length distribution reads: any other would be ignored, and its lengths not what was asked
+_DIST_KEYS = {
+    "fixed": ("mean", "min", "max"),
+    "uniform": ("mean", "range_ratio", "min", "max"),
+    "normal": ("mean", "std", "min", "max"),
+    "lognormal": ("mean", "median", "sigma", "min", "max"),
+}
+_LENGTH_KEYS = {"dist"}.union(*_DIST_KEYS.values())
 _TRACE_KEYS = {"name", "arrivals", "time_scale", "start", "max_len"}
 _PREFIX_KEYS = {"num_prefixes", "prefix_len"}
 
@@ -94,6 +101,7 @@ def _length(value: Any, what: str) -> LengthDist:
     _check_keys(value, _LENGTH_KEYS, what)
     if "dist" not in value:
         raise AutotuneError(f"{what} needs dist: one of {', '.join(DISTS)}")
+    _check_dist_keys(value, what)
     median = value.get("median")
     try:
         return LengthDist(
@@ -108,6 +116,23 @@ def _length(value: Any, what: str) -> LengthDist:
         )
     except AutotuneError as exc:
         raise AutotuneError(f"{what}: {exc}") from None
+
+
+def _check_dist_keys(value: Mapping[str, Any], what: str) -> None:
+    """Refuse a length key its dist does not read (lognormal std, normal sigma), and a lognormal
+    mean given with its median (which wins): either would leave lengths other than the file says."""
+    dist = str(value["dist"])
+    keys = _DIST_KEYS.get(dist)
+    if keys is None:
+        return  # an unknown dist: LengthDist names the known ones
+    stray = [str(key) for key in value if key != "dist" and key not in keys]
+    if stray:
+        verb = "does" if len(stray) == 1 else "do"
+        raise AutotuneError(
+            f"{what}: {', '.join(stray)} {verb} not apply to {dist} (its keys: {', '.join(keys)})"
+        )
+    if "mean" in value and "median" in value:
+        raise AutotuneError(f"{what}: give a lognormal its mean or its median, not both")
 
 
 def _trace(value: Any, base: Path) -> TraceSource:
