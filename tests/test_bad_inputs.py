@@ -394,3 +394,10 @@ def test_a_bad_trace_timestamp_names_the_file_and_line(
     files = {"w.yaml": "num_requests: 2\ntrace: t.csv\n", "t.csv": trace}
     line = assert_rejected(["run", "--workload", "{tmp}/w.yaml"], files, tmp_path, capfd, monkeypatch)
     assert f"trace {tmp_path / 't.csv'} line 3: TIMESTAMP 'soon' is neither seconds (a number) nor" in line
+
+
+def test_a_workload_folder_is_named_a_folder(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = assert_rejected(["run", "--workload", "{tmp}"], {}, tmp_path, capfd, monkeypatch)
+    assert line.endswith(f"workload '{tmp_path}' is a folder, not a YAML file")

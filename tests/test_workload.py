@@ -468,6 +468,19 @@ def test_unknown_workload_name_lists_bundled_ones():
     assert "not found" in message and "chat" in message
 
 
+def test_a_folder_is_not_a_workload_file(tmp_path: Path):
+    assert (
+        one_line_error(lambda: load_workload(tmp_path))
+        == f"workload '{tmp_path}' is a folder, not a YAML file"
+    )
+
+
+def test_a_bundled_name_wins_over_a_folder_of_that_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    (tmp_path / "chat").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert load_workload("chat").name == "chat"
+
+
 def test_spec_from_dict_accepts_inf_and_fixed_lengths():
     spec = spec_from_dict({"num_requests": 3, "request_rate": "inf", "prompt_len": 7, "output_len": 2})
     assert math.isinf(spec.request_rate) and spec.prompt_len == LengthDist("fixed", 7)

@@ -41,6 +41,8 @@ def _resolve(path_or_name: str | Path) -> Path:
     bundled = bundled_dir / f"{path_or_name}.yaml"
     if path.parent == Path(".") and not path.suffix and bundled.is_file():
         return bundled
+    if path.is_dir():  # not "not found": the user sees it is there
+        raise AutotuneError(f"workload {str(path_or_name)!r} is a folder, not a YAML file")
     names = ", ".join(sorted(p.stem for p in bundled_dir.glob("*.yaml")))
     raise AutotuneError(
         f"workload {str(path_or_name)!r} not found (a YAML file, or one of: {names or 'none'})"
