@@ -26,6 +26,8 @@ _ISO = re.compile(
     r"(?P<local>\d{4}-\d\d-\d\d(?:[T ]\d\d:\d\d(?::\d\d(?:\.\d+)?)?)?)"
     r"(?:Z|(?P<sign>[+-])(?P<hours>\d\d)(?::?(?P<minutes>\d\d))?)?"
 )
+# The same without a zone, one a line: a whole column checked in one match
+_PLAIN_ISO = re.compile(r"(?:\d{4}-\d\d-\d\d(?:[T ]\d\d:\d\d(?::\d\d(?:\.\d+)?)?)?\n)*")
 
 
 @dataclass(frozen=True)
@@ -71,25 +73,24 @@ class TraceSource:
         try:
             # utf-8-sig: Excel's "CSV UTF-8" starts with a byte order mark, else glued to "TIMESTAMP"
             with self.path.open(newline="", encoding="utf-8-sig") as f:
-                reader = csv.reader(f)
-                rows = [(reader.line_num, row) for row in reader]  # line numbers name a bad row
+                rows = list(csv.reader(f))
         except OSError as exc:
             raise AutotuneError(f"cannot read trace {self.path}: {exc.strerror or exc}") from None
         except UnicodeDecodeError:
             raise AutotuneError(f"trace {self.path} is not a text CSV file") from None
         try:
             # csv.reader + column indexes: DictReader is 3x slower on the 19k-row conv trace
-            columns = [rows[0][1].index(name) for name in ("TIMESTAMP", "ContextTokens", "GeneratedTokens")]
-            table = [(line, [row[i] for i in columns]) for line, row in rows[1:] if row]
-            prompt = np.array([int(p) for _, (_, p, _) in table], dtype=np.int64)
-            output = np.array([int(o) for _, (_, _, o) in table], dtype=np.int64)
+            columns = [rows[0].index(name) for name in ("TIMESTAMP", "ContextTokens", "GeneratedTokens")]
+            table = [[row[i] for i in columns] for row in rows[1:] if row]
+            prompt = np.array([int(p) for _, p, _ in table], dtype=np.int64)
+            output = np.array([int(o) for _, _, o in table], dtype=np.int64)
         except (IndexError, ValueError, TypeError) as exc:
             raise AutotuneError(
                 f"trace {self.path} is not TIMESTAMP,ContextTokens,GeneratedTokens CSV ({exc})"
             ) from None
         if not table:
             raise AutotuneError(f"trace {self.path} has no rows")
-        seconds = _seconds(self.path, [(line, t) for line, (t, _, _) in table])
+        seconds = _seconds(self.path, [t.strip() for t, _, _ in table], rows)
         order = np.argsort(seconds, kind="stable")
         keep = (prompt[order] >= 1) & (output[order] >= 1)
         if self.max_len is not None:
@@ -111,20 +112,46 @@ class TraceSource:
         return f"{label} x{self.time_scale:g}{start}"
 
 
-def _seconds(path: Path, stamps: list[tuple[int, str]]) -> np.ndarray:
-    """Each (line, TIMESTAMP) as seconds after the earliest: all numbers (seconds) or all ISO date-times,
-    as the first row's; any other is an AutotuneError naming its line."""
-    numeric = _number(stamps[0][1]) is not None
-    parse = _number if numeric else _date_time
-    values = []
-    for line, text in stamps:
-        value = parse(text)
-        if value is None:
-            raise AutotuneError(_bad_stamp(path, line, text, numeric))
-        values.append(value)
-    if numeric:
-        return np.array(values) - min(values)
-    times = np.array(values, dtype="datetime64[ns]")
+def _seconds(path: Path, texts: list[str], rows: list[list[str]]) -> np.ndarray:
+    """The TIMESTAMPs `texts` of the data rows as seconds after the earliest: all numbers (seconds) or all
+    ISO date-times, as the first row's; any other is an AutotuneError naming its line (of `rows`, the
+    file's rows, header and blank ones too: a CSV row is a line, no field of these spans two)."""
+    numeric = _number(texts[0]) is not None
+    try:
+        return _all_numbers(texts) if numeric else _all_date_times(texts)
+    except ValueError:  # parsed whole for speed (a capacity search reads a trace per probe); now find why
+        parse = _number if numeric else _date_time
+        bad = next(i for i, text in enumerate(texts) if parse(text) is None)
+        line = [n + 1 for n, row in enumerate(rows) if n and row][bad]
+        raise AutotuneError(_bad_stamp(path, line, texts[bad], numeric)) from None
+
+
+def _all_numbers(texts: list[str]) -> np.ndarray:
+    """Seconds after the earliest of finite numbers; ValueError if any is not one."""
+    values = np.array(texts, dtype=float)
+    if not np.isfinite(values).all():
+        raise ValueError("not finite")
+    return values - values.min()
+
+
+def _all_date_times(texts: list[str]) -> np.ndarray:
+    """Seconds after the earliest of ISO date-times, in UTC where they name a zone; ValueError if any is
+    not one. Matched before numpy parses them: numpy reads "2" as the year 2."""
+    if _PLAIN_ISO.fullmatch("\n".join(texts) + "\n"):  # no zone (the Azure traces): one match in all
+        return _since_earliest(np.array([t.replace(" ", "T") for t in texts], dtype="datetime64[ns]"))
+    matches = [_ISO.fullmatch(text) for text in texts]
+    if not all(matches):
+        raise ValueError("not an ISO date-time")
+    found = [m for m in matches if m is not None]
+    # the zone is applied here: numpy would too, but warns on every zoned string it parses
+    times = np.array([m["local"].replace(" ", "T") for m in found], dtype="datetime64[ns]")
+    if any(m["sign"] is not None for m in found):
+        times = times - np.array([_utc_offset(m) for m in found], dtype="timedelta64[m]")
+    return _since_earliest(times)
+
+
+def _since_earliest(times: np.ndarray) -> np.ndarray:
+    """datetime64 values as seconds after the earliest."""
     return (times - times.min()) / np.timedelta64(1, "s")
 
 
