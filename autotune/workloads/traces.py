@@ -128,7 +128,7 @@ def _seconds(path: Path, texts: list[str], rows: list[list[str]]) -> np.ndarray:
 
 def _all_numbers(texts: list[str]) -> np.ndarray:
     """Seconds after the earliest of finite numbers; ValueError if any is not one."""
-    values = np.array(texts, dtype=float)
+    values = np.array([float(text) for text in texts])  # as _number reads each (numpy's parser differs)
     if not np.isfinite(values).all():
         raise ValueError("not finite")
     return values - values.min()
