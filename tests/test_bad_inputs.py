@@ -101,6 +101,11 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes]]] = [
         ["run", "--space", "{tmp}/s.yaml"],
         space("  block_size: {type: categorical, choices: [16, 32]}", "  max_num_seqs: many"),
     ),
+    (
+        "space-log-quoted",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space("  max_num_seqs: {type: int, low: 16, high: 64, log: 'false'}"),
+    ),
     ("space-params-list", ["run", "--space", "{tmp}/s.yaml"], {"s.yaml": "params: [1, 2]\n"}),
     ("space-binary", ["run", "--space", "{tmp}/s.yaml"], {"s.yaml": BINARY}),
     ("space-missing", ["run", "--space", "{tmp}/nope.yaml"], {}),

@@ -88,6 +88,12 @@ def test_baseline_of_a_tuned_pass_through_flag_is_vllms_default_too(tmp_path: Pa
         ({"max_num_seqs": {"type": "int", "low": 10, "high": 2}}, "greater than high"),
         ({"max_num_seqs": {"type": "int", "low": 1.5, "high": 2}}, "low must be an integer"),
         ({"max_num_seqs": {"type": "int", "low": 0, "high": 2, "log": True}}, "log range needs low > 0"),
+        # truthiness would read a quoted 'false' (or a 2) as log scale on
+        (
+            {"max_num_seqs": {"type": "int", "low": 1, "high": 2, "log": "false"}},
+            "max_num_seqs: log must be true",
+        ),
+        ({"gpu_memory_utilization": {"type": "float", "low": 0.8, "high": 0.9, "log": 2}}, "got 2"),
         ({"max_num_seqs": {"type": "integer", "low": 1, "high": 2}}, "unknown type"),
         ({"max_num_seqs": {"type": "int", "low": 1, "high": 2, "choices": [1]}}, "unknown key"),
         ({"block_size": {"type": "categorical", "choices": []}}, "choices must be"),

@@ -42,6 +42,7 @@ from autotune.core.config import (
 )
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import read_yaml
+from autotune.core.values import shown
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -294,7 +295,8 @@ def _param(name: str, spec: Any, source: str) -> Param:
 
 
 def _range_param(name: str, kind: str, spec: Mapping[str, Any], where: str) -> Param:
-    low, high, step, log = spec.get("low"), spec.get("high"), spec.get("step"), bool(spec.get("log", False))
+    low, high, step = spec.get("low"), spec.get("high"), spec.get("step")
+    log = _yaml_bool(spec, "log", where)
     numbers = (int,) if kind == "int" else (int, float)
     if kind == "float" and name in POSITIVE_INT_FLAGS:
         raise AutotuneError(f"{where}: vLLM takes a whole number for this flag: use type: int")
@@ -316,6 +318,15 @@ def _range_param(name: str, kind: str, spec: Mapping[str, Any], where: str) -> P
     if log and step not in (None, 1):
         raise AutotuneError(f"{where}: log and step cannot be combined")
     return Param(name=name, type=kind, low=low, high=high, log=log, step=None if step == 1 and log else step)
+
+
+def _yaml_bool(spec: Mapping[str, Any], key: str, where: str) -> bool:
+    """`spec[key]` as a YAML boolean (false when absent): a quoted 'false' or a 2 is refused, since
+    truthiness would read either as true."""
+    value = spec.get(key, False)
+    if not isinstance(value, bool):
+        raise AutotuneError(f"{where}: {key} must be true or false (a YAML boolean), got {shown(value)}")
+    return value
 
 
 def _check_value(name: str, value: Any, where: str) -> None:
