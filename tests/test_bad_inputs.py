@@ -381,6 +381,40 @@ def test_a_repeated_set_names_the_flag_and_both_values(
     assert "--set max_num_seqs given twice (8 and 16)" in line
 
 
+@pytest.mark.parametrize(
+    ("argv", "files", "named"),
+    [
+        (
+            ["run", "--space", "{tmp}/s.yaml"],
+            {"s.yaml": SPACE + "  max_num_seqs: {type: int, low: 16, high: 32}\n"},
+            "search space {tmp}/s.yaml: key 'max_num_seqs' given twice (lines 2 and 3)",
+        ),
+        (
+            ["run", "--workload", "{tmp}/w.yaml"],
+            {"w.yaml": WORKLOAD + "request_rate: 5\nrequest_rate: 10\n"},
+            "workload {tmp}/w.yaml: key 'request_rate' given twice (lines 4 and 5)",
+        ),
+        (
+            ["run", "--objectives", "{tmp}/o.yaml"],
+            {"o.yaml": "objectives:\n  - {metric: p99_ttft_ms, direction: maximize, direction: minimize}\n"},
+            "objectives {tmp}/o.yaml: key 'direction' given twice (line 2)",
+        ),
+    ],
+    ids=["space", "workload", "objectives"],
+)
+def test_a_key_given_twice_names_the_file_the_key_and_its_lines(
+    argv: list[str],
+    files: dict[str, str | bytes],
+    named: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PyYAML keeps the last of two equal keys: the first range or rate would be dropped unseen."""
+    line = assert_rejected(argv, files, tmp_path, capfd, monkeypatch)
+    assert named.replace("{tmp}", str(tmp_path)) in line
+
+
 @pytest.mark.parametrize("command", ["run", "bench", "sim-server"])
 def test_an_unknown_flag_points_to_its_commands_help(
     command: str, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

@@ -122,13 +122,15 @@ def read_text(path: Path, what: str, max_bytes: int = MAX_CONFIG_BYTES) -> str:
 
 
 def read_yaml(path: Path, what: str) -> Any:
-    """Parse a user's YAML file; unreadable, binary, malformed, nested too deep or too large once its
-    aliases are expanded (an alias bomb): one AutotuneError line."""
+    """Parse a user's YAML file; unreadable, binary, malformed (a key given twice included), nested too
+    deep or too large once its aliases are expanded (an alias bomb): one AutotuneError line."""
     import yaml
+
+    from autotune.core.yaml_loader import UniqueKeyLoader
 
     text = read_text(path, what)
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader: plain data, never objects
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
