@@ -415,6 +415,38 @@ def test_a_key_given_twice_names_the_file_the_key_and_its_lines(
     assert named.replace("{tmp}", str(tmp_path)) in line
 
 
+GOODPUT = "objectives:\n  - {metric: request_goodput, direction: maximize}\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "files"),
+    [
+        (["run", "--objectives", "{tmp}/o.yaml"], {"o.yaml": GOODPUT}),
+        (["run", "--objectives", "{tmp}/o.yaml", "--slo", "itl_p99=50ms"], {"o.yaml": GOODPUT}),
+        (
+            ["run", "--objectives", "{tmp}/o.yaml"],
+            {"o.yaml": GOODPUT.replace("goodput", "goodput_per_gpu") + "slos: [itl_p99=50ms]\n"},
+        ),
+    ],
+    ids=["no-slo", "itl-slo-flag", "itl-slo-in-file"],
+)
+def test_goodput_without_an_slo_it_counts_is_refused(
+    argv: list[str],
+    files: dict[str, str | bytes],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Goodput counts requests meeting the ttft/tpot/e2el SLOs: without one every trial reads 0."""
+    line = assert_rejected(argv, files, tmp_path, capfd, monkeypatch)
+    assert "needs an SLO on ttft, tpot, e2el (--slo or the file's slos)" in line
+    # with one it counts, the objectives pass: the run stops at the next bad input, an unknown GPU
+    line = assert_rejected(
+        [*argv, "--slo", "ttft_p99=2s", "--gpu", "B9000"], {}, tmp_path, capfd, monkeypatch
+    )
+    assert "goodput" not in line and "B9000" in line
+
+
 @pytest.mark.parametrize("command", ["run", "bench", "sim-server"])
 def test_an_unknown_flag_points_to_its_commands_help(
     command: str, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

@@ -69,7 +69,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.sim.flags import refusal
     from autotune.store.storage import check_sqlite_file, preflight_storage
     from autotune.store.urls import absolute
-    from autotune.tune.objectives import load_objectives
+    from autotune.tune.objectives import check_goodput, load_objectives
     from autotune.tune.screen import check_tensor_parallel
     from autotune.tune.space import load_space
     from autotune.tune.study_checks import (
@@ -86,6 +86,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     space = load_space(args.space).with_overrides(model=args.model, gpu=args.gpu)
     objectives = load_objectives(args.objectives)
     slos = parse_slos(args.slo) if args.slo else list(objectives.slos)
+    check_goodput(objectives, slos)
     workload = load_workload(args.workload)
     if args.load != "workload":
         workload = dataclasses.replace(workload, load=args.load)

@@ -26,9 +26,9 @@ from typing import Any
 from autotune.core.config import gpus_per_replica
 from autotune.core.errors import AutotuneError, FailureKind
 from autotune.core.inputs import read_yaml
-from autotune.measure.metrics import LATENCY_METRICS, PERCENTILES
+from autotune.measure.metrics import GOODPUT_METRICS, LATENCY_METRICS, PERCENTILES
 from autotune.measure.result import TrialResult
-from autotune.measure.slo import Slo, parse_slos
+from autotune.measure.slo import Slo, goodput_bounds, parse_slos
 
 OBJECTIVES_DIR = Path(__file__).resolve().parents[2] / "objectives"
 DIRECTIONS = ("maximize", "minimize")
@@ -171,6 +171,18 @@ def objectives_from_dict(data: Any, source: str = "<dict>") -> ObjectiveSet:
     except AutotuneError as exc:
         raise AutotuneError(f"objectives {source}: {exc}") from None
     return ObjectiveSet(objectives=tuple(objectives), slos=tuple(slos), source=source)
+
+
+def check_goodput(objectives: ObjectiveSet, slos: Sequence[Slo]) -> None:
+    """AutotuneError when an objective is request_goodput (or per GPU) and no SLO bounds ttft, tpot or
+    e2el: goodput counts the requests meeting those (`vllm bench serve --goodput`), so without one every
+    trial would read 0 and the study could rank nothing."""
+    goodput = next((o.metric for o in objectives.objectives if o.metric.startswith("request_goodput")), None)
+    if goodput is not None and goodput_bounds(slos) is None:
+        raise AutotuneError(
+            f"objectives {objectives.source}: {goodput} needs an SLO on {', '.join(GOODPUT_METRICS)} "
+            "(--slo or the file's slos), e.g. --slo ttft_p99=2s"
+        )
 
 
 def constraint_keys(slos: Sequence[Slo]) -> list[str]:
