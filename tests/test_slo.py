@@ -46,6 +46,37 @@ def test_bad_slo_strings(text: str) -> None:
     assert "bad SLO" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("texts", "message"),
+    [
+        (
+            ["ttft_p99=2s", "ttft_p99=2000ms"],
+            "SLO ttft_p99 given twice (ttft_p99=2s and ttft_p99=2000ms): keep one",
+        ),
+        # median and p50 are one statistic: two limits on it are one SLO given twice
+        (
+            ["ttft_median=1s", "ttft_p50=2s"],
+            "SLO ttft_median given twice (ttft_median=1s and ttft_p50=2s; median and p50 are one statistic)",
+        ),
+        (["itl_p50=5ms,itl_median=9ms"], "SLO itl_p50 given twice (itl_p50=5ms and itl_median=9ms;"),
+    ],
+)
+def test_an_slo_given_twice_is_named_as_typed(texts: list[str], message: str) -> None:
+    with pytest.raises(AutotuneError) as err:
+        parse_slos(texts)
+    assert message in str(err.value)
+
+
+def test_median_and_p50_of_other_metrics_are_two_slos() -> None:
+    assert [s.name for s in parse_slos("ttft_median=1s,itl_p50=5ms")] == ["ttft_median", "itl_p50"]
+
+
+@pytest.mark.parametrize("text", ["ttft_p99=-2s", "itl_p99=-50ms", "ttft_p99=0s"])
+def test_a_limit_not_above_zero_is_told_to_be_positive(text: str) -> None:
+    with pytest.raises(AutotuneError, match="the limit must be positive"):
+        parse_slos(text)
+
+
 def test_margin_sign_follows_optuna_convention() -> None:
     # two requests: TTFTs 1.0 s and 3.0 s -> p99 ~2.98 s
     records = [

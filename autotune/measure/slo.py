@@ -17,8 +17,10 @@ from autotune.measure.metrics import GOODPUT_METRICS, LATENCY_METRICS, Benchmark
 STATS = ("mean", "median", "p50", "p90", "p95", "p99")
 _UNITS_MS = {"ms": 1.0, "s": 1000.0}
 _SLO_RE = re.compile(
-    r"^(?P<metric>[a-z0-9]+)_(?P<stat>[a-z0-9]+)=(?P<num>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)(?P<unit>ms|s)$"
+    r"^(?P<metric>[a-z0-9]+)_(?P<stat>[a-z0-9]+)=(?P<num>-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)(?P<unit>ms|s)$"
 )
+# vllm bench serve reports both median and p50, the same statistic: an SLO on each would be one SLO twice.
+SAME_STAT = {"p50": "median"}
 # A limit below a microsecond or above a day cannot be a latency target (nor written back the same way).
 MIN_LIMIT_MS = 0.001
 MAX_LIMIT_MS = 86_400_000.0
@@ -63,21 +65,29 @@ class Slo:
 def parse_slos(texts: str | Iterable[str]) -> list[Slo]:
     """Parse one or more SLO strings ("ttft_p99=2s,itl_p99=50ms"); raise AutotuneError on bad input.
 
-    An empty SLO and one SLO given twice are errors: which limit was meant cannot be guessed.
+    An empty SLO and one SLO given twice (median and p50 of one metric included) are errors: which limit
+    was meant cannot be guessed.
     """
     if isinstance(texts, str):
         texts = [texts]
-    slos: dict[str, Slo] = {}
+    slos: dict[tuple[str, str], tuple[str, Slo]] = {}  # (metric, statistic) -> (as typed, Slo)
     for text in texts:
         for part in text.split(","):
             part = part.strip().replace(" ", "")
             if not part:
                 raise AutotuneError(f"empty SLO in {text!r}: expected e.g. ttft_p99=2s,itl_p99=50ms")
             slo = parse_slo(part)
-            if slo.name in slos:
-                raise AutotuneError(f"SLO {slo.name} given twice ({slos[slo.name]} and {slo}): keep one")
-            slos[slo.name] = slo
-    return list(slos.values())
+            bound = (slo.metric, SAME_STAT.get(slo.stat, slo.stat))
+            if bound in slos:
+                raise AutotuneError(_given_twice(*slos[bound], part, slo))
+            slos[bound] = (part, slo)
+    return [slo for _, slo in slos.values()]
+
+
+def _given_twice(first_text: str, first: Slo, text: str, slo: Slo) -> str:
+    """The error for two SLOs on one statistic, as the user typed them (2s and 2000ms are one limit)."""
+    same = "" if first.stat == slo.stat else "; median and p50 are one statistic"
+    return f"SLO {first.name} given twice ({first_text} and {text}{same}): keep one"
 
 
 def parse_slo(text: str) -> Slo:
@@ -94,6 +104,10 @@ def parse_slo(text: str) -> Slo:
     if stat not in STATS:
         raise AutotuneError(f"bad SLO {shown(text, 60)}: statistic must be one of {', '.join(STATS)}")
     limit = float(match["num"]) * _UNITS_MS[match["unit"]]
+    if limit <= 0:
+        raise AutotuneError(
+            f"bad SLO {shown(text, 60)}: the limit must be positive (an upper bound on latency)"
+        )
     if not MIN_LIMIT_MS <= limit <= MAX_LIMIT_MS:
         raise AutotuneError(f"bad SLO {shown(text, 60)}: the limit must be between 1 microsecond and 1 day")
     return Slo(metric=metric, stat=stat, limit_ms=limit)
