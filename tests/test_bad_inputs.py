@@ -415,6 +415,17 @@ def test_a_key_given_twice_names_the_file_the_key_and_its_lines(
     assert named.replace("{tmp}", str(tmp_path)) in line
 
 
+@pytest.mark.parametrize(
+    ("option", "what"),
+    [("--space", "search space"), ("--workload", "workload"), ("--objectives", "objectives")],
+)
+def test_a_directory_given_for_a_file_is_named_a_directory_not_missing(
+    option: str, what: str, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = assert_rejected(["run", option, "{tmp}/d"], {"d/x.yaml": SPACE}, tmp_path, capfd, monkeypatch)
+    assert f"{what} {tmp_path / 'd'} is a directory, not a file" in line
+
+
 GOODPUT = "objectives:\n  - {metric: request_goodput, direction: maximize}\n"
 
 
@@ -465,10 +476,3 @@ def test_a_bad_trace_timestamp_names_the_file_and_line(
     files = {"w.yaml": "num_requests: 2\ntrace: t.csv\n", "t.csv": trace}
     line = assert_rejected(["run", "--workload", "{tmp}/w.yaml"], files, tmp_path, capfd, monkeypatch)
     assert f"trace {tmp_path / 't.csv'} line 3: TIMESTAMP 'soon' is neither seconds (a number) nor" in line
-
-
-def test_a_workload_folder_is_named_a_folder(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    line = assert_rejected(["run", "--workload", "{tmp}"], {}, tmp_path, capfd, monkeypatch)
-    assert line.endswith(f"workload '{tmp_path}' is a folder, not a YAML file")

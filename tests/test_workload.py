@@ -470,8 +470,7 @@ def test_unknown_workload_name_lists_bundled_ones():
 
 def test_a_folder_is_not_a_workload_file(tmp_path: Path):
     assert (
-        one_line_error(lambda: load_workload(tmp_path))
-        == f"workload '{tmp_path}' is a folder, not a YAML file"
+        one_line_error(lambda: load_workload(tmp_path)) == f"workload {tmp_path} is a directory, not a file"
     )
 
 

@@ -97,6 +97,12 @@ def check_runs_dir(path: Path) -> None:
         raise AutotuneError(f"bad --runs-dir {str(path)!r}: {existing} is not writable")
 
 
+def not_a_directory(path: Path, what: str) -> None:
+    """AutotuneError when a file asked for (`--space DIR`) is a directory: "not found" would mislead."""
+    if path.is_dir():
+        raise AutotuneError(f"{what} {path} is a directory, not a file")
+
+
 def regular_file(path: Path, what: str, max_bytes: int = MAX_CONFIG_BYTES) -> None:
     """AutotuneError unless `path` is a regular file of at most `max_bytes`: a FIFO would never end
     and /dev/zero never stop filling memory."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from autotune.core.config import gpus_per_replica
 from autotune.core.errors import AutotuneError, FailureKind
-from autotune.core.inputs import read_yaml
+from autotune.core.inputs import not_a_directory, read_yaml
 from autotune.measure.metrics import GOODPUT_METRICS, LATENCY_METRICS, PERCENTILES
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo, goodput_bounds, parse_slos
@@ -132,6 +132,7 @@ def load_objectives(path_or_name: str | Path = "default") -> ObjectiveSet:
     if not path.is_file() and path.suffix == "" and path.parent == Path("."):
         path = OBJECTIVES_DIR / f"{path.name}.yaml"
     if not path.is_file():
+        not_a_directory(path, "objectives")
         raise AutotuneError(f"objectives file not found: {path_or_name}")
     data = read_yaml(path, "objectives")
     return objectives_from_dict(data, source=str(path))

@@ -41,7 +41,7 @@ from autotune.core.config import (
     partial_prefill_problem,
 )
 from autotune.core.errors import AutotuneError
-from autotune.core.inputs import read_yaml
+from autotune.core.inputs import not_a_directory, read_yaml
 from autotune.core.values import shown
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
@@ -353,6 +353,7 @@ def _resolve(path_or_name: str | Path) -> Path:
         bundled = SPACES_DIR / f"{path.name}.yaml"
         if bundled.is_file():
             return bundled
+    not_a_directory(path, "search space")
     raise AutotuneError(f"search space file not found: {path_or_name}")
 
 

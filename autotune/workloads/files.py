@@ -12,7 +12,7 @@ from typing import Any
 
 import autotune
 from autotune.core.errors import AutotuneError
-from autotune.core.inputs import read_yaml
+from autotune.core.inputs import not_a_directory, read_yaml
 from autotune.core.values import finite_number, positive_int, rate, seed, whole_number
 from autotune.workloads.lengths import DISTS, LengthDist
 from autotune.workloads.spec import MAX_REQUESTS, WorkloadSpec
@@ -41,8 +41,7 @@ def _resolve(path_or_name: str | Path) -> Path:
     bundled = bundled_dir / f"{path_or_name}.yaml"
     if path.parent == Path(".") and not path.suffix and bundled.is_file():
         return bundled
-    if path.is_dir():  # not "not found": the user sees it is there
-        raise AutotuneError(f"workload {str(path_or_name)!r} is a folder, not a YAML file")
+    not_a_directory(path, "workload")
     names = ", ".join(sorted(p.stem for p in bundled_dir.glob("*.yaml")))
     raise AutotuneError(
         f"workload {str(path_or_name)!r} not found (a YAML file, or one of: {names or 'none'})"
