@@ -456,6 +456,11 @@ def test_goodput_without_an_slo_it_counts_is_refused(
         [*argv, "--slo", "ttft_p99=2s", "--gpu", "B9000"], {}, tmp_path, capfd, monkeypatch
     )
     assert "goodput" not in line and "B9000" in line
+def test_a_space_whose_every_tp_needs_more_gpus_than_given_is_refused_before_the_study(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = assert_rejected(["run", "--space", "tp", "--gpus", "1"], {}, tmp_path, capfd, monkeypatch)
+    assert line.endswith("error: tensor_parallel_size 2..4 needs 2..4 GPUs; --gpus gives 1")
 
 
 @pytest.mark.parametrize("command", ["run", "bench", "sim-server"])

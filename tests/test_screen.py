@@ -16,15 +16,15 @@ import ray.cloudpickle
 from autotune.backends.sim import SimBackend, SimSession
 from autotune.cli import main
 from autotune.core.config import EngineConfig
-from autotune.core.errors import EngineStartupError, FailureKind
+from autotune.core.errors import AutotuneError, EngineStartupError, FailureKind
 from autotune.dispatch.executor import Executor
 from autotune.measure.slo import parse_slos
 from autotune.sim.engine import SimEngine
 from autotune.tune.objectives import FAILED_KEY, load_objectives
 from autotune.tune.run_records import TunerOptions
 from autotune.tune.samplers import make_sampler
-from autotune.tune.screen import PREFIX, Margins, describe, make_screen
-from autotune.tune.space import space_from_dict
+from autotune.tune.screen import PREFIX, Margins, check_gpu_count, describe, make_screen
+from autotune.tune.space import load_space, space_from_dict
 from autotune.tune.tuner import Tuner
 from autotune.workloads.files import load_workload
 
@@ -120,6 +120,19 @@ def test_unknown_model_or_gpu_skips_screening() -> None:
     assert "skipped" in describe(None)
     assert "off" in describe(make_screen(LLAMA_8B, "H100"), enabled=False)
     assert "5%" in describe(make_screen(LLAMA_8B, "H100"))
+
+
+def test_gpu_count_refuses_a_space_none_of_whose_configs_fits_and_notes_one_some_fit() -> None:
+    tp = load_space("tp")  # tensor_parallel_size 2 or 4
+    with pytest.raises(
+        AutotuneError, match=r"^tensor_parallel_size 2\.\.4 needs 2\.\.4 GPUs; --gpus gives 1$"
+    ):
+        check_gpu_count(tp, 1)
+    assert check_gpu_count(tp, 2) == (
+        "tensor_parallel_size 2..4 needs 2..4 GPUs; --gpus gives 2: configs needing more are not launched"
+    )
+    assert check_gpu_count(tp, 4) is None
+    assert check_gpu_count(load_space("small"), 1) is None  # no parallel size: one GPU a config
 
 
 class RecordingBackend(SimBackend):

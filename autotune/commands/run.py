@@ -53,6 +53,7 @@ class _Setup:
     untuned: str | None  # which flag is not tuned on this workload, and why
     calibration: Any  # the simulator's constants (sim trials, the screen, a real run's estimate)
     guide_calibration: Any = None  # the guide's constants (None: the run is not guided)
+    gpus_note: str | None = None  # which parallel sizes --gpus cannot give (None: all fit)
 
 
 def _prepare(args: argparse.Namespace) -> _Setup:
@@ -70,7 +71,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.store.storage import check_sqlite_file, preflight_storage
     from autotune.store.urls import absolute
     from autotune.tune.objectives import check_goodput, load_objectives
-    from autotune.tune.screen import check_tensor_parallel
+    from autotune.tune.screen import check_gpu_count, check_tensor_parallel
     from autotune.tune.space import load_space
     from autotune.tune.study_checks import (
         check_not_driven,
@@ -103,6 +104,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     check_gpus_text(args.gpus)
     check_tensor_parallel(space)
     gpu_ids = parse_gpus(args.gpus)
+    gpus_note = check_gpu_count(space, len(gpu_ids)) if gpu_ids else None
     backend = make_backend(
         args.backend,
         space.gpu,
@@ -140,6 +142,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
         untuned,
         calibration,
         guide_calibration,
+        gpus_note,
     )
 
 
@@ -234,8 +237,9 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
         progress = None if args.quiet else Progress()
         _announce(args, s, executor.describe(), study)
         per_replica = _per_replica_note(s)
-        if per_replica:
-            print(f"autotune: {per_replica}", file=sys.stderr)
+        for line in (per_replica, s.gpus_note):
+            if line:
+                print(f"autotune: {line}", file=sys.stderr)
         estimate = _estimate(args, s, executor.capacity)
         guide = make_guided(args, s, estimate)  # None: not a guided run
         screen = (

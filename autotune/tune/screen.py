@@ -10,12 +10,14 @@ costs no GPU time. The model is an estimate, so only clear failures are screened
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import itertools
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from autotune.catalog.gpus import GIB, GpuSpec, get_gpu
 from autotune.catalog.models import ModelSpec, get_model
-from autotune.core.config import EngineConfig
+from autotune.core.config import PARALLEL_SIZES, EngineConfig
 from autotune.core.errors import AutotuneError, EngineStartupError, FailureKind
 from autotune.measure.result import TrialResult
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
@@ -162,6 +164,34 @@ def check_tensor_parallel(space: SearchSpace) -> None:
         raise AutotuneError(
             f"{space.model} does not fit on {where}: use tensor parallelism (TP >= {needed}), {fix}"
         )
+
+
+def check_gpu_count(space: SearchSpace, gpus: int) -> str | None:
+    """With --gpus N: refuse (one AutotuneError) a space none of whose configs fits on N GPUs, rather than
+    reject every suggestion; when only some do, a note (the tuner rejects the others before launch)."""
+    sizes = {name: _parallel_values(space, name) for name in PARALLEL_SIZES}
+    needs = sorted({math.prod(combo) for combo in itertools.product(*sizes.values())})
+    if needs[-1] <= gpus:
+        return None
+    shown = {name: values for name, values in sizes.items() if name in space.names or max(values) > 1}
+    text = " x ".join(f"{name} {_span(values)}" for name, values in shown.items())
+    if needs[0] > gpus:
+        raise AutotuneError(f"{text} needs {_span(needs)} GPUs; --gpus gives {gpus}")
+    return f"{text} needs {_span(needs)} GPUs; --gpus gives {gpus}: configs needing more are not launched"
+
+
+def _parallel_values(space: SearchSpace, name: str) -> list[int]:
+    """The values parallel size `name` takes in the space (1 when unset)."""
+    param = next((p for p in space.params if p.name == name), None)
+    if param is not None:
+        return sorted(int(v) for v in param.grid_values())
+    return [int(space.fixed.get(name) or 1)]
+
+
+def _span(values: Sequence[int]) -> str:
+    """The values as a span, lowest to highest ("2..4"), or the one value ("2")."""
+    low, high = min(values), max(values)
+    return str(low) if low == high else f"{low}..{high}"
 
 
 def indivisible_tp(model: str, tps: Iterable[int]) -> str | None:
