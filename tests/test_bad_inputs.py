@@ -463,6 +463,38 @@ def test_a_space_whose_every_tp_needs_more_gpus_than_given_is_refused_before_the
     assert line.endswith("error: tensor_parallel_size 2..4 needs 2..4 GPUs; --gpus gives 1")
 
 
+@pytest.mark.parametrize(
+    ("argv", "files", "needle"),
+    [
+        (
+            ["run", "--space", "{tmp}/s.yaml"],
+            space("  max_num_seqs: {type: int, low: 16, high: 64}", "  max_model_len: 1000000"),
+            "max_model_len 1000000 is more than meta-llama/Llama-3.1-8B-Instruct's context "
+            "(max_position_embeddings 131072)",
+        ),
+        (  # a local model whose config.json allows 8192 tokens, a space tuning 16384 to 32768
+            ["run", "--space", "{tmp}/s.yaml", "--model", "{tmp}/m"],
+            {
+                **space("  max_model_len: {type: categorical, choices: [16384, 32768]}"),
+                "m/config.json": HF_CONFIG % (32, ""),
+            },
+            "max_model_len 16384..32768 is more than",
+        ),
+    ],
+    ids=["fixed-catalog-model", "tuned-local-model"],
+)
+def test_a_max_model_len_past_the_models_context_is_refused_before_the_study(
+    argv: list[str],
+    files: dict[str, str | bytes],
+    needle: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    line = assert_rejected(argv, files, tmp_path, capfd, monkeypatch)
+    assert needle in line and "lower max_model_len to" in line
+
+
 @pytest.mark.parametrize("command", ["run", "bench", "sim-server"])
 def test_an_unknown_flag_points_to_its_commands_help(
     command: str, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,7 +72,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.store.storage import check_sqlite_file, preflight_storage
     from autotune.store.urls import absolute
     from autotune.tune.objectives import check_goodput, load_objectives
-    from autotune.tune.screen import check_gpu_count, check_tensor_parallel
+    from autotune.tune.screen import check_gpu_count, check_model_len, check_tensor_parallel
     from autotune.tune.space import load_space
     from autotune.tune.study_checks import (
         check_not_driven,
@@ -100,6 +101,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     gpu = get_gpu(space.gpu)
     # None: a real model outside the catalog, whose context length vLLM checks itself.
     max_pos = known_max_model_len(space.model, None, args.backend)
+    check_model_len(space, None if _long_len_allowed(args) else max_pos)
     check_fits(workload, args.seed, space.largest("max_model_len") or max_pos)
     check_gpus_text(args.gpus)
     check_tensor_parallel(space)
@@ -144,6 +146,13 @@ def _prepare(args: argparse.Namespace) -> _Setup:
         guide_calibration,
         gpus_note,
     )
+
+
+def _long_len_allowed(args: argparse.Namespace) -> bool:
+    """Whether a real server may start past the model's context: vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN,
+    in this environment or the serve command (the simulator does not model it)."""
+    name = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+    return args.backend != "sim" and (bool(os.environ.get(name)) or name in (args.serve_cmd or ""))
 
 
 def _untuned_for(space: SearchSpace, workload: WorkloadSpec) -> tuple[SearchSpace, str | None]:

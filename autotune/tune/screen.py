@@ -166,6 +166,20 @@ def check_tensor_parallel(space: SearchSpace) -> None:
         )
 
 
+def check_model_len(space: SearchSpace, max_position_embeddings: int | None) -> None:
+    """A max_model_len past the model's context fails vLLM's startup check whatever the other flags: a
+    space whose every value does is one clear AutotuneError, not N invalid_config trials (None: the
+    context is unknown, vLLM checks)."""
+    values = space.flag_values().get("max_model_len")
+    if max_position_embeddings is None or not values or min(values) <= max_position_embeddings:
+        return
+    raise AutotuneError(
+        f"max_model_len {_span([int(v) for v in values])} is more than {space.model}'s context "
+        f"(max_position_embeddings {max_position_embeddings}): vLLM refuses to start every config of the "
+        f"space; lower max_model_len to {max_position_embeddings} or less"
+    )
+
+
 def check_gpu_count(space: SearchSpace, gpus: int) -> str | None:
     """With --gpus N: refuse (one AutotuneError) a space none of whose configs fits on N GPUs, rather than
     reject every suggestion; when only some do, a note (the tuner rejects the others before launch)."""
