@@ -11,6 +11,7 @@ from test_study import MODEL, OBJECTIVES, build_run, ok
 
 from autotune.core.config import EngineConfig
 from autotune.core.errors import FailureKind
+from autotune.core.values import brief
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import parse_slos
@@ -351,6 +352,30 @@ def test_no_feasible_config_names_the_failure_its_trials_share(tmp_path: Path) -
     assert d.candidate is None and f"2 of 3 launched failed alike: crashed ({crash})" in d.text
     own = [failed(FailureKind.CRASHED, f"server exited with code {code}", 64 * code) for code in (1, 2)]
     assert "alike" not in decision(tmp_path / "own", own).text
+
+
+def test_a_long_shared_failure_is_shortened_at_a_sentence_end_not_mid_word(tmp_path: Path) -> None:
+    too_long = (
+        "User-specified max_model_len (1000000) is greater than the derived max_model_len "
+        "(max_position_embeddings=131072 or model_max_length=None in model's config.json). This may lead "
+        "to incorrect model outputs or CUDA errors. To allow overriding this maximum, set the env var "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+    )
+    trials = [
+        (
+            {"max_num_seqs": s},
+            TrialResult(
+                config=EngineConfig(model=MODEL).replace(max_num_seqs=s),
+                failure=FailureKind.INVALID_CONFIG,
+                message=too_long,
+            ),
+        )
+        for s in (64, 128)
+    ]
+    first = too_long.split(". ")[0]
+    assert f"2 of 2 launched failed alike: invalid_config ({first}.) (see" in decision(tmp_path, trials).text
+    # no sentence end within the limit: whole words, then "..."
+    assert brief(first, 60) == "User-specified max_model_len (1000000) is greater than..."
 
 
 def test_a_capacity_search_that_confirmed_no_rate_is_no_config_meeting_the_slos(tmp_path: Path) -> None:

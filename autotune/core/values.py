@@ -133,3 +133,17 @@ def shown(value: Any, limit: int = 40) -> str:
     """A value as an error message shows it: repr, a long one (400 digits) cut short."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def brief(text: str, limit: int = 200) -> str:
+    """`text` in at most `limit` characters: its whole sentences that fit, else its whole words and
+    "...". A reason cut mid-word ("config.json). Th") reads as a garbled message."""
+    if len(text) <= limit:
+        return text
+    end = text.rfind(". ", 0, limit)
+    if end > 0:
+        return text[: end + 1]
+    cut = text[: limit - 3]
+    if text[limit - 3] != " ":  # inside a word: drop its start (unless it is the only word)
+        cut = cut.rpartition(" ")[0] or cut
+    return cut.rstrip(" ,;:(") + "..."

@@ -17,6 +17,8 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from autotune.core.values import brief
+
 HOST = "127.0.0.1"
 NOTE_EVERY_S = 5.0  # the note and figure are rewritten at most this often during a run (~0.1 s each)
 FIGURE_ID = "pareto-feasibility"
@@ -154,7 +156,7 @@ def note_markdown(name: str, out: Any) -> str:
         lines += ["", "### Failures by class", "| class | trials | message |", "|---|---|---|"]
         for kind, count in failed.most_common():
             message = next((r.message for r in out.records if r.failure == kind and r.message), "")
-            lines.append(f"| {kind} | {count} | {message[:160].replace('|', '/')} |")
+            lines.append(f"| {kind} | {count} | {brief(message).replace('|', '/')} |")
     from autotune.outputs.guide_view import note_lines
 
     lines += note_lines(out.records, ctx.get("gpu_hours_budget"))

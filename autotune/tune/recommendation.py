@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.core.errors import FailureKind
+from autotune.core.values import brief
 from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, recommend
 from autotune.tune.objectives import metric_unit
 from autotune.tune.study import TrialRecord
@@ -128,7 +129,7 @@ def _commonest_failure(recs: Sequence[TrialRecord]) -> str:
     (failure, message), n = counts.most_common(1)[0]
     if n < 2:
         return ""
-    return f"; {n} of {len(launched)} launched failed alike: {failure} ({message[:160]})"
+    return f"; {n} of {len(launched)} launched failed alike: {failure} ({brief(message)})"
 
 
 def _decide(
