@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import optuna
@@ -188,6 +189,17 @@ def test_capacity_probes_are_plotted_when_trials_carry_them(tmp_path: Path) -> N
     assert path is not None and path.stat().st_size > 10_000
     report.write_all(tmp_path, out)
     assert "capacity probes" in (tmp_path / "report.html").read_text()
+
+
+def test_a_run_with_nothing_measured_plots_without_an_empty_legend_warning(tmp_path: Path) -> None:
+    from autotune.outputs.plots import plot_pairs
+
+    recs = records(build_run(tmp_path, [({"max_num_seqs": 8, "baseline": True}, None)]))  # fails to start
+    out = outcome(recs, OBJECTIVES.names, MAXIMIZE, [])  # no SLO: no limit line to label either
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "No artists with labels found to put in legend"
+        path = plot_pairs(tmp_path / "pareto.png", out)
+    assert path.stat().st_size > 0
 
 
 def test_capacity_probes_survive_the_study_storage(tmp_path: Path) -> None:

@@ -58,12 +58,19 @@ def plot_pairs(path: Path, out: Outcome) -> Path:
         f"SLO: {', '.join(out.slos) or 'none'}",
         fontsize=10,
     )
-    axes[0][0].legend(loc="best", fontsize=7)
+    _legend(axes[0][0])
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
     return path
+
+
+def _legend(ax: Any) -> None:
+    """The panel's legend, when anything on it is labelled (a run with no trial measured has nothing,
+    and matplotlib warns on an empty legend)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize=7)
 
 
 def _pair_panel(
@@ -134,7 +141,7 @@ def plot_probes(path: Path, out: Outcome) -> Path | None:
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel(metric_label(key))
         ax.grid(alpha=0.3)
-    axes[0][0].legend(loc="best", fontsize=7)
+    _legend(axes[0][0])
     fig.suptitle(
         "Capacity probes of the top configs (filled: passed; hollow: missed; x: failed, no latency; "
         "dotted: saturation throughput)",
