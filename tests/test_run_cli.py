@@ -39,8 +39,8 @@ SIM_SERVER = f"{sys.executable} -m autotune.cli sim-server"
         ),
         (
             ["--space", "tp", "--gpu", "L4"],
-            "does not fit on 4 L4s (tensor_parallel_size 4): use tensor parallelism (TP >= 8), add it to the "
-            "space's tensor_parallel_size",
+            "does not fit on 4 L4s (tensor_parallel_size 4) with the KV cache of one max_model_len request: "
+            "use tensor parallelism (TP >= 8), add it to the space's tensor_parallel_size",
         ),
         (["--target-rate", "0"], "argument --target-rate: value must be positive"),
     ],

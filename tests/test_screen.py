@@ -23,8 +23,15 @@ from autotune.sim.engine import SimEngine
 from autotune.tune.objectives import FAILED_KEY, load_objectives
 from autotune.tune.run_records import TunerOptions
 from autotune.tune.samplers import make_sampler
-from autotune.tune.screen import PREFIX, Margins, check_gpu_count, describe, make_screen
-from autotune.tune.space import load_space, space_from_dict
+from autotune.tune.screen import (
+    PREFIX,
+    Margins,
+    check_gpu_count,
+    check_tensor_parallel,
+    describe,
+    make_screen,
+)
+from autotune.tune.space import SearchSpace, load_space, space_from_dict
 from autotune.tune.tuner import Tuner
 from autotune.workloads.files import load_workload
 
@@ -120,6 +127,30 @@ def test_unknown_model_or_gpu_skips_screening() -> None:
     assert "skipped" in describe(None)
     assert "off" in describe(make_screen(LLAMA_8B, "H100"), enabled=False)
     assert "5%" in describe(make_screen(LLAMA_8B, "H100"))
+
+
+def test_the_tp_check_counts_one_requests_kv_cache_and_refuses_only_what_cannot_start() -> None:
+    """70B's weights fit an H200 (131 of 140 GiB), not with the KV cache of one 8192-token request at the
+    small space's highest utilization (0.95): refused up front. At the leanest flags, the longest
+    max_model_len the engine starts with passes the check, and one block more is refused."""
+    with pytest.raises(AutotuneError, match=r"does not fit on one H200 .* \(TP >= 2\), e\.g\. --space tp$"):
+        check_tensor_parallel(load_space("small").with_overrides(model=LLAMA_70B, gpu="H200"))
+    lean = {"max_num_seqs": 16, "max_num_batched_tokens": 1024, "gpu_memory_utilization": 0.95}
+
+    def starts(max_len: int) -> bool:
+        return startup_failure(EngineConfig(model=LLAMA_70B, max_model_len=max_len, **lean), "H200") is None
+
+    def space_at(max_len: int) -> SearchSpace:
+        fixed = {"model": LLAMA_70B, "gpu": "H200", "max_model_len": max_len, **lean}
+        return space_from_dict(
+            {"fixed": fixed, "params": {"block_size": {"type": "categorical", "choices": [16]}}}
+        )
+
+    longest = max(n for n in range(16, 8192, 16) if starts(n))
+    assert not starts(longest + 16)
+    check_tensor_parallel(space_at(longest))  # barely fits: never refused
+    with pytest.raises(AutotuneError, match="TP >= 2"):
+        check_tensor_parallel(space_at(longest + 16))
 
 
 def test_gpu_count_refuses_a_space_none_of_whose_configs_fits_and_notes_one_some_fit() -> None:

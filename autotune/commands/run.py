@@ -104,7 +104,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     check_model_len(space, None if _long_len_allowed(args) else max_pos)
     check_fits(workload, args.seed, space.largest("max_model_len") or max_pos)
     check_gpus_text(args.gpus)
-    check_tensor_parallel(space)
+    check_tensor_parallel(space, calibration)
     gpu_ids = parse_gpus(args.gpus)
     gpus_note = check_gpu_count(space, len(gpu_ids)) if gpu_ids else None
     backend = make_backend(

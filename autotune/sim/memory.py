@@ -185,6 +185,25 @@ def sampler_bytes(model: ModelSpec, num_sampled: int, cal: Calibration = DEFAULT
     return int(num_sampled * model.vocab_size * cal.sampler_warmup_bytes_per_logit)
 
 
+def non_torch_bytes(tp: int, cal: Calibration = DEFAULT_CALIBRATION) -> int:
+    """Memory outside torch's allocator on one rank (NCCL buffers with TP > 1)."""
+    return int((cal.non_torch_gib_tp1 if tp == 1 else cal.non_torch_gib_tp) * GIB)
+
+
+def least_budget_bytes(config: EngineConfig, model: ModelSpec, cal: Calibration = DEFAULT_CALIBRATION) -> int:
+    """The part of the gpu_memory_utilization budget `config` (resolved) needs to start at all: weights,
+    non-torch memory, the profiled activation peak and the KV blocks of one max_model_len request, what
+    plan_memory charges to the budget before anything else can be served."""
+    assert config.max_model_len is not None and config.max_num_batched_tokens is not None
+    assert config.max_num_seqs is not None
+    tp = config.tensor_parallel_size
+    num_sampled = min(config.max_num_seqs, config.max_num_batched_tokens)
+    activations = activation_bytes(model, tp, config.max_num_batched_tokens, num_sampled, cal)
+    blocks = -(-config.max_model_len // config.block_size)
+    kv = blocks * config.block_size * model.kv_bytes_per_token(tp, kv_dtype_bytes(config, model))
+    return model.weight_bytes(tp) + non_torch_bytes(tp, cal) + activations + kv
+
+
 def plan_memory(
     config: EngineConfig, model: ModelSpec, gpu: GpuSpec, calibration: Calibration = DEFAULT_CALIBRATION
 ) -> MemoryPlan:
@@ -205,7 +224,7 @@ def plan_memory(
             FailureKind.INVALID_CONFIG.value,
         )
     weights = model.weight_bytes(tp)
-    non_torch = int((cal.non_torch_gib_tp1 if tp == 1 else cal.non_torch_gib_tp) * GIB)
+    non_torch = non_torch_bytes(tp, cal)
     if weights + non_torch > free:
         raise _oom(weights, total, free - non_torch)
     num_sampled = min(config.max_num_seqs, config.max_num_batched_tokens)

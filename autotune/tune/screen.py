@@ -21,10 +21,12 @@ from autotune.core.config import PARALLEL_SIZES, EngineConfig
 from autotune.core.errors import AutotuneError, EngineStartupError, FailureKind
 from autotune.measure.result import TrialResult
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
-from autotune.sim.memory import MemoryPlan, plan_memory, validate_config
+from autotune.sim.memory import MemoryPlan, least_budget_bytes, plan_memory, validate_config
 from autotune.tune.space import SearchSpace
 
 PREFIX = "predicted by the memory model: "
+# the flags whose smallest value needs the least memory to start (the KV of one request, activations)
+_LEAN_AT_LEAST = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size")
 # A device large enough for any config: the memory plan on it gives a config's needs (weights,
 # activations, KV bytes per token, CUDA graphs, sampler), which do not depend on the device's size.
 _ROOMY_GIB = 1e6
@@ -141,16 +143,16 @@ def describe(screen: MemoryScreen | None, enabled: bool = True) -> str:
     )
 
 
-def check_tensor_parallel(space: SearchSpace) -> None:
-    """Every TP of the space must divide the model's heads, and the model's weights must fit the largest
-    TP: one clear AutotuneError, not N startup failures."""
+def check_tensor_parallel(space: SearchSpace, calibration: Calibration = DEFAULT_CALIBRATION) -> None:
+    """Every TP of the space must divide the model's heads, and the leanest config must start at the
+    largest TP (required_tp): one clear AutotuneError, not N startup failures."""
     tp_param = next((p for p in space.params if p.name == "tensor_parallel_size"), None)
     tps = tp_param.grid_values() if tp_param else [int(space.fixed.get("tensor_parallel_size", 1))]
     problem = indivisible_tp(space.model, tps)
     if problem is not None:
         raise AutotuneError(f"{space.model}: {problem}")
     largest = max(tps)
-    needed = required_tp(space.model, space.gpu, largest)
+    needed = required_tp(space, largest, calibration)
     if needed is not None:
         where = (
             f"one {space.gpu}" if largest == 1 else f"{largest} {space.gpu}s (tensor_parallel_size {largest})"
@@ -162,7 +164,8 @@ def check_tensor_parallel(space: SearchSpace) -> None:
             else "add it to the space's tensor_parallel_size"
         )
         raise AutotuneError(
-            f"{space.model} does not fit on {where}: use tensor parallelism (TP >= {needed}), {fix}"
+            f"{space.model} does not fit on {where} with the KV cache of one max_model_len request: "
+            f"use tensor parallelism (TP >= {needed}), {fix}"
         )
 
 
@@ -224,20 +227,45 @@ def indivisible_tp(model: str, tps: Iterable[int]) -> str | None:
     )
 
 
-def required_tp(model: str, gpu: str, max_tp: int, utilization: float = 0.95) -> int | None:
-    """The smallest power-of-two tensor parallelism whose weight shard fits in `utilization` of the
-    GPU, when the space's largest TP (`max_tp`) is below it; None when it fits or either is unknown.
+def required_tp(
+    space: SearchSpace, max_tp: int, calibration: Calibration = DEFAULT_CALIBRATION
+) -> int | None:
+    """The smallest power-of-two tensor parallelism at which the space's leanest config could start, when
+    the space's largest TP (`max_tp`) is below it; None when it fits or the model or GPU is unknown.
 
-    Every config of such a space would fail to start the same way: the run says so once instead.
+    A config starts only if its gpu_memory_utilization budget holds its weights, non-torch memory,
+    activations and the KV cache of one max_model_len request (sim/memory.py, least_budget_bytes); when
+    the leanest config's does not, no config's does: the run says so once instead of N startup failures.
     """
     try:
-        spec, device = get_model(model), get_gpu(gpu)
-    except AutotuneError:
-        return None
-    budget = device.memory_bytes * utilization
-    if spec.weight_bytes(max(1, max_tp)) < budget:
+        model, gpu = get_model(space.model), get_gpu(space.gpu)
+        lean = _leanest_config(space, model, gpu)
+        free = gpu.memory_bytes - int(gpu.cuda_context_gib * GIB)  # a budget past it is refused at startup
+        room = min(int(gpu.memory_bytes * lean.gpu_memory_utilization), free)
+
+        def fits(tp: int) -> bool:
+            return least_budget_bytes(lean.replace(tensor_parallel_size=tp), model, calibration) <= room
+
+        if fits(max(1, max_tp)):
+            return None
+    except (AutotuneError, EngineStartupError):  # unknown model or GPU, an invalid flag: not decided here
         return None
     tp = 1
-    while spec.weight_bytes(tp) >= budget and tp < 64:
+    while not fits(tp) and tp < 64:
         tp *= 2
     return tp
+
+
+def _leanest_config(space: SearchSpace, model: ModelSpec, gpu: GpuSpec) -> EngineConfig:
+    """The space's config needing the least memory to start, resolved as vLLM would: the smallest budget,
+    max_num_seqs, max_model_len and block size, a compact KV dtype if the space has one, the highest
+    gpu_memory_utilization, and chunked prefill on (an unset budget then defaults lowest)."""
+    values = space.flag_values()
+    lean = {name: min(values[name]) for name in _LEAN_AT_LEAST if name in values}
+    if "gpu_memory_utilization" in values:
+        lean["gpu_memory_utilization"] = max(values["gpu_memory_utilization"])
+    compact = [dtype for dtype in values.get("kv_cache_dtype", []) if dtype != "auto"]
+    if compact:
+        lean["kv_cache_dtype"] = compact[0]
+    config = space.config({}).replace(**lean, enable_chunked_prefill=True)
+    return config.with_vllm_defaults(gpu.memory_gib, gpu.name, model.max_position_embeddings)
