@@ -270,6 +270,7 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes]]] = [
         ["run", "--study", "z", "--resume", "--runs-dir", "{tmp}/runs"],
         {"runs/z/study.db": ""},
     ),
+    ("resume-no-such-study", ["run", "--study", "never-existed", "--resume"], {}),
     ("space-is-dir", ["run", "--space", "{tmp}"], {}),
     ("space-param-no-type", ["run", "--space", "{tmp}/s.yaml"], space("  max_num_seqs: {low: 1, high: 8}")),
     (

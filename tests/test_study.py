@@ -27,6 +27,7 @@ from autotune.tune.run_records import TunerOptions
 from autotune.tune.samplers import GP_MODULES, auto_sampler, make_sampler
 from autotune.tune.space import load_space, space_from_dict
 from autotune.tune.study import StudySettings, config_key, records, tell_result
+from autotune.tune.study_checks import check_resumable
 from autotune.tune.study_open import open_study, sqlite_url, start_study
 from autotune.tune.tuner import MAX_DUPLICATES_IN_A_ROW, Tuner
 from autotune.workloads.files import load_workload
@@ -208,6 +209,35 @@ def test_existing_study_needs_resume_and_same_settings(tmp_path: Path) -> None:
     resumed = open_study("s", storage, settings(), sampler, resume=True)
     (stale,) = resumed.trials
     assert stale.state == TrialState.FAIL and stale.user_attrs["failure"] == "interrupted"
+
+
+def test_resume_refuses_a_study_the_storage_lacks_and_knows_a_gpu_by_its_catalog_name(tmp_path: Path) -> None:
+    """--resume never starts a new study (a typo, a GPU alias in a default name): one line naming the
+    studies there. The GPU is compared as the catalog resolves it, not as typed."""
+    storage, sampler = sqlite_url(tmp_path), optuna.samplers.RandomSampler()
+    with pytest.raises(AutotuneError, match=r"^nothing to resume: no study 'typo' in sqlite:///"):
+        open_study("typo", storage, settings(), sampler, resume=True)
+    assert optuna.study.get_all_study_names(connect_storage(storage)) == []  # nothing created
+    for name in ("b", "a"):
+        open_study(name, storage, settings(gpu="A100"), sampler, resume=False)
+    with pytest.raises(AutotuneError, match=r"no study 'typo' in sqlite:///.* \(it holds a, b\); pass an"):
+        check_resumable("typo", storage, None)
+    check_resumable("a", storage, None)
+    for spelling in ("a100", "A100-80GB"):  # one GPU: resumed
+        assert open_study("a", storage, settings(gpu=spelling), sampler, resume=True).study_name == "a"
+    with pytest.raises(AutotuneError, match="was run with gpu 'A100', not 'H100'"):
+        open_study("a", storage, settings(gpu="H100"), sampler, resume=True)
+
+
+def test_resume_in_a_runs_folder_names_its_run_folders(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for name in ("llama-a100-chat", "llama-h100-chat"):
+        (runs / name).mkdir(parents=True)
+        open_study(name, sqlite_url(runs / name), settings(), optuna.samplers.RandomSampler(), resume=False)
+    missing = sqlite_url(runs / "llama-a100-80gb-chat")
+    with pytest.raises(AutotuneError, match=r"in .*/runs/ \(it holds llama-a100-chat, llama-h100-chat\)"):
+        check_resumable("llama-a100-80gb-chat", missing, runs)
+    assert not (runs / "llama-a100-80gb-chat").exists()
 
 
 @pytest.mark.parametrize("missing", ["torch", "scipy"])

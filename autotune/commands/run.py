@@ -77,6 +77,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.tune.study_checks import (
         check_not_driven,
         check_results_kept,
+        check_resumable,
         default_study_name,
     )
     from autotune.tune.study_open import sqlite_url
@@ -129,6 +130,8 @@ def _prepare(args: argparse.Namespace) -> _Setup:
         check_sqlite_file(storage, resume=True)
         check_not_driven(name, storage)
     check_results_kept(name, storage, run_dir)
+    if args.resume:  # after the lost-storage check: results kept without their study say that instead
+        check_resumable(name, storage, None if args.storage else Path(args.runs_dir))
     return _Setup(
         space,
         objectives,

@@ -17,6 +17,8 @@ from autotune.store.lease import refuse_live_driver
 from autotune.store.storage import connect_storage
 from autotune.store.urls import sqlite_path
 
+MAX_LISTED = 5  # studies a refused --resume names; past that, it counts them
+
 
 def default_study_name(model: str, gpu: str, workload: str, slos: Sequence[str] = ()) -> str:
     """A readable study name, e.g. "llama-3.1-8b-instruct-h100-chat-ttft-p99-2s".
@@ -39,6 +41,31 @@ def check_not_driven(name: str, storage: str) -> None:
     connected = _existing(name, storage)
     if connected is not None:
         refuse_live_driver(optuna.load_study(study_name=name, storage=connected))
+
+
+def check_resumable(name: str, storage: str, runs_dir: Path | None) -> None:
+    """Before anything starts: refuse (one line) --resume of a study the storage does not hold (a typo,
+    another spelling of the GPU in a default name), naming the studies there: resuming must not start a
+    new one. `runs_dir`: the default storage, one study.db per run folder under it."""
+    if _existing(name, storage) is not None:
+        return
+    if runs_dir is None:
+        where, names = masked(storage), _study_names(storage)
+    else:
+        where, names = f"{runs_dir}/", sorted(p.parent.name for p in runs_dir.glob("*/study.db"))
+    held = ", ".join(names) if len(names) <= MAX_LISTED else f"{len(names)} studies"
+    raise AutotuneError(
+        f"nothing to resume: no study {name!r} in {where} (it holds {held or 'none'}); pass an existing "
+        "one with --study, or drop --resume to start it"
+    )
+
+
+def _study_names(storage: str) -> list[str]:
+    """The studies a storage holds (none when its SQLite file does not exist)."""
+    path = sqlite_path(storage)
+    if path is not None and not path.is_file():
+        return []
+    return sorted(optuna.study.get_all_study_names(connect_storage(storage, attempts=1)))
 
 
 def check_results_kept(name: str, storage: str, run_dir: Path) -> None:

@@ -5,7 +5,6 @@ held. The study's records and how results are told: autotune/tune/study.py.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from autotune.catalog.gpus import get_gpu
 from autotune.core.config import gpus_per_replica
 from autotune.core.errors import AutotuneError
 from autotune.core.secrets import masked
@@ -39,10 +39,10 @@ def open_study(
 ) -> optuna.Study:
     """Create a new study, or resume an existing one with the same settings.
 
-    Resuming refuses while another process drives the study (autotune.store.lease) and fails only the
-    trials nobody runs any more. `results_dir` (the run folder): with --resume and no study in the
-    storage, results there mean the study was lost, and nothing is overwritten; without --resume, they
-    mean the same (a run never overwrites another run's results). With `driver`, the study's lease is
+    Resuming refuses a study the storage does not hold (nothing to resume) or one another process
+    drives (autotune.store.lease), and fails only the trials nobody runs any more. `results_dir` (the
+    run folder): with no study in the storage, results there mean the study was lost, and nothing is
+    overwritten (a run never overwrites another run's results). With `driver`, the study's lease is
     taken for it (atomically: two runs started together cannot both have it) before any stale trial
     is failed.
     """
@@ -64,7 +64,7 @@ def open_study(
                 "or moved; nothing was changed (pass its --storage, or remove the folder to start over)"
             )
         if resume:
-            print(f"autotune: no study {name!r} to resume; starting it", file=sys.stderr)
+            raise AutotuneError(f"nothing to resume: no study {name!r} in {where}")
         study = optuna.create_study(
             study_name=name, storage=storage, sampler=sampler, directions=settings.directions
         )
@@ -142,12 +142,27 @@ def check_resume(study: optuna.Study, settings: StudySettings) -> None:
     # Studies from before the load was recorded have none (or an empty one): nothing to compare.
     recorded = [key for key in ("slos", "model", "gpu", "workload", "backend") if key in stored]
     for key in recorded + (["load"] if stored.get("load") else []):
-        if stored[key] != getattr(settings, key):
+        if not _same_setting(key, stored[key], getattr(settings, key)):
             raise AutotuneError(
                 f"study {study.study_name!r} was run with {key} {stored[key]!r}, not "
                 f"{getattr(settings, key)!r}: resume with the same settings or pick another --study"
             )
     _check_same_calibration(study.study_name, stored.get("sim_calibration"), settings)
+
+
+def _same_setting(key: str, stored: Any, given: Any) -> bool:
+    """Whether a study's recorded setting is this run's: a GPU by the catalog's name, as --gpu resolves
+    it (`a100`, `A100` and `A100-80GB` are one GPU; one outside the catalog by its text)."""
+    if key == "gpu":
+        stored, given = _gpu_name(stored), _gpu_name(given)
+    return bool(stored == given)
+
+
+def _gpu_name(name: str) -> str:
+    try:
+        return get_gpu(name).name
+    except AutotuneError:
+        return name
 
 
 def _check_same_calibration(name: str, stored: Mapping[str, float] | None, settings: StudySettings) -> None:
