@@ -43,6 +43,7 @@ SIM_SERVER = f"{sys.executable} -m autotune.cli sim-server"
             "use tensor parallelism (TP >= 8), add it to the space's tensor_parallel_size",
         ),
         (["--target-rate", "0"], "argument --target-rate: value must be positive"),
+        (["--target-rate", "1e308"], "argument --target-rate: value must be at most 1e+06, got '1e308'"),
     ],
 )
 def test_bad_inputs_give_one_line_and_exit_2(

@@ -102,8 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cost = parser.add_argument_group("deployment cost (report)")
     cost.add_argument(
         "--target-rate",
-        type=arg(values.positive_number),
-        help="req/s to serve: replicas and GPUs of the recommendation for it",
+        # past MAX_RATE the replica count is hundreds of digits, not a deployment
+        type=arg(values.positive_number, values.MAX_RATE),
+        help=f"req/s to serve (at most {values.MAX_RATE:g}): replicas and GPUs of the recommendation for it",
     )
     cost.add_argument(
         "--gpu-price", type=arg(values.positive_number), help="$ per GPU-hour: $/Mtok of the recommendation"
