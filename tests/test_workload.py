@@ -306,6 +306,10 @@ def one_line_error(call) -> str:
         ("num_requests: 10\nprompt_len: 5\noutput_len: 5\nburstiness: 0\n", "burstiness"),
         ("num_requests: 10\nprompt_len: 5\noutput_len: 5\nload: max\n", "load must be one of"),
         ("num_requests: 10\nprompt_len: 5\noutput_len: 5\nmax_concurrency: 0\n", "max_concurrency"),
+        (
+            "num_requests: 10\nprompt_len: 5\noutput_len: 5\nload: capacity\nmax_concurrency: 8\n",
+            "max_concurrency 8 with a capacity load",
+        ),
         ("num_requests: 10\n", "exactly one length source"),
         ("num_requests: 10\nprompt_len: 5\n", "needs an output_len"),
         ("num_requests: 10\nprompt_len: 5\noutput_len: 5\ntrace: conv\n", "exactly one length source"),

@@ -115,6 +115,13 @@ def run(args: argparse.Namespace) -> int:
     from autotune.measure.slo import parse_slos
     from autotune.workloads.files import load_workload
 
+    if args.capacity and args.rate is not None:
+        raise AutotuneError("--rate with --capacity: a capacity search chooses the request rate; drop --rate")
+    if args.capacity and args.concurrency is not None:
+        raise AutotuneError(
+            "--concurrency with --capacity: a capacity search measures open-loop Poisson arrivals, a "
+            "concurrency cap makes it a closed loop; drop --concurrency"
+        )
     slos = parse_slos(args.slo)
     workload = load_workload(args.workload)
     workload = workload.with_load(request_rate=args.rate, max_concurrency=args.concurrency)

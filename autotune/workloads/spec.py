@@ -91,6 +91,13 @@ class WorkloadSpec:
                 f"max_concurrency must be >= 1, got {self.max_concurrency}",
             ),
             (self.load in LOADS, f"load must be one of {', '.join(LOADS)}, got {self.load!r}"),
+            # a capacity search measures open-loop arrivals at the rates it picks: a cap would close the loop
+            (
+                self.load != "capacity" or self.max_concurrency is None,
+                f"max_concurrency {self.max_concurrency} with a capacity load: a capacity search chooses the "
+                "request rate and measures open-loop Poisson arrivals, a concurrency cap makes it a closed "
+                "loop; use the fixed load, or drop max_concurrency",
+            ),
             (
                 self.num_prefixes >= 0 and self.prefix_len >= 0,
                 "num_prefixes and prefix_len must be >= 0",
