@@ -460,6 +460,8 @@ def test_goodput_without_an_slo_it_counts_is_refused(
         [*argv, "--slo", "ttft_p99=2s", "--gpu", "B9000"], {}, tmp_path, capfd, monkeypatch
     )
     assert "goodput" not in line and "B9000" in line
+
+
 def test_a_space_whose_every_tp_needs_more_gpus_than_given_is_refused_before_the_study(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
