@@ -44,6 +44,7 @@ SIM_SERVER = f"{sys.executable} -m autotune.cli sim-server"
         ),
         (["--target-rate", "0"], "argument --target-rate: value must be positive"),
         (["--target-rate", "1e308"], "argument --target-rate: value must be at most 1e+06, got '1e308'"),
+        (["--gpu-price", "1e308"], "argument --gpu-price: value must be at most 1000, got '1e308'"),
     ],
 )
 def test_bad_inputs_give_one_line_and_exit_2(

@@ -15,6 +15,8 @@ from autotune.commands.run_guide import add_guide_options
 from autotune.core import values
 from autotune.core.inputs import arg, positive_seconds
 
+MAX_GPU_PRICE = 1000.0  # $ per GPU-hour
+
 DEFAULT_TRIALS = 50
 LOADS = ("workload", "fixed", "capacity")
 MAX_PARALLEL = 256  # CPU slots for simulated trials: more than any host has cores
@@ -107,7 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"req/s to serve (at most {values.MAX_RATE:g}): replicas and GPUs of the recommendation for it",
     )
     cost.add_argument(
-        "--gpu-price", type=arg(values.positive_number), help="$ per GPU-hour: $/Mtok of the recommendation"
+        "--gpu-price",
+        # far above any cloud's price of a GPU-hour; past it a typo's figures overflow to inf
+        type=arg(values.positive_number, MAX_GPU_PRICE),
+        help=f"$ per GPU-hour (at most {MAX_GPU_PRICE:g}): $/Mtok of the recommendation",
     )
     parser.add_argument("--dashboard", action="store_true", help="serve optuna-dashboard during the run")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
