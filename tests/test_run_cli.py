@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -104,6 +105,9 @@ def test_sim_server_as_serve_command_needs_no_gpu(tmp_path: Path) -> None:
     study = optuna.load_study(study_name="virt", storage=f"sqlite:///{tmp_path / 'virt' / 'study.db'}")
     used = {g for t in study.trials for g in t.user_attrs.get("gpu_ids", ())}
     assert used and used <= {1, 3}  # the --gpus devices, as Ray assigned them
+    with (tmp_path / "virt" / "trials.csv").open() as f:
+        nodes = {row["node_ip"] for row in csv.DictReader(f) if row["node_ip"]}
+    assert nodes == {"127.0.0.1"}  # the cluster autotune started listens on loopback, not every interface
 
 
 @pytest.mark.usefixtures("ray_cluster")

@@ -24,6 +24,10 @@ from autotune.dispatch.reaper import Reaper, start_reaper
 CONNECT_TIMEOUT_S = 3.0  # an unreachable --ray-address fails in this long, not after Ray's minutes of retries
 DEFAULT_GCS_PORT = 6379
 AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+# "0": a cluster of this machine alone, as Ray runs on macOS and Windows: its node takes the loopback
+# address, so its GCS, raylets and workers listen on 127.0.0.1, not on every interface (Ray's
+# ray_constants.ENABLE_RAY_CLUSTER). A local cluster autotune starts has no other node to reach it.
+SINGLE_MACHINE_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 _NODE_DIED = re.compile(r"Node IP: (?P<ip>[^,\s]+), node ID: (?P<id>[0-9a-f]+)")
 
 
@@ -142,8 +146,10 @@ def start_ray(
     or joined it, None when it reused a Ray already initialized in this process.
 
     A local cluster gets `num_gpus` GPUs (fake ones for the simulator) and, with `device_ids`, sees only
-    those devices, with Ray's default token authentication.
+    those devices, with Ray's default token authentication, and listens on 127.0.0.1 only.
     """
+    if not address:
+        os.environ.setdefault(SINGLE_MACHINE_VAR, "0")  # read once, when ray is first imported
     import ray
 
     if ray.is_initialized():
