@@ -73,7 +73,11 @@ def on_url(
         "and --set; the rest: vLLM's defaults for the GPU)"
     )
     if info.time_scale != 1.0:
-        say(f"the server's simulated clock runs {info.time_scale:g}x real time: times are put back on it")
+        say(
+            f"the server's simulated clock runs {info.time_scale:g}x real time: times are put back on it, "
+            f"and the HTTP path's own time (the client's and the server's CPU) counts {info.time_scale:g}x "
+            "over on it: the fit takes it for the GPU's (keep the scale small: docs/simulator.md)"
+        )
     config = ConfigUnderTest("server", flags, max_len)
     points = _sized(designed_points(model, target.gpu, [config]), gpu_minutes * 60, prior, say)
     measured, gpu_s = measure_points(info, points, say)

@@ -66,7 +66,9 @@ def bench_url(
         print(
             f"autotune bench: note: {masked(args.url)} is autotune sim-server at --time-scale "
             f"{served.time_scale:g}: its latencies and rates are measured in wall-clock time, "
-            f"{served.time_scale:g}x faster than the simulated GPU (autotune calibrate --url rescales them)",
+            f"{served.time_scale:g}x faster than the simulated GPU (autotune calibrate --url rescales them); "
+            "at tens of requests a second the client's and the server's CPU, not the simulated GPU, set "
+            "them (docs/simulator.md)",
             file=sys.stderr,
         )
     config = EngineConfig(model=model)

@@ -64,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         metavar="X",
         help="run the simulated clock X times faster than real time (1 to 1000, default 1): every latency "
-        "a client sees is divided by X, /metrics says X (autotune:sim_time_scale); for tests and calibration",
+        "a client sees is divided by X, /metrics says X (autotune:sim_time_scale); for tests: the HTTP "
+        "path's own time counts X times over on the simulated clock (docs/simulator.md)",
     )
     parser.add_argument(
         "--max-request-bytes",
