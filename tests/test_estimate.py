@@ -17,10 +17,12 @@ from test_study import OBJECTIVES, build_run, ok
 from autotune.backends.sim import SimBackend
 from autotune.catalog.gpus import get_gpu
 from autotune.catalog.models import known_max_model_len
+from autotune.commands.run_guide import budget_text
 from autotune.measure.slo import parse_slos
-from autotune.outputs.estimate import SAMPLE, remeasure_trials, sample_configs
+from autotune.outputs.estimate import SAMPLE, Left, RunEstimate, remeasure_trials, sample_configs
 from autotune.outputs.outcome import outcome
 from autotune.trial.task import evaluate_trial
+from autotune.tune.progress import clock
 from autotune.tune.screen import make_screen
 from autotune.tune.space import load_space
 from autotune.tune.study import records
@@ -113,3 +115,52 @@ def test_the_estimate_re_measures_no_more_configs_than_the_run_measures() -> Non
     assert remeasure_trials(2, noisy=True, n_trials=50) == 8
     assert remeasure_trials(2, noisy=True, n_trials=2) == 4
     assert remeasure_trials(2, noisy=False, n_trials=50) == 0  # a noise-free backend repeats nothing
+
+
+def _seconds(text: str) -> float:
+    """A `clock` figure (6m32s, 12 s) in seconds."""
+    m = re.fullmatch(r"(?:(\d+)m)?(\d+)(?: )?s", text)
+    assert m, text
+    return int(m[1] or 0) * 60 + int(m[2])
+
+
+def test_the_per_trial_figures_add_up_to_the_trials_gpu_hours() -> None:
+    """The baseline costs less than the sampled configs: the line names both, and they sum to the total
+    (2 trials were 0.93 GPU-h beside 'per trial 34m21s on average', which doubled is 1.15)."""
+    estimate = RunEstimate(1287.0, 2061.0, 2, 0, 1, SAMPLE, (1287.0, 3000.0))
+    text = estimate.text()
+    printed = re.search(r"about ([\d.]+) GPU-hours for 2 trials: .* Per trial (\S+) of GPU time for the "
+                        r"baseline, (\S+) on average for the others", text)  # fmt: skip
+    assert printed, text
+    assert float(printed[1]) == pytest.approx((_seconds(printed[2]) + _seconds(printed[3])) / 3600, abs=0.006)
+
+
+def test_a_budgeted_guided_estimate_counts_what_the_budget_affords_at_the_budget_lines_trial_cost() -> None:
+    """A guided run's trials are the configs predicted best, charged the baseline's cost as its budget
+    charges the first one: the estimate states the spend --gpu-hours allows (not 50 trials and 8
+    re-measurements at the space's mean cost, 9.55 + 1.54 GPU-h against a 1 GPU-h budget), and its
+    per-trial figure is the budget line's."""
+    left = Left(guided=True, budget_s=3600.0)
+    estimate = RunEstimate(392.0, 693.0, 50, 8, 1, SAMPLE, (392.0, 1462.0), left)
+    text = estimate.text()
+    assert text.startswith("estimate: about 0.98 GPU-hours for 9 trials, all that the budget's 1.00 GPU-h"), (
+        text
+    )
+    assert estimate.gpu_hours <= 1.0
+    per = f"{clock(392.0)} of GPU time"
+    assert f"Per trial {per}, the baseline's" in text
+    assert f"a trial costs about {per} (the estimate above)" in budget_text(1.0, estimate.trial_gpu_s)
+    assert "at most 9 trials" in budget_text(1.0, estimate.trial_gpu_s)
+
+
+def test_a_resumed_estimate_counts_only_what_is_left() -> None:
+    """On resume the study's measured trials, the baseline among them, and its re-measurements are not
+    estimated again; nothing left says so."""
+    after = RunEstimate(392.0, 693.0, 2, 0, 1, SAMPLE, (392.0, 1462.0), Left(baseline=False))
+    assert after.trials_gpu_h == pytest.approx(2 * 693.0 / 3600)
+    assert "Per trial 11m33s of GPU time on average;" in after.text()
+    done = RunEstimate(392.0, 693.0, 0, 0, 1, SAMPLE, (392.0, 1462.0), Left(baseline=False))
+    assert (
+        done.text()
+        == "estimate: nothing left to run: the study already has the trials and re-measurements asked for"
+    )

@@ -293,6 +293,16 @@ def test_resume_rebuilds_the_guide_from_the_study_and_measures_nothing_twice(
     assert len(keys) == len(set(keys)) >= 2
 
 
+def test_a_resumed_runs_estimate_counts_only_the_trials_left(two_trials: Path, tmp_path: Path) -> None:
+    """The pre-run estimate (a guided budget's first charge) of a resumed run leaves out what the study
+    holds: one trial of three is left, then none."""
+    folder = resumable(two_trials, tmp_path)
+    one = guided_run(folder, "--n-trials", "3", "--gpu-hours", "5", "--resume").stderr
+    assert re.search(r"estimate: about [\d.]+ GPU-hours for 1 trial:", one), one
+    none = guided_run(folder, "--n-trials", "3", "--gpu-hours", "5", "--resume").stderr
+    assert "autotune: estimate: nothing left to run" in none
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

@@ -252,7 +252,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
         for line in (per_replica, s.gpus_note):
             if line:
                 print(f"autotune: {line}", file=sys.stderr)
-        estimate = _estimate(args, s, executor.capacity)
+        estimate = _estimate(args, s, executor.capacity, study)
         guide = make_guided(args, s, estimate)  # None: not a guided run
         screen = (
             None if args.no_screen else make_screen(s.space.model, s.space.gpu, calibration=s.calibration)
@@ -332,14 +332,14 @@ def _variant(args: argparse.Namespace, workload: Any) -> list[str]:
     return load + ([Path(args.objectives).stem] if args.objectives != "default" else [])
 
 
-def _estimate(args: argparse.Namespace, s: _Setup, gpus: int) -> Any:
-    """The pre-run estimate on a real backend. A simulated run needs none, unless a guided run's budget
-    must charge its first trial: then from the guide's calibration (the backend's plays the reality,
-    which the guide must not read)."""
+def _estimate(args: argparse.Namespace, s: _Setup, gpus: int, study: Any) -> Any:
+    """The pre-run estimate on a real backend, of what `study` still lacks. A simulated run needs none,
+    unless a guided run's budget must charge its first trial: then from the guide's calibration (the
+    backend's plays the reality, which the guide must not read)."""
     if args.backend != "sim":
-        return print_estimate(args, s, gpus, s.calibration)
+        return print_estimate(args, s, gpus, s.calibration, study)
     if s.guide_calibration is not None and args.gpu_hours is not None:
-        return print_estimate(args, s, gpus, s.guide_calibration)
+        return print_estimate(args, s, gpus, s.guide_calibration, study)
     return None
 
 

@@ -106,7 +106,7 @@ def shared_calibration(args: argparse.Namespace, sim: Any, guide: Any) -> tuple[
 def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
     """The guided search of the run set up in `s` (run._Setup): the guide's table of the whole space
     (cached in <runs-dir>/guide/) and its prediction of vLLM's defaults; None when the run is not
-    guided. `estimate`: the pre-run estimate (its baseline trial's GPU time is the first trial's cost)."""
+    guided. `estimate`: the pre-run estimate (its trial's GPU time is the first trial's charge)."""
     from autotune.core.procs import usable_cpus
     from autotune.tune.guide import predict_points, predict_space
     from autotune.tune.guide_check import replayer
@@ -118,7 +118,7 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
     cal = s.guide_calibration
     if cal is None:
         return None
-    first_trial_gpu_s = estimate.baseline_gpu_s if estimate is not None else None
+    first_trial_gpu_s = estimate.trial_gpu_s if estimate is not None else None
     print(
         f"autotune: guide: predicting the whole space on the simulated engine ({usable_cpus()} core(s), "
         "lowest CPU priority) ...",
@@ -187,7 +187,9 @@ class Progress:
 
 def budget_text(budget_h: float | None, trial_gpu_s: float | None) -> str:
     """The expected spend, before anything launches."""
-    per = f"a trial costs about {trial_gpu_s / 60:.0f} GPU-min (the estimate above)" if trial_gpu_s else ""
+    from autotune.tune.progress import clock
+
+    per = f"a trial costs about {clock(trial_gpu_s)} of GPU time (the estimate above)" if trial_gpu_s else ""
     if budget_h is None:
         return (per + "; " if per else "") + "no --gpu-hours: the run stops at --n-trials or when the guide "
         "predicts nothing better is left"

@@ -15,6 +15,8 @@ configs and the baseline are measured again (autotune/tune/remeasure.py), each r
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,27 +30,44 @@ SAMPLE_TRIES = 10  # suggestions per sampled config at most (the rest being reje
 
 
 @dataclass(frozen=True)
+class Left:
+    """How a run picks and bounds the trials it still has to run."""
+
+    guided: bool = False  # the guide picks them, not the sampler
+    baseline: bool = True  # the baseline is among them (False: measured before a resume)
+    budget_s: float | None = None  # GPU-seconds --gpu-hours has left (None: no budget)
+
+
+@dataclass(frozen=True)
 class RunEstimate:
-    """Before a real-GPU run: its GPU-hours (a TP=4 trial's hour is 4) and its time on the GPUs."""
+    """Before a real-GPU run: its GPU-hours (a TP=4 trial's hour is 4) and its time on the GPUs, for what
+    is still to run (on resume: what the study lacks) within the budget."""
 
     baseline_gpu_s: float  # the baseline trial's GPU-seconds, all of its GPUs
-    per_trial_gpu_s: float  # the sampled configs' mean (the baseline's when none launched)
-    n_trials: int
-    repeats: int  # re-measurements after the search (0 on a backend without noise)
+    sample_gpu_s: float  # the sampled configs' mean (the baseline's when none launched)
+    n_trials: int  # trials still to run, the baseline's included
+    repeats: int  # re-measurements still to run (0 on a backend without noise)
     gpus: int  # GPUs the run may use at once
     sampled: int  # configs simulated besides the baseline
     spread: tuple[float, float]  # the cheapest and dearest simulated trial (GPU-seconds)
+    left: Left = Left()  # how the run picks and bounds them
+
+    @property
+    def trial_gpu_s(self) -> float:
+        """A trial's GPU-seconds besides the baseline's. A guided trial is charged the baseline's: the guide
+        measures configs predicted to serve about as fast or faster, and a capacity search's GPU time goes
+        as 1 / capacity; the sampler's trials cost the sample's mean."""
+        return self.baseline_gpu_s if self.left.guided else self.sample_gpu_s
 
     @property
     def trials_gpu_h(self) -> float:
-        """GPU-hours of the study's trials."""
-        others = max(0, self.n_trials - 1)
-        return (self.baseline_gpu_s + others * self.per_trial_gpu_s) / 3600
+        """GPU-hours of the trials still to run (within the budget)."""
+        return sum(self._runs()[0]) / 3600
 
     @property
     def repeats_gpu_h(self) -> float:
-        """GPU-hours of the re-measurements (each a trial of the mean cost)."""
-        return self.repeats * self.per_trial_gpu_s / 3600
+        """GPU-hours of the re-measurements still to run (within the budget), each a trial's cost."""
+        return sum(self._runs()[1]) / 3600
 
     @property
     def gpu_hours(self) -> float:
@@ -60,21 +79,67 @@ class RunEstimate:
         """Hours on `gpus` GPUs kept busy (trials at once as they fit; the last ones may run alone)."""
         return self.gpu_hours / max(1, self.gpus)
 
+    def _runs(self) -> tuple[list[float], list[float]]:
+        """The GPU-seconds of each trial and each re-measurement still to run, in the order they run, as
+        many as the budget affords."""
+        first = [self.baseline_gpu_s] if self.left.baseline and self.n_trials else []
+        trials = first + [self.trial_gpu_s] * (self.n_trials - len(first))
+        repeats = [self.trial_gpu_s] * self.repeats
+        if self.left.budget_s is None:
+            return trials, repeats
+        runs = list(itertools.accumulate(trials + repeats))
+        afforded = bisect.bisect_right(runs, self.left.budget_s)
+        return trials[:afforded], repeats[: max(0, afforded - len(trials))]
+
     def text(self) -> str:
         """What `autotune run` prints before it starts."""
-        low, high = self.spread
-        repeats = (
+        trials, repeats = self._runs()
+        if not trials and not repeats:
+            return self._nothing_text()
+        again = (
             f", plus {self.repeats_gpu_h:.2f} for re-measuring the top configs and the baseline "
-            f"({self.repeats} more trials)"
-            if self.repeats
+            f"({len(repeats)} more trials)"
+            if repeats
             else ""
         )
+        low, high = self.spread
         return (
-            f"estimate: about {self.trials_gpu_h:.2f} GPU-hours for {self.n_trials} trials{repeats}: "
-            f"about {clock(self.wall_hours * 3600)} on {self.gpus} GPU(s). Per trial "
-            f"{clock(self.per_trial_gpu_s)} of GPU time on average (from {clock(low)} to {clock(high)} "
-            f"over the baseline and {self.sampled} configs of the space simulated; early abort counted)."
+            f"estimate: about {self.trials_gpu_h:.2f} GPU-hours for {_trials(len(trials))}{again}"
+            f"{self._budget_text(len(trials), len(repeats))}: about {clock(self.wall_hours * 3600)} on "
+            f"{self.gpus} GPU(s). Per trial {self._per_trial_text()}; the baseline and {self.sampled} "
+            f"configs of the space simulated took {clock(low)} to {clock(high)} each (early abort counted)."
         )
+
+    def _per_trial_text(self) -> str:
+        """Each trial's GPU time, as the totals count it."""
+        if self.left.guided:
+            return f"{clock(self.trial_gpu_s)} of GPU time, the baseline's (the guide picks configs as fast)"
+        average = f"{clock(self.trial_gpu_s)} on average"
+        if not (self.left.baseline and self.n_trials):  # resumed after the baseline: the others alone
+            return f"{clock(self.trial_gpu_s)} of GPU time on average"
+        return f"{clock(self.baseline_gpu_s)} of GPU time for the baseline, {average} for the others"
+
+    def _budget_text(self, trials: int, repeats: int) -> str:
+        """What the budget leaves out ('' when it affords everything)."""
+        if self.left.budget_s is None or (trials, repeats) == (self.n_trials, self.repeats):
+            return ""
+        return (
+            f", all that the budget's {self.left.budget_s / 3600:.2f} GPU-h left affords (of {self.n_trials} "
+            f"trials and {self.repeats} re-measurements)"
+        )
+
+    def _nothing_text(self) -> str:
+        """The estimate when nothing will run."""
+        if self.n_trials or self.repeats:
+            return (
+                f"estimate: the budget's {(self.left.budget_s or 0.0) / 3600:.2f} GPU-h left affords no "
+                f"trial ({clock(self.trial_gpu_s)} of GPU time each)"
+            )
+        return "estimate: nothing left to run: the study already has the trials and re-measurements asked for"
+
+
+def _trials(n: int) -> str:
+    return f"{n} trial" if n == 1 else f"{n} trials"
 
 
 def estimate_run(
@@ -89,11 +154,13 @@ def estimate_run(
     max_position_embeddings: int | None = None,
     sample: int = SAMPLE,
     calibration: Any = None,
+    left: Left | None = None,
 ) -> RunEstimate | None:
     """The run's estimate from its baseline and `sample` configs of `space` run as trials on the simulated
-    engine (`repeats`: re-measurement trials after the search); None when the baseline cannot be
-    simulated (a model or GPU outside the catalogs). `calibration`: the simulator's constants (None: the
-    built-in ones)."""
+    engine (`n_trials` trials still to run, `repeats` re-measurement trials after the search); None when
+    the baseline cannot be simulated (a model or GPU outside the catalogs). `calibration`: the
+    simulator's constants (None: the built-in ones); `left`: how the run picks and bounds its trials
+    (None: the sampler, unbounded, the baseline among them)."""
     from autotune.backends.sim import SimBackend
     from autotune.trial.task import evaluate_trial
 
@@ -113,7 +180,7 @@ def estimate_run(
     costs = [cost(c) for c in sample_configs(space, sample, seed, screen, max_position_embeddings)]
     per_trial = statistics.fmean(costs) if costs else base
     spread = (min([base, *costs]), max([base, *costs]))
-    return RunEstimate(base, per_trial, n_trials, repeats, max(1, gpus), len(costs), spread)
+    return RunEstimate(base, per_trial, n_trials, repeats, max(1, gpus), len(costs), spread, left or Left())
 
 
 def sample_configs(
