@@ -8,7 +8,11 @@ import json
 import math
 import re
 import shutil
+import signal
 import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -291,6 +295,37 @@ def test_resume_rebuilds_the_guide_from_the_study_and_measures_nothing_twice(
     trials = [t for t in study_of(folder).trials if t.user_attrs.get("launched", True)]
     keys = [t.user_attrs["config_key"] for t in trials]
     assert len(keys) == len(set(keys)) >= 2
+
+
+def test_ctrl_c_writes_the_guides_files_with_the_other_results(folder: Path) -> None:
+    """An interrupted guided run writes guide.json and calibration.yaml beside best.json and report.html
+    (the README lists them among a guided run's results; best.json quotes guide.json)."""
+    args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=2s", "--guide", "sim", "--parallel", "1"]
+    args += ["--sim-calibration", "reality.yaml", "--noise", "0.02", "--repeats", "2", "--study", "g"]
+    command = [sys.executable, "-m", "autotune.cli", *args, "--guide-top", "0", "--n-trials", "20"]
+    proc = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    db, deadline = folder / "runs/g/study.db", time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and not _measured(db):
+        time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    run = folder / "runs/g"
+    guide = json.loads((run / "guide.json").read_text())
+    assert guide["stop_reason"] == "interrupted" and guide["trials"]
+    assert "speed constants scaled by the" in (run / "calibration.yaml").read_text()
+    assert json.loads((run / "best.json").read_text())["guide"]["stop_reason"] == "interrupted"
+
+
+def _measured(db: Path) -> bool:
+    """Whether the study in `db` has a finished trial yet."""
+    if not db.exists():
+        return False
+    try:
+        study = optuna.load_study(study_name="g", storage=f"sqlite:///{db}")
+    except (KeyError, ValueError):  # not created yet
+        return False
+    return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
 
 
 def test_a_resumed_runs_estimate_counts_only_the_trials_left(two_trials: Path, tmp_path: Path) -> None:

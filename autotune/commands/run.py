@@ -240,7 +240,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
     driver = new_driver()
     study = start_study(s.study_name, s.storage, settings, sampler, args.resume, first, s.run_dir, driver)
     lease = Lease(study, driver=driver).start()
-    dashboard, note, context = None, None, {}
+    dashboard, note, context, guide = None, None, {}, None
     try:
         RunInfo(study=s.study_name, storage=for_run_file(s.storage, s.run_dir), directory=s.run_dir).save(
             {**settings.to_dict(), "space": s.space.source, "load": s.workload.load, **_image(args)}
@@ -288,13 +288,15 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
         finish_guided(guide, study, s.run_dir, summary.halted or summary.stop_reason)
     except RunFailure as exc:
         if isinstance(exc, ClusterLost):  # the storage is fine: the results are written as after Ctrl-C
-            run_end.write_results(study, s, args, context, note, lease, dashboard)
+            stopped = (guide, "the Ray cluster was lost")
+            run_end.write_results(study, s, args, context, note, lease, dashboard, stopped)
             raise
         # The storage failed: reading it back for the results would wait on it again. --resume writes them.
         run_end.stop(lease, dashboard, s.run_dir, write_lease=False)
         raise
     except BaseException:
-        _, problem = run_end.write_results(study, s, args, context, note, lease, dashboard)
+        stopped = (guide, "interrupted")
+        _, problem = run_end.write_results(study, s, args, context, note, lease, dashboard, stopped)
         if problem:
             print(f"autotune run: {problem}", file=sys.stderr)  # then the interrupt's own line
         raise

@@ -56,11 +56,21 @@ def kept(study: Any) -> str:
 
 
 def write_results(
-    study: Any, s: Any, args: argparse.Namespace, context: dict, note: Any, lease: Any, dashboard: Any
+    study: Any,
+    s: Any,
+    args: argparse.Namespace,
+    context: dict,
+    note: Any,
+    lease: Any,
+    dashboard: Any,
+    stopped: tuple[Any, str] | None = None,
 ) -> tuple[Any, str]:
     """Write the results (Ctrl-C waits until they are complete): (the outcome and the names of the files
     written, ''), or (None, why) when they could not be written (a full disk: the study still
-    has every trial)."""
+    has every trial). `stopped`: a guided search cut short (Ctrl-C, a lost cluster) and why: its
+    guide.json and calibration.yaml are written first (best.json quotes guide.json); a run that ended
+    wrote them with its summary."""
+    from autotune.commands.run_guide import write_guided
     from autotune.core.interrupts import deferred_ctrl_c
     from autotune.outputs import report
     from autotune.outputs.outcome import outcome as read_outcome
@@ -71,6 +81,8 @@ def write_results(
     out, problem = None, ""
     with deferred_ctrl_c():
         try:
+            if stopped is not None:
+                write_guided(stopped[0], study, s.run_dir, stopped[1])
             recs = records(study)
             maximize = [o.maximize for o in s.objectives.objectives]
             slos = [str(slo) for slo in s.slos]

@@ -206,9 +206,18 @@ def budget_text(budget_h: float | None, trial_gpu_s: float | None) -> str:
 
 
 def finish_guided(search: Any, study: Any, run_dir: Path, stop_reason: str | None) -> dict[str, Any] | None:
+    """Write the guide's files (`write_guided`) and print the table. Returns guide.json's data (None, and
+    nothing written, when `search` is None: not a guided run)."""
+    data = write_guided(search, study, run_dir, stop_reason)
+    if data is not None:
+        print(guide_summary(data), file=sys.stderr)
+    return data
+
+
+def write_guided(search: Any, study: Any, run_dir: Path, stop_reason: str | None) -> dict[str, Any] | None:
     """Write guide.json (predicted vs measured per trial, spend, why it stopped) and calibration.yaml
-    (the guide's calibration with the speed factor fitted to the measurements); print the table.
-    Returns guide.json's data (None, and nothing written, when `search` is None: not a guided run)."""
+    (the guide's calibration with the speed factor fitted to the measurements); return guide.json's data
+    (None, and nothing written, when `search` is None: not a guided run, or stopped before its guide)."""
     if search is None:
         return None
     from autotune.core.atomic import atomic_write_text
@@ -240,7 +249,6 @@ def finish_guided(search: Any, study: Any, run_dir: Path, stop_reason: str | Non
         "Reuse: --guide-calibration (real GPUs) or --sim-calibration (simulated runs)."
     )
     atomic_write_text(run_dir / CALIBRATION_FILE, calibration_yaml(fitted, header))
-    print(guide_summary(data), file=sys.stderr)
     return data
 
 
