@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -17,8 +18,11 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.cli import main
+from autotune.commands.run_end import print_summary
 from autotune.outputs.export import load_run, parse_command
 from autotune.store.urls import run_storage
+from autotune.tune.run_records import RunSummary
+from autotune.tune.tally import Tally
 
 SIM_SERVER = f"{sys.executable} -m autotune.cli sim-server"
 
@@ -191,7 +195,9 @@ def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> No
         [*cmd[:-1], str(target), "--resume"], capture_output=True, text=True, env=env, timeout=180
     )
     assert resume.returncode == 0, resume.stderr
-    assert f"{target} trial(s), {done} measured before this resume)" in resume.stderr  # not the FAIL one
+    kept = re.search(r"(\d+) finished trials kept in \S+ \(((\d+) measured[^)]*)\)", err)
+    assert kept and int(kept[3]) == done, err  # the Ctrl-C line and the resume count alike
+    assert f"{target} trial(s), {kept[1]} finished before this resume: {kept[2]})" in resume.stderr
     assert _completed(db, "intr") == (target, 0)
     study = optuna.load_study(study_name="intr", storage=f"sqlite:///{db}")
     assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
@@ -227,3 +233,37 @@ def test_another_load_or_objectives_is_another_default_study(tmp_path: Path) -> 
         "llama-3.1-8b-instruct-h100-chat-fixed",
         "llama-3.1-8b-instruct-h100-chat-throughput",
     ]
+
+
+def _told(**attrs: object) -> optuna.trial.FrozenTrial:
+    return optuna.trial.create_trial(value=0.0, user_attrs=attrs)
+
+
+def test_counts_name_each_kind_of_finished_trial() -> None:
+    """A config rejected before launch is a finished trial but not measured, and one that failed to
+    start (it never served) is launched, counted by --n-trials, but not measured: the Ctrl-C line, the
+    resume line and the summary say so rather than '3 finished trials' beside '2 measured', or '2
+    configs measured' where both crashed at startup."""
+    tally = Tally(maximize=True)
+    rejected = {"launched": False, "failure": "invalid_config"}
+    for attrs in ({"feasible": True}, {"failure": "kv_cache_oom"}, rejected):
+        tally.record(_told(**attrs))
+    assert tally.kinds_text() == "1 measured, 1 failed to start, 1 rejected before launch"
+    assert (tally.finished, tally.done, tally.measured) == (3, 2, 1)  # --n-trials counts the launched ones
+
+
+def test_the_summary_says_launched_configs_that_never_served_were_not_measured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = type("Out", (), {"cost": None})()
+    crashed = RunSummary(completed=2, rejected=0, told=2, wall_s=1.0, unstarted=2)
+    normal = RunSummary(completed=50, rejected=10, told=60, wall_s=59.0)
+    for summary in (crashed, normal):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("autotune.outputs.report.summary_text", lambda _: "")
+            print_summary((out, []), summary, tmp_path)
+    said = capsys.readouterr().out
+    assert "2 configs launched, 0 measured (2 failed to start), 0 duplicate suggestions" in said
+    assert (
+        "50 configs measured, 0 duplicate suggestions answered from earlier results, 10 suggestions" in said
+    )

@@ -310,16 +310,10 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
 
 
 def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> None:
-    from optuna.trial import TrialState
-
-    from autotune.tune.tally import Tally
-
     slos = ", ".join(str(slo) for slo in s.slos) or "none"
-    # what --n-trials counts, as the run's tally does: not the rejected, interrupted or duplicate trials
-    before = Tally(maximize=s.objectives.objectives[0].maximize)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        before.record(trial)
-    resumed = f", {before.done} measured before this resume" if args.resume and study.trials else ""
+    # in the words of the line Ctrl-C left (run_end.kept): --n-trials counts the measured and unstarted
+    before = run_end.told(study) if args.resume and study.trials else None
+    resumed = f", {before.finished} finished before this resume: {before.kinds_text()}" if before else ""
     print(
         f"autotune: study {s.study_name} ({args.backend}: {s.space.model} on {s.space.gpu}, workload "
         f"{s.workload.name} at {_load_text(s)}, SLO {slos}; {where}; {args.n_trials} trial(s){resumed})",

@@ -19,17 +19,16 @@ def run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
     try:
         return tuner.run()
     except KeyboardInterrupt:
-        print(f"autotune run: {kept(study)} kept in {run_dir}/; {RESUME_HINT}", file=sys.stderr)
+        print(f"autotune run: {kept(study, run_dir)}; {RESUME_HINT}", file=sys.stderr)
         raise
     except ClusterLost as exc:  # the tuner already marked the interrupted trials FAIL
         raise ClusterLost(
-            f"{exc}; {kept(study)} kept in {run_dir}/; {RESUME_HINT} (against a new cluster: --ray-address)"
+            f"{exc}; {kept(study, run_dir)}; {RESUME_HINT} (against a new cluster: --ray-address)"
         ) from None
     except (*STORAGE_ERRORS(), OSError) as exc:
         tuner.executor.cancel_all()
         raise RunFailure(
-            f"the run stopped: {storage_error(exc)}; {kept(study)} kept in {run_dir}/; once fixed, "
-            f"{RESUME_HINT}"
+            f"the run stopped: {storage_error(exc)}; {kept(study, run_dir)}; once fixed, {RESUME_HINT}"
         ) from None
 
 
@@ -44,15 +43,26 @@ def STORAGE_ERRORS() -> tuple[type[BaseException], ...]:  # noqa: N802  (a const
     return (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
 
 
-def kept(study: Any) -> str:
-    """'N finished trials' (COMPLETE) of the study, or 'every finished trial is' when it cannot say."""
-    import optuna
-
+def kept(study: Any, run_dir: Path) -> str:
+    """'N finished trials kept in DIR/ (by kind, as a resume counts them: Tally.kinds_text)', or 'every
+    finished trial is kept in DIR/' when the study cannot say."""
     try:
-        n = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+        tally = told(study)
     except Exception:  # noqa: BLE001  (the storage is what failed)
-        return "every finished trial is"
-    return f"{n} finished trials"
+        return f"every finished trial is kept in {run_dir}/"
+    return f"{tally.finished} finished trials kept in {run_dir}/ ({tally.kinds_text()})"
+
+
+def told(study: Any) -> Any:
+    """A Tally of the study's finished trials (tune/tally.py), as a resumed run starts from."""
+    from optuna.trial import TrialState
+
+    from autotune.tune.tally import Tally
+
+    tally = Tally(maximize=True)  # the counts only: the best value is not read
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        tally.record(trial)
+    return tally
 
 
 def write_results(
@@ -132,9 +142,17 @@ def print_summary(written: Any, summary: Any, run_dir: Path) -> None:
         ended += f"; {summary.repeated} re-measurement{plural} of the top configs and the baseline"
     cost = out.cost.text() if out.cost is not None else ""
     print(
-        f"\n{summary.completed} configs measured, {summary.duplicates} duplicate suggestions answered from "
+        f"\n{_measured_text(summary)}, {summary.duplicates} duplicate suggestions answered from "
         f"earlier results{converged}, {summary.rejected} suggestions rejected "
         f"before launch ({summary.screened} predicted to fail to start); {summary.told} told this run in "
         f"{summary.wall_s:.0f} s{ended}; {cost}"
         f"\nResults: {run_dir}/ ({', '.join(files) or 'nothing written: no trial finished'})"
     )
+
+
+def _measured_text(summary: Any) -> str:
+    """'N configs measured'; where some failed to start (never served: not measured), both counts."""
+    if not summary.unstarted:
+        return f"{summary.completed} configs measured"
+    measured = summary.completed - summary.unstarted
+    return f"{summary.completed} configs launched, {measured} measured ({summary.unstarted} failed to start)"

@@ -23,7 +23,7 @@ class TunerOptions:
 class RunSummary:
     """How the run ended."""
 
-    completed: int  # trials that count toward n_trials (measured configs)
+    completed: int  # trials that count toward n_trials (launched configs)
     rejected: int  # suggestions told before launch: invalid, or screened
     told: int
     wall_s: float
@@ -33,4 +33,5 @@ class RunSummary:
     duplicates: int = 0  # suggestions answered with an earlier result (free, not counted)
     converged: bool = False  # the run ended because the sampler only proposed measured configs
     stop_reason: str | None = None  # why a guided run stopped early (tune/guided.py)
+    unstarted: int = 0  # of the completed: failed to start (served no load: not measured)
     halted: str | None = None  # why the run halted: its first launched trials all failed alike (tune/halt.py)

@@ -9,7 +9,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.core.errors import FailureKind
+from autotune.core.errors import STARTUP_FAILURES, FailureKind
 from autotune.tune.progress import ProgressState
 from autotune.tune.result_attrs import parse_info
 from autotune.tune.study import margins_of, unmet_reason
@@ -25,6 +25,7 @@ class Tally:
     duplicates: int = 0  # told an earlier result
     duplicate_streak: int = 0  # duplicates since the last measured config
     screened: int = 0
+    unstarted: int = 0  # of the done: launched but failed to start (they served no load: not measured)
     feasible: int = 0
     failed: int = 0
     best: float | None = None
@@ -46,6 +47,7 @@ class Tally:
             self.duplicate_streak += 1
         elif attrs.get("launched", True):
             self.done += 1
+            self.unstarted += attrs.get("failure") in STARTUP_FAILURES
             self.duplicate_streak = 0
         else:
             self.rejected += 1
@@ -62,6 +64,23 @@ class Tally:
             self.baseline = value
         shown = f" {value:,.0f}" if value is not None and attrs.get("feasible") else ""
         self.last = f"#{frozen.number} {_status(attrs)}{shown}"
+
+    @property
+    def measured(self) -> int:
+        """Configs that served load (the done ones that started)."""
+        return self.done - self.unstarted
+
+    @property
+    def finished(self) -> int:
+        """The told trials that finished: the done, the rejected and the duplicates."""
+        return self.done + self.rejected + self.duplicates
+
+    def kinds_text(self) -> str:
+        """The finished trials by kind: "2 measured, 1 rejected before launch" (--n-trials counts the
+        measured ones and those that failed to start)."""
+        kinds = [(self.measured, "measured"), (self.unstarted, "failed to start")]
+        kinds += [(self.rejected, "rejected before launch"), (self.duplicates, "duplicates")]
+        return ", ".join(f"{n} {what}" for n, what in kinds if n or what == "measured")
 
     def state(self, total: int, guided: bool, **rest: Any) -> ProgressState:
         """The progress line's state: these counts of `total`, the GPU-hours spent when `guided`, and

@@ -130,6 +130,7 @@ class Tuner:
                 self.progress.close()
         return RunSummary(
             completed=self._tally.done,
+            unstarted=self._tally.unstarted,
             rejected=self._tally.rejected,
             told=self._told,
             screened=self._tally.screened,
