@@ -519,3 +519,62 @@ def test_a_bad_trace_timestamp_names_the_file_and_line(
     files = {"w.yaml": "num_requests: 2\ntrace: t.csv\n", "t.csv": trace}
     line = assert_rejected(["run", "--workload", "{tmp}/w.yaml"], files, tmp_path, capfd, monkeypatch)
     assert f"trace {tmp_path / 't.csv'} line 3: TIMESTAMP 'soon' is neither seconds (a number) nor" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["run", "--serve-cmd", "autotune sim-server"], "--serve-cmd needs --backend vllm"),
+        (["run", "--backend", "docker", "--serve-cmd", "vllm serve -q"], "--serve-cmd needs --backend vllm"),
+        (["run", "--image", "my/vllm:1"], "--image needs --backend docker"),
+        (["run", "--startup-timeout", "60"], "--startup-timeout needs --backend vllm|docker"),
+        (["run", "--backend", "vllm", "--noise"], "--noise needs --backend sim"),
+        (["run", "--trial-timeout", "60"], "--trial-timeout needs --backend vllm|docker, or --gpus/--ray"),
+        (["bench", "--serve-cmd", "autotune sim-server"], "--serve-cmd needs --backend vllm"),
+        (
+            ["bench", "--backend", "vllm", "--sim-calibration", "c.yaml"],
+            "--sim-calibration needs --backend sim",
+        ),
+        (["bench", "--max-probes", "3"], "--max-probes needs --capacity"),
+        (
+            ["bench", "--min-window", "5", "--min-window-requests", "9"],
+            "--min-window, --min-window-requests need",
+        ),
+        (
+            ["calibrate", "--url", "http://127.0.0.1:9", "--serve-cmd", "x"],
+            "--serve-cmd needs --backend vllm",
+        ),
+        (
+            ["calibrate", "--url", "http://127.0.0.1:9", "--image", "my/vllm:1"],
+            "--image needs --backend docker",
+        ),
+        (["calibrate", "--backend", "vllm", "--image", "my/vllm:1"], "--image needs --backend docker"),
+        (["calibrate", "--url", "http://127.0.0.1:9", "--gpus", "2"], "--gpus needs --backend vllm|docker"),
+        (["calibrate", "--url", "http://127.0.0.1:9", "--split", "train"], "--split needs --points"),
+        (["calibrate", "--points", "p.yaml", "--gpu", "H100"], "--gpu needs --url or --backend"),
+        (["export", "{tmp}", "--replicas", "3"], "--replicas needs --format helm"),
+        (["export", "{tmp}", "--format", "k8s", "--replicas", "3"], "--replicas needs --format helm"),
+        (["export", "{tmp}", "--format", "yaml", "--tag", "v1"], "--tag needs --format docker|k8s|helm"),
+        (["export", "{tmp}", "--secret", "hf"], "--secret needs --format k8s|helm"),
+    ],
+)
+def test_an_option_the_command_would_ignore_names_what_it_needs(
+    argv: list[str],
+    named: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Silently ignored, --serve-cmd without --backend vllm would run the simulator in process and exit 0."""
+    line = assert_rejected(argv, {}, tmp_path, capfd, monkeypatch)
+    assert named in line
+
+
+@pytest.mark.parametrize("tag", ["bad tag", "-v1", "v1:x", "a" * 129])
+def test_an_export_tag_must_be_a_docker_tag(
+    tag: str, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = assert_rejected(
+        ["export", "{tmp}", "--format", "docker", f"--tag={tag}"], {}, tmp_path, capfd, monkeypatch
+    )
+    assert "argument --tag:" in line and "is not a Docker image tag" in line

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.commands.bench_report import print_report
 from autotune.commands.options import (
+    SERVER_OPTIONS,
     add_backend_option,
     add_config_options,
     add_seed_option,
@@ -23,7 +24,7 @@ from autotune.commands.options import (
 from autotune.core import values
 from autotune.core.config import ENGINE_FLAGS, OTHER_VLLM_FLAGS, EngineConfig, check_flags, parse_value
 from autotune.core.errors import AutotuneError
-from autotune.core.inputs import arg, positive_seconds
+from autotune.core.inputs import arg, positive_seconds, refuse_unless, refuse_unused
 from autotune.sim.calibration import calibration_option
 from autotune.sim.noise import noise_model
 
@@ -34,6 +35,15 @@ if TYPE_CHECKING:  # imported when a benchmark runs (`--help` stays quick)
 HELP = "Benchmark one vLLM config on one workload (simulated by default) and print the metrics."
 
 SETTABLE = sorted({*ENGINE_FLAGS, *OTHER_VLLM_FLAGS})  # what a search space may set
+# The capacity search's bounds: nothing else reads them.
+CAPACITY_OPTIONS = (
+    ("--max-probes", "max_probes", None),
+    ("--min-window", "min_window", None),
+    ("--min-window-requests", "min_window_requests", None),
+)
+# A benchmark's server options; unlike a run's, --sim-calibration is the simulated engine's alone (a run
+# also predicts a real backend's trials with it).
+BENCH_SERVER_OPTIONS = (*SERVER_OPTIONS, ("--sim-calibration", "sim_calibration", None, ("sim",)))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
             "--concurrency with --capacity: a capacity search measures open-loop Poisson arrivals, a "
             "concurrency cap makes it a closed loop; drop --concurrency"
         )
+    refuse_unless(args.capacity, args, CAPACITY_OPTIONS, "--capacity")
     slos = parse_slos(args.slo)
     workload = load_workload(args.workload)
     workload = workload.with_load(request_rate=args.rate, max_concurrency=args.concurrency)
@@ -152,6 +163,7 @@ def _bench_launched(
     from autotune.trial.capacity import find_capacity
     from autotune.workloads.spec import check_fits
 
+    refuse_unused(args, "--backend", BENCH_SERVER_OPTIONS)
     calibration = calibration_option(args.sim_calibration)
     config, resolved, gpu = _config(args)
     refused = refusal({k: [v] for k, v in config.params().items()}, "the config")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.commands.options import DEFAULT_SERVE_CMD
 from autotune.core.config import DEFAULT_IMAGE
 from autotune.core.errors import AutotuneError
+from autotune.core.inputs import given_flags
 
 if TYPE_CHECKING:
     from autotune.measure.slo import Slo
@@ -37,7 +38,7 @@ _LAUNCH_OPTIONS = (
 def refuse_launch_options(args: argparse.Namespace) -> None:
     """--url measures a server as it runs: an option that would launch or configure one is an error,
     not silently ignored."""
-    given = [flag for flag, name, default in _LAUNCH_OPTIONS if getattr(args, name, default) != default]
+    given = given_flags(args, _LAUNCH_OPTIONS)
     if given:
         raise AutotuneError(
             f"{', '.join(given)} cannot be used with --url: the server there is already running with its "

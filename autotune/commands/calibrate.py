@@ -21,12 +21,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autotune.commands.options import DEFAULT_SERVE_CMD
+from autotune.core.inputs import refuse_unless, refuse_unused
 from autotune.sim.calibration import add_calibration_argument
 
+DEFAULT_GPU_MINUTES = 10.0
+LATEST_IMAGE = "vllm/vllm-openai:latest"
+# The options for launched servers, as (flag, attribute, default, the backends using them).
+_LAUNCH_OPTIONS = (
+    ("--serve-cmd", "serve_cmd", DEFAULT_SERVE_CMD, ("vllm",)),
+    ("--image", "image", LATEST_IMAGE, ("docker",)),
+    ("--gpus", "gpus", None, ("vllm", "docker")),
+)
+# The options of a measurement (--url or --backend): a --points fit reads all of it from the file.
+_MEASURE_OPTIONS = (
+    ("--model", "model", None),
+    ("--gpu", "gpu", None),
+    ("--set", "settings", []),
+    ("--gpu-minutes", "gpu_minutes", DEFAULT_GPU_MINUTES),
+)
 HELP = (
     "Fit the simulator's constants to your GPU's measurements (a running server, launched configs, a file)."
 )
-DEFAULT_GPU_MINUTES = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,8 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument(
         "--gpus", help="--backend: device ids (0,1) or a count; two or more add a TP=2 config"
     )
-    server.add_argument("--serve-cmd", default="vllm serve", help="--backend vllm: the server command")
-    server.add_argument("--image", default="vllm/vllm-openai:latest", help="--backend docker: the image")
+    server.add_argument("--serve-cmd", default=DEFAULT_SERVE_CMD, help="--backend vllm: the server command")
+    server.add_argument("--image", default=LATEST_IMAGE, help="--backend docker: the image")
     server.add_argument(
         "--gpu-minutes", type=float, default=DEFAULT_GPU_MINUTES,
         help=f"GPU time for the designed set's runs, as predicted (default {DEFAULT_GPU_MINUTES:g})",
@@ -104,6 +120,7 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
         raise AutotuneError(f"--gpu-minutes must be in (0, 600], got {args.gpu_minutes:g}")
     if args.prior_weight <= 0 or args.max_evaluations < 1:
         raise AutotuneError("--prior-weight must be > 0 and --max-evaluations >= 1")
+    _refuse_ignored(args)
     job: dict[str, Any] = {"source": sources[0]}
     if args.points:
         from autotune.calibrate.points import load_points
@@ -135,6 +152,14 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
         job["backend"], job["gpu_ids"] = _backend(args)
     job["output"] = _output(args, job["name"])
     return job
+
+
+def _refuse_ignored(args: argparse.Namespace) -> None:
+    """Options the chosen source would ignore are errors: a launched server's without --backend (or for
+    the other backend), a measurement's with --points, --split without it."""
+    refuse_unused(args, "--backend", _LAUNCH_OPTIONS)
+    refuse_unless(not args.points, args, _MEASURE_OPTIONS, "--url or --backend")
+    refuse_unless(bool(args.points), args, [("--split", "split", None)], "--points")
 
 
 def _backend(args: argparse.Namespace) -> tuple[Any, list[int]]:

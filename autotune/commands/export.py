@@ -6,6 +6,20 @@ import argparse
 import sys
 
 from autotune.core.config import VLLM_RELEASE
+from autotune.core.inputs import ChoiceOption
+
+DEFAULT_TAG = f"v{VLLM_RELEASE}"
+DEFAULT_SECRET, DEFAULT_SECRET_KEY = "hf-token", "token"
+CONTAINERS = ("docker", "k8s", "helm")
+# The options only some formats use, as (flag, attribute, default, those formats): the others would
+# drop them unseen.
+FORMAT_OPTIONS: tuple[ChoiceOption, ...] = (
+    ("--tag", "tag", DEFAULT_TAG, CONTAINERS),
+    ("--image", "image", None, CONTAINERS),
+    ("--secret", "secret", DEFAULT_SECRET, ("k8s", "helm")),
+    ("--secret-key", "secret_key", DEFAULT_SECRET_KEY, ("k8s", "helm")),
+    ("--replicas", "replicas", 1, ("helm",)),
+)
 
 HELP = (
     "Print a run's recommended (or any) config as flags, a command, docker run, vLLM YAML, a k8s pod spec "
@@ -25,9 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", default="cmd", choices=FORMATS, help="output format (default cmd)")
     parser.add_argument(
         "--tag",
-        type=arg(values.text),  # an empty tag would deploy `:latest` (or the default) unasked
-        default=f"v{VLLM_RELEASE}",
-        help=f"vllm/vllm-openai image tag for docker, k8s, helm (default v{VLLM_RELEASE}, the vLLM release "
+        type=arg(export.image_tag),  # an empty tag would deploy `:latest` (or the default) unasked
+        default=DEFAULT_TAG,
+        help=f"vllm/vllm-openai image tag for docker, k8s, helm (default {DEFAULT_TAG}, the vLLM release "
         "autotune follows)",
     )
     parser.add_argument(
@@ -38,13 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--secret",
         type=arg(export.secret_name),
-        default="hf-token",
+        default=DEFAULT_SECRET,
         help="k8s/helm: the Secret holding HF_TOKEN",
     )
     parser.add_argument(
         "--secret-key",
         type=arg(export.secret_key),
-        default="token",
+        default=DEFAULT_SECRET_KEY,
         help="k8s/helm: the key of HF_TOKEN in that Secret",
     )
     parser.add_argument("--replicas", type=int, default=1, help="helm: replicaCount (default 1)")
@@ -55,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     import optuna
 
     from autotune.core.errors import AutotuneError
+    from autotune.core.inputs import refuse_unused
     from autotune.outputs import export
     from autotune.outputs.outcome import SIMULATED_NOTE, is_simulated
     from autotune.store.storage import open_study
@@ -63,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.tune.remeasure import StoredRepeats
     from autotune.tune.study import records
 
+    refuse_unused(args, "--format", FORMAT_OPTIONS)
     info = export.load_run(args.run_dir)
     storage = run_storage(info)
     study = open_study(info.study, storage)

@@ -14,12 +14,20 @@ from autotune.backends.factory import BACKENDS
 from autotune.catalog import known_gpus_text, known_models_text
 from autotune.core import values
 from autotune.core.config import DEFAULT_IMAGE
-from autotune.core.inputs import add_startup_timeout, arg
+from autotune.core.inputs import ChoiceOption, add_startup_timeout, arg
 from autotune.sim.calibration import add_calibration_argument
 from autotune.sim.noise import add_noise_argument
 
 Parser = argparse.ArgumentParser | argparse._ArgumentGroup
 DEFAULT_SERVE_CMD = "vllm serve"
+# add_server_options' options and the backends that use them (the others would ignore them unseen:
+# --serve-cmd without --backend vllm runs the simulator in process).
+SERVER_OPTIONS: tuple[ChoiceOption, ...] = (
+    ("--serve-cmd", "serve_cmd", DEFAULT_SERVE_CMD, ("vllm",)),
+    ("--image", "image", DEFAULT_IMAGE, ("docker",)),
+    ("--startup-timeout", "startup_timeout", None, ("vllm", "docker")),
+    ("--noise", "noise", 0.0, ("sim",)),
+)
 
 
 def add_config_options(parser: Parser, url: bool = False) -> None:

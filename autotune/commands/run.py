@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.commands import run_end
+from autotune.commands.options import SERVER_OPTIONS
 from autotune.commands.run_estimate import print_estimate
 from autotune.commands.run_options import MAX_PARALLEL, PARALLEL_SIZES, add_arguments
 from autotune.sim.noise import noise_model
@@ -34,8 +35,24 @@ def run(args: argparse.Namespace) -> int:
         raise AutotuneError(f"--parallel must be between 1 and {MAX_PARALLEL}")
     if args.repeats < 0:
         raise AutotuneError("--repeats must be at least 0")
+    _refuse_ignored(args)
     setup = _prepare(args)
     return _execute(args, setup)
+
+
+def _refuse_ignored(args: argparse.Namespace) -> None:
+    """Options the run would ignore are errors: another backend's, and --trial-timeout where no
+    executor enforces it (simulated trials on this host, in process or on worker processes)."""
+    from autotune.core.inputs import refuse_unless, refuse_unused
+
+    refuse_unused(args, "--backend", SERVER_OPTIONS)
+    on_ray = args.backend != "sim" or bool(args.gpus or args.ray_address)
+    refuse_unless(
+        on_ray,
+        args,
+        [("--trial-timeout", "trial_timeout", None)],
+        "--backend vllm|docker, or --gpus/--ray-address: simulated trials on this host have no deadline",
+    )
 
 
 @dataclasses.dataclass

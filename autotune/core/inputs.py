@@ -11,7 +11,7 @@ import json
 import os
 import shlex
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,6 +19,10 @@ from autotune.core.errors import AutotuneError
 from autotune.core.values import positive_number
 
 T = TypeVar("T")
+# An option as (its flag, its attribute in the parsed arguments, its default): given when not the default.
+Option = tuple[str, str, Any]
+# An option only some values of a choice use (--backend, --format): an Option and those values.
+ChoiceOption = tuple[str, str, Any, tuple[str, ...]]
 
 # More GPUs than any node has: a count above this is a typo, not a cluster (and range(10**9) is 8 GB).
 MAX_GPUS = 4096
@@ -45,6 +49,27 @@ def arg(check: Callable[..., T], *bounds: Any) -> Callable[[str], T]:
 
     convert.__name__ = check.__name__  # argparse names the type in its messages
     return convert
+
+
+def given_flags(args: argparse.Namespace, options: Sequence[Option]) -> list[str]:
+    """The flags of `options` given on the command line (their value is not the default)."""
+    return [flag for flag, name, default in options if getattr(args, name, default) != default]
+
+
+def refuse_unless(needed: bool, args: argparse.Namespace, options: Sequence[Option], needs: str) -> None:
+    """Each of `options` given while what it needs is not (`needed` False) would be ignored unseen: one
+    AutotuneError line, "FLAG needs NEEDS" (`needs`, e.g. "--backend vllm")."""
+    given = given_flags(args, options)
+    if given and not needed:
+        raise AutotuneError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} {needs}")
+
+
+def refuse_unused(args: argparse.Namespace, choice: str, options: Sequence[ChoiceOption]) -> None:
+    """Each of `options` given while the option `choice` (e.g. "--backend") has none of the values that
+    use it: one line naming them ("--serve-cmd needs --backend vllm")."""
+    value = getattr(args, choice.lstrip("-").replace("-", "_"))
+    for flag, name, default, users in options:
+        refuse_unless(value in users, args, [(flag, name, default)], f"{choice} {'|'.join(users)}")
 
 
 def positive_seconds(text: str) -> float:

@@ -92,6 +92,7 @@ def serve_flags(config: EngineConfig) -> list[str]:
 _SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 K8S_NAME_CHARS = 253
+_IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # Docker's grammar of a tag
 
 
 def secret_name(value: str, what: str = "--secret") -> str:
@@ -105,6 +106,14 @@ def secret_key(value: str, what: str = "--secret-key") -> str:
     """A key of a Kubernetes Secret (letters, digits, '-', '_' and '.'); AutotuneError otherwise."""
     if not _SECRET_KEY.fullmatch(value) or len(value) > K8S_NAME_CHARS:
         raise AutotuneError(f"{what} {value!r} is not a Kubernetes Secret key (e.g. token)")
+    return value
+
+
+def image_tag(value: str, what: str = "--tag") -> str:
+    """A Docker image tag (up to 128 letters, digits, '_', '.' and '-', not first); AutotuneError
+    otherwise: `docker run` would refuse the image, or a space would split it into two arguments."""
+    if not _IMAGE_TAG.fullmatch(value):
+        raise AutotuneError(f"{what} {value!r} is not a Docker image tag (e.g. v0.11.0)")
     return value
 
 
