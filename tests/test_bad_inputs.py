@@ -6,6 +6,7 @@ files it needs are written to a temporary folder first, and the runs folder must
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ SPACE = "params:\n  max_num_seqs: {type: int, low: 16, high: 64}\n"
 WORKLOAD = "num_requests: 4\nprompt_len: 64\noutput_len: 8\n"
 OBJECTIVES = "objectives:\n  - {metric: output_throughput, direction: maximize}\n"
 BINARY = bytes(range(256)) * 4
+SIM_SERVER = f"{sys.executable} -m autotune.cli sim-server"
 HF_CONFIG = (
     '{"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": %s, "num_key_value_heads": 8, '
     '"intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192%s}'
@@ -568,6 +570,22 @@ def test_an_option_the_command_would_ignore_names_what_it_needs(
     """Silently ignored, --serve-cmd without --backend vllm would run the simulator in process and exit 0."""
     line = assert_rejected(argv, {}, tmp_path, capfd, monkeypatch)
     assert named in line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--backend", "vllm", "--serve-cmd", f"{SIM_SERVER} --time-scale 20"],
+        ["run", "--backend", "vllm", "--serve-cmd", f"{SIM_SERVER} --time-scale=20", "--gpus", "1"],
+        ["bench", "--backend", "vllm", "--serve-cmd", f"{SIM_SERVER} --time-sc 20"],  # a prefix: argparse's
+    ],
+)
+def test_a_time_scaled_sim_server_is_refused_as_a_launched_server(
+    argv: list[str], tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its clock runs 20x the simulated GPU's: a run would report 20x the GPU's throughput as measured."""
+    line = assert_rejected(argv, {}, tmp_path, capfd, monkeypatch)
+    assert "--serve-cmd runs sim-server at --time-scale 20: a launched server is measured on its own" in line
 
 
 @pytest.mark.parametrize("tag", ["bad tag", "-v1", "v1:x", "a" * 129])

@@ -20,6 +20,7 @@ from autotune.commands.options import (
     add_seed_option,
     add_server_options,
     add_slo_option,
+    launch_command,
 )
 from autotune.core import values
 from autotune.core.config import ENGINE_FLAGS, OTHER_VLLM_FLAGS, EngineConfig, check_flags, parse_value
@@ -158,7 +159,6 @@ def _bench_launched(
     from autotune.catalog.models import known_max_model_len
     from autotune.commands.bench_progress import Narrated
     from autotune.commands.bench_url import capacity_search
-    from autotune.core.inputs import serve_command
     from autotune.sim.flags import refusal
     from autotune.trial.capacity import find_capacity
     from autotune.workloads.spec import check_fits
@@ -173,7 +173,7 @@ def _bench_launched(
     backend = make_backend(
         args.backend,
         gpu=gpu,
-        serve_cmd=serve_command(args.serve_cmd),
+        serve_cmd=launch_command(args.serve_cmd),
         image=args.image,
         startup_timeout_s=args.startup_timeout,
         noise=noise_model(args.noise),

@@ -14,7 +14,8 @@ from autotune.backends.factory import BACKENDS
 from autotune.catalog import known_gpus_text, known_models_text
 from autotune.core import values
 from autotune.core.config import DEFAULT_IMAGE
-from autotune.core.inputs import ChoiceOption, add_startup_timeout, arg
+from autotune.core.errors import AutotuneError
+from autotune.core.inputs import ChoiceOption, add_startup_timeout, arg, serve_command
 from autotune.sim.calibration import add_calibration_argument
 from autotune.sim.noise import add_noise_argument
 
@@ -92,3 +93,21 @@ def add_server_options(parser: Parser) -> None:
     )
     add_noise_argument(parser)
     add_calibration_argument(parser)
+
+
+def launch_command(text: str) -> list[str]:
+    """--serve-cmd of a run or a benchmark as an argument list. A sim-server at a --time-scale other
+    than 1 is refused: they measure on the server's clock, which runs that much faster than the GPU it
+    simulates, and would report its rates and latencies as the GPU's."""
+    from autotune.commands.sim_server import served_time_scale
+
+    command = serve_command(text)
+    scale = served_time_scale(command)
+    if scale != 1:
+        raise AutotuneError(
+            f"--serve-cmd runs sim-server at --time-scale {scale:g}: a launched server is measured on its "
+            f"own clock, {scale:g}x faster than the simulated GPU, so every rate and latency would be off "
+            "by that much; drop --time-scale (autotune calibrate --url or --backend puts a time-scaled "
+            "server's times back on the simulated clock)"
+        )
+    return command

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.commands import run_end
-from autotune.commands.options import SERVER_OPTIONS
+from autotune.commands.options import SERVER_OPTIONS, launch_command
 from autotune.commands.run_estimate import print_estimate
 from autotune.commands.run_options import MAX_PARALLEL, PARALLEL_SIZES, add_arguments
 from autotune.sim.noise import noise_model
@@ -81,7 +81,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.catalog.models import known_max_model_len
     from autotune.commands.run_guide import check_guide_options, shared_calibration
     from autotune.core.errors import AutotuneError
-    from autotune.core.inputs import check_gpus_text, check_runs_dir, serve_command
+    from autotune.core.inputs import check_gpus_text, check_runs_dir
     from autotune.dispatch.gpus import parse_gpus
     from autotune.measure.slo import parse_slos
     from autotune.sim.calibration import calibration_option
@@ -128,7 +128,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     backend = make_backend(
         args.backend,
         space.gpu,
-        serve_cmd=serve_command(args.serve_cmd),
+        serve_cmd=launch_command(args.serve_cmd),
         image=args.image,
         startup_timeout_s=args.startup_timeout,
         noise=noise_model(args.noise),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 
 from autotune.catalog import known_gpus_text, known_models_text
 from autotune.core import values
@@ -157,6 +158,20 @@ def _limits(args: argparse.Namespace) -> dict[str, int | float]:
     if args.request_read_timeout is not None:
         limits["read_timeout_s"] = args.request_read_timeout
     return limits
+
+
+def served_time_scale(serve_cmd: Sequence[str]) -> float:
+    """The --time-scale of a serve command that runs `sim-server`, read as the sim-server reads its
+    arguments (1 for another command, or for one the sim-server itself will refuse)."""
+    if "sim-server" not in serve_cmd:
+        return 1.0
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    add_arguments(parser)
+    tail = list(serve_cmd[list(serve_cmd).index("sim-server") + 1 :])
+    try:
+        return float(parser.parse_known_args(tail)[0].time_scale)
+    except argparse.ArgumentError:
+        return 1.0
 
 
 def main(argv: list[str] | None = None) -> int:
