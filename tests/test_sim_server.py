@@ -190,6 +190,22 @@ def test_the_startup_log_lists_only_the_args_that_differ_from_vllms_defaults(
     assert "non-default args: {'max_model_len': 4096} model=" in line  # not block_size=16 and the like
 
 
+@pytest.mark.parametrize(
+    "token", [[], ["--hf-token", "hf_notarealtoken123"], ["--hf-token"]], ids=["none", "value", "alone"]
+)
+def test_as_vllm_serve_the_positional_model_wins_and_an_hf_token_is_accepted_unlogged(
+    token: list[str],
+) -> None:
+    """`vllm serve M --model N` serves M (vllm/entrypoints/cli/serve.py: model_tag overrides --model);
+    --hf-token (alone: the cached login's) is vLLM's, and a serve command may carry it."""
+    args = [MODEL, "--model", "Qwen/Qwen2.5-7B-Instruct", *token, "--max-model-len", "4096"]
+    with start_sim_server(args) as proc:
+        card = httpx.get(proc.base_url + "/v1/models").json()["data"][0]
+        log = proc.log()
+    assert card["id"] == MODEL
+    assert "hf_notarealtoken123" not in log
+
+
 def test_invalid_config_exits_nonzero_with_vllms_message() -> None:
     args = [
         MODEL,

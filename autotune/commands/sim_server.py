@@ -27,7 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model_tag", nargs="?", help=f"the model (as `vllm serve MODEL`); {known_models_text()}"
     )
-    parser.add_argument("--model", dest="model_flag", help="the model (alternative to the positional)")
+    parser.add_argument(
+        "--model",
+        dest="model_flag",
+        help="the model (as `vllm serve`, the positional one wins when both are given)",
+    )
     parser.add_argument("--max-num-seqs", type=int)
     parser.add_argument("--max-num-batched-tokens", type=int)
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
@@ -48,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ignored.add_argument(flag)
     for flag in ("--trust-remote-code", "--disable-log-requests", "--disable-log-stats"):
         ignored.add_argument(flag, action="store_true")
+    # vLLM's token for Hugging Face downloads (alone: the cached login's); the simulator downloads nothing
+    ignored.add_argument("--hf-token", nargs="?", const=True, metavar="TOKEN")
     parser.add_argument(
         "--api-key", nargs="+", metavar="KEY",
         help="require `Authorization: Bearer KEY` (any of the KEYs) on /v1 routes, as vLLM does "
@@ -115,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.sim_server.auth import ApiKeyCheck, served_api_keys
     from autotune.sim_server.server import ServerOptions, serve
 
-    model = args.model_flag or args.model_tag
+    model = args.model_tag or args.model_flag  # vLLM's order: `vllm serve M --model N` serves M
     if not model:
         raise AutotuneError("sim-server needs a model: autotune sim-server MODEL [flags]")
     get_model(model)  # an unknown model is a usage error (one line), before the server logs anything
