@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.backends.failures import BENCHMARK, STARTUP, classify
+from autotune.backends.failures import BENCHMARK, MAX_MESSAGE_CHARS, STARTUP, classify
 from autotune.backends.server_metrics import parse_prometheus, server_figures
 from autotune.core.errors import FailureKind
 from autotune.core.secrets import scrub, scrub_args
@@ -119,6 +119,23 @@ def test_unknown_startup_exit_is_a_crash_with_the_exit_code_and_last_error_line(
     kind, message = classify(1, log, STARTUP)
     assert kind is FailureKind.CRASHED
     assert message == "server exited with code 1: RuntimeError: NCCL error: unhandled system error"
+
+
+def test_a_startup_exit_with_no_error_line_gives_the_logs_last_line() -> None:
+    """A wrapper script's reason names no error (chroot's message): without it only the exit code was
+    left. The header autotune writes (the launched command) is not the server's line."""
+    reason = "chroot: cannot change root directory to '/srv': Operation not permitted"
+    log = f"# autotune: /tmp/serve.sh meta-llama/Llama-3.1-8B-Instruct --port 8000\nstarting\n{reason}\n\n"
+    assert classify(1, log, STARTUP) == (
+        FailureKind.CRASHED,
+        f"server exited with code 1; its last log line: {reason}",
+    )
+    assert classify(1, "# autotune: /tmp/serve.sh --port 8000\n", STARTUP) == (
+        FailureKind.CRASHED,
+        "server exited with code 1",
+    )
+    long = classify(1, "x" * 1000, STARTUP)[1]
+    assert len(long) == MAX_MESSAGE_CHARS and long.endswith("...")
 
 
 def test_bare_value_error_at_startup_is_invalid_config_but_not_while_serving() -> None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Iterator
 
 from autotune.core.errors import FailureKind
 
 STARTUP = "startup"
 BENCHMARK = "benchmark"
 MAX_MESSAGE_CHARS = 400
+LOG_HEADER = "# autotune: "  # the first line of a launched server's log: its command (process.py)
 
 # CUDA OOM is a startup OOM while the server starts, an OOM under load once it serves.
 _CUDA_OOM = re.compile(r"(?:torch\.)?(?:cuda\.)?OutOfMemoryError:[^\n]*|CUDA (?:error: )?out of memory[^\n]*")
@@ -73,9 +75,7 @@ def classify(exit_code: int | None, log_text: str, phase: str) -> tuple[FailureK
         value_error = _last_match(_STARTUP_VALUE_ERROR, log_text)
         if value_error:
             return FailureKind.INVALID_CONFIG, value_error
-    detail = _last_error_line(log_text)
-    exit_text = describe_exit(exit_code)
-    message = f"{exit_text}: {detail}" if detail else exit_text
+    message = _unclassified_message(exit_code, log_text, phase)
     # A server that exited (at startup too, e.g. at once) crashed, with its exit code in the message;
     # without an exit code (the launcher failed) it is an error.
     kind = FailureKind.CRASHED if exit_code is not None or phase != STARTUP else FailureKind.ERROR
@@ -105,13 +105,27 @@ def _last_match(pattern: re.Pattern[str], text: str) -> str:
     return _one_line(_PYDANTIC_SUFFIX.sub("", _LOG_PREFIX.sub("", last.group(0))))
 
 
-def _last_error_line(text: str) -> str:
-    """The last log line that names an error (not the 'Traceback' header), without its log prefix."""
+def _unclassified_message(exit_code: int | None, log_text: str, phase: str) -> str:
+    """How the server ended, with the log's last line that names an error; at startup without one, its
+    last line: the reason a wrapper script gives (`chroot: cannot change root directory ...`) names no
+    error. (Mid-run, the last line of a killed server is its latest request's, not a reason.)"""
+    exit_text = describe_exit(exit_code)
+    lines = _server_lines(log_text)
+    last = ""
+    for line in lines:
+        last = last or line
+        if not line.startswith("Traceback") and _ERROR_LINE.search(line):
+            return f"{exit_text}: {line}"
+    return f"{exit_text}; its last log line: {last}" if last and phase == STARTUP else exit_text
+
+
+def _server_lines(text: str) -> Iterator[str]:
+    """The server's non-empty log lines, last first, without their log prefix (not the header line
+    autotune writes: the command it launched)."""
     for line in reversed(text.splitlines()):
         clean = _LOG_PREFIX.sub("", line).strip()
-        if clean and not clean.startswith("Traceback") and _ERROR_LINE.search(clean):
-            return clean
-    return ""
+        if clean and not clean.startswith(LOG_HEADER):
+            yield clean
 
 
 def _one_line(text: str) -> str:

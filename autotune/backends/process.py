@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import Backend
+from autotune.backends.failures import LOG_HEADER
 from autotune.backends.server import (
     ServerSession,
     TrialLimits,
@@ -104,7 +105,7 @@ class ProcessBackend(Backend):
         args = self.command(config, port)
         # The devices the trial was pinned to (the ones Ray assigned), first thing in the log.
         pinned = f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} " if gpu_ids else ""
-        log_path.write_text(f"# autotune: {pinned}{' '.join(scrub_args(args))}\n")
+        log_path.write_text(f"{LOG_HEADER}{pinned}{' '.join(scrub_args(args))}\n")
         popen = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
