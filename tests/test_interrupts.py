@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -32,8 +34,17 @@ def test_ctrl_c_while_writing_finishes_the_block_then_raises() -> None:
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_bench_against_a_failing_server_prints_why(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_against_a_failing_server_prints_why_and_keeps_its_log(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The reason is one line of the server's log: the log is kept, and its path printed."""
     serve = f"{sys.executable} -c 'import sys; print(\"boom: RuntimeError: no GPU\"); sys.exit(3)'"
     assert main(["bench", "--backend", "vllm", "--serve-cmd", serve]) == 1
-    err = capsys.readouterr().err.strip()
-    assert err == "autotune bench: crashed: server exited with code 3: boom: RuntimeError: no GPU", err
+    why, where = capsys.readouterr().err.strip().splitlines()
+    assert why == "autotune bench: crashed: server exited with code 3: boom: RuntimeError: no GPU"
+    assert where.startswith("autotune bench: the server's log: ")
+    log = Path(where.removeprefix("autotune bench: the server's log: "))
+    try:
+        assert "boom: RuntimeError: no GPU" in log.read_text()
+    finally:
+        shutil.rmtree(log.parent)

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shutil
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.commands.bench_report import print_report
@@ -30,6 +33,7 @@ from autotune.sim.calibration import calibration_option
 from autotune.sim.noise import noise_model
 
 if TYPE_CHECKING:  # imported when a benchmark runs (`--help` stays quick)
+    from autotune.measure.result import TrialResult
     from autotune.measure.slo import Slo
     from autotune.workloads.spec import WorkloadSpec
 
@@ -157,10 +161,7 @@ def _bench_launched(
     """Launch the config on --backend and measure it: (the result, the report's head, the resolved flags)."""
     from autotune.backends.factory import make_backend
     from autotune.catalog.models import known_max_model_len
-    from autotune.commands.bench_progress import Narrated
-    from autotune.commands.bench_url import capacity_search
     from autotune.sim.flags import refusal
-    from autotune.trial.capacity import find_capacity
     from autotune.workloads.spec import check_fits
 
     refuse_unused(args, "--backend", BENCH_SERVER_OPTIONS)
@@ -179,17 +180,52 @@ def _bench_launched(
         noise=noise_model(args.noise),
         calibration=calibration,
     )
-    if args.capacity:
-        search = capacity_search(args)
-        result = find_capacity(Narrated(backend), config, workload, slos, args.seed, search=search)
-    else:
-        result = backend.evaluate(config, workload, slos=slos, seed=args.seed)
+    result = _measure_keeping_a_failed_log(args, backend, config, workload, slos)
     head = {"backend": args.backend, "model_id": config.model, "gpu": gpu}
     if args.backend == "sim" and not calibration.is_default:
         head["sim_calibration"] = calibration.changed()  # the constants that differ from the built-in ones
     if backend.simulated:
         head["simulated"] = True
     return result, head, resolved
+
+
+def _measure_keeping_a_failed_log(
+    args: argparse.Namespace, backend: Any, config: EngineConfig, workload: WorkloadSpec, slos: list[Slo]
+) -> TrialResult:
+    """Measure `config`; a launched server logs to a temporary folder, removed unless the server failed:
+    the failure's message is one line of that log, and the report points to the rest."""
+    if not backend.runs_servers:
+        return _measure(args, backend, config, workload, slos, None)
+    folder = Path(tempfile.mkdtemp(prefix="autotune-bench-"))
+    try:
+        result = _measure(args, backend, config, workload, slos, folder)
+    except BaseException:  # Ctrl-C too: nothing to point to
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if result.failure is None:
+        shutil.rmtree(folder, ignore_errors=True)
+    return result
+
+
+def _measure(
+    args: argparse.Namespace,
+    backend: Any,
+    config: EngineConfig,
+    workload: WorkloadSpec,
+    slos: list[Slo],
+    log_dir: Path | None,
+) -> TrialResult:
+    """One benchmark of `config` on `backend`, or its capacity search (--capacity)."""
+    from autotune.commands.bench_progress import Narrated
+    from autotune.commands.bench_url import capacity_search
+    from autotune.trial.capacity import find_capacity
+
+    if args.capacity:
+        search = capacity_search(args)
+        return find_capacity(
+            Narrated(backend), config, workload, slos, args.seed, trial_dir=log_dir, search=search
+        )
+    return backend.evaluate(config, workload, slos=slos, seed=args.seed, trial_dir=log_dir)
 
 
 def _config(args: argparse.Namespace) -> tuple[EngineConfig, dict[str, Any], str]:

@@ -32,6 +32,8 @@ def print_report(
     if result.failure is not None:
         # Why, always on stderr: what follows (if anything) is the partial metrics of a failed run.
         print(f"autotune bench: {result.failure}: {result.message}", file=sys.stderr)
+        if result.server is not None and result.server.log_path:  # a launched server's, kept for this
+            print(f"autotune bench: the server's log: {result.server.log_path}", file=sys.stderr)
     if result.benchmark is None:
         error = {**head, "config": config, "error": str(result.failure), "message": result.message}
         if result.capacity is not None:
