@@ -62,6 +62,19 @@ def test_a_dead_drivers_lease_does_not_block(tmp_path: Path) -> None:
     open_study("s", url, SETTINGS, optuna.samplers.RandomSampler(seed=0), resume=True)  # not refused
 
 
+def test_a_suspended_drivers_stale_lease_still_blocks(tmp_path: Path) -> None:
+    """A driver stopped with Ctrl-Z stops renewing its lease; its pid still runs on this host, and its
+    running trials are its own when it continues: a resume is refused, not handed its study."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = open_study("s", url, SETTINGS, optuna.samplers.RandomSampler(seed=0), resume=False)
+    storage = connect_storage(url)
+    stale = time.time() - 3600  # renewed an hour ago, by a process that runs (this one)
+    record = {"id": "x", "pid": os.getpid(), "host": socket.gethostname(), "renewed": stale}
+    storage.set_study_system_attr(study._study_id, LEASE_KEY, record)
+    with pytest.raises(AutotuneError, match="not renewing its lease: suspended"):
+        open_study("s", url, SETTINGS, optuna.samplers.RandomSampler(seed=0), resume=True)
+
+
 def _postgres_program(name: str) -> str | None:
     """A PostgreSQL server program: on PATH, or where Debian's postgresql package keeps it."""
     found = shutil.which(name)

@@ -45,12 +45,14 @@ class Driver:
     renewed: float  # time.time() of the last renewal; 0 once released
 
     def alive(self, grace_s: float = GRACE_S) -> bool:
-        """Renewed within the grace period and not known dead (a pid gone on this host)."""
-        if not self.renewed or time.time() - self.renewed > grace_s:
+        """Not released, and on this host its pid still runs (a driver suspended with Ctrl-Z stops
+        renewing, yet its running trials are its own when it continues), elsewhere renewed within the
+        grace period."""
+        if not self.renewed:
             return False
         if self.host == socket.gethostname():
             return pid_alive(str(self.pid))
-        return True
+        return time.time() - self.renewed <= grace_s
 
 
 def current_driver(study: optuna.Study) -> Driver | None:
@@ -78,10 +80,12 @@ def refuse_live_driver(study: optuna.Study, grace_s: float = GRACE_S, mine: str 
 def _refuse(driver: Driver | None, name: str, grace_s: float, mine: str) -> None:
     if driver is not None and driver.id != mine and driver.alive(grace_s):
         seen = max(0.0, time.time() - driver.renewed)
+        # a lease gone stale while its pid runs here: a driver suspended (Ctrl-Z) or hung
+        quiet = ", not renewing its lease: suspended?" if seen > grace_s else ""
         raise AutotuneError(
             f"study {name!r} is being run by another autotune process (pid {driver.pid} on "
-            f"{driver.host}, alive {seen:.0f} s ago): one driver per study; wait for it or stop it, "
-            "then the same command with --resume continues"
+            f"{driver.host}, alive {seen:.0f} s ago{quiet}): one driver per study; wait for it or stop "
+            "it, then the same command with --resume continues"
         )
 
 
