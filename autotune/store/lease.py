@@ -5,8 +5,8 @@ the time it last renewed) and, every HEARTBEAT_S seconds from a daemon thread, r
 Optuna's RDB heartbeat (`RDBStorage(heartbeat_interval, grace_period)`) of each RUNNING trial: they
 are all its own, since a second driver is refused. A second `autotune run --resume` on the same study:
 
-- refuses with one line while the first one lives (its lease renewed within GRACE_S, or its pid
-  still running on this host), so it can never fail a live trial of the first one;
+- refuses with one line while the first one lives (on this host: its pid still runs, even suspended;
+  on another: its lease renewed within GRACE_S), so it can never fail a live trial of the first one;
 - otherwise fails only the trials that are stale: Optuna's heartbeat-stale ones (`fail_stale_trials`),
   plus RUNNING ones of a driver known dead (its pid gone on this host) or without any heartbeat
   (written before heartbeats existed), then takes the lease.
