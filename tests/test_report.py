@@ -231,6 +231,15 @@ def test_trials_csv_writes_whole_number_columns_with_gaps_as_integers(tmp_path: 
     assert rows[0]["output_throughput"] == "4000.0"  # a float column stays one
 
 
+def test_the_fronts_count_of_trials_leaves_duplicates_out_on_both_sides(tmp_path: Path) -> None:
+    from autotune.tune.study import tell_duplicate
+
+    study = build_run(tmp_path, [({"max_num_seqs": 1024, "baseline": True}, ok(4000, 1500, 20))])
+    tell_duplicate(study, study.ask(), study.trials[0])
+    table = report.front_table(outcome(records(study), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"]))
+    assert table.startswith("Feasible Pareto front (1 point; 1 of 1 trials feasible (1 duplicate left out)):")
+
+
 def test_best_json_and_the_dashboard_note_speak_of_latencies_only_when_there_are_some(tmp_path: Path) -> None:
     """Throughput alone: no latency breaks ties or is told for a failed config; the default objectives'
     texts are unchanged."""

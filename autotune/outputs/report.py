@@ -56,7 +56,12 @@ def front_table(out: Outcome, limit: int = 15) -> str:
         for row in [headers, *rows]
     ]
     shown = f", top {limit} by {out.objective_names[0]} shown" if len(out.front) > limit else ""
-    counts = f"{len(out.front)} points; {len(out.feasible())} of {len(out.records)} trials feasible{shown}"
+    # feasible() leaves duplicates out (each repeats an earlier trial's result): so does the count of all
+    dups = sum(r.duplicate_of is not None for r in out.records)
+    left_out = f" ({dups} duplicate{'s' if dups > 1 else ''} left out)" if dups else ""
+    points = f"{len(out.front)} point{'s' if len(out.front) != 1 else ''}"
+    counts = f"{points}; {len(out.feasible())} of {len(out.records) - dups} trials feasible"
+    counts += left_out + shown
     title = f"Feasible Pareto front ({counts}):"
     return "\n".join([title, *lines])
 
