@@ -195,6 +195,21 @@ def test_a_resumed_study_keeps_its_search_space_and_load(tmp_path: Path) -> None
     assert open_study("old", storage, kept, sampler, resume=True).study_name == "old"
 
 
+def test_a_resumed_simulated_study_keeps_its_noise(tmp_path: Path) -> None:
+    """Noisy and noise-free measurements in one front would be compared as if alike: refused. A study
+    from before the noise was recorded resumes with any."""
+    storage, sampler = sqlite_url(tmp_path), optuna.samplers.RandomSampler()
+    open_study("quiet", storage, settings(noise=0.0), sampler, resume=False)
+    with pytest.raises(AutotuneError, match="was simulated with --noise 0, not 0.05: resume with the same"):
+        open_study("quiet", storage, settings(noise=0.05), sampler, resume=True)
+    assert open_study("quiet", storage, settings(noise=0.0), sampler, resume=True).study_name == "quiet"
+    open_study("noisy", storage, settings(noise=0.02), sampler, resume=False)
+    with pytest.raises(AutotuneError, match="was simulated with --noise 0.02, not 0:"):
+        open_study("noisy", storage, settings(noise=0.0), sampler, resume=True)
+    open_study("old", storage, settings(), sampler, resume=False)  # no noise recorded
+    assert open_study("old", storage, settings(noise=0.05), sampler, resume=True).study_name == "old"
+
+
 def test_existing_study_needs_resume_and_same_settings(tmp_path: Path) -> None:
     storage = sqlite_url(tmp_path)
     sampler = optuna.samplers.RandomSampler()

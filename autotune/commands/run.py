@@ -214,6 +214,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         sim_calibration=s.calibration.to_dict(),
         load=s.workload.load,
         space_digest=s.space.digest(),
+        noise=args.noise,
     )
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
 

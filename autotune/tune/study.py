@@ -52,6 +52,7 @@ class StudySettings:
     sim_calibration: dict[str, float] = field(default_factory=dict)
     load: str = ""  # how each config is measured: capacity or fixed (empty: not recorded)
     space_digest: str = ""  # SearchSpace.digest(): the flags tuned and fixed (empty: not recorded)
+    noise: float | None = None  # the simulated backend's --noise (None: not recorded)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, stored as a study user attr."""

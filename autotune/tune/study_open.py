@@ -148,6 +148,7 @@ def check_resume(study: optuna.Study, settings: StudySettings) -> None:
                 f"{getattr(settings, key)!r}: resume with the same settings or pick another --study"
             )
     _check_same_calibration(study.study_name, stored.get("sim_calibration"), settings)
+    _check_same_noise(study.study_name, stored.get("noise"), settings)
 
 
 def _same_setting(key: str, stored: Any, given: Any) -> bool:
@@ -163,6 +164,18 @@ def _gpu_name(name: str) -> str:
         return get_gpu(name).name
     except AutotuneError:
         return name
+
+
+def _check_same_noise(name: str, stored: float | None, settings: StudySettings) -> None:
+    """A simulated study measured with one --noise: resuming it with another would mix noisy and
+    noise-free measurements in one front (and re-measure them against each other). Studies from before
+    the noise was recorded have none: nothing to compare."""
+    if stored is None or settings.backend != "sim" or stored == settings.noise:
+        return
+    raise AutotuneError(
+        f"study {name!r} was simulated with --noise {stored:g}, not {settings.noise or 0:g}: resume with "
+        "the same --noise or pick another --study"
+    )
 
 
 def _check_same_calibration(name: str, stored: Mapping[str, float] | None, settings: StudySettings) -> None:
