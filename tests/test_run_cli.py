@@ -171,6 +171,25 @@ def _completed(db: Path, study: str) -> tuple[int, int]:
     return done, sum(t.state == TrialState.RUNNING for t in trials)
 
 
+def test_ctrl_c_before_the_first_trial_says_how_to_continue(tmp_path: Path) -> None:
+    """Interrupted while the guided run estimates and predicts (before its tuner starts): the study
+    exists, so the same command is refused without --resume; the interrupt's line says to add it."""
+    cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--slo", "ttft_p99=2s"]
+    cmd += ["--guide", "sim", "--gpu-hours", "1", "--noise", "0.02", "--n-trials", "2"]
+    cmd += ["--runs-dir", str(tmp_path), "--study", "early", "--quiet"]
+    env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stderr is not None
+    seen = ""
+    while "estimating the run's GPU time" not in seen and proc.poll() is None:
+        seen += proc.stderr.readline()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, seen + err
+    assert _completed(tmp_path / "early" / "study.db", "early") == (0, 0)
+    assert "autotune run: 0 finished trials kept in" in err and "the same command with --resume" in err
+
+
 def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--slo", "ttft_p99=2s"]
     # At a fixed load (short trials): this is about Ctrl-C, not about what a trial measures.

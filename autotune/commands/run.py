@@ -312,11 +312,13 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
         # The storage failed: reading it back for the results would wait on it again. --resume writes them.
         run_end.stop(lease, dashboard, s.run_dir, write_lease=False)
         raise
-    except BaseException:
+    except BaseException as exc:
         stopped = (guide, "interrupted")
         _, problem = run_end.write_results(study, s, args, context, note, lease, dashboard, stopped)
         if problem:
             print(f"autotune run: {problem}", file=sys.stderr)  # then the interrupt's own line
+        if isinstance(exc, KeyboardInterrupt):
+            run_end.interrupted(study, s.run_dir)
         raise
     written, problem = run_end.write_results(study, s, args, context, note, lease, dashboard)
     if problem:

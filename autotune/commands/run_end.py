@@ -11,16 +11,14 @@ from typing import Any
 
 
 def run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
-    """tuner.run(); an interrupt or a storage fault ends in one line that says how to continue."""
+    """tuner.run(); a lost cluster or a storage fault ends in one line that says how to continue (an
+    interrupt's line: `interrupted`, wherever in the run it came)."""
     from autotune.core.errors import RunFailure
     from autotune.dispatch.ray_cluster import ClusterLost
     from autotune.store.storage import storage_error
 
     try:
         return tuner.run()
-    except KeyboardInterrupt:
-        print(f"autotune run: {kept(study, run_dir)}; {RESUME_HINT}", file=sys.stderr)
-        raise
     except ClusterLost as exc:  # the tuner already marked the interrupted trials FAIL
         raise ClusterLost(
             f"{exc}; {kept(study, run_dir)}; {RESUME_HINT} (against a new cluster: --ray-address)"
@@ -33,6 +31,12 @@ def run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
 
 
 RESUME_HINT = "the same command with --resume continues"
+
+
+def interrupted(study: Any, run_dir: Path) -> None:
+    """The line after Ctrl-C or SIGTERM, before the first trial (the study exists: a rerun needs
+    --resume) or after the last as much as mid-run."""
+    print(f"autotune run: {kept(study, run_dir)}; {RESUME_HINT}", file=sys.stderr)
 
 
 def STORAGE_ERRORS() -> tuple[type[BaseException], ...]:  # noqa: N802  (a constant, imported late)
