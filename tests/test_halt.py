@@ -31,6 +31,13 @@ def test_the_first_launched_trials_failing_alike_halt_the_run() -> None:
     assert reasons[-1] is not None and UNKNOWN_FLAG in reasons[-1] and "invalid_config" in reasons[-1]
 
 
+def test_a_port_another_program_holds_for_every_launch_halts_the_run() -> None:
+    """A collision is retried on another port before a trial fails on it: three launches failing on one
+    port is a serve command pinning a port that another program holds."""
+    taken = told("port_in_use", "OSError: [Errno 98] error while attempting to bind on address: in use")
+    assert outcome([taken] * HALT_AFTER)[-1] is not None
+
+
 def test_unlaunched_duplicate_and_cut_short_trials_say_nothing_of_the_setup() -> None:
     crash = ("crashed", "server exited with code 1: RuntimeError: no CUDA device")
     trials = [told(*crash), told("invalid_config", "over max_model_len", launched=False)]
