@@ -304,9 +304,12 @@ def test_ctrl_c_writes_the_guides_files_with_the_other_results(folder: Path) -> 
     args += ["--sim-calibration", "reality.yaml", "--noise", "0.02", "--repeats", "2", "--study", "g"]
     command = [sys.executable, "-m", "autotune.cli", *args, "--guide-top", "0", "--n-trials", "20"]
     proc = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    db, deadline = folder / "runs/g/study.db", time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None and not _measured(db):
+    # two finished: the guide picked the second from the first, so it holds a measurement to write
+    # (one finished may not be observed yet when the signal lands)
+    db, deadline = folder / "runs/g/study.db", time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None and _measured(db) < 2:
         time.sleep(0.3)
+    assert proc.poll() is None and _measured(db) >= 2, "the run ended or measured too little to interrupt"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -317,15 +320,15 @@ def test_ctrl_c_writes_the_guides_files_with_the_other_results(folder: Path) -> 
     assert json.loads((run / "best.json").read_text())["guide"]["stop_reason"] == "interrupted"
 
 
-def _measured(db: Path) -> bool:
-    """Whether the study in `db` has a finished trial yet."""
+def _measured(db: Path) -> int:
+    """How many trials of the study in `db` have finished."""
     if not db.exists():
-        return False
+        return 0
     try:
         study = optuna.load_study(study_name="g", storage=f"sqlite:///{db}")
     except (KeyError, ValueError):  # not created yet
-        return False
-    return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+        return 0
+    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
 
 
 def test_a_resumed_runs_estimate_counts_only_the_trials_left(two_trials: Path, tmp_path: Path) -> None:
