@@ -146,8 +146,7 @@ def describe(screen: MemoryScreen | None, enabled: bool = True) -> str:
 def check_tensor_parallel(space: SearchSpace, calibration: Calibration = DEFAULT_CALIBRATION) -> None:
     """Every TP of the space must divide the model's heads, and the leanest config must start at the
     largest TP (required_tp): one clear AutotuneError, not N startup failures."""
-    tp_param = next((p for p in space.params if p.name == "tensor_parallel_size"), None)
-    tps = tp_param.grid_values() if tp_param else [int(space.fixed.get("tensor_parallel_size", 1))]
+    tps = _parallel_values(space, "tensor_parallel_size")
     problem = indivisible_tp(space.model, tps)
     if problem is not None:
         raise AutotuneError(f"{space.model}: {problem}")
@@ -198,10 +197,10 @@ def check_gpu_count(space: SearchSpace, gpus: int) -> str | None:
 
 
 def _parallel_values(space: SearchSpace, name: str) -> list[int]:
-    """The values parallel size `name` takes in the space (1 when unset)."""
+    """The values parallel size `name` takes in the space, in the space's order (1 when unset)."""
     param = next((p for p in space.params if p.name == name), None)
     if param is not None:
-        return sorted(int(v) for v in param.grid_values())
+        return [int(v) for v in param.grid_values()]
     return [int(space.fixed.get(name) or 1)]
 
 
