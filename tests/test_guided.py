@@ -3,14 +3,12 @@ backend playing a reality the guide does not know (`--sim-calibration`, `--noise
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import math
 import re
 import shutil
 import signal
-import sqlite3
 import struct
 import subprocess
 import sys
@@ -20,6 +18,7 @@ from pathlib import Path
 import optuna
 import pytest
 from cli import autotune
+from study_db import counted_trials
 
 from autotune.core.procs import usable_cpus
 from autotune.sim.calibration import DEFAULT_CALIBRATION, load_calibration
@@ -309,9 +308,9 @@ def test_ctrl_c_writes_the_guides_files_with_the_other_results(folder: Path) -> 
     # two finished: the guide picked the second from the first, so it holds a measurement to write
     # (one finished may not be observed yet when the signal lands)
     db, deadline = folder / "runs/g/study.db", time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None and _measured(db) < 2:
+    while time.monotonic() < deadline and proc.poll() is None and counted_trials(db, "g")[0] < 2:
         time.sleep(0.3)
-    assert proc.poll() is None and _measured(db) >= 2, "the run ended or measured too little to interrupt"
+    assert proc.poll() is None and counted_trials(db, "g")[0] >= 2, "the run ended or measured too little"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -320,16 +319,6 @@ def test_ctrl_c_writes_the_guides_files_with_the_other_results(folder: Path) -> 
     assert guide["stop_reason"] == "interrupted" and guide["trials"]
     assert "speed constants scaled by the" in (run / "calibration.yaml").read_text()
     assert json.loads((run / "best.json").read_text())["guide"]["stop_reason"] == "interrupted"
-
-
-def _measured(db: Path) -> int:
-    """How many trials of the run's study in `db` have finished, read only: Optuna's load_study would
-    create the schema and race the run creating it."""
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-            return int(conn.execute("SELECT COUNT(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0])
-    except sqlite3.Error:  # no file or no tables yet
-        return 0
 
 
 def test_a_resumed_runs_estimate_counts_only_the_trials_left(two_trials: Path, tmp_path: Path) -> None:

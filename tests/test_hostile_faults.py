@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import optuna
 import pytest
-from test_run_cli import _completed
+from study_db import counted_trials
 
 from autotune.measure.slo import parse_slo
 
@@ -102,7 +102,7 @@ def _background_run(
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
-    while _completed(tmp_path / "runs" / "s" / "study.db", "s")[0] < 2 and time.monotonic() < deadline:
+    while counted_trials(tmp_path / "runs" / "s" / "study.db", "s")[0] < 2 and time.monotonic() < deadline:
         assert shell.poll() is None, shell.communicate()
         time.sleep(0.3)
     pid = int((tmp_path / "pid").read_text())
@@ -132,7 +132,7 @@ def test_a_stop_signal_ends_a_background_run_whose_ctrl_c_is_ignored(
             shell.wait(timeout=30)
     assert shell.returncode == 130, err
     assert "finished trials kept" in err and "--resume continues" in err and "Traceback" not in err
-    done, running = _completed(tmp_path / "runs" / "s" / "study.db", "s")
+    done, running = counted_trials(tmp_path / "runs" / "s" / "study.db", "s")
     assert done >= 2 and running == 0
     assert (tmp_path / "runs" / "s" / "trials.csv").stat().st_size > 0
 
@@ -183,7 +183,8 @@ def test_a_stopped_or_killed_driver_leaves_no_server_nor_ray_process(
     proc = _driver(cmd, tmp_path, env)
     try:
         deadline = time.monotonic() + 180
-        while _completed(tmp_path / "runs" / "p" / "study.db", "p")[0] < 1 and time.monotonic() < deadline:
+        db = tmp_path / "runs" / "p" / "study.db"
+        while counted_trials(db, "p")[0] < 1 and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.5)
         while not any("sim-server" in p for p in _marked(mark, tmp_path)) and time.monotonic() < deadline:

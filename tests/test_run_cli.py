@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+from study_db import counted_trials
 
 from autotune.cli import main
 from autotune.commands.run_end import print_summary
@@ -102,7 +102,7 @@ def test_sim_server_as_serve_command_needs_no_gpu(tmp_path: Path) -> None:
     env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     assert done.returncode == 0, done.stderr
-    assert _completed(tmp_path / "virt" / "study.db", "virt") == (3, 0)
+    assert counted_trials(tmp_path / "virt" / "study.db", "virt") == (3, 0)
     assert (tmp_path / "virt" / "trials" / "0" / "server.log").stat().st_size > 0  # a real server ran
     assert "autotune: estimate: about " in done.stderr and "GPU-hours for 3 trials" in done.stderr
     study = optuna.load_study(study_name="virt", storage=f"sqlite:///{tmp_path / 'virt' / 'study.db'}")
@@ -154,23 +154,6 @@ def test_parallel_run_is_consistent_and_writes_results(
     assert "ttft_p99=2s" in note and f"trial #{best['trial']}" in note  # the study's dashboard note
 
 
-def _completed(db: Path, study: str) -> tuple[int, int]:
-    """(COMPLETE trials counted toward n_trials, RUNNING trials), read while the run writes."""
-    storage = f"sqlite:///{db}"
-    try:
-        s = optuna.load_study(study_name=study, storage=storage)
-    except (KeyError, sqlite3.OperationalError, Exception):  # noqa: BLE001  (not created yet)
-        return 0, 0
-    trials = s.get_trials(deepcopy=False)
-    done = sum(
-        t.state == TrialState.COMPLETE
-        and t.user_attrs.get("launched", True)
-        and "duplicate_of" not in t.user_attrs
-        for t in trials
-    )
-    return done, sum(t.state == TrialState.RUNNING for t in trials)
-
-
 def test_ctrl_c_before_the_first_trial_says_how_to_continue(tmp_path: Path) -> None:
     """Interrupted while the guided run estimates and predicts (before its tuner starts): the study
     exists, so the same command is refused without --resume; the interrupt's line says to add it."""
@@ -186,7 +169,7 @@ def test_ctrl_c_before_the_first_trial_says_how_to_continue(tmp_path: Path) -> N
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, seen + err
-    assert _completed(tmp_path / "early" / "study.db", "early") == (0, 0)
+    assert counted_trials(tmp_path / "early" / "study.db", "early") == (0, 0)
     assert "autotune run: 0 finished trials kept in" in err and "the same command with --resume" in err
 
 
@@ -198,13 +181,13 @@ def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> No
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     db = tmp_path / "intr" / "study.db"
     deadline = time.monotonic() + 120
-    while _completed(db, "intr")[0] < 3 and time.monotonic() < deadline and proc.poll() is None:
+    while counted_trials(db, "intr")[0] < 3 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "interrupted" in err and "finished trials kept" in err and "--resume" in err
-    done, running = _completed(db, "intr")
+    done, running = counted_trials(db, "intr")
     assert done >= 3 and running == 0  # finished trials kept, the cancelled one marked FAIL
     assert (tmp_path / "intr" / "trials.csv").exists()  # partial results written on the way out
 
@@ -216,7 +199,7 @@ def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> No
     kept = re.search(r"(\d+) finished trials kept in \S+ \(((\d+) measured[^)]*)\)", err)
     assert kept and int(kept[3]) == done, err  # the Ctrl-C line and the resume count alike
     assert f"{target} trial(s), {kept[1]} finished before this resume: {kept[2]})" in resume.stderr
-    assert _completed(db, "intr") == (target, 0)
+    assert counted_trials(db, "intr") == (target, 0)
     study = optuna.load_study(study_name="intr", storage=f"sqlite:///{db}")
     assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
 

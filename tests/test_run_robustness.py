@@ -15,7 +15,7 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
-from test_run_cli import _completed
+from study_db import counted_trials
 
 from autotune.cli import main
 
@@ -48,7 +48,7 @@ def _start(runs: Path, study: str, at_least: int, session: bool = False) -> subp
         start_new_session=session,
     )
     db, deadline = runs / study / "study.db", time.monotonic() + 120
-    while _completed(db, study)[0] < at_least and time.monotonic() < deadline and proc.poll() is None:
+    while counted_trials(db, study)[0] < at_least and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.3)
     assert proc.poll() is None, proc.communicate()[1]
     return proc
@@ -117,12 +117,12 @@ def test_one_driver_per_study_a_locked_database_and_a_moved_run_folder(
     assert "database is locked" in line and "--resume continues" in line, line
     assert "UpdateFinishedTrialError" not in err
 
-    done = _completed(db, "one")[0]
+    done = counted_trials(db, "one")[0]
     again = subprocess.run(
         _cmd(tmp_path, "one", done + 1, "--resume"), capture_output=True, text=True, env=ENV, timeout=180
     )
     assert again.returncode == 0, again.stderr
-    assert _completed(db, "one") == (done + 1, 0)
+    assert counted_trials(db, "one") == (done + 1, 0)
 
     # run.json records the default study.db relative to the run folder: a moved folder still opens.
     moved = tmp_path / "elsewhere" / "moved"
