@@ -227,7 +227,7 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes]]] = [
     (
         "workload-lognormal-no-mean",
         ["run", "--workload", "{tmp}/w.yaml"],
-        {"w.yaml": "num_requests: 4\nprompt_len: {dist: lognormal}\noutput_len: 8\n"},
+        {"w.yaml": "num_requests: 4\nprompt_len: {dist: lognormal, sigma: 0.5}\noutput_len: 8\n"},
     ),
     (
         "workload-std-of-lognormal",

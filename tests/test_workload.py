@@ -346,6 +346,18 @@ def one_line_error(call) -> str:
             "prompt_len: sigma, range_ratio do not apply to fixed (its keys: mean, min, max)",
         ),
         (
+            "num_requests: 10\noutput_len: 5\nprompt_len: {dist: normal, mean: 1000, max: 4000}\n",
+            "prompt_len: normal needs std (its spread; without it every length is the mean",
+        ),
+        (
+            "num_requests: 10\nprompt_len: 5\noutput_len: {dist: lognormal, median: 200}\n",
+            "output_len: lognormal needs sigma",
+        ),
+        (
+            "num_requests: 10\noutput_len: 5\nprompt_len: {dist: uniform, mean: 64}\n",
+            "uniform needs range_ratio",
+        ),
+        (
             "num_requests: 10\noutput_len: 5\n"
             "prompt_len: {dist: lognormal, mean: 900, median: 800, sigma: 1}\n",
             "prompt_len: give a lognormal its mean or its median, not both",

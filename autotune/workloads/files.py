@@ -60,6 +60,9 @@ _DIST_KEYS = {
     "lognormal": ("mean", "median", "sigma", "min", "max"),
 }
 _LENGTH_KEYS = {"dist"}.union(*_DIST_KEYS.values())
+# The key that gives each distribution its spread: left out, it would default to 0 and every length be
+# the mean, a fixed workload under another name
+_SPREAD_KEY = {"uniform": "range_ratio", "normal": "std", "lognormal": "sigma"}
 _TRACE_KEYS = {"name", "arrivals", "time_scale", "start", "max_len"}
 _PREFIX_KEYS = {"num_prefixes", "prefix_len"}
 
@@ -120,8 +123,9 @@ def _length(value: Any, what: str) -> LengthDist:
 
 
 def _check_dist_keys(value: Mapping[str, Any], what: str) -> None:
-    """Refuse a length key its dist does not read (lognormal std, normal sigma), and a lognormal
-    mean given with its median (which wins): either would leave lengths other than the file says."""
+    """Refuse a length key its dist does not read (lognormal std, normal sigma), a spread left out
+    (every length would be the mean) and a lognormal mean given with its median (which wins): each
+    would leave lengths other than the file says."""
     dist = str(value["dist"])
     keys = _DIST_KEYS.get(dist)
     if keys is None:
@@ -131,6 +135,12 @@ def _check_dist_keys(value: Mapping[str, Any], what: str) -> None:
         verb = "does" if len(stray) == 1 else "do"
         raise AutotuneError(
             f"{what}: {', '.join(stray)} {verb} not apply to {dist} (its keys: {', '.join(keys)})"
+        )
+    spread = _SPREAD_KEY.get(dist)
+    if spread is not None and spread not in value:
+        raise AutotuneError(
+            f"{what}: {dist} needs {spread} (its spread; without it every length is the mean: "
+            f"use dist: fixed for that)"
         )
     if "mean" in value and "median" in value:
         raise AutotuneError(f"{what}: give a lognormal its mean or its median, not both")
