@@ -7,13 +7,16 @@ with `--time-scale X` says X on /metrics (`autotune:sim_time_scale`): arrivals a
 faster and every measured time multiplied by X, so points are always on the simulated GPU's clock.
 
 Each serve point is one load-generator run of the point's own requests (point_requests: what its
-replay simulates), with a fresh prompt salt so that no run hits the prefix cache with another's.
+replay simulates), with its own prompt salt so that no run hits the prefix cache with another's: the
+salts start at a random number per campaign, so a rerun on the same server (after an interrupted
+calibrate) does not meet the earlier campaign's prompts in the cache either.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -109,8 +112,12 @@ def measure_points(
     info: ServerInfo, points: Sequence[dict[str, Any]], progress: Progress | None = None
 ) -> tuple[list[dict[str, Any]], float]:
     """The points with their measured values, and the GPU seconds the runs took (simulated seconds on a
-    time-scaled sim-server). Memory points take the server's KV size; RunFailure when a run fails."""
+    time-scaled sim-server). Memory points take the server's KV size; RunFailure when a run fails.
+    Run n's prompts are salted base + n, base random per call (a campaign)."""
     say = progress or (lambda line: None)
+    # Random in 2**62: two campaigns' few salts overlap with negligible probability (and never the
+    # warm-up's 10**6, which may repeat: it only pays the server's one-time costs).
+    base = secrets.randbelow(2**62) + 10**7
     _warm_up(info)
     measured, gpu_s = [], 0.0
     serve = [p for p in points if p["kind"] == "serve"]
@@ -121,7 +128,7 @@ def measure_points(
                 measured.append({**point, "measured": {"kv_tokens": kv}})
             continue
         n = len(measured) - sum(p["kind"] == "memory" for p in measured) + 1
-        done, seconds = measure_serve(info, point, salt=n)
+        done, seconds = measure_serve(info, point, salt=base + n)
         gpu_s += seconds
         measured.append(done)
         what = f"{point['requests']} requests, {seconds:.1f} GPU-s"
