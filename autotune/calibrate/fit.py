@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from autotune.calibrate.points import Error, Replay
+from autotune.core.errors import AutotuneError
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration, FieldInfo, calibration_fields
 
 SIGNIFICANT_DIGITS = 4  # of a fitted constant: measurements do not pin them closer
@@ -179,29 +180,27 @@ def fit_calibration(
     seen = np.abs(probe.data_jacobian(x0)).max(axis=0, initial=0.0) > 1e-9
     free = [n for n, s in zip(names, seen, strict=True) if s]
     unseen = [n for n, s in zip(names, seen, strict=True) if not s]
+    if not free:
+        raise AutotuneError(f"nothing to fit: {_why_nothing(probe, before)}")
     problem = _Problem(replay, prior, free, options)
     problem.evaluations = probe.evaluations
-    if free:
-        say(f"fitting {len(free)} constants: {', '.join(free)}")
-        x0 = np.zeros(len(free))
-        solution = least_squares(
-            problem.residuals,
-            x0,
-            jac=problem.jacobian,
-            bounds=([problem.lower(n) for n in free], [problem.upper(n) for n in free]),
-            method="trf",
-            max_nfev=options.max_evaluations,
-            ftol=options.tolerance,
-            xtol=options.tolerance,
-            x_scale=1.0,
-            loss=options.loss,
-            f_scale=options.loss_scale,
-        )
-        x = solution.x
-    else:
-        x = x0
+    say(f"fitting {len(free)} constants: {', '.join(free)}")
+    solution = least_squares(
+        problem.residuals,
+        np.zeros(len(free)),
+        jac=problem.jacobian,
+        bounds=([problem.lower(n) for n in free], [problem.upper(n) for n in free]),
+        method="trf",
+        max_nfev=options.max_evaluations,
+        ftol=options.tolerance,
+        xtol=options.tolerance,
+        x_scale=1.0,
+        loss=options.loss,
+        f_scale=options.loss_scale,
+    )
+    x = solution.x
     fitted = problem.calibration(x, SIGNIFICANT_DIGITS)
-    jac = problem.data_jacobian(x) if free else np.zeros((len(problem.rows), 0))
+    jac = problem.data_jacobian(x)
     return FitResult(
         prior=prior,
         fitted=fitted,
@@ -215,6 +214,19 @@ def fit_calibration(
         evaluations=problem.evaluations,
         seconds=time.monotonic() - started,
     )
+
+
+def _why_nothing(probe: _Problem, before: Sequence[Error]) -> str:
+    """Why no constant moves any measured metric: what a user can change."""
+    if not probe.rows:
+        return "the points measure only `starts`, a yes/no no constant's small move changes"
+    if all(e.simulated == 0 or not math.isfinite(e.simulated) for e in before):
+        return (
+            "the simulator predicts that none of the points' configs starts or serves their requests "
+            "(a model too large for the GPU, a prompt longer than max_model_len?): check their model, "
+            "gpu, flags and lengths"
+        )
+    return "no constant moves any measured metric of these points"
 
 
 def _prior_bound(names: Sequence[str], jac: np.ndarray, weight: float) -> list[str]:

@@ -1,0 +1,55 @@
+"""`autotune calibrate --points` on files it cannot fit, and options it would ignore: one line, exit 2,
+nothing written (tests/test_calibration.py has the well-formed inputs' fit)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from autotune.cli import main
+
+LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+SERVE = {"id": "s", "kind": "serve", "model": LLAMA_8B, "gpu": "H100", "requests": 4, "prompt": 100}
+SERVE |= {"output": 8, "measured": {"mean_ttft_ms": 50.0}}
+
+
+def _points_file(tmp_path: Path, *points: dict[str, Any]) -> str:
+    path = tmp_path / "points.yaml"
+    path.write_text(yaml.safe_dump({"points": list(points)}))
+    return str(path)
+
+
+def _refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """The error line of `autotune calibrate ARGV -o tmp/out/cal.yaml` (exit 2, nothing written)."""
+    out = tmp_path / "out"
+    assert main(["calibrate", *argv, "-o", str(out / "cal.yaml"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert not out.exists()
+    return err
+
+
+@pytest.mark.parametrize(
+    ("point", "needle"),
+    [
+        pytest.param(
+            {"id": "m", "kind": "memory", "model": LLAMA_8B, "gpu": "H100", "measured": {"starts": True}},
+            "nothing to fit: the points measure only `starts`",
+            id="starts-only",
+        ),
+        pytest.param(
+            {**SERVE, "model": "Qwen/Qwen3-32B", "gpu": "L4"},
+            "nothing to fit: the simulator predicts",
+            id="no-start",
+        ),
+        pytest.param({**SERVE, "prompt": 200000}, "nothing to fit: the simulator predicts", id="too-long"),
+    ],
+)
+def test_points_no_constant_depends_on_are_nothing_to_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], point: dict[str, Any], needle: str
+) -> None:
+    points = _points_file(tmp_path, point)
+    assert needle in _refused(tmp_path, capsys, ["--points", points])
