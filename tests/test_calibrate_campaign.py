@@ -3,12 +3,16 @@ interrupt leaves (tests/test_calibration.py has the fit's recovery over HTTP).""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from autotune.calibrate.measure import measure_points, probe_server
+from autotune.cli import main
 from autotune.sim_server.server import start_sim_server
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+QWEN_14B = "Qwen/Qwen3-14B"
 
 
 def test_a_second_campaign_on_one_server_misses_the_first_ones_prefix_cache() -> None:
@@ -21,3 +25,21 @@ def test_a_second_campaign_on_one_server_misses_the_first_ones_prefix_cache() ->
         first = measure_points(info, [point])[0][0]["measured"]["mean_ttft_ms"]
         second = measure_points(info, [point])[0][0]["measured"]["mean_ttft_ms"]
     assert second == pytest.approx(first, rel=0.25)
+
+
+def test_a_campaign_nothing_could_be_fitted_to_is_refused_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another catalog model than the served one, or a GPU on which the prior says the served config
+    does not start: one line, exit 2, before any run (it measured, then crashed in the fit)."""
+    out = tmp_path / "out"
+    with start_sim_server([QWEN_14B, "--max-model-len", "4096", "--time-scale", "4"]) as server:
+        argv = ["calibrate", "--url", server.base_url, "-o", str(out / "cal.yaml")]
+        assert main([*argv, "--gpu", "H100", "--model", "Qwen/Qwen3-8B"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"the server at {server.base_url} serves {QWEN_14B}, another model" in err, err
+        assert main([*argv, "--gpu", "L4"]) == 2  # 28 GiB of weights on a 22 GiB GPU
+        err = capsys.readouterr().err.strip().splitlines()
+        assert "does not start on L4" in err[-1] and "nothing was measured" in err[-1], err
+        assert not any("[1/" in line for line in err), err
+    assert not out.exists()

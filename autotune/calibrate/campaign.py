@@ -18,7 +18,7 @@ from autotune.calibrate.design import (
     sized,
 )
 from autotune.calibrate.measure import ServerInfo, measure_points, probe_server
-from autotune.catalog.models import get_model
+from autotune.catalog.models import catalog_id, get_model
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, RunFailure
 from autotune.sim.calibration import Calibration
@@ -49,7 +49,15 @@ class Measured:
 
 
 def catalog_model(target: Target, info: ServerInfo) -> str:
-    """The model the simulator replays: --model, else the served one if the catalog knows it."""
+    """The model the simulator replays: --model, else the served one if the catalog knows it. A --model
+    that is another catalog model than the served one is refused: every point would replay the wrong
+    model (a served alias, or a config.json, is taken as --model says)."""
+    served, given = catalog_id(info.model), catalog_id(target.model or info.model)
+    if served and given and served != given:
+        raise AutotuneError(
+            f"--model {target.model}: the server at {info.url} serves {info.model}, another model (drop "
+            "--model to calibrate the served one)"
+        )
     name = target.model or info.model
     try:
         get_model(name)
@@ -119,9 +127,13 @@ def on_backend(
         configs.append(
             ConfigUnderTest("tp2", {**target.settings, "tensor_parallel_size": 2}, max_len, TP_CONFIG_RUNS)
         )
+    # Sized before any launch: a config the prior predicts does not start is refused before GPU time is spent.
+    designed = [
+        _sized(designed_points(model, target.gpu, [config]), gpu_minutes * 60 * share, prior, say)
+        for config, share in zip(configs, SHARES, strict=False)
+    ]
     out = Measured([], 0.0)
-    for config, share in zip(configs, SHARES, strict=False):
-        points = _sized(designed_points(model, target.gpu, [config]), gpu_minutes * 60 * share, prior, say)
+    for config, points in zip(configs, designed, strict=True):
         tp = int(config.flags.get("tensor_parallel_size", 1))
         started = time.monotonic()
         say(f"launching config {config.label}: {_flags(config.flags) or 'vLLM defaults'}")
@@ -148,12 +160,14 @@ def _sized(
     predicted = sum(predicted_seconds(out, prior))
     runs = sum(p["kind"] == "serve" for p in out)
     if predicted <= 0:
-        say(
-            f"designed set: {runs} runs at reference size (the prior calibration predicts that the config "
-            "does not start)"
+        # Its runs would replay as failures whatever the constants: nothing measured there could be fitted.
+        first = out[0]
+        raise AutotuneError(
+            f"the prior calibration predicts that {first['model']} does not start on {first['gpu']} with "
+            f"{_flags(first['flags']) or 'vLLM defaults'}: nothing measured there could be fitted (check "
+            "--model, --gpu and --set; nothing was measured)"
         )
-    else:
-        say(f"designed set: {runs} runs, {predicted / 60:.1f} GPU-minutes as the prior calibration predicts")
+    say(f"designed set: {runs} runs, {predicted / 60:.1f} GPU-minutes as the prior calibration predicts")
     return out
 
 

@@ -167,6 +167,15 @@ def qualified_name(name: str) -> str:
     return f"{org}/{typed}"
 
 
+def catalog_id(name: str) -> str | None:
+    """The catalog model a name stands for ('llama-3.1-8b-instruct' -> 'meta-llama/Llama-3.1-8B'), or
+    None for a local config.json or folder and a name the catalog does not know."""
+    if Path(name).expanduser().exists():
+        return None
+    spec = _lookup(name)
+    return spec.name if spec else None
+
+
 def get_model(name_or_path: str) -> ModelSpec:
     """A model by HF id or short name, or from a local directory / config.json; AutotuneError if unknown."""
     path = Path(name_or_path).expanduser()
