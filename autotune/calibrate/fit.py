@@ -7,10 +7,12 @@ a constant the data says nothing about stays at its prior instead of wandering, 
 pins moves as the data says (at weight 0.1, a 10 % error on one metric weighs as much as a 2.7x move).
 
 Only constants the points can see are free: memory points see the memory terms; step points the step
-costs; serve points the step costs and the API server. A constant whose first probe moves no
-residual is left at its prior and reported so. The Jacobian is a forward difference of `diff_step`
-in log space (the simulator is event-driven: smaller steps see its discrete jumps, not its trend),
-recomputing only the points a constant can move. scipy.optimize.least_squares (trf) does the rest.
+costs; serve points the step costs and the API server. A constant no simulated value moves with (a
+probe step, then a factor 10 up and down) is left at its prior and reported so. The fit starts at the
+prior, moved one probe step inside a range it sits on the bound of. The Jacobian is a forward
+difference of `diff_step` in log space (the simulator is event-driven: smaller steps see its discrete
+jumps, not its trend), recomputing only the points a constant can move. scipy.optimize.least_squares
+(trf) does the rest.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration, FieldInfo
 
 SIGNIFICANT_DIGITS = 4  # of a fitted constant: measurements do not pin them closer
 CLIP = 3.0  # |log error| cap: a 20x miss counts as much as a 20x miss should, no more
+FAR = math.log(10)  # the probe of a constant no small step moves: a factor 10 (or to its bound)
 SEES = {"memory": ("memory",), "step": ("costs",), "serve": ("costs", "frontend")}  # kind -> groups
 Progress = Callable[[str], None]
 
@@ -95,6 +98,17 @@ class _Problem:
             values[name] = min(max(value, info.low), info.high)
         return self.prior.replace(**values)
 
+    def simulated(self, x: np.ndarray, points: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Per row, the simulated value at x (nan: none) and whether it was simulated (all points', or
+        only `points`')."""
+        cal = self.calibration(x)
+        wanted = range(len(self.replay.points)) if points is None else points
+        simulated = {i: self.replay.simulate(i, cal) for i in wanted}
+        self.evaluations += 1
+        done = np.array([i in simulated for i, _ in self.rows], dtype=bool)
+        values = [simulated[i].get(m, math.nan) if i in simulated else math.nan for i, m in self.rows]
+        return np.array(values, dtype=float), done
+
     def data_residuals(
         self, x: np.ndarray, points: Sequence[int] | None = None, base: np.ndarray | None = None
     ) -> np.ndarray:
@@ -102,14 +116,10 @@ class _Problem:
         key = tuple(np.round(x, 12))
         if points is None and key in self._cache:
             return self._cache[key]
-        cal = self.calibration(x)
-        wanted = range(len(self.replay.points)) if points is None else points
-        simulated = {i: self.replay.simulate(i, cal) for i in wanted}
+        values, done = self.simulated(x, points)
         out = np.array(base if base is not None else np.zeros(len(self.rows)), dtype=float)
-        for r, (i, metric) in enumerate(self.rows):
-            if i in simulated:
-                out[r] = self.weights[r] * _log_error(simulated[i].get(metric, math.nan), self.measured[r])
-        self.evaluations += 1
+        for r in np.flatnonzero(done):
+            out[r] = self.weights[r] * _log_error(values[r], self.measured[r])
         if points is None:
             self._cache = {key: out}
         return out
@@ -121,16 +131,44 @@ class _Problem:
         """Forward differences of the data residuals, each constant moving only the points it can."""
         base = self.data_residuals(x)
         jac = np.zeros((len(self.rows), len(self.names)))
-        step = self.options.diff_step
         for j, name in enumerate(self.names):
             points = self.points_seeing(name)
             if not points:
                 continue
-            h = step if x[j] + step <= self.upper(name) else -step
+            h = self.step(x, j)
             moved = x.copy()
             moved[j] += h
             jac[:, j] = (self.data_residuals(moved, points, base) - base) / h
         return jac
+
+    def step(self, x: np.ndarray, j: int) -> float:
+        """The forward-difference step of constant j at x: up, or down where up leaves its range."""
+        step = self.options.diff_step
+        return step if x[j] + step <= self.upper(self.names[j]) else -step
+
+    def start(self) -> np.ndarray:
+        """The prior (x = 0), moved one probe step inside a range it sits on the bound of: trf started on
+        a bound shortens every step to its distance from it, and stops at once with nothing moved."""
+        margin = self.options.diff_step
+        return np.array([min(max(0.0, self.lower(n) + margin), self.upper(n) - margin) for n in self.names])
+
+    def seen(self, x: np.ndarray) -> list[bool]:
+        """Per constant, whether any simulated value moves with it: a probe step from x, else a factor FAR
+        up or down (within its range). Values, not residuals: a miss beyond CLIP is flat in the residual,
+        and a constant flat at x (a prefill that streams weights at gemm_eff 1) may matter elsewhere."""
+        base, _ = self.simulated(x)
+        out = []
+        for j, name in enumerate(self.names):
+            points = self.points_seeing(name)
+            probes = (self.step(x, j), min(FAR, self.upper(name) - x[j]), -min(FAR, x[j] - self.lower(name)))
+            out.append(bool(points) and any(self._moves(x, j, h, points, base) for h in probes))
+        return out
+
+    def _moves(self, x: np.ndarray, j: int, h: float, points: Sequence[int], base: np.ndarray) -> bool:
+        moved = x.copy()
+        moved[j] += h
+        values, done = self.simulated(moved, points)
+        return not np.allclose(values[done], base[done], rtol=1e-9, atol=0.0, equal_nan=True)
 
     def jacobian(self, x: np.ndarray) -> np.ndarray:
         prior = self.options.prior_weight * np.eye(len(self.names))
@@ -175,9 +213,8 @@ def fit_calibration(
     before = replay.errors(prior)
     names = [i.name for i in candidates(points, prior)]
     probe = _Problem(replay, prior, names, options)
-    x0 = np.zeros(len(names))
     say(f"probing {len(names)} constants on {len(points)} points ({len(probe.rows)} metrics)")
-    seen = np.abs(probe.data_jacobian(x0)).max(axis=0, initial=0.0) > 1e-9
+    seen = probe.seen(probe.start())
     free = [n for n, s in zip(names, seen, strict=True) if s]
     unseen = [n for n, s in zip(names, seen, strict=True) if not s]
     if not free:
@@ -187,7 +224,7 @@ def fit_calibration(
     say(f"fitting {len(free)} constants: {', '.join(free)}")
     solution = least_squares(
         problem.residuals,
-        np.zeros(len(free)),
+        problem.start(),
         jac=problem.jacobian,
         bounds=([problem.lower(n) for n in free], [problem.upper(n) for n in free]),
         method="trf",
