@@ -53,3 +53,40 @@ def test_points_no_constant_depends_on_are_nothing_to_fit(
 ) -> None:
     points = _points_file(tmp_path, point)
     assert needle in _refused(tmp_path, capsys, ["--points", points])
+
+
+@pytest.mark.parametrize(
+    ("points", "needle"),
+    [
+        pytest.param(
+            [{**SERVE, "concurency": 1}],
+            "point 1 (s): unknown key 'concurency' for a serve point",
+            id="typo",
+        ),
+        pytest.param(
+            [{**SERVE, "batch": {"prefill": 1}}], "unknown key 'batch' for a serve point", id="kind"
+        ),
+        pytest.param(
+            [{**SERVE, "split": "trian"}],
+            "point 1 (s): split must be train or validation, got 'trian'",
+            id="split",
+        ),
+        pytest.param(
+            [{**SERVE, "prompt": {"mean": 100, "sigma": 0.5, "max": 0}}],
+            "point 1 (s): prompt's max must be a whole number >= 1, got 0",
+            id="max-0",
+        ),
+        pytest.param(
+            [{**SERVE, "output": {"mean": 100, "sigma": 0.5, "std": 2}}],
+            "point 1 (s): output: unknown key 'std' (mean, sigma, max)",
+            id="length-key",
+        ),
+        pytest.param([SERVE, SERVE], "point 2 (s): id 's' is point 1's too", id="duplicate-id"),
+    ],
+)
+def test_a_points_file_key_that_would_be_ignored_or_misread_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], points: list[dict[str, Any]], needle: str
+) -> None:
+    path = _points_file(tmp_path, *points)
+    err = _refused(tmp_path, capsys, ["--points", path])
+    assert needle in err and f"points file {path}" in err, err

@@ -14,9 +14,10 @@ measurement the simulator can replay, under any Calibration:
           (`request_throughput`, `output_throughput`, `total_token_throughput`) and
           `{mean,median,p99}_{ttft,tpot,itl,e2el}_ms`
 
-Every point has `id`, `kind`, `model`, `gpu`, optional `flags` (vLLM flags in snake_case), `split`
-(train / validation; default train) and `source`. The requests of a serve point are a function of the
-point alone (seeded), so the requests a calibration run sends are the ones its replay simulates.
+Every point has `id` (unique in the file), `kind`, `model`, `gpu`, optional `flags` (vLLM flags in
+snake_case), `split` (train / validation; default train), `source` and `run`; any other key is
+refused. The requests of a serve point are a function of the point alone (seeded), so the requests a
+calibration run sends are the ones its replay simulates.
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ METRICS = {
     "serve": THROUGHPUT + tuple(f"{s}_{m}_ms" for m in LATENCIES for s in STATS),
 }
 CLASSES = ("throughput", "latency", "memory")
+# A point's keys: those of every kind ("any"; `run`: the designed run it measured) and each kind's own.
+KEYS = {
+    "any": ("id", "kind", "model", "gpu", "flags", "split", "source", "run", "measured"),
+    "memory": (),
+    "step": ("batch",),
+    "serve": ("requests", "prompt", "output", "concurrency", "rate", "api", "cached", "sent"),
+}
+SPLITS = ("train", "validation")
+LENGTH_KEYS = ("mean", "sigma", "max")
 
 
 @dataclass(frozen=True)
@@ -96,8 +106,15 @@ def load_points(path: str | Path) -> list[dict[str, Any]]:
     points = data.get("points") if isinstance(data, dict) else None
     if not isinstance(points, list) or not points:
         raise AutotuneError(f"points file {path}: expected a non-empty list under 'points:'")
+    first: dict[Any, int] = {}
     for i, point in enumerate(points):
-        check_point(point, f"points file {path}, point {i + 1}")
+        where = f"points file {path}, point {i + 1}"
+        check_point(point, where)
+        if point["id"] in first:  # --split, rankings and the report tell points by id
+            raise AutotuneError(
+                f"{where} ({point['id']}): id {point['id']!r} is point {first[point['id']]}'s too"
+            )
+        first[point["id"]] = i + 1
     return points
 
 
@@ -112,6 +129,13 @@ def check_point(point: Any, where: str) -> None:
     kind = point["kind"]
     if kind not in METRICS:
         raise AutotuneError(f"{where}: kind must be one of {', '.join(METRICS)}, got {kind!r}")
+    unknown = next((k for k in point if k not in KEYS[kind] + KEYS["any"]), None)
+    if unknown is not None:  # a typo (`concurency`) would replay another load than the one measured
+        raise AutotuneError(
+            f"{where}: unknown key {unknown!r} for a {kind} point ({', '.join(KEYS['any'] + KEYS[kind])})"
+        )
+    if point.get("split", "train") not in SPLITS:
+        raise AutotuneError(f"{where}: split must be {' or '.join(SPLITS)}, got {point['split']!r}")
     try:
         get_model(str(point["model"]))
         get_gpu(str(point["gpu"]))
@@ -145,8 +169,14 @@ def _check_serve(point: dict[str, Any], where: str) -> None:
     for key in ("prompt", "output"):
         spec = point.get(key)
         if isinstance(spec, dict):
+            unknown = next((k for k in spec if k not in LENGTH_KEYS), None)
+            if unknown is not None:
+                raise AutotuneError(f"{where}: {key}: unknown key {unknown!r} ({', '.join(LENGTH_KEYS)})")
             if not (_positive(spec.get("mean")) and _positive(spec.get("sigma"))):
                 raise AutotuneError(f"{where}: {key} needs a positive mean and sigma, got {spec!r}")
+            most = spec.get("max", 1)
+            if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+                raise AutotuneError(f"{where}: {key}'s max must be a whole number >= 1, got {most!r}")
         elif not (isinstance(spec, int) and not isinstance(spec, bool) and spec >= 1):
             raise AutotuneError(f"{where}: {key} must be a token count or {{mean, sigma, max}}, got {spec!r}")
     if "rate" in point and not _positive(point["rate"]):
