@@ -82,6 +82,16 @@ def test_points_no_constant_depends_on_are_nothing_to_fit(
             id="length-key",
         ),
         pytest.param([SERVE, SERVE], "point 2 (s): id 's' is point 1's too", id="duplicate-id"),
+        pytest.param(
+            [{**SERVE, "cached": 5}],
+            "point 1 (s): cached: expected a mapping with first, rest",
+            id="cached-int",
+        ),
+        pytest.param(
+            [{**SERVE, "cached": {"first": 8, "rest": -1}}],
+            "point 1 (s): cached: rest must be a whole number",
+            id="cached-negative",
+        ),
     ],
 )
 def test_a_points_file_key_that_would_be_ignored_or_misread_is_refused(

@@ -183,6 +183,8 @@ def _check_serve(point: dict[str, Any], where: str) -> None:
         raise AutotuneError(f"{where}: rate must be a positive number of requests/s")
     if "concurrency" in point:
         _check_ints(point, ("concurrency",), where)
+    if "cached" in point:
+        _check_ints(point["cached"], ("first", "rest"), f"{where}: cached")
     if point.get("api", "completions") not in ("chat", "completions"):
         raise AutotuneError(f"{where}: api must be chat or completions, got {point['api']!r}")
     sent = point.get("sent")
