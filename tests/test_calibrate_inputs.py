@@ -100,3 +100,11 @@ def test_a_points_file_key_that_would_be_ignored_or_misread_is_refused(
     path = _points_file(tmp_path, *points)
     err = _refused(tmp_path, capsys, ["--points", path])
     assert needle in err and f"points file {path}" in err, err
+
+
+@pytest.mark.parametrize("weight", ["nan", "inf", "0"])
+def test_a_prior_weight_that_is_not_a_finite_positive_number_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], weight: str
+) -> None:
+    argv = ["--points", _points_file(tmp_path, SERVE), "--prior-weight", weight]
+    assert "--prior-weight must be a finite number > 0" in _refused(tmp_path, capsys, argv)

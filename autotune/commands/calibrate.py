@@ -15,6 +15,7 @@ built-in one. The fitted file goes to `--sim-calibration` of run, bench and sim-
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import time
@@ -118,8 +119,10 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
         )
     if not 0 < args.gpu_minutes <= 600:
         raise AutotuneError(f"--gpu-minutes must be in (0, 600], got {args.gpu_minutes:g}")
-    if args.prior_weight <= 0 or args.max_evaluations < 1:
-        raise AutotuneError("--prior-weight must be > 0 and --max-evaluations >= 1")
+    if not (math.isfinite(args.prior_weight) and args.prior_weight > 0):  # nan and inf broke the fit
+        raise AutotuneError(f"--prior-weight must be a finite number > 0, got {args.prior_weight:g}")
+    if args.max_evaluations < 1:
+        raise AutotuneError(f"--max-evaluations must be >= 1, got {args.max_evaluations}")
     _refuse_ignored(args)
     job: dict[str, Any] = {"source": sources[0]}
     if args.points:
