@@ -194,7 +194,27 @@ def _output(args: argparse.Namespace, name: str) -> Path:
             raise AutotuneError(f"{target} exists: pass another -o FILE (nothing is overwritten)")
     if path.parent.exists() and not path.parent.is_dir():
         raise AutotuneError(f"cannot write {path}: {path.parent} is not a folder")
+    _check_writable(path)
     return path
+
+
+def _check_writable(path: Path) -> None:
+    """A file created and removed where `path`'s folder is (or will be made): found after the measuring,
+    an unwritable output lost it. os.access is no test: root passes it on /proc."""
+    import tempfile
+
+    from autotune.core.errors import AutotuneError
+
+    existing = path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".calibrate-"):
+            pass
+    except OSError as exc:
+        raise AutotuneError(
+            f"cannot write {path}: no file can be created in {existing} ({exc.strerror})"
+        ) from None
 
 
 def _companions(path: Path) -> dict[str, Path]:
