@@ -3,11 +3,15 @@ interrupt leaves (tests/test_calibration.py has the fit's recovery over HTTP).""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from autotune.calibrate.measure import measure_points, probe_server
+from autotune.calibrate.points import load_points
 from autotune.cli import main
 from autotune.sim_server.server import start_sim_server
 
@@ -42,4 +46,37 @@ def test_a_campaign_nothing_could_be_fitted_to_is_refused_before_measuring(
         err = capsys.readouterr().err.strip().splitlines()
         assert "does not start on L4" in err[-1] and "nothing was measured" in err[-1], err
         assert not any("[1/" in line for line in err), err
+    assert not out.exists()
+
+
+def _calibrate_until_two_runs(url: str, out: Path) -> subprocess.Popen:
+    """`autotune calibrate --url` in a subprocess, returned once its second run is measured."""
+    cmd = [sys.executable, "-m", "autotune.cli", "calibrate", "--url", url, "--gpu", "H100"]
+    cmd += ["--gpu-minutes", "0.2", "-o", str(out)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("calibrate: [2/"):
+            return proc
+    raise AssertionError(f"no second run; exit {proc.wait()}")
+
+
+@pytest.mark.parametrize("stop", ["server dies", "ctrl-c"])
+def test_the_runs_measured_before_a_failure_or_ctrl_c_are_kept(tmp_path: Path, stop: str) -> None:
+    """They were thrown away; now the points file has them and the last line says how to refit."""
+    out = tmp_path / "cal.yaml"
+    with start_sim_server([LLAMA_8B, "--max-model-len", "4096", "--time-scale", "4"]) as server:
+        proc = _calibrate_until_two_runs(server.base_url, out)
+        if stop == "ctrl-c":
+            proc.send_signal(signal.SIGINT)
+        else:
+            server.process.kill()
+        _, err = proc.communicate(timeout=60)
+    last = err.strip().splitlines()[-1]
+    points = tmp_path / "cal-points.yaml"
+    assert proc.returncode == (130 if stop == "ctrl-c" else 1), err
+    assert f"measured points are in {points}: refit them with autotune calibrate --points {points}" in last
+    assert ("interrupted while measuring" in last) == (stop == "ctrl-c"), last
+    measured = load_points(points)
+    assert [p["run"] for p in measured if p["kind"] == "serve"][:2] == ["light-c1", "light-c4"]
     assert not out.exists()

@@ -40,12 +40,18 @@ class Target:
 
 @dataclass
 class Measured:
-    """The measured points and what they cost."""
+    """The measured points and what they cost, filled as each point is measured (what a failure or
+    Ctrl-C leaves is kept)."""
 
-    points: list[dict[str, Any]]
-    gpu_seconds: float  # the runs' (simulated on a time-scaled sim-server)
+    points: list[dict[str, Any]] = field(default_factory=list)
+    gpu_seconds: float = 0.0  # the runs' (simulated on a time-scaled sim-server)
     startup_seconds: float = 0.0  # launching servers (backends only)
     notes: list[str] = field(default_factory=list)
+
+    def add(self, point: dict[str, Any], gpu_seconds: float) -> None:
+        """One measured point and its run's GPU seconds."""
+        self.points.append(point)
+        self.gpu_seconds += gpu_seconds
 
 
 def catalog_model(target: Target, info: ServerInfo) -> str:
@@ -70,9 +76,10 @@ def catalog_model(target: Target, info: ServerInfo) -> str:
 
 
 def on_url(
-    info: ServerInfo, target: Target, gpu_minutes: float, prior: Calibration, say: Progress
-) -> Measured:
-    """The designed set on the server `info` describes (probe_server: checked before anything runs)."""
+    info: ServerInfo, target: Target, gpu_minutes: float, prior: Calibration, say: Progress, out: Measured
+) -> None:
+    """The designed set on the server `info` describes (probe_server: checked before anything runs),
+    measured into `out`."""
     model = catalog_model(target, info)
     flags = {**target.settings, **info.flags()}
     max_len = info.max_model_len or get_model(model).max_position_embeddings
@@ -88,17 +95,15 @@ def on_url(
         )
     config = ConfigUnderTest("server", flags, max_len)
     points = _sized(designed_points(model, target.gpu, [config]), gpu_minutes * 60, prior, say)
-    measured, gpu_s = measure_points(info, points, say)
-    notes = []
+    measure_points(info, points, say, out.add)
     if info.kv_tokens is None:
-        notes.append(
+        out.notes.append(
             "the server's /metrics has no vllm:cache_config_info: the memory terms stay at their prior"
         )
-    notes.append(
+    out.notes.append(
         "one config shows one token budget and max_num_seqs: --backend launches a second one to separate "
         "the memory terms and the chunked-prefill costs"
     )
-    return Measured(measured, gpu_s, notes=notes)
 
 
 def on_backend(
@@ -108,8 +113,10 @@ def on_backend(
     gpu_minutes: float,
     prior: Calibration,
     say: Progress,
-) -> Measured:
-    """The designed set on the configs the backend launches, one server each (stopped after)."""
+    out: Measured,
+) -> None:
+    """The designed set on the configs the backend launches, one server each (stopped after), measured
+    into `out`."""
     if target.model is None:
         raise AutotuneError("--backend needs --model: the model to launch")
     model = target.model
@@ -132,7 +139,6 @@ def on_backend(
         _sized(designed_points(model, target.gpu, [config]), gpu_minutes * 60 * share, prior, say)
         for config, share in zip(configs, SHARES, strict=False)
     ]
-    out = Measured([], 0.0)
     for config, points in zip(configs, designed, strict=True):
         tp = int(config.flags.get("tensor_parallel_size", 1))
         started = time.monotonic()
@@ -147,10 +153,7 @@ def on_backend(
             info = probe_server(session.base_url)
             flags = {**config.flags, **info.flags()}
             points = [{**p, "flags": flags} for p in points]
-            measured, gpu_s = measure_points(info, points, say)
-        out.points += measured
-        out.gpu_seconds += gpu_s
-    return out
+            measure_points(info, points, say, out.add)
 
 
 def _sized(

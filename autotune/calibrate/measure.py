@@ -109,12 +109,17 @@ def _metrics(base: str) -> tuple[dict[str, str], float]:
 
 
 def measure_points(
-    info: ServerInfo, points: Sequence[dict[str, Any]], progress: Progress | None = None
+    info: ServerInfo,
+    points: Sequence[dict[str, Any]],
+    progress: Progress | None = None,
+    keep: Callable[[dict[str, Any], float], None] | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
     """The points with their measured values, and the GPU seconds the runs took (simulated seconds on a
     time-scaled sim-server). Memory points take the server's KV size; RunFailure when a run fails.
-    Run n's prompts are salted base + n, base random per call (a campaign)."""
+    `keep` gets each point as it is measured, with its GPU seconds: what a failure or Ctrl-C later
+    leaves. Run n's prompts are salted base + n, base random per call (a campaign)."""
     say = progress or (lambda line: None)
+    kept = keep or (lambda point, seconds: None)
     # Random in 2**62: two campaigns' few salts overlap with negligible probability (and never the
     # warm-up's 10**6, which may repeat: it only pays the server's one-time costs).
     base = secrets.randbelow(2**62) + 10**7
@@ -126,11 +131,13 @@ def measure_points(
             kv = info.kv_tokens
             if kv is not None:
                 measured.append({**point, "measured": {"kv_tokens": kv}})
+                kept(measured[-1], 0.0)
             continue
         n = len(measured) - sum(p["kind"] == "memory" for p in measured) + 1
         done, seconds = measure_serve(info, point, salt=base + n)
         gpu_s += seconds
         measured.append(done)
+        kept(done, seconds)
         what = f"{point['requests']} requests, {seconds:.1f} GPU-s"
         say(f"[{n}/{len(serve)}] {point['id']}: {what}; {_brief(done['measured'])}")
     return measured, gpu_s

@@ -7,9 +7,10 @@
 
 It writes the fitted calibration (`-o FILE`, default runs/calibration-<what>/calibration.yaml), the
 report next to it (<stem>-report.txt) and, when it measured, the points (<stem>-points.yaml, refit
-with --points). Every input is checked before anything runs: a bad one is one line, exit 2, nothing
-written. `--sim-calibration FILE` starts (and pulls weakly toward) another calibration than the
-built-in one. The fitted file goes to `--sim-calibration` of run, bench and sim-server.
+with --points; those measured before a failure or Ctrl-C too). Every input is checked before anything
+runs: a bad one is one line, exit 2, nothing written. `--sim-calibration FILE` starts (and pulls weakly
+toward) another calibration than the built-in one. The fitted file goes to `--sim-calibration` of run,
+bench and sim-server.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.commands.options import DEFAULT_SERVE_CMD
 from autotune.core.inputs import refuse_unless, refuse_unused
 from autotune.sim.calibration import add_calibration_argument
+
+if TYPE_CHECKING:
+    from autotune.calibrate.campaign import Measured
 
 DEFAULT_GPU_MINUTES = 10.0
 LATEST_IMAGE = "vllm/vllm-openai:latest"
@@ -226,7 +230,6 @@ def _companions(path: Path) -> dict[str, Path]:
 
 def _fit_and_write(args: argparse.Namespace, job: dict[str, Any], prior: Any, say: Any) -> int:
     from autotune.calibrate.fit import FitOptions, fit_calibration
-    from autotune.calibrate.points import points_yaml
     from autotune.calibrate.report import fit_report
     from autotune.core.atomic import atomic_write_text
     from autotune.sim.calibration import calibration_yaml
@@ -238,19 +241,10 @@ def _fit_and_write(args: argparse.Namespace, job: dict[str, Any], prior: Any, sa
     if job["source"] == "points":
         points = job["points"]
     else:
-        measured = _measure(args, job, prior, say)
+        measured = _measure(args, job, prior, say, header, files["points"])
+        if measured is None:
+            return 130
         points, notes = measured.points, measured.notes
-        header.append(
-            f"measured: {len(points)} points, {measured.gpu_seconds / 60:.2f} GPU-minutes of runs"
-            + (
-                f" + {measured.startup_seconds / 60:.2f} of server startup"
-                if measured.startup_seconds
-                else ""
-            )
-        )
-        output.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(files["points"], points_yaml(points, {"autotune-calibrate": " ".join(header)}))
-        say(f"measured points written to {files['points']}")
     options = FitOptions(prior_weight=args.prior_weight, max_evaluations=args.max_evaluations)
     result = fit_calibration(points, prior, options, say)
     result.notes += notes
@@ -265,12 +259,53 @@ def _fit_and_write(args: argparse.Namespace, job: dict[str, Any], prior: Any, sa
     return 0
 
 
-def _measure(args: argparse.Namespace, job: dict[str, Any], prior: Any, say: Any) -> Any:
-    from autotune.calibrate.campaign import on_backend, on_url
+def _measure(
+    args: argparse.Namespace, job: dict[str, Any], prior: Any, say: Any, header: list[str], path: Path
+) -> Measured | None:
+    """The measured points (written to `path`, the points file, with the `header` line they add). What a
+    failure or Ctrl-C leaves is written too, and its line says so (None: interrupted, said)."""
+    from autotune.calibrate.campaign import Measured, on_backend, on_url
+    from autotune.core.errors import AutotuneError
 
-    if job["source"] == "url":
-        return on_url(job["info"], job["target"], args.gpu_minutes, prior, say)
-    return on_backend(job["backend"], job["target"], job["gpu_ids"], args.gpu_minutes, prior, say)
+    measured = Measured()
+    try:
+        if job["source"] == "url":
+            on_url(job["info"], job["target"], args.gpu_minutes, prior, say, measured)
+        else:
+            on_backend(job["backend"], job["target"], job["gpu_ids"], args.gpu_minutes, prior, say, measured)
+    except (AutotuneError, KeyboardInterrupt) as exc:
+        if not measured.points:
+            raise
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        _write_points(measured, [*header, f"stopped early: {'interrupted' if interrupted else exc}"], path)
+        kept = _kept(len(measured.points), path, job["output"])
+        if interrupted:
+            print(f"autotune calibrate: interrupted while measuring; {kept}", file=sys.stderr)
+            return None
+        raise type(exc)(f"{exc}; {kept}") from None
+    _write_points(measured, header, path)
+    say(f"measured points written to {path}")
+    return measured
+
+
+def _write_points(measured: Measured, header: list[str], path: Path) -> None:
+    """The points file of a measurement; `header` gets the line of what it measured."""
+    from autotune.calibrate.points import points_yaml
+    from autotune.core.atomic import atomic_write_text
+
+    startup = measured.startup_seconds
+    header.append(
+        f"measured: {len(measured.points)} points, {measured.gpu_seconds / 60:.2f} GPU-minutes of runs"
+        + (f" + {startup / 60:.2f} of server startup" if startup else "")
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, points_yaml(measured.points, {"autotune-calibrate": " ".join(header)}))
+
+
+def _kept(count: int, points: Path, output: Path) -> str:
+    """Where the measured points are, and how to refit them."""
+    refit = f"autotune calibrate --points {points} -o {output}"
+    return f"{count} measured points are in {points}: refit them with {refit}"
 
 
 def _what(args: argparse.Namespace, job: dict[str, Any]) -> str:
