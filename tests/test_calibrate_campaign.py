@@ -49,16 +49,16 @@ def test_a_campaign_nothing_could_be_fitted_to_is_refused_before_measuring(
     assert not out.exists()
 
 
-def _calibrate_until_two_runs(url: str, out: Path) -> subprocess.Popen:
-    """`autotune calibrate --url` in a subprocess, returned once its second run is measured."""
+def _calibrate_until(url: str, out: Path, start: str) -> subprocess.Popen:
+    """`autotune calibrate --url` in a subprocess, returned once it printed a line starting `start`."""
     cmd = [sys.executable, "-m", "autotune.cli", "calibrate", "--url", url, "--gpu", "H100"]
     cmd += ["--gpu-minutes", "0.2", "-o", str(out)]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     for line in proc.stderr:
-        if line.startswith("calibrate: [2/"):
+        if line.startswith(start):
             return proc
-    raise AssertionError(f"no second run; exit {proc.wait()}")
+    raise AssertionError(f"no line {start!r}; exit {proc.wait()}")
 
 
 @pytest.mark.parametrize("stop", ["server dies", "ctrl-c"])
@@ -66,7 +66,7 @@ def test_the_runs_measured_before_a_failure_or_ctrl_c_are_kept(tmp_path: Path, s
     """They were thrown away; now the points file has them and the last line says how to refit."""
     out = tmp_path / "cal.yaml"
     with start_sim_server([LLAMA_8B, "--max-model-len", "4096", "--time-scale", "4"]) as server:
-        proc = _calibrate_until_two_runs(server.base_url, out)
+        proc = _calibrate_until(server.base_url, out, "calibrate: [2/")
         if stop == "ctrl-c":
             proc.send_signal(signal.SIGINT)
         else:
@@ -80,3 +80,23 @@ def test_the_runs_measured_before_a_failure_or_ctrl_c_are_kept(tmp_path: Path, s
     measured = load_points(points)
     assert [p["run"] for p in measured if p["kind"] == "serve"][:2] == ["light-c1", "light-c4"]
     assert not out.exists()
+
+
+def test_ctrl_c_in_the_fit_says_how_to_refit_and_the_refit_may_take_that_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said only "interrupted", and `--points X-points.yaml -o X.yaml` was refused because
+    X-points.yaml exists, though --points writes no points file."""
+    out = tmp_path / "cal.yaml"
+    with start_sim_server([LLAMA_8B, "--max-model-len", "4096", "--time-scale", "4"]) as server:
+        proc = _calibrate_until(server.base_url, out, "calibrate: fitting ")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    points = tmp_path / "cal-points.yaml"
+    assert proc.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("autotune calibrate: interrupted during the fit; ") and str(points) in last, last
+    refit = ["calibrate", "--points", str(points), "-o", str(out), "--max-evaluations", "2", "--quiet"]
+    assert last.endswith(f"refit them with autotune {' '.join(refit[:5])}"), last
+    assert main(refit) == 0, capsys.readouterr().err
+    assert out.exists() and (tmp_path / "cal-report.txt").exists()

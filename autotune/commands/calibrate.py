@@ -193,7 +193,9 @@ def _output(args: argparse.Namespace, name: str) -> Path:
         if args.output
         else Path("runs") / f"calibration-{re.sub(r'[^a-z0-9.]+', '-', name)}" / "calibration.yaml"
     )
-    for target in (path, *_companions(path).values()):
+    # --points writes no points file: the one it refits may be this output's companion
+    written = [f for kind, f in _companions(path).items() if kind != "points" or not args.points]
+    for target in (path, *written):
         if target.exists():
             raise AutotuneError(f"{target} exists: pass another -o FILE (nothing is overwritten)")
     if path.parent.exists() and not path.parent.is_dir():
@@ -232,6 +234,7 @@ def _fit_and_write(args: argparse.Namespace, job: dict[str, Any], prior: Any, sa
     from autotune.calibrate.fit import FitOptions, fit_calibration
     from autotune.calibrate.report import fit_report
     from autotune.core.atomic import atomic_write_text
+    from autotune.core.errors import AutotuneError
     from autotune.sim.calibration import calibration_yaml
 
     output: Path = job["output"]
@@ -246,7 +249,12 @@ def _fit_and_write(args: argparse.Namespace, job: dict[str, Any], prior: Any, sa
             return 130
         points, notes = measured.points, measured.notes
     options = FitOptions(prior_weight=args.prior_weight, max_evaluations=args.max_evaluations)
-    result = fit_calibration(points, prior, options, say)
+    try:
+        result = fit_calibration(points, prior, options, say)
+    except (AutotuneError, KeyboardInterrupt) as exc:
+        if job["source"] == "points":
+            raise
+        return _stopped(exc, "during the fit", _kept(len(points), files["points"], output))
     result.notes += notes
     report = fit_report(result, header)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -276,13 +284,10 @@ def _measure(
     except (AutotuneError, KeyboardInterrupt) as exc:
         if not measured.points:
             raise
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        _write_points(measured, [*header, f"stopped early: {'interrupted' if interrupted else exc}"], path)
-        kept = _kept(len(measured.points), path, job["output"])
-        if interrupted:
-            print(f"autotune calibrate: interrupted while measuring; {kept}", file=sys.stderr)
-            return None
-        raise type(exc)(f"{exc}; {kept}") from None
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else exc
+        _write_points(measured, [*header, f"stopped early: {why}"], path)
+        _stopped(exc, "while measuring", _kept(len(measured.points), path, job["output"]))
+        return None
     _write_points(measured, header, path)
     say(f"measured points written to {path}")
     return measured
@@ -300,6 +305,15 @@ def _write_points(measured: Measured, header: list[str], path: Path) -> None:
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, points_yaml(measured.points, {"autotune-calibrate": " ".join(header)}))
+
+
+def _stopped(exc: BaseException, when: str, kept: str) -> int:
+    """Ctrl-C or an error once points were measured, with `kept` (where they are): Ctrl-C said here
+    (exit 130), an error raised with it."""
+    if isinstance(exc, KeyboardInterrupt):
+        print(f"autotune calibrate: interrupted {when}; {kept}", file=sys.stderr)
+        return 130
+    raise type(exc)(f"{exc}; {kept}") from None
 
 
 def _kept(count: int, points: Path, output: Path) -> str:
