@@ -121,3 +121,24 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_fit(
         err.startswith("autotune calibrate: error: cannot write /proc/calibrate/cal.yaml: ")
         and "\n" not in err
     )
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["-o", "x.yaml"],
+        ["--points", "p.yaml"],
+        ["--url", "http://127.0.0.1:1"],
+        ["--sim-calibration", "c.yaml"],
+    ],
+)
+def test_print_defaults_refuses_the_options_it_would_ignore(
+    capsys: pytest.CaptureFixture[str], extra: list[str]
+) -> None:
+    assert main(["calibrate", "--print-defaults", *extra]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == (
+        f"autotune calibrate: error: --print-defaults prints the built-in calibration and takes no other "
+        f"option: {extra[0]} given"
+    )

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.commands.options import DEFAULT_SERVE_CMD
-from autotune.core.inputs import refuse_unless, refuse_unused
+from autotune.core.errors import AutotuneError
+from autotune.core.inputs import given_flags, refuse_unless, refuse_unused
 from autotune.sim.calibration import add_calibration_argument
 
 if TYPE_CHECKING:
@@ -45,6 +46,22 @@ _MEASURE_OPTIONS = (
     ("--set", "settings", []),
     ("--gpu-minutes", "gpu_minutes", DEFAULT_GPU_MINUTES),
 )
+DEFAULT_PRIOR_WEIGHT = 0.1
+DEFAULT_MAX_EVALUATIONS = 30
+# Every option but --print-defaults (and --quiet, which says nothing either way): it prints the built-in
+# calibration whatever they say.
+_OTHER_OPTIONS = (
+    ("--points", "points", None),
+    ("--url", "url", None),
+    ("--backend", "backend", None),
+    *_MEASURE_OPTIONS,
+    *((flag, name, default) for flag, name, default, _ in _LAUNCH_OPTIONS),
+    ("--split", "split", None),
+    ("--sim-calibration", "sim_calibration", None),
+    ("--prior-weight", "prior_weight", DEFAULT_PRIOR_WEIGHT),
+    ("--max-evaluations", "max_evaluations", DEFAULT_MAX_EVALUATIONS),
+    ("-o", "output", None),
+)
 HELP = (
     "Fit the simulator's constants to your GPU's measurements (a running server, launched configs, a file)."
 )
@@ -54,7 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `autotune calibrate` options."""
     source = parser.add_argument_group("what to fit to (one of)")
     source.add_argument(
-        "--print-defaults", action="store_true", help="print the built-in calibration as YAML"
+        "--print-defaults",
+        action="store_true",
+        help="print the built-in calibration as YAML (with no other option: it prints the built-in "
+        "values whatever they say, --sim-calibration's included)",
     )
     source.add_argument(
         "--points", metavar="FILE", help="measured points (benchmarks/fidelity_points.yaml's format)"
@@ -86,8 +106,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fit = parser.add_argument_group("the fit")
     fit.add_argument("--split", choices=("train", "validation"), help="--points: fit only this split")
     add_calibration_argument(fit)
-    fit.add_argument("--prior-weight", type=float, default=0.1, help="pull toward the prior (default 0.1)")
-    fit.add_argument("--max-evaluations", type=int, default=30, help="least-squares evaluations (default 30)")
+    fit.add_argument(
+        "--prior-weight", type=float, default=DEFAULT_PRIOR_WEIGHT,
+        help=f"pull toward the prior (default {DEFAULT_PRIOR_WEIGHT:g})",
+    )  # fmt: skip
+    fit.add_argument(
+        "--max-evaluations", type=int, default=DEFAULT_MAX_EVALUATIONS,
+        help=f"least-squares evaluations (default {DEFAULT_MAX_EVALUATIONS})",
+    )  # fmt: skip
     parser.add_argument("-o", "--output", metavar="FILE", help="where the calibration goes (must not exist)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -97,6 +123,12 @@ def run(args: argparse.Namespace) -> int:
     from autotune.sim.calibration import DEFAULT_CALIBRATION, calibration_option, calibration_yaml
 
     if args.print_defaults:
+        given = given_flags(args, _OTHER_OPTIONS)
+        if given:
+            raise AutotuneError(
+                "--print-defaults prints the built-in calibration and takes no other option: "
+                f"{', '.join(given)} given"
+            )
         header = (
             "autotune simulator calibration: the built-in constants (autotune calibrate --print-defaults).\n"
         )
@@ -114,7 +146,6 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     from autotune.calibrate.campaign import Target
     from autotune.catalog.gpus import get_gpu
     from autotune.commands.bench import parse_settings
-    from autotune.core.errors import AutotuneError
 
     sources = [name for name in ("points", "url", "backend") if getattr(args, name)]
     if len(sources) != 1:
@@ -175,8 +206,6 @@ def _backend(args: argparse.Namespace) -> tuple[Any, list[int]]:
     from autotune.dispatch.gpus import parse_gpus
 
     if not args.model:
-        from autotune.core.errors import AutotuneError
-
         raise AutotuneError("--backend needs --model: the model to launch")
     check_gpus_text(args.gpus)
     backend = make_backend(args.backend, args.gpu, serve_cmd=serve_command(args.serve_cmd), image=args.image)
@@ -186,7 +215,6 @@ def _backend(args: argparse.Namespace) -> tuple[Any, list[int]]:
 
 
 def _output(args: argparse.Namespace, name: str) -> Path:
-    from autotune.core.errors import AutotuneError
 
     path = (
         Path(args.output)
@@ -208,8 +236,6 @@ def _check_writable(path: Path) -> None:
     """A file created and removed where `path`'s folder is (or will be made): found after the measuring,
     an unwritable output lost it. os.access is no test: root passes it on /proc."""
     import tempfile
-
-    from autotune.core.errors import AutotuneError
 
     existing = path.parent
     while not existing.exists() and existing != existing.parent:
@@ -234,7 +260,6 @@ def _fit_and_write(args: argparse.Namespace, job: dict[str, Any], prior: Any, sa
     from autotune.calibrate.fit import FitOptions, fit_calibration
     from autotune.calibrate.report import fit_report
     from autotune.core.atomic import atomic_write_text
-    from autotune.core.errors import AutotuneError
     from autotune.sim.calibration import calibration_yaml
 
     output: Path = job["output"]
@@ -273,7 +298,6 @@ def _measure(
     """The measured points (written to `path`, the points file, with the `header` line they add). What a
     failure or Ctrl-C leaves is written too, and its line says so (None: interrupted, said)."""
     from autotune.calibrate.campaign import Measured, on_backend, on_url
-    from autotune.core.errors import AutotuneError
 
     measured = Measured()
     try:
