@@ -142,3 +142,17 @@ def test_print_defaults_refuses_the_options_it_would_ignore(
         f"autotune calibrate: error: --print-defaults prints the built-in calibration and takes no other "
         f"option: {extra[0]} given"
     )
+
+
+@pytest.mark.parametrize(
+    ("option", "what"), [("--points", "points file"), ("--sim-calibration", "calibration file")]
+)
+def test_a_directory_for_a_file_is_named_so_not_not_found(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, what: str
+) -> None:
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    argv = [option, str(folder)]
+    if option != "--points":
+        argv += ["--points", _points_file(tmp_path, SERVE)]
+    assert f"{what} {folder} is a directory, not a file" in _refused(tmp_path, capsys, argv)

@@ -35,7 +35,7 @@ from autotune.catalog.gpus import GIB, get_gpu
 from autotune.catalog.models import get_model
 from autotune.core.config import ENGINE_FLAGS, EngineConfig, check_flags
 from autotune.core.errors import AutotuneError, EngineStartupError
-from autotune.core.inputs import read_yaml
+from autotune.core.inputs import not_a_directory, read_yaml
 from autotune.measure.metrics import compute_metrics
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.costs import CostModel
@@ -100,6 +100,7 @@ class Error:
 def load_points(path: str | Path) -> list[dict[str, Any]]:
     """The points of a points file, checked (one AutotuneError line naming the point and the problem)."""
     path = Path(path)
+    not_a_directory(path, "points file")
     if not path.is_file():
         raise AutotuneError(f"points file not found: {path}")
     data = read_yaml(path, "points file")

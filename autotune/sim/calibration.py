@@ -226,9 +226,10 @@ def calibration_from_mapping(data: Any, where: str, base: Calibration | None = N
 
 def load_calibration(path: str | Path) -> Calibration:
     """Read a calibration YAML (a partial file overrides only the constants it names)."""
-    from autotune.core.inputs import read_yaml
+    from autotune.core.inputs import not_a_directory, read_yaml
 
     path = Path(path)
+    not_a_directory(path, "calibration file")
     if not path.is_file():
         raise AutotuneError(f"calibration file not found: {path}")
     return calibration_from_mapping(read_yaml(path, "calibration file"), f"calibration file {path}")
