@@ -156,3 +156,13 @@ def test_a_directory_for_a_file_is_named_so_not_not_found(
     if option != "--points":
         argv += ["--points", _points_file(tmp_path, SERVE)]
     assert f"{what} {folder} is a directory, not a file" in _refused(tmp_path, capsys, argv)
+
+
+def test_the_output_help_names_the_default_and_the_files_written_next_to_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default runs/calibration-<--model or server>-<gpu>/calibration.yaml" in text
+    assert "<stem>-report.txt and <stem>-points.yaml" in text

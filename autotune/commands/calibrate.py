@@ -114,7 +114,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-evaluations", type=int, default=DEFAULT_MAX_EVALUATIONS,
         help=f"least-squares evaluations (default {DEFAULT_MAX_EVALUATIONS})",
     )  # fmt: skip
-    parser.add_argument("-o", "--output", metavar="FILE", help="where the calibration goes (must not exist)")
+    parser.add_argument(
+        "-o", "--output", metavar="FILE",
+        help="where the calibration goes (default "
+        "runs/calibration-<--model or server>-<gpu>/calibration.yaml; --points: "
+        "runs/calibration-<its stem>/calibration.yaml); neither it nor the <stem>-report.txt and "
+        "<stem>-points.yaml written next to it may exist (--points writes no points file)",
+    )  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
