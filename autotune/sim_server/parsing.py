@@ -195,7 +195,9 @@ class RequestParser:
             prompt_tokens = estimate_text_tokens(text) + template
             prefix = self._text_prefixes.match(text)
             prefix = (prefix[0], prefix[1] // CHARS_PER_TOKEN)
-            max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+            # vLLM's `max_completion_tokens or max_tokens` (vllm/entrypoints/utils.py get_max_tokens): a
+            # null (or 0) max_completion_tokens falls back to max_tokens
+            max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         else:
             prompt_tokens, prefix = self._parse_prompt(body.get("prompt"))
             max_tokens = body.get("max_tokens", 16)  # vLLM's completions default, as OpenAI's

@@ -1,0 +1,37 @@
+"""sim-server request semantics as vLLM's OpenAI server has them: output lengths and finish reasons."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from autotune.sim_server.server import SimServerProcess, start_sim_server
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+MAX_MODEL_LEN = 1024
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[SimServerProcess]:
+    # A fast clock: the answers below run to hundreds of tokens.
+    with start_sim_server([MODEL, "--max-model-len", str(MAX_MODEL_LEN), "--time-scale", "100"]) as proc:
+        yield proc
+
+
+def _post(server: SimServerProcess, path: str, body: dict) -> httpx.Response:
+    return httpx.post(server.base_url + path, json={"model": MODEL, **body}, timeout=30)
+
+
+def test_chat_takes_max_tokens_when_max_completion_tokens_is_null(server: SimServerProcess) -> None:
+    """vLLM reads `max_completion_tokens or max_tokens` (entrypoints/utils.py get_max_tokens): a client
+    that sends both fields, one null, gets the other's length."""
+    messages = [{"role": "user", "content": "hi"}]
+    reply = _post(
+        server, "/v1/chat/completions", {"messages": messages, "max_completion_tokens": None, "max_tokens": 3}
+    )
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["usage"]["completion_tokens"] == 3
+    assert body["choices"][0]["finish_reason"] == "length"
