@@ -35,3 +35,21 @@ def test_chat_takes_max_tokens_when_max_completion_tokens_is_null(server: SimSer
     body = reply.json()
     assert body["usage"]["completion_tokens"] == 3
     assert body["choices"][0]["finish_reason"] == "length"
+
+
+def test_an_answer_cut_by_the_context_limit_finishes_with_length(server: SimServerProcess) -> None:
+    """Without max_tokens vLLM's limit is the context left (max_model_len - prompt, get_max_tokens) and
+    a request stopped there finishes "length" (vllm/v1/core/sched/utils.py check_stop)."""
+    cut = _post(server, "/v1/completions", {"prompt": [7] * 1000, "max_tokens": None}).json()
+    assert cut["usage"]["completion_tokens"] == MAX_MODEL_LEN - 1000
+    assert cut["choices"][0]["finish_reason"] == "length"
+    # ignore_eos: no EOS ends the answer first, it runs to the context limit
+    messages = [{"role": "user", "content": "hi"}]
+    forced = _post(server, "/v1/chat/completions", {"messages": messages, "ignore_eos": True}).json()
+    usage = forced["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == MAX_MODEL_LEN
+    assert forced["choices"][0]["finish_reason"] == "length"
+    # an answer that ends before the limit still stops on its own
+    free = _post(server, "/v1/chat/completions", {"messages": messages}).json()
+    assert free["choices"][0]["finish_reason"] == "stop"
+    assert free["usage"]["completion_tokens"] < MAX_MODEL_LEN - free["usage"]["prompt_tokens"]

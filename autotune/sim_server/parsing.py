@@ -8,7 +8,9 @@ What the simulation cannot know, and what it does instead:
   - The model never emits EOS on its own before `max_tokens`: with `max_tokens` set, the output is
     exactly `max_tokens` long (finish_reason "length") with or without `ignore_eos`. Completions
     default to max_tokens=16 as in vLLM; a chat request (or `"max_tokens": null`) without a limit gets
-    a simulated answer of DEFAULT_OUTPUT_TOKENS tokens (or up to max_model_len), finish_reason "stop".
+    a simulated answer of DEFAULT_OUTPUT_TOKENS tokens, finish_reason "stop"; as in vLLM its limit is
+    then the context left, and an answer cut there (or one with `ignore_eos`, which runs to it)
+    finishes "length".
   - Prefix caching needs to know which requests share a prompt prefix: requests are grouped by their
     first block of tokens (or characters) and share their longest common prefix with the group's
     first request (`PrefixIndex`).
@@ -212,7 +214,11 @@ class RequestParser:
                 "Please reduce the length of the messages or completion."
             )
         if max_tokens is None:
-            length, reason = min(DEFAULT_OUTPUT_TOKENS, room), "stop"
+            # vLLM's limit is then the context left (vllm/entrypoints/utils.py get_max_tokens); reaching it
+            # finishes "length" (vllm/v1/core/sched/utils.py check_stop checks it before EOS)
+            answer = room if body.get("ignore_eos") else DEFAULT_OUTPUT_TOKENS
+            length = min(answer, room)
+            reason = "length" if length == room else "stop"
         else:
             length, reason = max_tokens, "length"
         stream = bool(body.get("stream", False))
