@@ -111,3 +111,19 @@ def test_sim_server_serves_enforce_eager_and_refuses_a_dtype_it_cannot_model() -
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "does not model dtype=float32" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_sim_server_reads_human_readable_ints_as_vllm_serve() -> None:
+    """vLLM parses --max-model-len and --max-num-batched-tokens with `human_readable_int`
+    (vllm/engine/arg_utils.py): k/m/g are decimal (fractions allowed), K/M/G binary (whole numbers)."""
+    args = [LLAMA_8B, "--max-model-len", "16.5k", "--max-num-batched-tokens", "8K"]
+    with start_sim_server(args) as proc:
+        assert httpx.get(proc.base_url + "/v1/models").json()["data"][0]["max_model_len"] == 16_500
+        assert "max_num_batched_tokens=8192 " in proc.log()
+    for value, said in [
+        ("1.5K", "Decimals are not allowed with binary suffixes like K. Did you mean to use 1.5k instead?"),
+        ("2t", "invalid human_readable_int value: '2t'"),
+    ]:
+        cmd = [sys.executable, "-m", "autotune.commands.sim_server", LLAMA_8B, "--max-model-len", value]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 2 and f"argument --max-model-len: {said}" in done.stderr

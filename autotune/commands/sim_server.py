@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Sequence
 
 from autotune.catalog import known_gpus_text, known_models_text
@@ -20,6 +21,29 @@ HELP = "Serve the simulated vLLM engine as an OpenAI-compatible server (takes vl
 
 DEFAULT_GPU = "H100"
 MAX_DELAY_S = 86_400.0  # a startup delay past a day is a typo
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30}
+_SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)([kmgKMG])")
+
+
+def human_readable_int(text: str) -> int:
+    """argparse type of vLLM's --max-model-len and --max-num-batched-tokens (`human_readable_int`,
+    vllm/engine/arg_utils.py): k/m/g are decimal and take fractions ('25.6k' is 25,600), K/M/G binary
+    and take whole numbers only ('8K' is 8,192); anything else is a plain int. Its name is in argparse's
+    message for a bad value, as in vLLM's: "invalid human_readable_int value"."""
+    text = text.strip()
+    match = _SUFFIXED.fullmatch(text)
+    if match is None:
+        return int(text)
+    number, suffix = match.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    if "." in number:
+        raise argparse.ArgumentTypeError(
+            f"Decimals are not allowed with binary suffixes like {suffix}. Did you mean to use "
+            f"{number}{suffix.lower()} instead?"
+        )
+    return int(number) * _BINARY[suffix]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,13 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the model (as `vllm serve`, the positional one wins when both are given)",
     )
     parser.add_argument("--max-num-seqs", type=int)
-    parser.add_argument("--max-num-batched-tokens", type=int)
+    parser.add_argument("--max-num-batched-tokens", type=human_readable_int)
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--block-size", type=int)
     parser.add_argument("--gpu-memory-utilization", type=float)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--tensor-parallel-size", "-tp", type=int)
-    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--max-model-len", type=human_readable_int)
     parser.add_argument("--kv-cache-dtype")
     parser.add_argument("--served-model-name", help="the model name clients use (default: the model)")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (every step eager)")
