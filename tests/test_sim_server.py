@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -220,6 +221,24 @@ def test_invalid_config_exits_nonzero_with_vllms_message() -> None:
     assert done.returncode == 1
     assert "max_num_batched_tokens (2048) is smaller than max_model_len (8192)." in done.stderr
     assert "Application startup complete" not in done.stderr
+
+
+def test_allow_long_max_model_len_turns_the_context_check_into_a_warning() -> None:
+    """VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets a max_model_len past the model's context start, with vLLM's
+    warning (vllm/config/model.py _get_and_verify_max_len); unset, startup fails saying to set it."""
+    args = ["Qwen/Qwen3-0.6B", "--max-model-len", "50000"]
+    cmd = [sys.executable, "-m", "autotune.commands.sim_server", *args, "--port", "0"]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 1
+    assert "To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. " in (
+        refused.stderr
+    )
+    env = {**os.environ, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+    with start_sim_server(args, env=env) as proc:
+        assert httpx.get(proc.base_url + "/v1/models").json()["data"][0]["max_model_len"] == 50000
+        warning = next(line for line in proc.log().splitlines() if line.startswith("WARNING"))
+    assert "User-specified max_model_len (50000) is greater than the derived max_model_len" in warning
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution." in warning
 
 
 def test_startup_delay_refuses_connections_until_ready() -> None:

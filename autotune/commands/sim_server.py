@@ -142,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.core.errors import AutotuneError
     from autotune.sim.calibration import calibration_option
     from autotune.sim.flags import refusal
+    from autotune.sim.memory import LONG_LEN_VARIABLE
     from autotune.sim_server.auth import ApiKeyCheck, served_api_keys
     from autotune.sim_server.server import ServerOptions, serve
 
@@ -175,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
         calibration=calibration,
         time_scale=args.time_scale,
         api_keys=ApiKeyCheck(served_api_keys(args.api_key)),
+        # read as vllm/envs.py reads it
+        allow_long_max_model_len=os.environ.get(LONG_LEN_VARIABLE, "0").strip().lower() in ("1", "true"),
         **_limits(args),
     )
     return serve(config, options)

@@ -50,6 +50,7 @@ class SimEngine(DecodeEvents):
         gpu: str | GpuSpec,
         noise: StepNoise | None = None,
         calibration: Calibration = DEFAULT_CALIBRATION,
+        allow_long_max_model_len: bool = False,  # VLLM_ALLOW_LONG_MAX_MODEL_LEN (plan_memory)
     ) -> None:
         self.calibration = calibration
         self.gpu: GpuSpec = get_gpu(gpu)
@@ -57,7 +58,9 @@ class SimEngine(DecodeEvents):
         self.config: EngineConfig = config.with_vllm_defaults(
             self.gpu.memory_gib, self.gpu.name, self.model.max_position_embeddings
         )
-        self.memory: MemoryPlan = plan_memory(self.config, self.model, self.gpu, calibration)
+        self.memory: MemoryPlan = plan_memory(
+            self.config, self.model, self.gpu, calibration, allow_long_max_model_len
+        )
         self.costs = CostModel(
             self.model,
             self.gpu,

@@ -98,8 +98,29 @@ def kv_dtype_bytes(config: EngineConfig, model: ModelSpec) -> int:
     return KV_DTYPE_BYTES[config.kv_cache_dtype]
 
 
-def validate_config(config: EngineConfig, model: ModelSpec) -> None:
-    """vLLM's argument and config checks (before any GPU work). `config` must be resolved."""
+LONG_LEN_VARIABLE = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+LONG_LEN_CAUTION = (
+    f"{LONG_LEN_VARIABLE} must be used with extreme caution. If the model uses relative position encoding "
+    "(RoPE), positions exceeding derived_max_model_len lead to nan. If the model uses absolute position "
+    "encoding, positions exceeding derived_max_model_len will cause a CUDA array out-of-bounds error."
+)
+
+
+def long_max_model_len(config: EngineConfig, model: ModelSpec) -> str | None:
+    """vLLM's words for a max_model_len past the model's context (vllm/config/model.py
+    _get_and_verify_max_len), None within it. An error, or with VLLM_ALLOW_LONG_MAX_MODEL_LEN a warning."""
+    if config.max_model_len is None or config.max_model_len <= model.max_position_embeddings:
+        return None
+    return (
+        f"User-specified max_model_len ({config.max_model_len}) is greater than the derived max_model_len "
+        f"(max_position_embeddings={model.max_position_embeddings} or model_max_length=None in model's "
+        "config.json)."
+    )
+
+
+def validate_config(config: EngineConfig, model: ModelSpec, allow_long_max_model_len: bool = False) -> None:
+    """vLLM's argument and config checks (before any GPU work). `config` must be resolved;
+    `allow_long_max_model_len`: VLLM_ALLOW_LONG_MAX_MODEL_LEN is set (the sim-server's environment)."""
     invalid = FailureKind.INVALID_CONFIG.value
     u = config.gpu_memory_utilization
     if u > 1:
@@ -119,12 +140,11 @@ def validate_config(config: EngineConfig, model: ModelSpec) -> None:
         )
     assert config.max_model_len is not None and config.max_num_batched_tokens is not None
     assert config.max_num_seqs is not None
-    if config.max_model_len > model.max_position_embeddings:
+    too_long = long_max_model_len(config, model)
+    if too_long is not None and not allow_long_max_model_len:
         raise EngineStartupError(
-            f"User-specified max_model_len ({config.max_model_len}) is greater than the derived "
-            f"max_model_len (max_position_embeddings={model.max_position_embeddings} or "
-            "model_max_length=None in model's config.json). This may lead to incorrect model outputs or "
-            "CUDA errors. To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+            f"{too_long} To allow overriding this maximum, set the env var {LONG_LEN_VARIABLE}=1. "
+            f"{LONG_LEN_CAUTION}",
             invalid,
         )
     tp = config.tensor_parallel_size
@@ -205,11 +225,16 @@ def least_budget_bytes(config: EngineConfig, model: ModelSpec, cal: Calibration 
 
 
 def plan_memory(
-    config: EngineConfig, model: ModelSpec, gpu: GpuSpec, calibration: Calibration = DEFAULT_CALIBRATION
+    config: EngineConfig,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    calibration: Calibration = DEFAULT_CALIBRATION,
+    allow_long_max_model_len: bool = False,
 ) -> MemoryPlan:
-    """Validate `config` (resolved) and size the KV cache; raise EngineStartupError like vLLM would."""
+    """Validate `config` (resolved) and size the KV cache; raise EngineStartupError like vLLM would.
+    `allow_long_max_model_len`: as validate_config's."""
     cal = calibration
-    validate_config(config, model)
+    validate_config(config, model, allow_long_max_model_len)
     assert config.max_model_len is not None and config.max_num_batched_tokens is not None
     assert config.max_num_seqs is not None
     tp = config.tensor_parallel_size

@@ -65,6 +65,7 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
     from autotune.catalog.models import get_model
     from autotune.core.errors import EngineStartupError
     from autotune.sim.engine import SimEngine
+    from autotune.sim.memory import LONG_LEN_CAUTION, long_max_model_len
 
     model_name = options.served_model_name or config.model
     vllm_log("INFO", "api_server.py:1885", f"vLLM API server version {VLLM_VERSION}")
@@ -79,10 +80,18 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
         vllm_log("INFO", "utils.py:327", f"simulator calibration: {changed}")
     if options.time_scale != 1.0:
         vllm_log("INFO", "utils.py:328", f"simulated clock {options.time_scale:g}x faster than real time")
+    too_long = long_max_model_len(config, get_model(config.model))
+    if options.allow_long_max_model_len and too_long is not None:
+        vllm_log("WARNING", "model.py:1907", f"{too_long} {LONG_LEN_CAUTION}")
     if options.startup_delay_s > 0:
         time.sleep(options.startup_delay_s)  # loading weights
     try:
-        engine = SimEngine(config, options.gpu, calibration=options.calibration)
+        engine = SimEngine(
+            config,
+            options.gpu,
+            calibration=options.calibration,
+            allow_long_max_model_len=options.allow_long_max_model_len,
+        )
     except EngineStartupError as exc:
         vllm_log("ERROR", "core.py:718", "EngineCore failed to start.")
         print(exc.log_line(), file=sys.stderr, flush=True)

@@ -57,6 +57,7 @@ class ServerOptions:
     read_timeout_s: float = READ_TIMEOUT_S
     calibration: Calibration = DEFAULT_CALIBRATION  # the engine model's constants
     time_scale: float = 1.0  # simulated seconds per wall-clock second
+    allow_long_max_model_len: bool = False  # VLLM_ALLOW_LONG_MAX_MODEL_LEN: past the context is a warning
     api_keys: ApiKeyCheck = dataclasses.field(default_factory=lambda: ApiKeyCheck(()), repr=False)
 
 
