@@ -241,6 +241,17 @@ def test_allow_long_max_model_len_turns_the_context_check_into_a_warning() -> No
     assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution." in warning
 
 
+def test_max_concurrency_counts_whole_blocks_per_request() -> None:
+    """vLLM's "Maximum concurrency" is num_blocks / cdiv(max_model_len, block_size)
+    (get_max_concurrency_for_kv_cache_config, vllm/v1/core/kv_cache_utils.py): a request's last block is
+    whole even when max_model_len is not a multiple of the block size."""
+    with start_sim_server([MODEL, "--max-model-len", "1000"]) as proc:
+        log = proc.log()
+    blocks = int(re.search(r"# GPU blocks: (\d+)", log).group(1))  # type: ignore[union-attr]
+    said = re.search(r"Maximum concurrency for 1,000 tokens per request: (\S+)x", log).group(1)  # type: ignore[union-attr]
+    assert said == f"{blocks / 63:.2f}"  # 1000 tokens take 63 blocks of 16
+
+
 def test_startup_delay_refuses_connections_until_ready() -> None:
     with start_sim_server([MODEL, "--startup-delay", "1.0"], wait_ready=False) as proc:
         time.sleep(0.3)

@@ -69,8 +69,9 @@ class MemoryPlan:
         return largest_graph(self.cuda_graph_sizes)
 
     def concurrency_for(self, max_model_len: int) -> float:
-        """How many max-length requests fit in the KV cache."""
-        return self.kv_cache_tokens / max_model_len
+        """How many max-length requests fit in the KV cache: "Maximum concurrency" in vLLM's log. A request
+        holds whole blocks (get_max_concurrency_for_kv_cache_config, vllm/v1/core/kv_cache_utils.py)."""
+        return self.num_gpu_blocks / -(-max_model_len // self.block_size)
 
 
 def cuda_graph_sizes(max_num_seqs: int) -> tuple[int, ...]:

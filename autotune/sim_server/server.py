@@ -105,7 +105,7 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
     vllm_log("INFO", "kv_cache_utils.py:1087", f"GPU KV cache size: {tokens:,} tokens")
     vllm_log("INFO", "kv_cache_utils.py:1091",
          f"Maximum concurrency for {resolved.max_model_len:,} tokens per request: "
-         f"{tokens / resolved.max_model_len:.2f}x")  # fmt: skip
+         f"{memory.concurrency_for(resolved.max_model_len):.2f}x")  # fmt: skip
     vllm_log("INFO", "core.py:200", f"# GPU blocks: {memory.num_gpu_blocks}")
     vllm_log("INFO", "core.py:210",
          f"max_num_seqs={resolved.max_num_seqs} max_num_batched_tokens={resolved.max_num_batched_tokens} "
