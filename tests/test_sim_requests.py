@@ -53,3 +53,14 @@ def test_an_answer_cut_by_the_context_limit_finishes_with_length(server: SimServ
     free = _post(server, "/v1/chat/completions", {"messages": messages}).json()
     assert free["choices"][0]["finish_reason"] == "stop"
     assert free["usage"]["completion_tokens"] < MAX_MODEL_LEN - free["usage"]["prompt_tokens"]
+
+
+COMPLETIONS = "/v1/completions"
+
+
+def test_an_empty_model_name_is_the_served_model(server: SimServerProcess) -> None:
+    """vLLM serves its model to a request whose model is empty or null (serving_engine.py
+    _is_model_supported)."""
+    for model in ("", None):
+        reply = _post(server, COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "model": model})
+        assert reply.status_code == 200 and reply.json()["model"] == MODEL

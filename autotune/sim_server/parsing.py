@@ -174,7 +174,9 @@ class RequestParser:
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
         model = body.get("model")
-        if model is not None and model != self.model_name:
+        # an empty or null name is the served model (vllm/entrypoints/openai/serving_engine.py
+        # _is_model_supported)
+        if model and model != self.model_name:
             raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
         n = body.get("n", 1)
         if n is None:
