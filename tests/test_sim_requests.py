@@ -55,7 +55,43 @@ def test_an_answer_cut_by_the_context_limit_finishes_with_length(server: SimServ
     assert free["usage"]["completion_tokens"] < MAX_MODEL_LEN - free["usage"]["prompt_tokens"]
 
 
+CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "message"),
+    [
+        (COMPLETIONS, {"n": 2, "best_of": 1},
+         "best_of must be greater than or equal to n, got n=2 and best_of=1."),
+        (CHAT, {"presence_penalty": 3}, "presence_penalty must be in [-2, 2], got 3.0."),
+        (COMPLETIONS, {"frequency_penalty": -2.5}, "frequency_penalty must be in [-2, 2], got -2.5."),
+        (COMPLETIONS, {"repetition_penalty": 0}, "repetition_penalty must be greater than zero, got 0.0."),
+        (COMPLETIONS, {"temperature": -1}, "temperature must be non-negative, got -1.0."),
+        (COMPLETIONS, {"top_p": 0}, "top_p must be in (0, 1], got 0.0."),
+        (CHAT, {"top_p": 1.5}, "top_p must be in (0, 1], got 1.5."),
+        (COMPLETIONS, {"top_k": -2}, "top_k must be 0 (disable), or at least 1, got -2."),
+        (COMPLETIONS, {"min_p": 1.5}, "min_p must be in [0, 1], got 1.5."),
+        (COMPLETIONS, {"max_tokens": 0}, "max_tokens must be at least 1, got 0."),
+        (COMPLETIONS, {"min_tokens": -1}, "min_tokens must be greater than or equal to 0, got -1."),
+        (COMPLETIONS, {"min_tokens": 5, "max_tokens": 3},
+         "min_tokens must be less than or equal to max_tokens=3, got 5."),
+        (COMPLETIONS, {"min_tokens": 17}, "min_tokens must be less than or equal to max_tokens=16, got 17."),
+        # without max_tokens the limit is the context left: 1024 - 1000
+        (COMPLETIONS, {"prompt": [7] * 1000, "max_tokens": None, "min_tokens": 25},
+         "min_tokens must be less than or equal to max_tokens=24, got 25."),
+    ],
+)  # fmt: skip
+def test_sampling_parameters_vllm_refuses_get_its_400(
+    server: SimServerProcess, path: str, fields: dict, message: str
+) -> None:
+    """vLLM's checks of the sampling parameters (SamplingParams._verify_args, vllm/sampling_params.py),
+    with their messages."""
+    prompt = {"messages": [{"role": "user", "content": "hi"}]} if path == CHAT else {"prompt": "hi"}
+    reply = _post(server, path, {**prompt, **fields})
+    assert reply.status_code == 400
+    error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+    assert reply.json()["error"] == error
 
 
 def test_an_empty_model_name_is_the_served_model(server: SimServerProcess) -> None:

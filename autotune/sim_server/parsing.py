@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.sim_server.sampling import sampling_problem
 from autotune.workloads.spec import CHARS_PER_TOKEN
 
 DEFAULT_OUTPUT_TOKENS = 256  # simulated answer length when a request sets no max_tokens
@@ -188,9 +189,6 @@ class RequestParser:
                 f"n must be at most {max_n()}, got {n}. To increase this limit, set the VLLM_MAX_N_SEQUENCES "
                 "environment variable."
             )
-        temperature = body.get("temperature")
-        if isinstance(temperature, (int, float)) and temperature < 0:
-            raise BadRequest(f"temperature must be non-negative, got {temperature}.")
         if chat:
             try:
                 text, template = _chat_text(body.get("messages"))
@@ -206,7 +204,7 @@ class RequestParser:
             prompt_tokens, prefix = self._parse_prompt(body.get("prompt"))
             max_tokens = body.get("max_tokens", 16)  # vLLM's completions default, as OpenAI's
         room = self.max_model_len - prompt_tokens
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        if max_tokens is not None and not isinstance(max_tokens, int):
             raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.")
         requested = prompt_tokens + (max_tokens or 0)
         if room < 1 or (max_tokens is not None and requested > self.max_model_len):
@@ -215,6 +213,9 @@ class RequestParser:
                 f"{requested} tokens ({prompt_tokens} in the messages, {max_tokens or 0} in the completion). "
                 "Please reduce the length of the messages or completion."
             )
+        problem = sampling_problem(body, n, room if max_tokens is None else max_tokens)
+        if problem is not None:
+            raise BadRequest(problem)
         if max_tokens is None:
             # vLLM's limit is then the context left (vllm/entrypoints/utils.py get_max_tokens); reaching it
             # finishes "length" (vllm/v1/core/sched/utils.py check_stop checks it before EOS)

@@ -1,0 +1,66 @@
+"""vLLM's checks of a request's sampling parameters, with its messages (a 400 "BadRequestError").
+
+`sampling_problem` is SamplingParams._verify_args (vllm/sampling_params.py), which vLLM's API server
+runs when it builds a request's sampling parameters, after the context-length check and with the
+max_tokens it settled on (get_max_tokens in vllm/entrypoints/utils.py: the context left when the
+request sets none). The checks run in vLLM's order, so a request with several faults is told the
+first vLLM finds.
+
+Values that are not numbers are vLLM's request model's to refuse (pydantic, which also takes numeric
+strings); they are not checked here. Fields the request leaves null take their defaults, as
+SamplingParams.from_optional gives them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_PENALTY_RANGE = (-2.0, 2.0)
+
+
+def _given(body: dict[str, Any], key: str) -> int | float | None:
+    """A numeric field of the request (None when absent, null or not a number)."""
+    value = body.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value
+
+
+def sampling_problem(body: dict[str, Any], n: int, max_tokens: int) -> str | None:
+    """vLLM's message for the first sampling parameter SamplingParams refuses, None if it takes them all.
+
+    `n` is the request's (already checked), `max_tokens` the limit vLLM settled on for it."""
+    best_of = _given(body, "best_of")
+    if best_of is not None:
+        if best_of < 1:
+            return f"best_of must be at least 1, got {best_of}"
+        if best_of < n:
+            return f"best_of must be greater than or equal to n, got n={n} and best_of={best_of}."
+    for key in ("presence_penalty", "frequency_penalty"):
+        penalty = _given(body, key)
+        if penalty is not None and not _PENALTY_RANGE[0] <= penalty <= _PENALTY_RANGE[1]:
+            return f"{key} must be in [-2, 2], got {float(penalty)}."
+    # The float fields print as floats: pydantic made them floats before vLLM formatted them.
+    repetition_penalty = _given(body, "repetition_penalty")
+    if repetition_penalty is not None and repetition_penalty <= 0:
+        return f"repetition_penalty must be greater than zero, got {float(repetition_penalty)}."
+    temperature = _given(body, "temperature")
+    if temperature is not None and temperature < 0:
+        return f"temperature must be non-negative, got {float(temperature)}."
+    top_p = _given(body, "top_p")
+    if top_p is not None and not 0 < top_p <= 1:
+        return f"top_p must be in (0, 1], got {float(top_p)}."
+    top_k = _given(body, "top_k")
+    if top_k is not None and top_k < -1:
+        return f"top_k must be 0 (disable), or at least 1, got {top_k}."
+    min_p = _given(body, "min_p")
+    if min_p is not None and not 0 <= min_p <= 1:
+        return f"min_p must be in [0, 1], got {float(min_p)}."
+    if max_tokens < 1:
+        return f"max_tokens must be at least 1, got {max_tokens}."
+    min_tokens = _given(body, "min_tokens") or 0
+    if min_tokens < 0:
+        return f"min_tokens must be greater than or equal to 0, got {min_tokens}."
+    if min_tokens > max_tokens:
+        return f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."
+    return None
