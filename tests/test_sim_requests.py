@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -80,18 +81,36 @@ COMPLETIONS = "/v1/completions"
         # without max_tokens the limit is the context left: 1024 - 1000
         (COMPLETIONS, {"prompt": [7] * 1000, "max_tokens": None, "min_tokens": 25},
          "min_tokens must be less than or equal to max_tokens=24, got 25."),
+        (COMPLETIONS, {"logprobs": 21},
+         "Requested sample logprobs of 21, which is greater than max allowed: 20"),
+        (CHAT, {"logprobs": True, "top_logprobs": 21},
+         "Requested sample logprobs of 21, which is greater than max allowed: 20"),
+        (COMPLETIONS, {"best_of": 2}, "vLLM V1 does not yet support best_of."),
     ],
 )  # fmt: skip
 def test_sampling_parameters_vllm_refuses_get_its_400(
     server: SimServerProcess, path: str, fields: dict, message: str
 ) -> None:
-    """vLLM's checks of the sampling parameters (SamplingParams._verify_args, vllm/sampling_params.py),
-    with their messages."""
+    """vLLM's checks of the sampling parameters (SamplingParams._verify_args, vllm/sampling_params.py;
+    then the V1 engine's vllm/v1/engine/processor.py), with their messages."""
     prompt = {"messages": [{"role": "user", "content": "hi"}]} if path == CHAT else {"prompt": "hi"}
     reply = _post(server, path, {**prompt, **fields})
     assert reply.status_code == 400
     error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
     assert reply.json()["error"] == error
+
+
+def test_a_streamed_request_the_engine_refuses_gets_the_error_as_an_event(server: SimServerProcess) -> None:
+    """The V1 engine checks logprobs when the request reaches it, after a streamed response began:
+    vLLM streams the error, then [DONE] (the stream generators of serving_completion.py)."""
+    body = {"model": MODEL, "prompt": "hi", "logprobs": 21, "stream": True}
+    with httpx.stream("POST", server.base_url + COMPLETIONS, json=body, timeout=30) as response:
+        assert response.status_code == 200
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[1:] == ["[DONE]"]
+    error = json.loads(events[0])["error"]
+    assert error["message"] == "Requested sample logprobs of 21, which is greater than max allowed: 20"
+    assert error["code"] == 400
 
 
 def test_an_empty_model_name_is_the_served_model(server: SimServerProcess) -> None:

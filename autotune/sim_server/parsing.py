@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.sim_server.sampling import sampling_problem
+from autotune.sim_server.sampling import engine_problem, sampling_problem
 from autotune.workloads.spec import CHARS_PER_TOKEN
 
 DEFAULT_OUTPUT_TOKENS = 256  # simulated answer length when a request sets no max_tokens
@@ -133,10 +133,14 @@ def _stream_options(options: Any, stream: bool) -> dict[str, Any]:
 class BadRequest(Exception):
     """A request vLLM would reject with 400 (or `status`)."""
 
-    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
+    def __init__(
+        self, message: str, status: int = 400, kind: str = "BadRequestError", in_stream: bool = False
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
+        # refused by the engine after a streamed response began: vLLM sends the error as an SSE event
+        self.in_stream = in_stream
 
 
 def error_body(message: str, status: int = 400, kind: str = "BadRequestError") -> dict[str, Any]:
@@ -226,6 +230,9 @@ class RequestParser:
             length, reason = max_tokens, "length"
         stream = bool(body.get("stream", False))
         options = _stream_options(body.get("stream_options"), stream)
+        problem = engine_problem(body, chat, self.vocab_size)
+        if problem is not None:
+            raise BadRequest(problem, in_stream=stream)
         return ParsedRequest(
             prompt_tokens=prompt_tokens,
             prefix=prefix,

@@ -19,7 +19,7 @@ from autotune.sim_server.http_messages import HttpRequest
 from autotune.sim_server.httpd import HttpConnection
 from autotune.sim_server.parsing import BadRequest, error_body
 from autotune.sim_server.service import SimService
-from autotune.sim_server.sse import ChunkWriter, NeverAnswered, PlainAnswer, SseStream
+from autotune.sim_server.sse import ChunkWriter, NothingPending, PlainAnswer, SseStream
 
 VLLM_VERSION = f"{VLLM_RELEASE}+autotune.sim"  # the vLLM version whose behaviour the simulator follows
 SSE = "text/event-stream; charset=utf-8"
@@ -84,7 +84,14 @@ class SimRoutes:
         try:
             parsed = service.parse(body, chat)
         except BadRequest as exc:
-            conn.respond_json(exc.status, error_body(str(exc), exc.status, exc.kind))
+            error = error_body(str(exc), exc.status, exc.kind)
+            if exc.in_stream:
+                # as the stream generators of vLLM's serving_completion.py / serving_chat.py end: the error
+                # (create_streaming_error_response, json.dumps' spacing), then [DONE]
+                conn.start_stream(SSE, {}, NothingPending())
+                conn.send_chunk(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode(), last=True)
+            else:
+                conn.respond_json(exc.status, error)
             return
         states = service.submit_choices(parsed, request.headers.get("x-request-id"), request.read_at)
         first = states[0]
@@ -110,7 +117,7 @@ class SimRoutes:
     def health(self, conn: HttpConnection, _: HttpRequest) -> None:
         """GET /health: 200, or no answer at all while the engine is hung (as with a stuck vLLM)."""
         if self.service.hung:
-            conn.hold(NeverAnswered())
+            conn.hold(NothingPending())
             return
         conn.respond(200)
 

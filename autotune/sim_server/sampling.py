@@ -3,8 +3,9 @@
 `sampling_problem` is SamplingParams._verify_args (vllm/sampling_params.py), which vLLM's API server
 runs when it builds a request's sampling parameters, after the context-length check and with the
 max_tokens it settled on (get_max_tokens in vllm/entrypoints/utils.py: the context left when the
-request sets none). The checks run in vLLM's order, so a request with several faults is told the
-first vLLM finds.
+request sets none). `engine_problem` is what the V1 engine's input processor refuses when the request
+reaches it. The checks run in vLLM's order, so a request with several faults is told the first vLLM
+finds.
 
 Values that are not numbers are vLLM's request model's to refuse (pydantic, which also takes numeric
 strings); they are not checked here. Fields the request leaves null take their defaults, as
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 _PENALTY_RANGE = (-2.0, 2.0)
+MAX_LOGPROBS = 20  # vLLM's --max-logprobs default (ModelConfig.max_logprobs, vllm/config/model.py)
 
 
 def _given(body: dict[str, Any], key: str) -> int | float | None:
@@ -63,4 +65,25 @@ def sampling_problem(body: dict[str, Any], n: int, max_tokens: int) -> str | Non
         return f"min_tokens must be greater than or equal to 0, got {min_tokens}."
     if min_tokens > max_tokens:
         return f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."
+    return None
+
+
+def engine_problem(body: dict[str, Any], chat: bool, vocab_size: int) -> str | None:
+    """vLLM's message for what the V1 engine's input processor refuses (vllm/v1/engine/processor.py:
+    _validate_logprobs, then _validate_supported_sampling_params), None if it takes the request.
+
+    vLLM meets these when the request reaches the engine: a streamed request's 200 response has begun."""
+    if chat:  # top_logprobs, asked for with `logprobs: true` (ChatCompletionRequest.to_sampling_params)
+        logprobs = _given(body, "top_logprobs") if body.get("logprobs") else None
+    else:
+        logprobs = _given(body, "logprobs")
+    if logprobs:
+        requested = vocab_size if logprobs == -1 else logprobs
+        if requested > MAX_LOGPROBS:
+            return (
+                f"Requested sample logprobs of {requested}, which is greater than max allowed: {MAX_LOGPROBS}"
+            )
+    best_of = _given(body, "best_of")
+    if best_of is not None and best_of > 1:
+        return "vLLM V1 does not yet support best_of."
     return None

@@ -184,8 +184,9 @@ class PlainAnswer:
         self.service.abort([w.state for w in self.writers])
 
 
-class NeverAnswered:
-    """The answer of a hung engine's /health: none, until the client gives up."""
+class NothingPending:
+    """An exchange with nothing left to write: a hung engine's /health (no answer, until the client gives
+    up), or a response written whole at once."""
 
     def resume(self) -> None:
         """Nothing to write."""
