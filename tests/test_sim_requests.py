@@ -50,6 +50,9 @@ def test_an_answer_cut_by_the_context_limit_finishes_with_length(server: SimServ
     usage = forced["usage"]
     assert usage["prompt_tokens"] + usage["completion_tokens"] == MAX_MODEL_LEN
     assert forced["choices"][0]["finish_reason"] == "length"
+    # min_tokens holds EOS back (MinTokensLogitsProcessor, vllm/v1/sample/logits_processor/builtin.py)
+    held = _post(server, "/v1/chat/completions", {"messages": messages, "min_tokens": 300}).json()
+    assert held["usage"]["completion_tokens"] == 300 and held["choices"][0]["finish_reason"] == "stop"
     # an answer that ends before the limit still stops on its own
     free = _post(server, "/v1/chat/completions", {"messages": messages}).json()
     assert free["choices"][0]["finish_reason"] == "stop"

@@ -8,9 +8,9 @@ What the simulation cannot know, and what it does instead:
   - The model never emits EOS on its own before `max_tokens`: with `max_tokens` set, the output is
     exactly `max_tokens` long (finish_reason "length") with or without `ignore_eos`. Completions
     default to max_tokens=16 as in vLLM; a chat request (or `"max_tokens": null`) without a limit gets
-    a simulated answer of DEFAULT_OUTPUT_TOKENS tokens, finish_reason "stop"; as in vLLM its limit is
-    then the context left, and an answer cut there (or one with `ignore_eos`, which runs to it)
-    finishes "length".
+    a simulated answer of DEFAULT_OUTPUT_TOKENS tokens (`min_tokens` if more), finish_reason "stop";
+    as in vLLM its limit is then the context left, and an answer cut there (or one with `ignore_eos`,
+    which runs to it) finishes "length".
   - Prefix caching needs to know which requests share a prompt prefix: requests are grouped by their
     first block of tokens (or characters) and share their longest common prefix with the group's
     first request (`PrefixIndex`).
@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.sim_server.sampling import engine_problem, sampling_problem
+from autotune.sim_server.sampling import engine_problem, min_tokens, sampling_problem
 from autotune.workloads.spec import CHARS_PER_TOKEN
 
 DEFAULT_OUTPUT_TOKENS = 256  # simulated answer length when a request sets no max_tokens
@@ -223,7 +223,8 @@ class RequestParser:
         if max_tokens is None:
             # vLLM's limit is then the context left (vllm/entrypoints/utils.py get_max_tokens); reaching it
             # finishes "length" (vllm/v1/core/sched/utils.py check_stop checks it before EOS)
-            answer = room if body.get("ignore_eos") else DEFAULT_OUTPUT_TOKENS
+            # min_tokens holds EOS back (MinTokensLogitsProcessor, vllm/v1/sample/logits_processor/builtin.py)
+            answer = room if body.get("ignore_eos") else max(DEFAULT_OUTPUT_TOKENS, min_tokens(body))
             length = min(answer, room)
             reason = "length" if length == room else "stop"
         else:

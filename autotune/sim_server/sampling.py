@@ -28,6 +28,12 @@ def _given(body: dict[str, Any], key: str) -> int | float | None:
     return value
 
 
+def min_tokens(body: dict[str, Any]) -> int:
+    """The request's min_tokens (0 when absent, null or not an int: vLLM's request model takes ints)."""
+    value = _given(body, "min_tokens")
+    return value if isinstance(value, int) else 0
+
+
 def sampling_problem(body: dict[str, Any], n: int, max_tokens: int) -> str | None:
     """vLLM's message for the first sampling parameter SamplingParams refuses, None if it takes them all.
 
@@ -60,11 +66,11 @@ def sampling_problem(body: dict[str, Any], n: int, max_tokens: int) -> str | Non
         return f"min_p must be in [0, 1], got {float(min_p)}."
     if max_tokens < 1:
         return f"max_tokens must be at least 1, got {max_tokens}."
-    min_tokens = _given(body, "min_tokens") or 0
-    if min_tokens < 0:
-        return f"min_tokens must be greater than or equal to 0, got {min_tokens}."
-    if min_tokens > max_tokens:
-        return f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."
+    least = min_tokens(body)
+    if least < 0:
+        return f"min_tokens must be greater than or equal to 0, got {least}."
+    if least > max_tokens:
+        return f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {least}."
     return None
 
 
