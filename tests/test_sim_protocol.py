@@ -137,3 +137,10 @@ def test_n_choices_share_the_prompt_and_stream_with_their_index(server: SimServe
     assert len({c["id"] for c in chunks}) == 1 and chunks[-1]["usage"]["completion_tokens"] == 6
     zero = httpx.post(url, json={"model": MODEL, "prompt": "x", "n": 0})
     assert zero.status_code == 400 and "n must be at least 1" in zero.json()["error"]["message"]
+
+
+def test_ping_answers_as_health_on_get_and_post(server: SimServerProcess) -> None:
+    """vLLM's /ping (GET and POST, for SageMaker) is its /health (vllm/entrypoints/openai/api_server.py)."""
+    for method in ("GET", "POST"):
+        response = httpx.request(method, server.base_url + "/ping")
+        assert response.status_code == 200 and response.content == b""

@@ -1,7 +1,7 @@
 """The sim-server's routes: vLLM's OpenAI-compatible endpoints over autotune.sim_server.httpd.
 
-/v1/completions and /v1/chat/completions (streaming and plain), /health, /v1/models, /version and
-/metrics (vLLM's metric names); unknown paths and methods answer FastAPI's JSON 404 / 405, as
+/v1/completions and /v1/chat/completions (streaming and plain), /health (and /ping), /v1/models,
+/version and /metrics (vLLM's metric names); unknown paths and methods answer FastAPI's JSON 404 / 405, as
 vLLM's server does. With API keys (--api-key, VLLM_API_KEY), a /v1 request without one gets 401 before
 any of that (autotune.sim_server.auth).
 """
@@ -42,6 +42,8 @@ class SimRoutes:
         self._routes: dict[str, tuple[tuple[str, ...], Endpoint]] = {
             path: (("GET", "HEAD"), endpoint) for path, endpoint in gets.items()
         }
+        # vLLM's /ping (for SageMaker) is its /health, on GET and POST (vllm/entrypoints/openai/api_server.py)
+        self._routes["/ping"] = (("GET", "POST"), self.health)
         self._routes["/v1/completions"] = (("POST",), self.completions)
         self._routes["/v1/chat/completions"] = (("POST",), self.chat_completions)
 
@@ -115,7 +117,7 @@ class SimRoutes:
             state.listener = response.on_tokens
 
     def health(self, conn: HttpConnection, _: HttpRequest) -> None:
-        """GET /health: 200, or no answer at all while the engine is hung (as with a stuck vLLM)."""
+        """GET /health (and /ping): 200, or no answer at all while the engine is hung (as a stuck vLLM)."""
         if self.service.hung:
             conn.hold(NothingPending())
             return
