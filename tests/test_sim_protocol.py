@@ -144,3 +144,25 @@ def test_ping_answers_as_health_on_get_and_post(server: SimServerProcess) -> Non
     for method in ("GET", "POST"):
         response = httpx.request(method, server.base_url + "/ping")
         assert response.status_code == 200 and response.content == b""
+
+
+def test_cors_allows_every_origin_as_vllms_default(server: SimServerProcess) -> None:
+    """vLLM's server runs Starlette's CORSMiddleware allowing every origin, method and header by default
+    (--allowed-origins '["*"]', vllm/entrypoints/openai/cli_args.py): a preflight is answered, and a
+    response to a request with an Origin says any origin may read it."""
+    url = server.base_url + "/v1/completions"
+    asked = {"origin": "http://ui.example", "access-control-request-method": "POST",
+             "access-control-request-headers": "content-type,authorization"}  # fmt: skip
+    preflight = httpx.options(url, headers=asked)
+    assert preflight.status_code == 200 and preflight.text == "OK"
+    assert preflight.headers["access-control-allow-origin"] == "*"
+    assert preflight.headers["access-control-allow-methods"] == "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT"
+    assert preflight.headers["access-control-allow-headers"] == "content-type,authorization"
+    assert preflight.headers["access-control-max-age"] == "600"
+    origin = {"origin": "http://ui.example"}
+    body = {"prompt": "hi", "max_tokens": 1}
+    assert httpx.post(url, json=body, headers=origin).headers["access-control-allow-origin"] == "*"
+    with httpx.stream("POST", url, json={**body, "stream": True}, headers=origin) as streamed:
+        assert streamed.headers["access-control-allow-origin"] == "*"
+    assert httpx.get(server.base_url + "/nope", headers=origin).headers["access-control-allow-origin"] == "*"
+    assert "access-control-allow-origin" not in httpx.post(url, json=body).headers  # no Origin: no CORS

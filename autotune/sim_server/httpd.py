@@ -95,6 +95,8 @@ class HttpConnection(asyncio.Protocol):
         self._incoming: _Incoming | None = None
         self._queue: deque[HttpRequest] = deque()
         self._current: HttpRequest | None = None  # the request being answered
+        # Headers every response to the current request carries, set by its handler (CORS)
+        self.response_fields: dict[str, str] = {}
         self._exchange: Exchange | None = None
         self._dispatching = False
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -214,7 +216,7 @@ class HttpConnection(asyncio.Protocol):
         """A whole response with a Content-Length body; the next queued request is answered after it."""
         request = self._current
         assert request is not None and self.transport is not None
-        fields = dict(headers or {})
+        fields = {**(headers or {}), **self.response_fields}
         if content_type is not None:
             fields["content-type"] = content_type
         fields["content-length"] = str(len(body))
@@ -229,7 +231,12 @@ class HttpConnection(asyncio.Protocol):
     def start_stream(self, content_type: str, headers: dict[str, str], exchange: Exchange) -> None:
         """A 200 head for a chunked body; `send_chunk` writes the body, `exchange` hears of the client."""
         assert self.transport is not None
-        fields = {**headers, "content-type": content_type, "transfer-encoding": "chunked"}
+        fields = {
+            **headers,
+            **self.response_fields,
+            "content-type": content_type,
+            "transfer-encoding": "chunked",
+        }
         closing = self._current is not None and not self._current.keep_alive
         self.transport.write(response_head(200, fields, close=closing))
         self._exchange = exchange
@@ -281,6 +288,7 @@ class HttpConnection(asyncio.Protocol):
         """The current response ended: close if the client asked to, else answer the next request."""
         request, self._current = self._current, None
         self._exchange = None
+        self.response_fields = {}
         if request is not None and not request.keep_alive:
             self.close()
             return

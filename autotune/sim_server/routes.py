@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from autotune.core.config import VLLM_RELEASE
+from autotune.sim_server import cors
 from autotune.sim_server.auth import UNAUTHORIZED
 from autotune.sim_server.exposition import METRICS_CONTENT_TYPE, render_metrics
 from autotune.sim_server.http_messages import HttpRequest
@@ -49,10 +50,16 @@ class SimRoutes:
 
     def handle(self, conn: HttpConnection, request: HttpRequest) -> None:
         """Route one request: 401 without a required API key (vLLM checks it before routing, so an
-        unknown /v1 path gets 401 too), 404 for an unknown path, 405 for a method the path does not take."""
+        unknown /v1 path gets 401 too), then CORS (a preflight is answered, autotune.sim_server.cors),
+        404 for an unknown path, 405 for a method the path does not take."""
         if not self.service.options.api_keys.allows(request.method, request.path, request.headers):
             conn.respond_json(401, UNAUTHORIZED)
             return
+        if cors.is_preflight(request.method, request.headers):
+            status, body, fields = cors.preflight(request.headers)
+            conn.respond(status, body, "text/plain; charset=utf-8", fields)
+            return
+        conn.response_fields = cors.response_headers(request.headers)
         route = self._routes.get(request.path)
         if route is None:
             conn.respond_json(404, {"detail": "Not Found"})  # FastAPI's answer, as vLLM's server gives
