@@ -174,6 +174,44 @@ def test_metrics_have_vllm_names_and_move(server: SimServerProcess) -> None:
     )
 
 
+def test_v1_request_histograms_follow_each_finished_request(server: SimServerProcess) -> None:
+    """The histograms vLLM's Grafana dashboards read, with vllm/v1/metrics/loggers.py's names and buckets
+    and vllm/v1/metrics/stats.py's definitions: per finished request its token counts and the phases
+    from its scheduling to its last token; per engine step its prompt plus generated tokens."""
+    names = ("vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:iteration_tokens_total",
+             "vllm:time_per_output_token_seconds", "vllm:request_time_per_output_token_seconds",
+             "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds",
+             "vllm:request_decode_time_seconds")  # fmt: skip
+    before = _metrics(server)
+    body = {"model": MODEL, "prompt": [7] * 50, "max_tokens": 4, "ignore_eos": True}
+    httpx.post(server.base_url + "/v1/completions", json=body, timeout=10).raise_for_status()
+    after = _wait_idle(server, 10)
+
+    def delta(name: str) -> float:
+        return _metric(after, name) - _metric(before, name)
+
+    assert {name: delta(name + "_count") for name in names} == {
+        "vllm:request_prompt_tokens": 1,
+        "vllm:request_generation_tokens": 1,
+        "vllm:iteration_tokens_total": 4,  # the prefill step and three decode steps
+        "vllm:time_per_output_token_seconds": 3,  # the deprecated twin of inter_token_latency
+        "vllm:request_time_per_output_token_seconds": 1,
+        "vllm:request_inference_time_seconds": 1,
+        "vllm:request_prefill_time_seconds": 1,
+        "vllm:request_decode_time_seconds": 1,
+    }
+    assert delta("vllm:request_prompt_tokens_sum") == 50 and delta("vllm:request_generation_tokens_sum") == 4
+    assert delta("vllm:iteration_tokens_total_sum") == 50 + 4  # the prompt counts in its first token's step
+    phases = [delta(f"vllm:request_{phase}_time_seconds_sum") for phase in ("prefill", "decode", "inference")]
+    assert min(phases[:2]) > 0 and phases[2] == pytest.approx(phases[0] + phases[1])
+    tpot = delta("vllm:request_time_per_output_token_seconds_sum")
+    assert tpot == pytest.approx(phases[1] / 3)
+    # 1-2-5 token buckets up to max_model_len (build_1_2_5_buckets), fixed step buckets up to 16384
+    assert re.search(r'^vllm:request_prompt_tokens_bucket\{[^}]*le="2000.0"', after, re.MULTILINE)
+    assert not re.search(r'^vllm:request_prompt_tokens_bucket\{[^}]*le="5000.0"', after, re.MULTILINE)
+    assert re.search(r'^vllm:iteration_tokens_total_bucket\{[^}]*le="16384.0"', after, re.MULTILINE)
+
+
 def test_prefix_caching_hits_for_shared_token_prefixes(server: SimServerProcess) -> None:
     before = _metric(httpx.get(server.base_url + "/metrics").text, "vllm:prefix_cache_hits_total")
     shared = list(range(2000, 2256))  # 16 full blocks

@@ -21,6 +21,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.utils import floatToGoString
 
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -31,6 +32,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                40.0, 80.0)  # fmt: skip
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 LABELS = ("engine", "model_name")
 TIME_SCALE_METRIC = "autotune:sim_time_scale"
@@ -48,12 +50,36 @@ _COUNTERS = (  # prometheus_client appends the _total suffix
     ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
      "prefix_cache_hits"),
 )  # fmt: skip
-_HISTOGRAMS = (
+_HISTOGRAMS = (  # vLLM's order; time_per_output_token is the deprecated name of the ITL histogram (0.11)
+    ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens"),
+    ("vllm:request_generation_tokens", "Number of generation tokens processed.", "generation_tokens"),
+    ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", "iteration_tokens"),
     ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
+    ("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.DEPRECATED: Use "
+     "vllm:inter_token_latency_seconds instead.", "itl"),
     ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "itl"),
+    ("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
+     "request_tpot"),
     ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "e2e"),
     ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", "queue"),
-)
+    ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+     "inference"),
+    ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", "prefill"),
+    ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", "decode"),
+)  # fmt: skip
+
+
+def one_two_five_buckets(max_value: int) -> tuple[int, ...]:
+    """vLLM's token-count buckets, build_1_2_5_buckets (vllm/v1/metrics/loggers.py): 1, 2, 5, 10, 20,
+    50, ... up to max_value."""
+    buckets: list[int] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return tuple(buckets)
+            buckets.append(mantissa * scale)
+        scale *= 10
 
 
 @dataclass
@@ -83,20 +109,37 @@ class Histogram:
         out, running = [], 0
         for bound, n in zip((*self.buckets, math.inf), self.counts, strict=True):
             running += n
-            out.append(("+Inf" if bound == math.inf else repr(float(bound)), float(running)))
+            out.append((floatToGoString(bound), float(running)))  # prometheus_client's le text
         return out
+
+
+def _latency() -> Histogram:
+    return Histogram(REQUEST_LATENCY_BUCKETS)
 
 
 @dataclass
 class ServerMetrics:
-    """The request-level histograms the API server keeps (engine gauges and counters come from stats)."""
+    """The request-level histograms the API server keeps (engine gauges and counters come from stats).
+    The token-count buckets follow `max_model_len`, as vLLM's do."""
 
+    max_model_len: int
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
-    e2e: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
-    queue: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
+    request_tpot: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    e2e: Histogram = field(default_factory=_latency)
+    queue: Histogram = field(default_factory=_latency)
+    inference: Histogram = field(default_factory=_latency)
+    prefill: Histogram = field(default_factory=_latency)
+    decode: Histogram = field(default_factory=_latency)
+    iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_TOKEN_BUCKETS))
+    prompt_tokens: Histogram = field(init=False)
+    generation_tokens: Histogram = field(init=False)
     # Finished requests by reason; "abort" is the engine's count (stats.num_aborted).
     success: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0})
+
+    def __post_init__(self) -> None:
+        self.prompt_tokens = Histogram(one_two_five_buckets(self.max_model_len))
+        self.generation_tokens = Histogram(one_two_five_buckets(self.max_model_len))
 
 
 class SimCollector:

@@ -8,7 +8,8 @@ that is before the running step's end) and enters the engine through its API-ser
 listeners (the HTTP responses, autotune.sim_server.sse) write their new tokens.
 
 vllm:request_queue_time_seconds is measured up to the start of the step that produced the first
-token (the simulated engine does not report when a prefill chunk was first scheduled).
+token, and the prefill and inference times from it (the simulated engine does not report when a
+prefill chunk was first scheduled).
 
 With a `time_scale` above 1 (`--time-scale`) the simulated clock runs that many times faster than
 the wall clock: a step of d simulated seconds is slept for d / time_scale, a wall-clock interval
@@ -100,7 +101,7 @@ class SimService:
         self.model_name = model_name
         self.max_model_len = int(engine.config.max_model_len)
         self.parser = RequestParser(model_name, self.max_model_len, vocab_size, engine.config.block_size)
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(self.max_model_len)
         self.registry = metrics_registry(
             engine, self.metrics, model_name, engine.config.gpu_memory_utilization, options.time_scale
         )
@@ -267,6 +268,7 @@ class SimService:
         firsts: dict[int, Pending] = {}  # got their first token in this step
         touched: dict[int, Pending] = {}  # the others with tokens or finished
         scale = self._scale  # the histograms are in simulated seconds
+        step_tokens = 0  # vLLM's iteration tokens: those generated, plus the prompts of first tokens
         for key, n in output.new_tokens:
             state = self.pending.get(key)
             if state is None:
@@ -277,19 +279,22 @@ class SimService:
                 self.metrics.ttft.observe((now - state.arrival) * scale)
                 self.metrics.queue.observe(max(step_start - state.arrival, 0.0) * scale)
                 firsts[key] = state
+                step_tokens += state.prompt_tokens
             else:
                 self.metrics.itl.observe((now - state.last_token) * scale)  # type: ignore[operator]
                 touched[key] = state
             state.last_token = now
             state.tokens += n
+            step_tokens += n
+        if firsts or touched:  # vLLM records iteration stats for a step with outputs only
+            self.metrics.iteration_tokens.observe(step_tokens)
         for key in output.finished:
             state = self.pending.pop(key, None)
             if state is None:
                 continue
             state.finished = True
             state.done_at = now
-            self.metrics.e2e.observe((now - state.arrival) * scale)
-            self.metrics.success[state.finish_reason] += 1
+            self._observe_finished(state)
             if self.options.debug_timings:
                 self.history.append(state)
             if key not in firsts:
@@ -299,6 +304,24 @@ class SimService:
         for state in itertools.chain(firsts.values(), touched.values()):
             if state.listener is not None:
                 state.listener(state)
+
+    def _observe_finished(self, state: Pending) -> None:
+        """vLLM's histograms of a finished request (FinishedRequestStats, vllm/v1/metrics/stats.py), in
+        simulated seconds: its phases run from the start of its first token's step (when it was
+        scheduled) to its first and last tokens."""
+        assert state.first_token is not None and state.first_step_start is not None
+        assert state.last_token is not None and state.done_at is not None
+        metrics, scale = self.metrics, self._scale
+        metrics.e2e.observe((state.done_at - state.arrival) * scale)
+        metrics.success[state.finish_reason] += 1
+        decode = (state.last_token - state.first_token) * scale
+        metrics.prefill.observe((state.first_token - state.first_step_start) * scale)
+        metrics.decode.observe(decode)
+        metrics.inference.observe((state.last_token - state.first_step_start) * scale)
+        # the first token is the prefill's: the mean is over the later ones (0 with none)
+        metrics.request_tpot.observe(decode / (state.tokens - 1) if state.tokens > 1 else 0.0)
+        metrics.prompt_tokens.observe(state.prompt_tokens)
+        metrics.generation_tokens.observe(state.tokens)
 
     # ---- responses
 
