@@ -212,6 +212,24 @@ def test_v1_request_histograms_follow_each_finished_request(server: SimServerPro
     assert re.search(r'^vllm:iteration_tokens_total_bucket\{[^}]*le="16384.0"', after, re.MULTILINE)
 
 
+def test_ttft_and_e2e_metrics_count_from_the_requests_arrival_on_the_engines_clock() -> None:
+    """vLLM's TTFT and e2e histograms run from the request's arrival_time to the step that produced the
+    token (vllm/v1/metrics/stats.py IterationStats): here from its send time on the simulated clock,
+    as the engine's own records, not from whenever this process got round to its handler. A fast clock
+    (--time-scale 50) would multiply any wall-clock lag by 50."""
+    args = [MODEL, "--max-model-len", "4096", "--time-scale", "50", "--debug-timings"]
+    with start_sim_server(args) as proc:
+        body = {"model": MODEL, "prompt": [7] * 3000, "max_tokens": 1}
+        for _ in range(5):
+            httpx.post(proc.base_url + "/v1/completions", json=body, timeout=10).raise_for_status()
+        rows = httpx.get(proc.base_url + "/debug/requests").json()["requests"]
+        text = _metrics(proc)
+    engine = sum(row["engine_ttft"] for row in rows)  # send -> first token delivered, simulated
+    for name in ("vllm:time_to_first_token_seconds_sum", "vllm:e2e_request_latency_seconds_sum"):
+        # the steps' ends: before the API server's delivery of their tokens
+        assert engine - 0.005 * len(rows) <= _metric(text, name) <= engine, name
+
+
 def test_prefix_caching_hits_for_shared_token_prefixes(server: SimServerProcess) -> None:
     before = _metric(httpx.get(server.base_url + "/metrics").text, "vllm:prefix_cache_hits_total")
     shared = list(range(2000, 2256))  # 16 full blocks

@@ -80,6 +80,7 @@ class Pending:
     finish_reason: str
     read: float = 0.0  # perf_counter when the server read the request's first bytes off the socket
     received: float = 0.0  # perf_counter when its HTTP handler started (the whole request was read)
+    sent: float = 0.0  # its send time on the simulated clock: the engine's arrival_time for it
     tokens: int = 0  # produced so far
     delivered: int = 0  # written to the HTTP response
     finished: bool = False
@@ -175,6 +176,7 @@ class SimService:
             key=key,
             rid=rid or uuid.uuid4().hex,
             arrival=now,
+            sent=sent,
             prompt_tokens=parsed.prompt_tokens,
             max_tokens=parsed.max_tokens,
             finish_reason=parsed.finish_reason,
@@ -269,6 +271,10 @@ class SimService:
         touched: dict[int, Pending] = {}  # the others with tokens or finished
         scale = self._scale  # the histograms are in simulated seconds
         step_tokens = 0  # vLLM's iteration tokens: those generated, plus the prompts of first tokens
+        # TTFT and e2e run from the request's arrival to the end of its step, both on the engine's clock
+        # (vllm/v1/metrics/stats.py): not from when this process ran its handler, nor to when its event
+        # loop woke (wall-clock lags that the time scale would multiply)
+        step_end = self.engine.now
         for key, n in output.new_tokens:
             state = self.pending.get(key)
             if state is None:
@@ -276,7 +282,7 @@ class SimService:
             if state.first_token is None:
                 state.first_token = now
                 state.first_step_start = step_start
-                self.metrics.ttft.observe((now - state.arrival) * scale)
+                self.metrics.ttft.observe(step_end - state.sent)
                 self.metrics.queue.observe(max(step_start - state.arrival, 0.0) * scale)
                 firsts[key] = state
                 step_tokens += state.prompt_tokens
@@ -294,6 +300,7 @@ class SimService:
                 continue
             state.finished = True
             state.done_at = now
+            self.metrics.e2e.observe(step_end - state.sent)
             self._observe_finished(state)
             if self.options.debug_timings:
                 self.history.append(state)
@@ -310,9 +317,8 @@ class SimService:
         simulated seconds: its phases run from the start of its first token's step (when it was
         scheduled) to its first and last tokens."""
         assert state.first_token is not None and state.first_step_start is not None
-        assert state.last_token is not None and state.done_at is not None
+        assert state.last_token is not None
         metrics, scale = self.metrics, self._scale
-        metrics.e2e.observe((state.done_at - state.arrival) * scale)
         metrics.success[state.finish_reason] += 1
         decode = (state.last_token - state.first_token) * scale
         metrics.prefill.observe((state.first_token - state.first_step_start) * scale)
