@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
 import pytest
 import yaml
+from cli import autotune
 from test_bad_inputs import assert_rejected
 from test_study import build_run, ok
 
@@ -91,6 +93,36 @@ def test_a_local_model_dir_is_mounted_in_docker_and_k8s(tmp_path: Path) -> None:
     assert volume["hostPath"]["path"] == str(model_dir)
     mounts = spec["containers"][0]["volumeMounts"]
     assert {"name": "model", "mountPath": "/models/my-llama", "readOnly": True} in mounts
+
+
+LOCAL_MODEL = {
+    "num_hidden_layers": 16, "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "intermediate_size": 8192, "vocab_size": 128256, "max_position_embeddings": 131072,
+}  # fmt: skip
+TINY = "name: tiny\nnum_requests: 40\nload: fixed\nrequest_rate: 10\nprompt_len: {dist: fixed, mean: 64}\n"
+
+
+def test_a_run_on_a_relative_local_model_folder_exports_its_absolute_path(tmp_path: Path) -> None:
+    """`--model localmodel` names the folder only from where the run started: run.json, best.sh and
+    every export name it by its absolute path, so they serve (and mount) it from anywhere."""
+    (tmp_path / "localmodel").mkdir()
+    (tmp_path / "localmodel" / "config.json").write_text(json.dumps(LOCAL_MODEL))
+    (tmp_path / "tiny.yaml").write_text(TINY + "output_len: {dist: fixed, mean: 16}\n")
+    args = ["--space", "small", "--model", "localmodel", "--workload", "tiny.yaml", "--n-trials", "2"]
+    autotune(tmp_path, "run", *args, "--quiet", "--study", "loc", "--slo", "ttft_p99=2s")
+    model = str(tmp_path / "localmodel")
+    assert json.loads((tmp_path / "runs/loc/run.json").read_text())["model"] == model
+    assert f"exec vllm serve {model} " in (tmp_path / "runs/loc/best.sh").read_text()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for fmt in ("cmd", "flags", "yaml"):
+        text = autotune(elsewhere, "export", "../runs/loc", "--format", fmt).stdout
+        assert "localmodel" not in text.replace(model, "")
+    docker = shlex.split(
+        autotune(elsewhere, "export", "../runs/loc", "--format", "docker").stdout, comments=True
+    )
+    assert f"{model}:/models/localmodel:ro" in docker
+    assert docker[docker.index("--model") + 1] == "/models/localmodel"
 
 
 def test_helm_values_follow_the_production_stack_schema() -> None:

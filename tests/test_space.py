@@ -10,6 +10,7 @@ import pytest
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError
 from autotune.tune.space import load_space, space_from_dict, violations
+from autotune.tune.study_open import _same_setting
 
 
 @pytest.mark.parametrize("name", ["vllm", "small", "tp"])
@@ -57,7 +58,9 @@ def test_a_catalog_model_typed_without_its_organization_is_launched_and_exported
 def test_a_local_model_folder_keeps_its_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "Qwen3-8B").mkdir()  # a folder named like a catalog model, given by a relative path
     monkeypatch.chdir(tmp_path)
-    assert load_space("vllm").with_overrides(model="Qwen3-8B").model == "Qwen3-8B"
+    assert load_space("vllm").with_overrides(model="Qwen3-8B").model == str(tmp_path / "Qwen3-8B")
+    # a study that recorded the relative path resumes from the folder it ran in
+    assert _same_setting("model", "Qwen3-8B", str(tmp_path / "Qwen3-8B"))
 
 
 def test_baseline_is_vllms_default_for_the_gpu() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,9 +153,14 @@ def known_models_text() -> str:
 
 def qualified_name(name: str) -> str:
     """A catalog model typed without its organization, with it ('Qwen3-8B' -> 'Qwen/Qwen3-8B'): the id
-    that `vllm serve` and the exports need. Any other name as given: an org/name id, a local folder, a
-    model the catalog does not know."""
-    if "/" in name or Path(name).expanduser().exists():
+    that `vllm serve` and the exports need. A local folder as an absolute path: a relative one would
+    name another folder (or a Hub id) from wherever best.sh or an export is run. Any other name as given:
+    an org/name id, a model the catalog does not know."""
+    local = Path(name).expanduser()
+    if local.exists():
+        # abspath, not resolve: a symlinked model folder keeps the name the user gave it
+        return os.path.abspath(local)
+    if "/" in name:
         return name
     spec = _lookup(name)
     if spec is None or "/" not in spec.name:

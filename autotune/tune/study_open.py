@@ -14,6 +14,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.catalog.gpus import get_gpu
+from autotune.catalog.models import qualified_name
 from autotune.core.config import gpus_per_replica
 from autotune.core.errors import AutotuneError
 from autotune.core.secrets import masked
@@ -153,9 +154,12 @@ def check_resume(study: optuna.Study, settings: StudySettings) -> None:
 
 def _same_setting(key: str, stored: Any, given: Any) -> bool:
     """Whether a study's recorded setting is this run's: a GPU by the catalog's name, as --gpu resolves
-    it (`a100`, `A100` and `A100-80GB` are one GPU; one outside the catalog by its text)."""
+    it (`a100`, `A100` and `A100-80GB` are one GPU; one outside the catalog by its text); a model as
+    --model resolves it (a study from before local folders were recorded absolute has the relative path)."""
     if key == "gpu":
         stored, given = _gpu_name(stored), _gpu_name(given)
+    if key == "model":
+        stored = qualified_name(stored)
     return bool(stored == given)
 
 
