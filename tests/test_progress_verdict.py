@@ -7,6 +7,8 @@ minutes, then a verdict naming another trial at +1.0 % and keeping the defaults,
 
 from __future__ import annotations
 
+import csv
+import json
 from pathlib import Path
 
 import optuna
@@ -109,6 +111,40 @@ def test_a_re_measured_gain_says_the_progress_line_showed_a_first_measurement(tm
     )
     assert "3 paired runs" in note and out.decision.gain.percent() in note
     assert note in report.summary_text(out)
+
+
+def test_a_pick_by_the_mean_of_repeats_says_so_and_shows_the_runs(tmp_path: Path) -> None:
+    """The case from the issue (--noise): #1 measured highest once, #2 has the higher latencies and won
+    on the mean of its 3 runs. The verdict says the means decided (not "the lowest-latency near-tie"),
+    labels the single-run figures as such, and best.json, trials.csv and report.html show the runs."""
+    study = build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 1024, "baseline": True}, searched(4537, 381, 189, 0.028)),
+            ({"max_num_seqs": 152}, searched(4630, 252, 94, 0.028)),
+            ({"max_num_seqs": 792}, searched(4605, 480, 81, 0.028)),
+        ],
+    )
+    repeats = {
+        "1": {"1": 4449.0, "2": 4131.0},
+        "0": {"1": 4845.0, "2": 4561.0},
+        "2": {"1": 4652.0, "2": 4748.0},
+    }
+    out = outcome(records(study), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"], repeats=StoredRepeats(repeats))
+    verdict, note = out.verdict(), out.progress_note()
+    assert out.decision.keeps_defaults and out.decision.candidate.number == 2
+    assert "Mean output_throughput of 3 runs each: #2 4,668, #0 (the defaults) 4,648, #1 4,403." in verdict
+    assert "The best config by those means (trial #2) differs by +0.5 %" in verdict
+    assert "near-tie" not in verdict and "Trial #2 vs the defaults in their first runs:" in verdict
+    assert note.endswith("was its first run; the mean of its 3 runs, 4,403, is below trial #2's, 4,668.")
+    assert "lowest latencies" not in note
+    report.write_all(tmp_path / "out", out)
+    best = json.loads((tmp_path / "out" / "best.json").read_text())
+    assert best["remeasured"]["trials"]["2"] == {"runs": [4605.0, 4652.0, 4748.0], "mean": 4668.333333333333}
+    rows = {r["trial"]: r for r in csv.DictReader((tmp_path / "out" / "trials.csv").open())}
+    assert (rows["1"]["remeasured_runs"], rows["1"]["remeasured_mean"][:7]) == ("3", "4403.33")
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "<h2>Re-measured</h2>" in html and "<td>4,605, 4,652, 4,748</td><td>4,668</td>" in html
 
 
 def test_nothing_is_added_when_they_agree(tmp_path: Path) -> None:

@@ -207,7 +207,7 @@ def test_with_repeats_the_pick_is_the_best_mean_not_the_luckiest_first_run(tmp_p
     }
     d = decision(tmp_path / "a", outcomes, repeats)
     assert d.candidate.number == 2 and d.trial.number == 2 and d.gain.significant
-    assert "trial #3 measured highest once, trial #2 on average" in d.text
+    assert "Mean output_throughput of 3 runs each: #2 5,550, #1 5,317, #0 (the defaults) 4,997." in d.text
     # the same runs without repeats pick the highest single run
     assert decision(tmp_path / "b", outcomes).candidate.number == 3
 
@@ -268,7 +268,10 @@ def test_a_latency_gain_and_its_interval_read_as_reductions(tmp_path: Path) -> N
     d = decide(records(study), [False], latency.names, repeats)
     assert d.gain is not None and d.gain.significant and not d.gain.maximize
     assert d.gain.percent() == "25.0 % lower (interval 20.0 % to 30.0 % lower, 3 paired runs)"
-    assert d.text == "Recommended: trial #1: p99_ttft_ms " + d.gain.percent() + " vs vLLM's defaults."
+    assert d.text == (
+        f"Recommended: trial #1: p99_ttft_ms {d.gain.percent()} vs vLLM's defaults. Mean p99_ttft_ms of 3 "
+        "runs each: #1 300, #0 (the defaults) 400."
+    )
     worse = dataclasses.replace(d.gain, ratio=0.8, low=0.75, high=1.25)
     assert worse.percent() == "25.0 % higher (interval 33.3 % higher to 20.0 % lower, 3 paired runs)"
     assert worse.figure(0.8) == "25.0 % higher" and d.gain.figure(1.25) == "20.0 % lower"
@@ -327,7 +330,7 @@ def test_a_near_tie_below_in_every_repeat_is_named_by_what_broke_the_tie(tmp_pat
     repeats = {"1": {"1": 1100.0, "2": 1080.0}, "0": {"1": 1000.0, "2": 1000.0}}
     d = decide(records(study), [False, True], objectives.names, repeats)
     assert d.keeps_defaults and d.candidate.number == 1 and d.gain is not None and d.gain.high < 1
-    assert "The near-tie with the best output_throughput (trial #1) measured below them" in d.text
+    assert "The near-tie by those means with the best output_throughput (trial #1) measured below" in d.text
     assert "latency" not in d.text
 
 

@@ -147,3 +147,14 @@ def brief(text: str, limit: int = 200) -> str:
     if text[limit - 3] != " ":  # inside a word: drop its start (unless it is the only word)
         cut = cut.rpartition(" ")[0] or cut
     return cut.rstrip(" ,;:(") + "..."
+
+
+def fmt_number(value: Any) -> str:
+    """A figure as people read it: 12,571 / 95.8 / 0.82; "" for a missing value."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) or abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"

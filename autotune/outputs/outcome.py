@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.core.config import gpus_per_replica
+from autotune.core.values import fmt_number
 from autotune.measure.capacity_report import KEEPING_UP
 from autotune.measure.evidence import UNSURE
 from autotune.outputs.cost import CostView, Sizing, cost_view, sizing
@@ -17,6 +19,7 @@ from autotune.tune.recommendation import (
     Recommendation,
     decide,
     latencies_break_ties,
+    remeasured_runs,
     resolution_of,
     runs_of,
     tie_breakers,
@@ -85,7 +88,10 @@ class Outcome:
             f"{name} {_change(new, old)}"
             for name, new, old in zip(self.objective_names, best.values or [], base.values, strict=False)
         )
-        return f"{text} Trial #{best.number} vs the defaults: {changes}.{self._per_gpu(best, base)}"
+        # With repeats the gain above is their mean; these figures (latencies too) are one run of each.
+        runs = self.repeats.values
+        first = " in their first runs" if runs.get(str(best.number)) or runs.get(str(base.number)) else ""
+        return f"{text} Trial #{best.number} vs the defaults{first}: {changes}.{self._per_gpu(best, base)}"
 
     def _per_gpu(self, best: TrialRecord, base: TrialRecord) -> str:
         """The verdict's per-GPU sentence when the two take different GPU counts and the objective is
@@ -143,19 +149,37 @@ class Outcome:
         # as the progress line words it: a minimized objective's gain is its reduction, "32.3% lower"
         shown += f", {versus(first, self.maximize[0], 'the defaults')})" if first is not None else ")"
         if top.number != candidate.number:
-            n, bracket = candidate.number, resolution_of(candidate)
-            value, best = (candidate.values or [0.0])[0], (top.values or [0.0])[0]
-            if bracket and abs(value) * bracket >= abs(best - value):
-                why = f"#{n}'s capacity bracket, {bracket:.1%}, reaches it"
-            else:
-                why = f"they are within {TIE_TOLERANCE:.0%}"
-            return f"The progress line's best, {shown}, ties with trial #{n}: {why}{self._tie_goes(n)}."
+            return f"The progress line's best, {shown}, {self._lost_to(top, candidate)}."
         if gain is not None and gain.how.endswith("paired runs") and first is not None:
             return (
                 f"The progress line's best, {shown}, was its first measurement; with the re-measurements "
                 f"({gain.how}) its gain is {gain.percent()}."
             )
         return ""
+
+    def _lost_to(self, top: TrialRecord, candidate: TrialRecord) -> str:
+        """Why the highest first run is not the pick: with repeats, the mean of its runs (or none: only
+        re-measured configs compete); else, or when the means tie too, the tie rule."""
+        n, runs = candidate.number, self.repeats.values
+        value, best = (candidate.values or [0.0])[0], (top.values or [0.0])[0]
+        means = ""
+        if runs.get(str(candidate.number)):
+            if not runs.get(str(top.number)):
+                return "was one run and not re-measured: only the re-measured configs compete, by their means"
+            value = statistics.fmean(runs_of(candidate, runs))
+            best = statistics.fmean(runs_of(top, runs))
+            sign = 1.0 if self.maximize[0] else -1.0
+            mine = f"the mean of its {len(runs_of(top, runs))} runs, {fmt_number(best)}"
+            if sign * best <= sign * value:
+                worse = "below" if sign > 0 else "above"
+                return f"was its first run; {mine}, is {worse} trial #{n}'s, {fmt_number(value)}"
+            means = f" by their means ({mine}; #{n}'s {fmt_number(value)})"
+        bracket = resolution_of(candidate)
+        if bracket and abs(value) * bracket >= abs(best - value):
+            why = f"#{n}'s capacity bracket, {bracket:.1%}, reaches it"
+        else:
+            why = f"they are within {TIE_TOLERANCE:.0%}"
+        return f"ties with trial #{n}{means}: {why}{self._tie_goes(n)}"
 
     def _tie_goes(self, number: int) -> str:
         """Who wins a tie, after the progress note's why: the objectives after the first ("" if none)."""
@@ -211,6 +235,11 @@ class Outcome:
         """What the measurement's noise leaves open about the recommendation (`spread_note`, `once_note`),
         for the summary, the flags and the dashboard's note alike."""
         return [note for note in (self.spread_note(), self.once_note()) if note]
+
+    def remeasured(self) -> list[tuple[TrialRecord, list[float]]]:
+        """The re-measured trials with their primary objective's runs (the first, then the repeats), best
+        mean first: what the pick among them rests on (empty without repeats)."""
+        return remeasured_runs(self.records, self.repeats.values, self.maximize[0])
 
     def feasible(self) -> list[TrialRecord]:
         """Feasible trials (duplicates left out)."""
@@ -286,17 +315,6 @@ def outcome(
         sizing=sizing(best, target_rate, gpu_price, simulated) if best is not None and target_rate else None,
         repeats=repeats,
     )
-
-
-def fmt_number(value: Any) -> str:
-    """A figure as people read it: 12,571 / 95.8 / 0.82; "" for a missing value."""
-    if value is None or (isinstance(value, float) and value != value):
-        return ""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, int) or abs(value) >= 100:
-        return f"{value:,.0f}"
-    return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
 
 
 def _change(new: float, old: float) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from autotune.outputs.plots import plot_pairs, plot_probes
 from autotune.outputs.report_html import write_html
 from autotune.tune.front import defaults_label
 from autotune.tune.progress import short_params
-from autotune.tune.recommendation import latencies_break_ties, tie_breakers
+from autotune.tune.recommendation import latencies_break_ties, runs_of, tie_breakers
 from autotune.tune.study import TrialRecord
 
 SUMMARY_METRICS = ("request_throughput", "p99_tpot_ms", "p99_e2el_ms", "num_preemptions", "capacity_rate")
@@ -127,6 +128,9 @@ def _row(r: TrialRecord, out: Outcome) -> dict[str, Any]:
     row.update(r.params)
     for name, value in zip(out.objective_names, r.values or [None] * len(out.objective_names), strict=False):
         row[name] = value if r.failure is None or r.metrics else None
+    if out.repeats.values.get(str(r.number)) and r.values:  # the mean the pick rests on, beside run 1's
+        runs = runs_of(r, out.repeats.values)
+        row |= {"remeasured_runs": len(runs), "remeasured_mean": statistics.fmean(runs)}
     row.update({f"margin_{k}": v for k, v in r.margins.items()})
     fallback = _summary_fallbacks(r)
     for key in SUMMARY_METRICS:
@@ -210,6 +214,13 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
             data["guide"]["defaults"] = guide["defaults"]
     if out.progress_note():
         data["progress_note"] = out.progress_note()
+    if out.remeasured():  # each re-measured config's runs and the mean that ranked it
+        data["remeasured"] = {
+            "metric": out.objective_names[0],
+            "trials": {
+                str(r.number): {"runs": runs, "mean": statistics.fmean(runs)} for r, runs in out.remeasured()
+            },
+        }
     if out.decision.candidate is not None:
         data["best_found"] = out.decision.candidate.number
     if gain is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import html
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ def write_html(path: Path, out: Outcome) -> Path:
         _recommendation(out),
         _cost(out),
         _front(out),
+        _remeasured(out),
         _failures(out),
         _plots(path.parent),
         guide_html(path.parent, _e, out.objective_names[0]),
@@ -159,6 +161,26 @@ def _front(out: Outcome) -> str:
         f"(tensor x pipeline parallel size).</p>"
     )
     return title + _table(head, body, left={len(head) - 1})
+
+
+def _remeasured(out: Outcome) -> str:
+    """The re-measured configs' runs and means, best mean first: what the pick among them rests on."""
+    runs = out.remeasured()
+    if not runs:
+        return ""
+    name = out.objective_names[0]
+    rows = []
+    for r, values in runs:
+        recommended = out.best is not None and r.number == out.best.number
+        label = f"#{r.number}" + (f" ({defaults_label(r)})" if r.baseline else "")
+        cells = ["★" if recommended else "", label, ", ".join(fmt_number(v) for v in values)]
+        rows.append(("rec" if recommended else "", [*cells, fmt_number(statistics.fmean(values))]))
+    head = ["", "trial", f"{metric_label(name)}: each run (the first, then the repeats)", "mean"]
+    title = (
+        "<h2>Re-measured</h2><p class='sub'>The top configs and the baseline measured again with other "
+        "seeds; the pick among them is by the mean of their runs, not the first run.</p>"
+    )
+    return title + _table(head, rows)
 
 
 def _front_row(out: Outcome, r: TrialRecord) -> tuple[str, list[str]]:

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.core.errors import FailureKind
-from autotune.core.values import brief
+from autotune.core.values import brief, fmt_number
 from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, recommend
 from autotune.tune.objectives import metric_unit
 from autotune.tune.study import TrialRecord
@@ -86,17 +86,7 @@ def decide(
     remeasured: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Recommendation:
     """The recommendation of a study's records (`remeasured`: trial number -> {repeat: primary value})."""
-    decision = _decide(recs, maximize, objective_names, remeasured or {})
-    if not remeasured or decision.candidate is None:
-        return decision  # picked by single runs already
-    once = recommend(recs, maximize, resolution_of)
-    if once is None or once.number == decision.candidate.number:
-        return decision
-    note = (
-        f" Each re-measured config is judged by the mean of its runs: trial #{once.number} measured "
-        f"highest once, trial #{decision.candidate.number} on average."
-    )
-    return dataclasses.replace(decision, text=decision.text + note)
+    return _decide(recs, maximize, objective_names, remeasured or {})
 
 
 def _none_feasible(recs: Sequence[TrialRecord]) -> str:
@@ -142,6 +132,7 @@ def _decide(
     candidate = pick(recs, maximize, remeasured)
     name = objective_names[0]
     defaults = defaults_label(base)
+    means = _means_sentence(recs, remeasured, maximize[0], name, base)
     if candidate is None:
         return Recommendation(None, None, base, None, False, _none_feasible(recs))
     if base is None or not base.values:
@@ -157,35 +148,66 @@ def _decide(
     if candidate.number == base.number:
         text = (
             f"Keep {defaults} (trial #{base.number}): no config found beats their {name} by more than "
-            f"the measurement's resolution{tie_clause(objective_names)}."
+            f"the measurement's resolution{tie_clause(objective_names)}.{means}"
         )
         return Recommendation(base, candidate, base, None, True, text)
     gain = measure_gain(candidate, base, maximize[0], name, remeasured)
     if gain.significant:
-        text = f"Recommended: trial #{candidate.number}: {name} {gain.percent()} vs {defaults}."
+        text = f"Recommended: trial #{candidate.number}: {name} {gain.percent()} vs {defaults}.{means}"
         return Recommendation(candidate, candidate, base, gain, False, text)
+    found = _near_tie(objective_names, candidate, recs, maximize[0], remeasured)
     if gain.low < gain.high < 1:
         # Tied on its first run (picked by the tie-break), but every repeat measured it below the defaults.
         text = (
-            f"Keep {defaults} (trial #{base.number}): no config found beats them. "
-            f"{_near_tie(objective_names, candidate.number)} measured below them in every repeat: {name} "
-            f"{gain.percent()}."
+            f"Keep {defaults} (trial #{base.number}): no config found beats them.{means} {found} measured "
+            f"below them in every repeat: {name} {gain.percent()}."
         )
     elif gain.ratio > 1 + gain.margin:
         # Beyond the margin on average, not in every paired run: the rule asks every pair to clear it.
         text = (
             f"Keep {defaults} (trial #{base.number}): the best config found (trial #{candidate.number}) "
             f"gains {gain.percent()} on average, but its lowest paired run, {gain.figure(gain.low)}, is "
-            f"within the measurement's margin of {gain.margin:.1%}: not a sure gain."
+            f"within the measurement's margin of {gain.margin:.1%}: not a sure gain.{means}"
         )
     else:
         # The candidate is the tie rule's pick, not the highest value: it is named by what picked it.
         text = (
             f"Keep {defaults} (trial #{base.number}): no config found beats their {name} by more than the "
-            f"measurement's margin of {gain.margin:.1%}. {_near_tie(objective_names, candidate.number)} "
-            f"differs by {gain.percent()}: a tie, not a gain."
+            f"measurement's margin of {gain.margin:.1%}.{means} {found} differs by {gain.percent()}: a "
+            "tie, not a gain."
         )
     return Recommendation(base, candidate, base, gain, True, text)
+
+
+def _means_sentence(
+    recs: Sequence[TrialRecord],
+    remeasured: Mapping[str, Mapping[str, float]],
+    maximize: bool,
+    name: str,
+    base: TrialRecord | None,
+) -> str:
+    """' Mean output_throughput of 3 runs each: #7 4,669, #0 (the defaults) 4,648.': what picked among
+    the re-measured configs, best first ('' without repeats: single runs picked)."""
+    runs = remeasured_runs(recs, remeasured, maximize)
+    if not runs:
+        return ""
+    counts = {len(values) for _, values in runs}
+    each = f"of {counts.pop()} runs each" if len(counts) == 1 else "of each one's runs"
+    parts = []
+    for record, values in runs:
+        what = " (the defaults)" if base is not None and record.number == base.number else ""
+        many = "" if each.endswith("each") else f" ({len(values)} runs)"
+        parts.append(f"#{record.number}{what} {fmt_number(statistics.fmean(values))}{many}")
+    return f" Mean {name} {each}: {', '.join(parts)}."
+
+
+def remeasured_runs(
+    recs: Sequence[TrialRecord], remeasured: Mapping[str, Mapping[str, float]], maximize: bool
+) -> list[tuple[TrialRecord, list[float]]]:
+    """The re-measured trials with their primary objective's runs (`runs_of`), best mean first."""
+    repeated = [(r, runs_of(r, remeasured)) for r in recs if remeasured.get(str(r.number)) and r.values]
+    sign = -1.0 if maximize else 1.0
+    return sorted(repeated, key=lambda item: sign * statistics.fmean(item[1]))
 
 
 def tie_clause(objective_names: Sequence[str]) -> str:
@@ -213,12 +235,26 @@ def tie_breakers(objective_names: Sequence[str]) -> str:
     return f"the best {', '.join(rest)}" + (" together" if len(rest) > 1 else "")
 
 
-def _near_tie(objective_names: Sequence[str], number: int) -> str:
-    """The config a tie rule picked, named by what picked it (the best one found when nothing breaks ties)."""
+def _near_tie(
+    objective_names: Sequence[str],
+    candidate: TrialRecord,
+    recs: Sequence[TrialRecord],
+    maximize: bool,
+    remeasured: Mapping[str, Mapping[str, float]],
+) -> str:
+    """The config a tie rule picked, named by what picked it (the best one found when nothing breaks ties;
+    with repeats, "by those means": the mean of its runs, not its first run, ranked it)."""
+    number = candidate.number
+    runs = remeasured_runs(recs, remeasured, maximize)
+    means = " by those means" if runs else ""
+    if runs and runs[0][0].number == number:
+        return f"The best config{means} (trial #{number})"  # the highest mean: no tie rule picked it
     if latencies_break_ties(objective_names):
-        return f"The lowest-latency near-tie (trial #{number})"
+        return f"The lowest-latency near-tie{means} (trial #{number})"
     by = tie_breakers(objective_names)
-    return f"The near-tie with {by} (trial #{number})" if by else f"The best config found (trial #{number})"
+    if by:
+        return f"The near-tie{means} with {by} (trial #{number})"
+    return f"The best config found{means} (trial #{number})"
 
 
 def pick(
