@@ -62,10 +62,10 @@ def test_a_tp_run_says_its_objective_is_per_replica_and_shows_gpus(folder: Path)
     header = next(line for line in done.stdout.splitlines() if line.lstrip().startswith("trial"))
     assert "GPUs" in header and "per GPU vs baseline" in header
     best = json.loads((folder / "runs/tp/best.json").read_text())
-    # vLLM's default TP is 1, outside the space: the baseline is its defaults at the nearest TP, said so
-    assert (
-        best["baseline"]["label"] == "vLLM's defaults at TP=2" and best["baseline"]["gpus_per_replica"] == 2
-    )
+    # vLLM's default TP is 1 (and max_num_seqs 1024), outside the space: the baseline is its defaults at
+    # the nearest values, said so
+    label = best["baseline"]["label"]
+    assert label == "vLLM's defaults at TP=2, max_num_seqs=64" and best["baseline"]["gpus_per_replica"] == 2
     assert "the baseline is vLLM's defaults at TP=2" in " ".join(best["flags_to_know"])
     if best["gpus_per_replica"] != 2:
         assert f"Per GPU ({best['gpus_per_replica']} GPUs per replica vs 2)" in best["verdict"]

@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 import optuna
+from cli import autotune
 from test_recommendation import capacity as bracketed
 from test_study import OBJECTIVES, build_run, ok
 
@@ -267,3 +268,30 @@ def test_best_json_and_the_dashboard_note_speak_of_latencies_only_when_there_are
     latency = objectives_from_dict({"objectives": [{"metric": "p99_ttft_ms", "direction": "minimize"}]})
     how, _ = texts(tmp_path / "c", latency)
     assert how.startswith("lowest feasible p99_ttft_ms on the Pareto front; vLLM's")
+
+
+def test_a_baseline_the_space_moved_off_vllms_defaults_says_so_wherever_it_is_named(tmp_path: Path) -> None:
+    """max_num_seqs 64 or 256 on an H100, whose vLLM default is 1024: trial #0 runs at 256, and the
+    start line, the verdict, best.json and the report call it vLLM's defaults at max_num_seqs=256."""
+    (tmp_path / "space.yaml").write_text(
+        "fixed: {model: meta-llama/Llama-3.1-8B-Instruct, gpu: H100, max_model_len: 4096}\n"
+        "params:\n  max_num_seqs: {type: categorical, choices: [64, 256]}\n"
+    )
+    (tmp_path / "tiny.yaml").write_text(
+        "name: tiny\nnum_requests: 40\nload: fixed\nrequest_rate: 10\nprompt_len: {dist: fixed, mean: 64}\n"
+        "output_len: {dist: fixed, mean: 16}\n"
+    )
+    args = ["--space", "space.yaml", "--workload", "tiny.yaml", "--n-trials", "2", "--study", "m", "--quiet"]
+    done = autotune(tmp_path, "run", *args, "--slo", "ttft_p99=2s")
+    said = (
+        "the baseline is vLLM's defaults at max_num_seqs=256: vLLM's own default, max_num_seqs=1024, is "
+        "outside this space (the nearest value it allows stands in)"
+    )
+    assert f"autotune: {said}" in done.stderr
+    best = json.loads((tmp_path / "runs/m/best.json").read_text())
+    assert (
+        best["baseline"]["label"] == "vLLM's defaults at max_num_seqs=256" and said in best["flags_to_know"]
+    )
+    assert "vLLM's defaults at max_num_seqs=256" in best["verdict"]
+    html = (tmp_path / "runs/m/report.html").read_text()
+    assert "<th>vLLM&#x27;s defaults at max_num_seqs=256 (baseline)</th>" in html

@@ -215,6 +215,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         load=s.workload.load,
         space_digest=s.space.digest(),
         noise=args.noise,
+        baseline_moved=s.space.moved_defaults(s.gpu.memory_gib, s.max_position_embeddings),
     )
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
 
@@ -243,6 +244,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
     from autotune.outputs.export import RunInfo
     from autotune.store.lease import Lease, new_driver
     from autotune.store.urls import for_run_file
+    from autotune.tune.front import moved_note
     from autotune.tune.progress import Progress
     from autotune.tune.run_records import TunerOptions
     from autotune.tune.screen import describe, make_screen
@@ -267,7 +269,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
         progress = None if args.quiet else Progress()
         _announce(args, s, executor.describe(), study)
         per_replica = _per_replica_note(s)
-        for line in (per_replica, s.gpus_note):
+        for line in (per_replica, s.gpus_note, moved_note(baseline, settings.baseline_moved)):
             if line:
                 print(f"autotune: {line}", file=sys.stderr)
         estimate = _estimate(args, s, executor.capacity, study)

@@ -12,7 +12,14 @@ from autotune.core.values import fmt_number
 from autotune.measure.capacity_report import KEEPING_UP
 from autotune.measure.evidence import UNSURE
 from autotune.outputs.cost import CostView, Sizing, cost_view, sizing
-from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, pareto_front
+from autotune.tune.front import (
+    TIE_TOLERANCE,
+    baseline,
+    defaults_label,
+    moved_defaults,
+    moved_note,
+    pareto_front,
+)
 from autotune.tune.objectives import PER_GPU
 from autotune.tune.progress import versus
 from autotune.tune.recommendation import (
@@ -257,10 +264,7 @@ class Outcome:
             out.append("no config met the SLOs: relax them or widen the search space")
         label = defaults_label(self.baseline)
         if self.baseline is not None and label != "vLLM's defaults":
-            out.append(
-                f"the baseline is {label}: vLLM's own default, TP=1, is outside this space (the nearest "
-                "value it allows stands in)"
-            )
+            out.append(moved_note(self.baseline.config, moved_defaults(self.baseline)) or label)
         if self.baseline is not None and not self.baseline.feasible:
             why = self.baseline.failure or "violates the SLOs"
             what = "vLLM's default config is" if label == "vLLM's defaults" else f"{label} are"

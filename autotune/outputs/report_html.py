@@ -20,7 +20,7 @@ from autotune.core.config import gpus_per_replica
 from autotune.outputs.export import render
 from autotune.outputs.guide_view import guide_html
 from autotune.outputs.outcome import Outcome, capacity_text, fmt_number, limited_by
-from autotune.tune.front import defaults_label
+from autotune.tune.front import defaults_label, moved_defaults
 from autotune.tune.objectives import metric_label
 from autotune.tune.progress import short_params
 from autotune.tune.study import TrialRecord
@@ -121,17 +121,20 @@ def _changed_flags(out: Outcome) -> str:
     if best is None:
         return ""
     defaults = base.config if base is not None else {}
+    moved = moved_defaults(base)  # flags the space moved off vLLM's defaults: their own value beside
     rows = []
     for name, value in best.config.items():
         if name == "model":
             continue
         default = defaults.get(name, "")
         mark = " class='rec'" if default != "" and default != value else ""
+        own = f" (vLLM's: {moved[name]})" if name in moved else ""
         rows.append(
             f"<tr{mark}><td class='l'>--{_e(name.replace('_', '-'))}</td><td>{_e(value)}</td>"
-            f"<td>{_e(default)}</td></tr>"
+            f"<td>{_e(default)}{_e(own)}</td></tr>"
         )
-    head = "<tr><th class='l'>flag</th><th>recommended</th><th>vLLM default (baseline)</th></tr>"
+    label = "vLLM default" if not moved else defaults_label(base)
+    head = f"<tr><th class='l'>flag</th><th>recommended</th><th>{_e(label)} (baseline)</th></tr>"
     summary = "<summary>Flags (changed ones highlighted)</summary>"
     return f"<details open>{summary}<table>{head}{''.join(rows)}</table></details>"
 

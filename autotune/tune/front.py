@@ -7,7 +7,8 @@ latencies together.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from autotune.tune.study import TrialRecord
 
@@ -97,8 +98,44 @@ def baseline(recs: Sequence[TrialRecord]) -> TrialRecord | None:
     return measured or next((r for r in recs if r.baseline), None)
 
 
+def moved_defaults(base: TrialRecord | None) -> dict[str, Any]:
+    """vLLM's own default of each flag the baseline could not take (the space's nearest value stands
+    in): the study's record, else (a study from before it) TP=1 when the baseline's TP is not 1."""
+    if base is None:
+        return {}
+    if base.vllm_defaults:
+        return dict(base.vllm_defaults)
+    tp = int(base.config.get("tensor_parallel_size") or 1)
+    return {} if tp == 1 else {"tensor_parallel_size": 1}
+
+
 def defaults_label(base: TrialRecord | None) -> str:
-    """What the baseline is: vLLM's defaults, "at TP=N" when the space moved its tensor parallelism off
-    vLLM's default of 1 (a 70B model does not fit one GPU: the space's nearest TP stands in)."""
-    tp = int(base.config.get("tensor_parallel_size") or 1) if base is not None else 1
-    return "vLLM's defaults" if tp == 1 else f"vLLM's defaults at TP={tp}"
+    """What the baseline is: vLLM's defaults, "at TP=2" (or "at max_num_seqs=256") when the space moved
+    a flag off vLLM's default (a 70B model does not fit one GPU: the space's nearest TP stands in)."""
+    moved = moved_defaults(base)
+    if base is None or not moved:
+        return "vLLM's defaults"
+    return f"vLLM's defaults at {_settings({n: base.config.get(n) for n in moved})}"
+
+
+def moved_note(values: Mapping[str, Any], moved: Mapping[str, Any]) -> str | None:
+    """What the baseline is when the space moved it off vLLM's defaults (`values`: its flags, `moved`:
+    vLLM's own defaults of those it could not take), in a line; None when nothing moved."""
+    if not moved:
+        return None
+    at = _settings({n: values.get(n) for n in moved})
+    own = _settings(moved, " and ")
+    if len(moved) == 1:
+        return (
+            f"the baseline is vLLM's defaults at {at}: vLLM's own default, {own}, is outside this space "
+            "(the nearest value it allows stands in)"
+        )
+    return (
+        f"the baseline is vLLM's defaults at {at}: vLLM's own defaults, {own}, are outside this space "
+        "(the nearest values it allows stand in)"
+    )
+
+
+def _settings(values: Mapping[str, Any], sep: str = ", ") -> str:
+    """Flags as the texts name them: "TP=2, max_num_seqs=256" (tensor parallelism by its short name)."""
+    return sep.join(f"{'TP' if n == 'tensor_parallel_size' else n}={v}" for n, v in values.items())

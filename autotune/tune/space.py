@@ -170,10 +170,21 @@ class SearchSpace:
         A default the space does not allow (tensor_parallel_size 1 in a TP 2/4 space for a 70B model)
         takes the nearest allowed value: the baseline is "vLLM's defaults within this space".
         """
+        defaults = self._vllm_defaults(gpu_memory_gib, max_position_embeddings)
+        return {p.name: p.nearest(defaults[p.name]) for p in self.params if p.name in defaults}
+
+    def moved_defaults(self, gpu_memory_gib: float, max_position_embeddings: int | None) -> dict[str, Any]:
+        """vLLM's own default of each tuned parameter the space does not allow, by name: the baseline
+        takes the nearest allowed value instead, and its label must say so (tune/front.py)."""
+        defaults = self._vllm_defaults(gpu_memory_gib, max_position_embeddings)
+        base = self.baseline_params(gpu_memory_gib, max_position_embeddings)
+        return {name: defaults[name] for name, value in base.items() if value != defaults[name]}
+
+    def _vllm_defaults(self, gpu_memory_gib: float, max_position_embeddings: int | None) -> dict[str, Any]:
+        """vLLM's default of every flag for this GPU and model, the space's fixed flags set."""
         base = self.config({})
         resolved = base.with_vllm_defaults(gpu_memory_gib, self.gpu, max_position_embeddings or 0)
-        defaults = {**OTHER_FLAG_DEFAULTS, **resolved.params()}
-        return {p.name: p.nearest(defaults[p.name]) for p in self.params if p.name in defaults}
+        return {**OTHER_FLAG_DEFAULTS, **resolved.params()}
 
     def largest(self, name: str) -> Any:
         """The largest value flag `name` takes in this space (fixed or tuned), or None when unset."""

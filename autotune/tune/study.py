@@ -53,10 +53,17 @@ class StudySettings:
     load: str = ""  # how each config is measured: capacity or fixed (empty: not recorded)
     space_digest: str = ""  # SearchSpace.digest(): the flags tuned and fixed (empty: not recorded)
     noise: float | None = None  # the simulated backend's --noise (None: not recorded)
+    # vLLM's own defaults of the tuned flags the space does not allow (SearchSpace.moved_defaults): the
+    # baseline trial took the nearest allowed values instead (empty: none moved, or not recorded).
+    baseline_moved: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, stored as a study user attr."""
-        return {**self.__dict__, "sim_calibration": dict(self.sim_calibration)}
+        return {
+            **self.__dict__,
+            "sim_calibration": dict(self.sim_calibration),
+            "baseline_moved": dict(self.baseline_moved),
+        }
 
 
 @dataclass
@@ -74,6 +81,8 @@ class TrialRecord:
     metrics: dict[str, Any] = field(default_factory=dict)
     margins: dict[str, float] = field(default_factory=dict)
     baseline: bool = False
+    # the baseline's: vLLM's own defaults of the flags the space moved (StudySettings.baseline_moved)
+    vllm_defaults: dict[str, Any] = field(default_factory=dict)
     duplicate_of: int | None = None
     gpu_seconds: float = 0.0
     gpu_seconds_saved: float = 0.0  # what early abort spared this trial
@@ -267,7 +276,8 @@ def records(study: optuna.Study) -> list[TrialRecord]:
     model with the params it was given. Its failure is "interrupted".
     """
     out = []
-    model = study.user_attrs.get(SETTINGS_ATTR, {}).get("model", "")
+    settings = study.user_attrs.get(SETTINGS_ATTR, {})
+    model, moved = settings.get("model", ""), dict(settings.get("baseline_moved") or {})
     for t in study.get_trials(deepcopy=False):
         if t.state not in (TrialState.COMPLETE, TrialState.FAIL):
             continue
@@ -290,6 +300,7 @@ def records(study: optuna.Study) -> list[TrialRecord]:
                 metrics=dict(attrs.get("metrics", {})),
                 margins=margins_of(attrs),
                 baseline=bool(attrs.get("baseline")),
+                vllm_defaults=moved if attrs.get("baseline") else {},
                 duplicate_of=attrs.get("duplicate_of"),
                 gpu_seconds=float(attrs.get("gpu_seconds", 0.0)),
                 gpu_seconds_saved=float(attrs.get("gpu_seconds_saved", 0.0)),
