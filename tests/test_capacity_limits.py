@@ -8,16 +8,19 @@ import dataclasses
 import json
 from pathlib import Path
 
-from test_capacity import CONFIG, QUICK, WORKLOAD
+from test_capacity import CONFIG, QUICK, WORKLOAD, _window
 from test_study import OBJECTIVES, build_run
 
 from autotune.backends.sim import SimBackend
 from autotune.measure.capacity_report import KEEPING_UP, ProbeSummary
+from autotune.measure.evidence import UNSURE
+from autotune.measure.metrics import RequestRecord, compute_metrics
 from autotune.measure.slo import parse_slos
 from autotune.outputs import report
-from autotune.outputs.outcome import outcome
+from autotune.outputs.outcome import capacity_text, outcome
 from autotune.outputs.plots import _PROBE_LATENCIES, probe_points
 from autotune.trial.capacity import find_capacity
+from autotune.trial.probe import Probe
 from autotune.tune.study import records
 
 MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
@@ -70,3 +73,23 @@ def test_the_probe_plot_draws_every_probe_failing_ones_too(tmp_path: Path) -> No
         assert [rate for rate, _, _ in points] == sorted(p.rate for p in record.capacity.probes)
         assert any(not passed for _, value, passed in points if value is not None)  # a missed rate
         assert (30.0, None, False) in points  # and the one that ended without latencies
+
+
+def test_a_probe_shows_the_p99_its_verdict_rests_on_and_the_capacity_line_names_its_rate(
+    tmp_path: Path,
+) -> None:
+    """Windows at 1,240, 1,197 and 287 ms p99 TTFT, pooled, too close to call: the probe shows 1,240
+    (its worst), not its last window's 287. The capacity line's latency is the window at the capacity
+    (15.60 req/s), named so, not "at that rate" after the unconfirmed 16.03 req/s."""
+    windows = []
+    for ttft in (1.240, 1.197, 0.287):
+        window = _window(16.03, -0.002, 0.0015)
+        window.benchmark = compute_metrics([RequestRecord(100, 10, 0.0, ttft=ttft, latency=ttft + 1)], 1.0)
+        windows.append(window)
+    probe = Probe(16.03, windows, UNSURE, UNSURE, short_of=("ttft_p99=2s",)).summary()
+    assert (probe.p99_ttft_ms, probe.windows, probe.short_of) == (1240.0, 3, ("ttft_p99=2s",))
+    result = find_capacity(SimBackend("H100"), CONFIG, WORKLOAD, parse_slos(TIGHT), search=QUICK)
+    (record,) = records(build_run(tmp_path, [({"max_num_seqs": 2, "baseline": True}, result)]))
+    c = record.capacity
+    text = capacity_text(record, [TIGHT])
+    assert f"; at {c.rate:.2f} req/s p99_ttft_ms " in text and "at that rate" not in text

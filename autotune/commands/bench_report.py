@@ -216,6 +216,8 @@ def capacity_lines(capacity: dict[str, Any], slos: Sequence[Slo]) -> list[str]:
             f"{p['rate']:>8.2f}  {_num(p['served_rate']):>8}  {_num(p['p99_ttft_ms']):>11}  "
             f"{_num(p['p99_itl_ms']):>10}  {p['windows'] or 0:>7}  {(p['verdict'] or '').upper()}{failure}"
         )
+    if any((p["windows"] or 0) > 1 for p in capacity["probes"]):
+        lines.append(f"{'':>8}  (p99s of several windows: the worst one's; the verdict pools them all)")
     return lines
 
 

@@ -13,14 +13,15 @@ BUDGET_STOP = "the GPU-hour budget"  # how `stopped_by` starts where the run's b
 
 @dataclass(frozen=True)
 class ProbeSummary:
-    """One probed rate: its last window's figures and the verdict on all of its windows."""
+    """One probed rate: its last window's figures, its windows' worst p99s, and the verdict on all of
+    its windows."""
 
     rate: float
     served_rate: float | None = None
     backlog_growth: float | None = None
     backlog_filling: float | None = None
     kept_up: bool | None = None
-    p99_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None  # the highest of its windows' (the verdict pools them all)
     p99_itl_ms: float | None = None
     meets_slos: bool = False
     verdict: str | None = None  # PASS, FAIL or UNSURE (autotune/measure/evidence.py)

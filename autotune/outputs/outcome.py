@@ -359,7 +359,8 @@ def capacity_text(record: TrialRecord, slos: list[str]) -> str:
     else:
         text = head
     at = _slo_values(record, slos)
-    return f"{text}; at that rate {at}" if at else text
+    # the rate named: after "fell behind at" or "not confirmed at" another rate, "that rate" misleads
+    return f"{text}; at {c.rate:.2f} req/s {at}" if at else text
 
 
 def _slo_values(record: TrialRecord, slos: list[str]) -> str:

@@ -144,7 +144,7 @@ def plot_probes(path: Path, out: Outcome) -> Path | None:
     _legend(axes[0][0])
     fig.suptitle(
         "Capacity probes of the top configs (filled: passed; hollow: missed; x: failed, no latency; "
-        "dotted: saturation throughput)",
+        "dotted: saturation throughput; a probe of several windows: its worst p99)",
         fontsize=9,
     )
     fig.tight_layout()
