@@ -295,3 +295,14 @@ def test_a_baseline_the_space_moved_off_vllms_defaults_says_so_wherever_it_is_na
     assert "vLLM's defaults at max_num_seqs=256" in best["verdict"]
     html = (tmp_path / "runs/m/report.html").read_text()
     assert "<th>vLLM&#x27;s defaults at max_num_seqs=256 (baseline)</th>" in html
+
+
+def test_a_fixed_load_report_leaves_out_the_capacity_columns_as_the_summary_does(tmp_path: Path) -> None:
+    """No trial searched its capacity: the front in report.html has no empty "capacity (req/s)" and
+    "limited by" columns, as the printed front has none (a capacity run's keep them: test_capacity_limits)."""
+    out = outcome(records(three_trials(tmp_path)), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    report.write_all(tmp_path, out)
+    html = (tmp_path / "report.html").read_text()
+    front = html[html.index("<h2>Feasible Pareto front</h2>") : html.index("<h2>Failures")]
+    assert "capacity (req/s)" not in front and "limited by" not in front
+    assert "limited by" not in report.summary_text(out).splitlines()[1]

@@ -113,6 +113,11 @@ class Outcome:
             f"{_change(new, old)} ({fmt_number(new)} vs {fmt_number(old)})."
         )
 
+    def searched(self) -> bool:
+        """Whether the front's configs had their capacity searched: the front's capacity and "limited by"
+        columns are shown only then (a fixed load has nothing to put in them)."""
+        return any(r.capacity is not None for r in self.front)
+
     def per_replica(self) -> bool:
         """Whether the primary objective is a throughput per replica (not per GPU)."""
         name = self.objective_names[0]

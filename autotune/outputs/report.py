@@ -169,7 +169,7 @@ def _extra_columns(out: Outcome) -> dict[str, Any]:
         columns["GPUs"] = lambda r: str(gpus_per_replica(r.config))
         if out.per_replica():
             columns["per GPU vs baseline"] = lambda r: _gain_text(out.gain_per_gpu(r))
-    if any(r.capacity is not None for r in out.front):
+    if out.searched():
         columns["limited by"] = lambda r: limited_by(r) or "-"
     return columns
 

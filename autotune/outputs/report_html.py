@@ -155,7 +155,8 @@ def _front(out: Outcome) -> str:
     rows = sorted(out.front, key=lambda r: sign * (r.values or [0.0])[0])
     head = ["", "trial", "GPUs", *(metric_label(n) for n in out.objective_names), "vs baseline"]
     head += ["per GPU vs baseline"] if _per_gpu_column(out) else []
-    head += ["capacity (req/s)", "limited by", "config"]
+    head += ["capacity (req/s)", "limited by"] if out.searched() else []
+    head += ["config"]
     body = [_front_row(out, r) for r in rows]
     order = "highest" if out.maximize[0] else "lowest"
     title = (
@@ -196,8 +197,7 @@ def _front_row(out: Outcome, r: TrialRecord) -> tuple[str, list[str]]:
         *(fmt_number(v) for v in r.values or []),
         _pct(out.change(r)),
         *([_pct(out.gain_per_gpu(r))] if _per_gpu_column(out) else []),
-        fmt_number(capacity),
-        limited_by(r),
+        *([fmt_number(capacity), limited_by(r)] if out.searched() else []),
         short_params(r.params),
     ]
     return ("rec" if recommended else "", cells)
