@@ -72,10 +72,21 @@ def unbudgeted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 @pytest.fixture(scope="module")
 def two_trials(tmp_path_factory: pytest.TempPathFactory, unbudgeted: tuple[Path, str]) -> Path:
-    """A guided run stopped at two trials, for the tests that resume it (each on a copy)."""
+    """A guided run stopped at two trials, for the tests that resume it (each on a copy), with its
+    summary in summary.txt."""
     folder = _with_tables(_folder(tmp_path_factory.mktemp("two-trials")), unbudgeted)
-    guided_run(folder, "--n-trials", "2")
+    (folder / "summary.txt").write_text(guided_run(folder, "--n-trials", "2").stdout)
     return folder
+
+
+def test_a_guided_run_ended_by_n_trials_says_so_and_lists_every_file_it_wrote(two_trials: Path) -> None:
+    """guide.json's stop_reason is what the summary says (it was null), and the closing "Results:"
+    line names the guide's files too."""
+    guide = json.loads((two_trials / "runs/g/guide.json").read_text())
+    assert guide["stop_reason"] == "n-trials"
+    results = (two_trials / "summary.txt").read_text().splitlines()[-1]
+    assert results.startswith("Results: runs/g/ (") and "report.html" in results
+    assert all(f", {name}" in results for name in ("guide.json", "guide.png", "calibration.yaml"))
 
 
 def resumable(two_trials: Path, tmp_path: Path) -> Path:

@@ -61,7 +61,7 @@ def test_a_search_cut_before_any_rate_passed_is_told_as_cut_short_and_the_run_st
     assert "0 configs measured" in said  # --n-trials counts trials with a verdict, as a resume does
     # The summary says why nothing is recommended, and lists only the files written (no best.sh).
     assert "No verdict: the trial was cut short by --gpu-hours before reaching one" in said
-    assert "runs/g/ (trials.csv, pareto.csv, best.json, pareto.png, report.html)" in said
+    assert "runs/g/ (trials.csv, pareto.csv, best.json, pareto.png, report.html, guide.json" in said
     assert not (tmp_path / "runs/g/best.sh").exists()
 
 

@@ -306,3 +306,26 @@ def test_a_fixed_load_report_leaves_out_the_capacity_columns_as_the_summary_does
     front = html[html.index("<h2>Feasible Pareto front</h2>") : html.index("<h2>Failures")]
     assert "capacity (req/s)" not in front and "limited by" not in front
     assert "limited by" not in report.summary_text(out).splitlines()[1]
+
+
+def test_a_guided_notes_best_so_far_is_the_highest_measured_and_its_table_lists_the_defaults(
+    tmp_path: Path,
+) -> None:
+    """The guide's pick #0 measured 4,828, vLLM's defaults #1 4,757: a tie, the defaults kept. The note's
+    "best feasible so far" is #0 (the progress line's), not the kept defaults, and its guided table
+    lists the defaults too (they are not the guide's pick, but it measured them)."""
+    study = build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 512}, bracketed(4828, 0.028, ttft_ms=401, itl_ms=125)),
+            ({"max_num_seqs": 1024, "baseline": True}, bracketed(4757, 0.028, ttft_ms=369, itl_ms=175)),
+        ],
+    )
+    recs = records(study)
+    recs[0].user_attrs["guide"] = {"predicted": 4828.4, "by": "best predicted"}
+    out = outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    assert out.decision.keeps_defaults and out.best.number == 1
+    note = note_markdown("g", out)
+    assert "**Best feasible so far:** trial #0, output_throughput 4,828 (+1.5% vs the baseline #1)" in note
+    assert "| #0 | best predicted | 4,828.4 | 4,828.0 |" in note
+    assert "| #1 | vLLM's defaults | - | 4,757.0 |" in note

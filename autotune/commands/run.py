@@ -305,7 +305,7 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
             guide=guide,
         )
         summary = run_end.run_tuner(tuner, study, s.run_dir)
-        finish_guided(guide, study, s.run_dir, summary.halted or summary.stop_reason)
+        finish_guided(guide, study, s.run_dir, summary.ended_by())
     except RunFailure as exc:
         if isinstance(exc, ClusterLost):  # the storage is fine: the results are written as after Ctrl-C
             stopped = (guide, "the Ray cluster was lost")

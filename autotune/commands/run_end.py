@@ -84,9 +84,10 @@ def write_results(
     has every trial). `stopped`: a guided search cut short (Ctrl-C, a lost cluster) and why: its
     guide.json and calibration.yaml are written first (best.json quotes guide.json); a run that ended
     wrote them with its summary."""
-    from autotune.commands.run_guide import write_guided
+    from autotune.commands.run_guide import CALIBRATION_FILE, write_guided
     from autotune.core.interrupts import deferred_ctrl_c
     from autotune.outputs import report
+    from autotune.outputs.guide_view import GUIDE_FILE, PLOT_FILE
     from autotune.outputs.outcome import outcome as read_outcome
     from autotune.store.storage import storage_error
     from autotune.tune.remeasure import StoredRepeats
@@ -111,6 +112,9 @@ def write_results(
                 StoredRepeats.of(study),
             )
             files = [p.name for p in report.write_all(s.run_dir, outcome)] if recs else []
+            # a guided run's own files, written beside them (guide.png by report.html's section)
+            guided = (GUIDE_FILE, PLOT_FILE, CALIBRATION_FILE) if s.guide_calibration is not None else ()
+            files += [name for name in guided if (s.run_dir / name).exists()]
             out = outcome, files
             if recs and note is not None:
                 note.update(force=True)

@@ -113,6 +113,7 @@ class StudyNote:
 def note_markdown(name: str, out: Any) -> str:
     """The study's note: what is tuned, how far the run is, what it recommends so far, what failed."""
     from autotune.outputs.outcome import SIMULATED_NOTE, fmt_number
+    from autotune.tune.front import defaults_label
 
     ctx = out.context
     told = len(out.records)
@@ -129,20 +130,24 @@ def note_markdown(name: str, out: Any) -> str:
         f"(updated {time.strftime('%H:%M:%S')})",
         "",
     ]
-    base = out.baseline
-    if out.best is not None:
+    base, top = out.baseline, out.highest()
+    if top is not None:  # the progress line's best: the recommendation below may be another (a tie)
         unit = out.objective_names[0]
-        value = fmt_number((out.best.values or [0.0])[0])
-        change = out.change(out.best)
+        value = fmt_number((top.values or [0.0])[0])
+        change = out.change(top)
         vs = f" ({change * 100:+.1f}% vs the baseline #{base.number})" if change is not None and base else ""
-        lines += [f"**Best feasible so far:** trial #{out.best.number}, {unit} {value}{vs}", ""]
+        lines += [f"**Best feasible so far:** trial #{top.number}, {unit} {value}{vs}", ""]
     if base is not None and base.values:
         status = "feasible" if base.feasible else base.failure or "violates the SLOs"
         base_values = ", ".join(
             f"{n} {fmt_number(v)}" for n, v in zip(out.objective_names, base.values, strict=False)
         )
-        lines += [f"**Baseline (vLLM's defaults), trial #{base.number}:** {base_values} ({status})", ""]
+        lines += [
+            f"**Baseline ({defaults_label(base)}), trial #{base.number}:** {base_values} ({status})",
+            "",
+        ]
     lines += ["### Recommendation", out.verdict()]
+    lines += [out.progress_note()] if out.progress_note() else []
     if out.decision.gain is not None and out.decision.gain.percent() not in out.verdict():
         lines.append(f"Gain: {out.gain_text()}")
     lines += [f"**{note}**" for note in out.noise_notes()]

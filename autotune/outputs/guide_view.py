@@ -209,17 +209,21 @@ def guide_html(run_dir: Path, escape: Any, metric: str) -> str:
 
 
 def note_lines(records: Sequence[Any], budget_h: float | None) -> list[str]:
-    """The dashboard note's lines of a guided run (none when no trial was chosen by the guide)."""
-    chosen = [r for r in records if isinstance(r.user_attrs.get("guide"), dict)]
-    if not chosen:
+    """The dashboard note's lines of a guided run (none when no trial was chosen by the guide): every
+    trial it measured, its picks and vLLM's defaults (whose prediction, not stored on the trial, is in
+    guide.json at the end)."""
+    if not any(isinstance(r.user_attrs.get("guide"), dict) for r in records):
         return []
+    shown = [r for r in records if isinstance(r.user_attrs.get("guide"), dict) or r.baseline]
     spent = sum(r.gpu_seconds for r in records if r.launched and r.duplicate_of is None) / 3600
     of = f" of {budget_h:g}" if budget_h else ""
-    lines = ["", "### Guided search", f"**GPU-hours:** {spent:.2f}{of}  ", "| trial | predicted | measured |"]
-    lines.append("|---|---|---|")
-    for r in chosen:
+    lines = ["", "### Guided search", f"**GPU-hours:** {spent:.2f}{of}  "]
+    lines += ["| trial | chosen by | predicted | measured |", "|---|---|---|---|"]
+    for r in shown:
         measured = _num((r.values or [None])[0] if r.feasible else None, "infeasible")
-        lines.append(f"| #{r.number} | {_num(r.user_attrs['guide'].get('predicted'))} | {measured} |")
+        guide = r.user_attrs.get("guide") or {}
+        by = guide.get("by") or "vLLM's defaults"
+        lines.append(f"| #{r.number} | {by} | {_num(guide.get('predicted'))} | {measured} |")
     return lines
 
 

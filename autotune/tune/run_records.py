@@ -35,3 +35,12 @@ class RunSummary:
     stop_reason: str | None = None  # why a guided run stopped early (tune/guided.py)
     unstarted: int = 0  # of the completed: failed to start (served no load: not measured)
     halted: str | None = None  # why the run halted: its first launched trials all failed alike (tune/halt.py)
+
+    def ended_by(self) -> str:
+        """Why the loop ended, in a few words: a halt, a guided stop, the timeout, the sampler's
+        convergence, or else --n-trials reached (guide.json and the summary say the same)."""
+        if self.halted or self.stop_reason:
+            return str(self.halted or self.stop_reason)
+        if self.timed_out:
+            return "timeout"
+        return "the sampler converged" if self.converged else "n-trials"
