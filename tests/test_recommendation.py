@@ -413,3 +413,19 @@ def test_a_capacity_search_that_confirmed_no_rate_says_so_not_violates_slo(tmp_p
     assert float(rows["0"]["margin_ttft_p99"]) < 0
     assert rows["1"]["reason"] == "violates SLO" and float(rows["1"]["margin_ttft_p99"]) > 0
     assert "baseline (no rate confirmed" in report.summary_text(out)
+
+
+def test_a_config_that_failed_before_any_measurement_has_empty_margins_in_trials_csv(tmp_path: Path) -> None:
+    """Its constraints are told as 100 (a placeholder that ranks it below any measured config): trials.csv
+    writes no margin for it, as it writes no objective value."""
+    outcomes = [
+        ({"max_num_seqs": 1024, "baseline": True}, ok(1500, 1000, 30)),
+        ({"max_num_seqs": 4096}, None),
+    ]
+    out = outcome(records(build_run(tmp_path, outcomes)), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    assert out.records[1].margins == {"ttft_p99": 100.0}  # what the sampler reads is unchanged
+    report.write_all(tmp_path / "out", out)
+    with (tmp_path / "out" / "trials.csv").open() as f:
+        rows = {row["trial"]: row for row in csv.DictReader(f)}
+    assert rows["1"]["reason"] == "kv_cache_oom" and rows["1"]["margin_ttft_p99"] == ""
+    assert rows["1"]["output_throughput"] == "" and float(rows["0"]["margin_ttft_p99"]) < 0

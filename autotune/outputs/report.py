@@ -126,12 +126,15 @@ def _row(r: TrialRecord, out: Outcome) -> dict[str, Any]:
         "message": r.message,
     }
     row.update(r.params)
+    # A failure before any measurement was told placeholder values (a throughput of 0, margins of 100 for
+    # the sampler's constraints): an empty cell says nothing was measured.
+    measured = r.failure is None or bool(r.metrics)
     for name, value in zip(out.objective_names, r.values or [None] * len(out.objective_names), strict=False):
-        row[name] = value if r.failure is None or r.metrics else None
+        row[name] = value if measured else None
     if out.repeats.values.get(str(r.number)) and r.values:  # the mean the pick rests on, beside run 1's
         runs = runs_of(r, out.repeats.values)
         row |= {"remeasured_runs": len(runs), "remeasured_mean": statistics.fmean(runs)}
-    row.update({f"margin_{k}": v for k, v in r.margins.items()})
+    row.update({f"margin_{k}": v if measured else None for k, v in r.margins.items()})
     fallback = _summary_fallbacks(r)
     for key in SUMMARY_METRICS:
         value = r.metrics[key] if key in r.metrics else fallback.get(key)
