@@ -44,3 +44,24 @@ def test_the_dashboard_command_gives_an_older_study_its_note(tmp_path: Path) -> 
     _write_note(load_run(tmp_path))
     note = get_note(optuna.load_study(study_name="unit", storage=load_run(tmp_path).storage))
     assert "## autotune: unit" in note and "kv_cache_oom" in note and "trial #0" in note
+
+
+def test_the_note_says_the_dashboards_best_trials_ignore_the_slos(tmp_path: Path) -> None:
+    """optuna-dashboard 0.21's best_trials is the Pareto front of every trial, constraints unread (its
+    `_pareto_front.py`), so a study where nothing meets the SLO lists its violating trials as best: no
+    storage key changes that, so the study's note says it."""
+    from autotune.outputs.dashboard import note_markdown
+    from autotune.outputs.outcome import outcome
+    from autotune.tune.study import records
+
+    study = build_run(tmp_path, [({"max_num_seqs": 64, "baseline": True}, ok(4000, 2500, 20))])  # misses
+    server = start_dashboard(load_run(tmp_path).storage)
+    try:
+        base = server.url.removesuffix("/dashboard/")
+        detail = httpx.get(f"{base}/api/studies/{study._study_id}", params={"after": 0}, timeout=10).json()
+        assert [t["number"] for t in detail["best_trials"]] == [0]  # infeasible, yet "best"
+    finally:
+        server.stop()
+    names = ["output_throughput", "p99_ttft_ms", "p99_itl_ms"]
+    out = outcome(records(study), names, [True, False, False], ["ttft_p99=2s"])
+    assert out.front == [] and "SLO-violating ones included" in note_markdown("unit", out)

@@ -172,6 +172,12 @@ def note_markdown(name: str, out: Any) -> str:
         "feasibility* on the study's main page colours it. A config that failed or was rejected is told "
         f"{_failed_told(out.maximize)}, so it sits in the worst corner of Optuna's own plots instead of "
         "stretching their scales.",
+        "",
+        # 0.21 computes them with a copy of Optuna 3's Pareto front, which reads no constraints in any
+        # storage format (optuna_dashboard/_app.py, _pareto_front.py): the note says so instead.
+        "The dashboard's own *best trials* are the Pareto front of every trial, SLO-violating ones "
+        "included: optuna-dashboard does not read the SLO constraints there. The feasible front is the "
+        "figure above, the recommendation and report.html's.",
     ]
     return "\n".join(lines)
 
