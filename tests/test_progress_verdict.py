@@ -134,7 +134,7 @@ def test_a_pick_by_the_mean_of_repeats_says_so_and_shows_the_runs(tmp_path: Path
     verdict, note = out.verdict(), out.progress_note()
     assert out.decision.keeps_defaults and out.decision.candidate.number == 2
     assert "Mean output_throughput of 3 runs each: #2 4,668, #0 (the defaults) 4,648, #1 4,403." in verdict
-    assert "The best config by those means (trial #2) differs by +0.5 %" in verdict
+    assert "The best config by the mean of its runs (trial #2) differs by +0.5 %" in verdict
     assert "near-tie" not in verdict and "Trial #2 vs the defaults in their first runs:" in verdict
     assert note.endswith("was its first run; the mean of its 3 runs, 4,403, is below trial #2's, 4,668.")
     assert "lowest latencies" not in note

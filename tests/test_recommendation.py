@@ -330,7 +330,9 @@ def test_a_near_tie_below_in_every_repeat_is_named_by_what_broke_the_tie(tmp_pat
     repeats = {"1": {"1": 1100.0, "2": 1080.0}, "0": {"1": 1000.0, "2": 1000.0}}
     d = decide(records(study), [False, True], objectives.names, repeats)
     assert d.keeps_defaults and d.candidate.number == 1 and d.gain is not None and d.gain.high < 1
-    assert "The near-tie by those means with the best output_throughput (trial #1) measured below" in d.text
+    assert (
+        "The near-tie by the mean of its runs with the best output_throughput (trial #1) measured" in d.text
+    )
     assert "latency" not in d.text
 
 

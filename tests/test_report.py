@@ -73,8 +73,9 @@ def test_outcome_shows_the_gain_and_says_what_to_know(tmp_path: Path) -> None:
     )
     kept = outcome(records(tie), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
     assert kept.best is not None and kept.best.number == 0  # a 0.5 % gain is a tie: keep the defaults
-    assert kept.flags() == [
-        "the best config found (#1) gains less than the measurement's margin (1.0%): vLLM's defaults are kept"
+    assert kept.flags() == [  # named as the verdict names it: the tie rule picked #1, at +0.5 %
+        "the lowest-latency near-tie (trial #1) differs by +0.5 %, not clearly beyond the measurement's "
+        "margin of 1.0%: vLLM's defaults are kept"
     ]
 
 
@@ -140,8 +141,8 @@ def test_cost_view_and_sizing(tmp_path: Path) -> None:
     assert (view.spent_h, view.saved_abort_h) == (5520 / 3600, 0.5)
     assert view.saved_screen_h == 120 / 3600  # the median launched startup failure, per screened config
     assert view.text() == (
-        "GPU time spent 1.53 GPU-h; saved about 0.50 h by early abort (1 trials) and "
-        "0.03 h by screening (1 configs not launched)."
+        "GPU time spent 1.53 GPU-h; saved about 0.50 h by early abort (1 trial) and "
+        "0.03 h by screening (1 config not launched)."
     )
     best = recs[1]  # 10 req/s served (fixed load), 480 output tokens per request, TP 1
     size = sizing(best, target_rate=35.0, gpu_price=2.0)

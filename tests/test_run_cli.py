@@ -268,3 +268,21 @@ def test_the_summary_says_launched_configs_that_never_served_were_not_measured(
     assert (
         "50 configs measured, 0 duplicate suggestions answered from earlier results, 10 suggestions" in said
     )
+
+
+def test_the_summary_counts_one_of_a_kind_in_the_singular(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """'1 duplicate suggestions' read as a typo: one of each is singular, in the cost sentence too."""
+    from autotune.outputs.cost import CostView
+
+    cost = CostView(0.2, saved_abort_h=0.03, saved_screen_h=0.1, aborted=1, screened=1, simulated=True)
+    out = type("Out", (), {"cost": cost})()
+    one = RunSummary(completed=1, rejected=1, told=3, wall_s=1.0, duplicates=1, repeated=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("autotune.outputs.report.summary_text", lambda _: "")
+        print_summary((out, []), one, tmp_path)
+    said = capsys.readouterr().out
+    assert "1 config measured, 1 duplicate suggestion answered from earlier results, 1 suggestion " in said
+    assert "; 1 re-measurement of the top" in said
+    assert "by early abort (1 trial)" in said and "by screening (1 config not launched)" in said

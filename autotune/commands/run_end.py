@@ -139,6 +139,7 @@ def stop(lease: Any, dashboard: Any, run_dir: Path, write_lease: bool = True) ->
 
 def print_summary(written: Any, summary: Any, run_dir: Path) -> None:
     """The front, the recommendation and what the run did, on stdout."""
+    from autotune.core.values import counted
     from autotune.outputs import report
 
     out, files = written
@@ -146,12 +147,11 @@ def print_summary(written: Any, summary: Any, run_dir: Path) -> None:
     ended = " (timeout)" if summary.timed_out else ""
     converged = " (the sampler converged: it proposed only measured configs)" if summary.converged else ""
     if summary.repeated:
-        plural = "s" if summary.repeated > 1 else ""
-        ended += f"; {summary.repeated} re-measurement{plural} of the top configs and the baseline"
+        ended += f"; {counted(summary.repeated, 're-measurement')} of the top configs and the baseline"
     cost = out.cost.text() if out.cost is not None else ""
     print(
-        f"\n{_measured_text(summary)}, {summary.duplicates} duplicate suggestions answered from "
-        f"earlier results{converged}, {summary.rejected} suggestions rejected "
+        f"\n{_measured_text(summary)}, {counted(summary.duplicates, 'duplicate suggestion')} answered from "
+        f"earlier results{converged}, {counted(summary.rejected, 'suggestion')} rejected "
         f"before launch ({summary.screened} predicted to fail to start); {summary.told} told this run in "
         f"{summary.wall_s:.0f} s{ended}; {cost}"
         f"\nResults: {run_dir}/ ({', '.join(files) or 'nothing written: no trial finished'})"
@@ -160,7 +160,10 @@ def print_summary(written: Any, summary: Any, run_dir: Path) -> None:
 
 def _measured_text(summary: Any) -> str:
     """'N configs measured'; where some failed to start (never served: not measured), both counts."""
+    from autotune.core.values import counted
+
     if not summary.unstarted:
-        return f"{summary.completed} configs measured"
+        return f"{counted(summary.completed, 'config')} measured"
     measured = summary.completed - summary.unstarted
-    return f"{summary.completed} configs launched, {measured} measured ({summary.unstarted} failed to start)"
+    launched = counted(summary.completed, "config")
+    return f"{launched} launched, {measured} measured ({summary.unstarted} failed to start)"

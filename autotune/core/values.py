@@ -158,3 +158,8 @@ def fmt_number(value: Any) -> str:
     if isinstance(value, int) or abs(value) >= 100:
         return f"{value:,.0f}"
     return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
+
+
+def counted(n: int, noun: str) -> str:
+    """`n` and `noun`, plural unless n is 1: "1 trial", "0 trials", "3 duplicate suggestions"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autotune.core.config import gpus_per_replica
+from autotune.core.values import counted
 from autotune.tune.progress import clock
 from autotune.tune.study import TrialRecord
 
@@ -44,9 +45,10 @@ class CostView:
         kind = "simulated " if self.simulated else ""
         saved = []
         if self.aborted:
-            saved.append(f"{self.saved_abort_h:.2f} h by early abort ({self.aborted} trials)")
+            saved.append(f"{self.saved_abort_h:.2f} h by early abort ({counted(self.aborted, 'trial')})")
         if self.screened:
-            saved.append(f"{self.saved_screen_h:.2f} h by screening ({self.screened} configs not launched)")
+            not_launched = f"{counted(self.screened, 'config')} not launched"
+            saved.append(f"{self.saved_screen_h:.2f} h by screening ({not_launched})")
         tail = f"; saved about {' and '.join(saved)}" if saved else ""
         repeats = f", {self.repeats_h:.2f} of them re-measuring the top configs" if self.repeats_h else ""
         return f"{kind}GPU time spent {self.spent_h:.2f} GPU-h{repeats}{self._on_real_gpus()}{tail}."

@@ -26,6 +26,7 @@ from autotune.tune.recommendation import (
     Recommendation,
     decide,
     latencies_break_ties,
+    pick_name,
     remeasured_runs,
     resolution_of,
     runs_of,
@@ -274,12 +275,15 @@ class Outcome:
             why = self.baseline.failure or "violates the SLOs"
             what = "vLLM's default config is" if label == "vLLM's defaults" else f"{label} are"
             out.append(f"{what} infeasible here ({why})")
-        gain = self.decision.gain
-        if gain is not None and not gain.significant:
-            found = self.decision.candidate.number if self.decision.candidate else "?"
+        gain, candidate = self.decision.gain, self.decision.candidate
+        if gain is not None and not gain.significant and candidate is not None:
+            # named as the verdict names it: a tie rule's pick is not "the best config found"
+            who = pick_name(
+                self.objective_names, candidate, self.records, self.maximize[0], self.repeats.values
+            )
             out.append(
-                f"the best config found (#{found}) gains less than the measurement's margin "
-                f"({gain.margin:.1%}): vLLM's defaults are kept"
+                f"{who[0].lower()}{who[1:]} differs by {gain.figure(gain.ratio)}, not clearly beyond the "
+                f"measurement's margin of {gain.margin:.1%}: {label} are kept"
             )
         if self.best is not None:
             resolution = resolution_of(self.best)

@@ -155,7 +155,7 @@ def _decide(
     if gain.significant:
         text = f"Recommended: trial #{candidate.number}: {name} {gain.percent()} vs {defaults}.{means}"
         return Recommendation(candidate, candidate, base, gain, False, text)
-    found = _near_tie(objective_names, candidate, recs, maximize[0], remeasured)
+    found = pick_name(objective_names, candidate, recs, maximize[0], remeasured)
     if gain.low < gain.high < 1:
         # Tied on its first run (picked by the tie-break), but every repeat measured it below the defaults.
         text = (
@@ -235,18 +235,19 @@ def tie_breakers(objective_names: Sequence[str]) -> str:
     return f"the best {', '.join(rest)}" + (" together" if len(rest) > 1 else "")
 
 
-def _near_tie(
+def pick_name(
     objective_names: Sequence[str],
     candidate: TrialRecord,
     recs: Sequence[TrialRecord],
     maximize: bool,
     remeasured: Mapping[str, Mapping[str, float]],
 ) -> str:
-    """The config a tie rule picked, named by what picked it (the best one found when nothing breaks ties;
-    with repeats, "by those means": the mean of its runs, not its first run, ranked it)."""
+    """The config weighed against the baseline (the verdict's, flags_to_know's), named by what picked it:
+    a tie rule, or the best one found when nothing breaks ties; with repeats, "by the mean of its runs",
+    not its first run."""
     number = candidate.number
     runs = remeasured_runs(recs, remeasured, maximize)
-    means = " by those means" if runs else ""
+    means = " by the mean of its runs" if runs else ""
     if runs and runs[0][0].number == number:
         return f"The best config{means} (trial #{number})"  # the highest mean: no tie rule picked it
     if latencies_break_ties(objective_names):
