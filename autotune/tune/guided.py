@@ -84,6 +84,9 @@ class GuidedSearch(GuideBelief):
         self.refit = refit  # None: the guide keeps its calibration, the residual model alone corrects it
         self.baseline = dict(baseline) if baseline is not None else None
         self.stop_reason: str | None = None
+        # The stop holds but trials still run: start nothing more, and decide once their measurements
+        # are in (one may move the guide's speed, and with it the bound)
+        self.holding = False
         self.bursts = BurstCheck()  # the measured trials' bursts replayed (tune/guide_check.py)
 
     def hint_rate(self, trial: optuna.Trial) -> float | None:
@@ -119,8 +122,10 @@ class GuidedSearch(GuideBelief):
         self, study: optuna.Study, busy: Collection[str] = (), reserved_s: float | None = None
     ) -> str | None:
         """Enqueue the next config to measure, or return why the run stops. Nothing is enqueued while a
-        trial waits in the study (the defaults, or an earlier pick not yet asked). `reserved_s`: the
+        trial waits in the study (the defaults, or an earlier pick not yet asked), nor while the stop
+        holds with trials running (`holding`: it is decided once they end). `reserved_s`: the
         running trials' budget caps (tune/guide_budget.py), charged instead of a next trial's each."""
+        self.holding = False
         if any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
             return None
         observed = self.observations(study)
@@ -203,7 +208,7 @@ class GuidedSearch(GuideBelief):
         level = self.model(observed, local=False) if worst is not None and self.options.level else None
         mean, sd = self.believed(observed, free, model, level)
         best = self.incumbent(observed, level or model)
-        stoppable = best is not None and len(observed) >= MIN_MEASURED and not busy
+        stoppable = best is not None and len(observed) >= MIN_MEASURED
         error = self._base[0].estimate_error()
         if worst is not None and stoppable and self._settle(observed, free, mean, best, error):  # type: ignore[arg-type]
             free = self._free(tried)
@@ -214,6 +219,9 @@ class GuidedSearch(GuideBelief):
         bound = float(np.max(upper))  # the best any untried config may be (95 %)
         if stoppable:
             target = best + math.log1p(self.options.resolution)  # type: ignore[operator]
+            if bound < target and busy:
+                self.holding = True
+                return None
             if bound < target:
                 checked = f", fitting every trial's bursts ({worst.shape:.1%} RMS)," if worst else ""
                 return (

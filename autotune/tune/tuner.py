@@ -282,12 +282,13 @@ class Tuner:
         return self.guide is not None and self.guide.waits(self.study, busy, self._reserved_s())
 
     def _guide_stops(self) -> bool:
-        """A guided run: the guide enqueues the next config, or says why the run stops."""
+        """A guided run: the guide enqueues the next config, says why the run stops, or holds (its stop
+        holds while trials still run: nothing starts until they end, and it decides then)."""
         if self.guide is None:
             return False
         busy = [p.key for p in (*self._running.values(), *self._queued)]
         self._stop_reason = self.guide.step(self.study, busy, self._reserved_s())
-        return self._stop_reason is not None
+        return self._stop_reason is not None or self.guide.holding
 
     def _converged(self) -> bool:
         return self._tally.duplicate_streak >= MAX_DUPLICATES_IN_A_ROW
