@@ -15,6 +15,7 @@ from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.engine import SimEngine
 from autotune.sim.memory import MemoryPlan
 from autotune.sim.noise import StepNoise
+from autotune.sim.prefixes import text_prefixes
 from autotune.sim.state import EngineStats
 from autotune.workloads.spec import Request
 
@@ -52,7 +53,10 @@ def simulate(
     """
     chat = api == "chat"
     engine = SimEngine(config, gpu, noise, calibration)
-    order = sorted(requests, key=lambda r: (r.arrival_time, r.request_id))
+    # Text prompts (JSONL) share prefixes as the sim-server finds them in what it is sent.
+    order = text_prefixes(
+        sorted(requests, key=lambda r: (r.arrival_time, r.request_id)), engine.config.block_size
+    )
     slots = [0.0] * max_concurrency if max_concurrency else None  # times at which slots became free
     records: dict[int, RequestRecord] = {}
     i = 0

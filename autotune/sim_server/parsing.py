@@ -13,7 +13,7 @@ What the simulation cannot know, and what it does instead:
     which runs to it) finishes "length".
   - Prefix caching needs to know which requests share a prompt prefix: requests are grouped by their
     first block of tokens (or characters) and share their longest common prefix with the group's
-    first request (`PrefixIndex`).
+    first request (`autotune.sim.prefixes.PrefixIndex`, which the in-process replay uses too).
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.sim.prefixes import PrefixIndex, text_index
 from autotune.sim_server.sampling import engine_problem, min_tokens, sampling_problem
 from autotune.workloads.spec import CHARS_PER_TOKEN
 
@@ -33,54 +32,7 @@ DEFAULT_OUTPUT_TOKENS = 256  # simulated answer length when a request sets no ma
 CHAT_TOKENS_PER_MESSAGE = 5  # role header and end-of-turn tokens of a typical chat template
 CHAT_TOKENS_FIXED = 4  # BOS plus the assistant header that starts the answer
 _INT_TYPES = frozenset((int, bool))
-PREFIX_GROUPS = 4096  # prefix groups remembered (LRU)
 DEFAULT_MAX_N = 16384  # vLLM's default VLLM_MAX_N_SEQUENCES
-
-
-class PrefixIndex:
-    """Groups prompts by their first block and finds how much each shares with its group's first prompt.
-
-    The simulated engine models prefix sharing as (prefix_id, prefix_len): requests with the same
-    prefix_id share their first prefix_len tokens. A group's first request claims its whole prompt,
-    so any later prompt that shares its first block reuses the common part.
-    """
-
-    def __init__(self, unit: int, capacity: int = PREFIX_GROUPS, ids: Iterator[int] | None = None) -> None:
-        self.unit = unit  # items per block (tokens, or characters for text)
-        self.capacity = capacity
-        self._groups: OrderedDict[Any, tuple[int, Sequence]] = OrderedDict()
-        # Indexes of one engine share their ids: the engine caches blocks by (prefix_id, i), so a text
-        # group and a token-id group with the same id would hit each other's blocks.
-        self._ids = ids if ids is not None else itertools.count()
-
-    def match(self, items: Sequence) -> tuple[int | None, int]:
-        """(prefix_id, shared items) for a prompt given as token ids or text."""
-        if len(items) < self.unit:
-            return None, 0
-        key = tuple(items[: self.unit]) if isinstance(items, list) else items[: self.unit]
-        group = self._groups.get(key)
-        if group is None:
-            group = (next(self._ids), items)
-            self._groups[key] = group
-            if len(self._groups) > self.capacity:
-                self._groups.popitem(last=False)
-            return group[0], len(items)
-        self._groups.move_to_end(key)
-        return group[0], _common_prefix(group[1], items)
-
-
-def _common_prefix(a: Sequence, b: Sequence) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # binary search on equal slices: C-speed comparisons instead of a Python loop
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def estimate_text_tokens(text: str) -> int:
@@ -172,7 +124,7 @@ class RequestParser:
         self.vocab_size = vocab_size
         ids = itertools.count()
         self._token_prefixes = PrefixIndex(block_size, ids=ids)
-        self._text_prefixes = PrefixIndex(block_size * CHARS_PER_TOKEN, ids=ids)
+        self._text_prefixes = text_index(block_size, ids=ids)
 
     def parse(self, body: Any, chat: bool) -> ParsedRequest:
         """Validate a request body the way vLLM does; BadRequest otherwise."""
@@ -199,8 +151,7 @@ class RequestParser:
             except ValueError as exc:
                 raise BadRequest(str(exc)) from None
             prompt_tokens = estimate_text_tokens(text) + template
-            prefix = self._text_prefixes.match(text)
-            prefix = (prefix[0], prefix[1] // CHARS_PER_TOKEN)
+            prefix = self._text_prefixes.match_text(text)
             # vLLM's `max_completion_tokens or max_tokens` (vllm/entrypoints/utils.py get_max_tokens): a
             # null (or 0) max_completion_tokens falls back to max_tokens
             max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
@@ -252,8 +203,7 @@ class RequestParser:
         if isinstance(prompt, str):
             if not prompt:
                 raise BadRequest("Prompt cannot be empty")
-            shared = self._text_prefixes.match(prompt)
-            return estimate_text_tokens(prompt), (shared[0], shared[1] // CHARS_PER_TOKEN)
+            return estimate_text_tokens(prompt), self._text_prefixes.match_text(prompt)
         # Only ints (bools are ints) pass; JSON has no other int types. map/set: C speed on long prompts.
         if isinstance(prompt, list) and prompt and set(map(type, prompt)) <= _INT_TYPES:
             top = max(prompt)
