@@ -178,3 +178,14 @@ def test_text_prompts_share_the_prefix_cache_in_process_as_on_the_sim_server(
             assert main(["bench", "--workload", str(path), *where, "--json"]) == 0
             rates.append(json.loads(capsys.readouterr().out)["prefix_cache_hit_rate"])
     assert rates[0] > 0.8 and rates[0] == pytest.approx(rates[1], abs=0.01)
+
+
+def test_bench_url_twice_on_one_server_shares_no_prefix_cache(
+    workload: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each run salts its prompts from a random base: a second run on the same server misses the first
+    one's cache (salts restarted at 0 in every process, so it hit every prompt)."""
+    with start_sim_server([MODEL, "--max-model-len", "4096"]) as server:
+        for _ in range(2):
+            assert main(["bench", "--url", server.base_url, "--workload", workload, "--json"]) == 0
+            assert json.loads(capsys.readouterr().out)["prefix_cache_hit_rate"] == 0

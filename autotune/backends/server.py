@@ -41,6 +41,7 @@ from autotune.core.secrets import scrub
 from autotune.measure.result import TrialResult
 from autotune.measure.server_report import EngineFacts, ServerReport
 from autotune.measure.slo import Slo
+from autotune.workloads.spec import salt_base
 
 LOG_NAME = "server.log"
 LOG_TAIL_LINES = 40
@@ -91,7 +92,9 @@ class ServerSession:
     """One launched server: started once (launch, /health, warm-up), then measured load by load.
 
     Every load (the warm-up too) gets its own prompt salt, so no load hits the prefix cache with an
-    earlier one's prompts. Before each load the server must be idle: no request running or waiting.
+    earlier one's prompts; the salts count from a random base, so neither does a load on a server an
+    earlier process measured (`bench --url` run again). Before each load the server must be idle: no
+    request running or waiting.
     """
 
     def __init__(
@@ -114,7 +117,7 @@ class ServerSession:
         self._handle: ServerHandle | None = None
         self._failure: TrialResult | None = None  # once set, the server is unusable (see `alive`)
         self._startup_s = 0.0  # reported by the first measurement only
-        self._salts = itertools.count()
+        self._salts = itertools.count(salt_base())
 
     @property
     def alive(self) -> bool:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ from autotune.core.api_keys import client_api_key
 from autotune.core.errors import AutotuneError, RunFailure
 from autotune.measure.loadgen import CHAT, COMPLETIONS, run_load
 from autotune.measure.metrics import RequestRecord, compute_metrics
-from autotune.workloads.spec import Request
+from autotune.workloads.spec import Request, salt_base
 
 Progress = Callable[[str], None]
 REQUEST_TIMEOUT_S = 600.0
@@ -120,9 +119,8 @@ def measure_points(
     leaves. Run n's prompts are salted base + n, base random per call (a campaign)."""
     say = progress or (lambda line: None)
     kept = keep or (lambda point, seconds: None)
-    # Random in 2**62: two campaigns' few salts overlap with negligible probability (and never the
-    # warm-up's 10**6, which may repeat: it only pays the server's one-time costs).
-    base = secrets.randbelow(2**62) + 10**7
+    # The warm-up's salt 10**6 may repeat: it only pays the server's one-time costs.
+    base = salt_base()
     _warm_up(info)
     measured, gpu_s = [], 0.0
     serve = [p for p in points if p["kind"] == "serve"]

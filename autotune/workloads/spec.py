@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -361,6 +362,13 @@ def prompt_token_ids(request: Request, vocab_size: int = 32000, salt: int = 0) -
         rest[0] = low + request.request_id % span
         ids += rest.tolist()
     return ids
+
+
+def salt_base() -> int:
+    """A random first salt for a series of loads (their salts count up from it): a series on a server an
+    earlier one used (another process, a rerun) misses its prefix cache. In 2**62, two series' few salts
+    overlap with negligible probability; from 10**7 on, never a fixed salt such as a warm-up's 10**6."""
+    return secrets.randbelow(2**62) + 10**7
 
 
 def check_fits(workload: WorkloadSpec, seed: int, max_model_len: int | None) -> None:
