@@ -189,3 +189,15 @@ def test_bench_url_twice_on_one_server_shares_no_prefix_cache(
         for _ in range(2):
             assert main(["bench", "--url", server.base_url, "--workload", workload, "--json"]) == 0
             assert json.loads(capsys.readouterr().out)["prefix_cache_hit_rate"] == 0
+
+
+def test_concurrency_sets_a_fixed_load_on_a_capacity_workload(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --capacity bench measures one load, so --concurrency sets it as --rate does, even on a
+    workload file whose load is capacity (it was refused as a capacity search with a concurrency cap)."""
+    path = tmp_path / "capacity.yaml"
+    path.write_text(SMALL.replace("load: fixed", "load: capacity"))
+    assert main(["bench", "--workload", str(path), "--concurrency", "4", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["max_concurrency"] == 4 and report["completed"] == 12

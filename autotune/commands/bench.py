@@ -139,10 +139,12 @@ def run(args: argparse.Namespace) -> int:
         )
     refuse_unless(args.capacity, args, CAPACITY_OPTIONS, "--capacity")
     slos = parse_slos(args.slo)
-    workload = load_workload(args.workload)
+    # Without --capacity bench measures one load, whatever the file's `load` (run's choice): --rate or
+    # --concurrency sets it, and a concurrency cap is no capacity search's.
+    workload = dataclasses.replace(
+        load_workload(args.workload), load="capacity" if args.capacity else "fixed"
+    )
     workload = workload.with_load(request_rate=args.rate, max_concurrency=args.concurrency)
-    if args.capacity:
-        workload = dataclasses.replace(workload, load="capacity")
     if args.url:
         from autotune.commands.bench_url import bench_url
 
