@@ -201,3 +201,16 @@ def test_concurrency_sets_a_fixed_load_on_a_capacity_workload(
     assert main(["bench", "--workload", str(path), "--concurrency", "4", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["max_concurrency"] == 4 and report["completed"] == 12
+
+
+def _strict(constant: str) -> None:
+    raise ValueError(f"not JSON: {constant}")
+
+
+def test_json_has_no_infinity_an_infinite_rate_is_inf_as_vllm_writes_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`vllm bench serve` writes request_rate "inf"; Python's json wrote Infinity, which RFC 8259 lacks."""
+    assert main(["bench", "--workload", "concurrency", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out, parse_constant=_strict)
+    assert report["request_rate"] == "inf" and report["max_concurrency"] == 64

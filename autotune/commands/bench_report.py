@@ -6,12 +6,12 @@ outcome and every probe.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from autotune.core.json_out import json_text
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
@@ -39,7 +39,7 @@ def print_report(
         if result.capacity is not None:
             error["capacity"] = dataclasses.asdict(result.capacity)
         if as_json:
-            print(json.dumps(error, indent=2, default=str))
+            print(json_text(error, indent=2, default=str))
         return 1
     report = {**head, "config": config, **result.benchmark.to_dict()}
     if result.failure is not None:
@@ -59,7 +59,7 @@ def print_report(
     if slos:
         report["slo_verdicts"] = slo_verdicts(result, slos)
     if as_json:
-        print(json.dumps(report, indent=2, default=str))
+        print(json_text(report, indent=2, default=str))
     else:
         print(format_table(report, slos))
     failed = result.failure is not None or not passed(report)

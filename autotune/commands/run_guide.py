@@ -4,7 +4,6 @@ and prints after (tune/guided.py has the strategy; docs/guided-search.md the met
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -13,6 +12,7 @@ from typing import Any
 
 from autotune.core import values
 from autotune.core.inputs import arg
+from autotune.core.json_out import json_text
 
 GUIDES = ("sim", "none")
 CALIBRATION_FILE = "calibration.yaml"
@@ -241,7 +241,7 @@ def write_guided(search: Any, study: Any, run_dir: Path, stop_reason: str | None
     defaults = unmeasured_defaults(search, study)
     if defaults is not None:
         data["defaults"] = defaults
-    atomic_write_text(run_dir / GUIDE_FILE, json.dumps(data, indent=1))
+    atomic_write_text(run_dir / GUIDE_FILE, json_text(data, indent=1))
     measured = sum(r["measured"] is not None for r in rows)
     header = (
         f"The guide's calibration after guided run {run_dir.name}: its speed constants scaled by the\n"

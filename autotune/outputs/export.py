@@ -9,7 +9,6 @@ A local model directory is mounted read-only at /models/<name>.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from autotune.core.atomic import atomic_write_text
 from autotune.core.config import DEFAULT_IMAGE, VLLM_IMAGE, VLLM_RELEASE, EngineConfig, gpus_per_replica
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import read_json
+from autotune.core.json_out import json_text
 
 FORMATS = ("flags", "cmd", "docker", "yaml", "k8s", "helm")
 IMAGE = VLLM_IMAGE
@@ -46,7 +46,7 @@ class RunInfo:
         """Write run.json (the storage URL is a path or URL, never a secret-bearing value we add)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         data = {"study": self.study, "storage": self.storage, **(extra or {})}
-        atomic_write_text(self.directory / RUN_FILE, json.dumps(data, indent=2) + "\n")
+        atomic_write_text(self.directory / RUN_FILE, json_text(data, indent=2) + "\n")
 
 
 def load_run(directory: str | Path) -> RunInfo:

@@ -9,7 +9,6 @@ unless its gain over vLLM's defaults, the baseline trial, is within the measurem
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 import statistics
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 
 from autotune.core.atomic import atomic_write_text
 from autotune.core.config import gpus_per_replica
+from autotune.core.json_out import json_text
 from autotune.outputs.export import render, serve_flags
 from autotune.outputs.guide_view import read_guide
 from autotune.outputs.outcome import SIMULATED_NOTE, Outcome, capacity_text, fmt_number, limited_by
@@ -275,7 +275,7 @@ def _write_best(run_dir: Path, out: Outcome) -> Path:
         data["sizing"] = dataclasses.asdict(out.sizing)
     if out.cost is not None:
         data["cost"] = dataclasses.asdict(out.cost)
-    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+    atomic_write_text(path, json_text(data, indent=2, default=str) + "\n")
     return path
 
 

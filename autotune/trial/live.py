@@ -6,6 +6,8 @@ import json
 import time
 from pathlib import Path
 
+from autotune.core.json_out import json_text
+
 PROBE_FILE = "probe.json"
 
 
@@ -15,7 +17,7 @@ def write_probe(trial_dir: Path | None, probe: int, max_probes: int, rate: float
         return
     trial_dir.mkdir(parents=True, exist_ok=True)
     data = {"probe": probe, "max": max_probes, "rate": rate, "at": time.time()}
-    (trial_dir / PROBE_FILE).write_text(json.dumps(data))
+    (trial_dir / PROBE_FILE).write_text(json_text(data))
 
 
 def read_probe(trial_dir: Path | None) -> str:

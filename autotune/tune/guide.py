@@ -30,6 +30,7 @@ from autotune.catalog.models import get_model
 from autotune.core.atomic import atomic_write_text
 from autotune.core.config import EngineConfig
 from autotune.core.errors import EngineStartupError, FailureKind
+from autotune.core.json_out import json_text
 from autotune.core.procs import map_in_workers
 from autotune.measure.slo import Slo
 from autotune.sim.engine import SimEngine
@@ -125,7 +126,7 @@ class GuideTable:
             "searched_scales": self.searched_scales,
             "predictions": [asdict(p) for p in self.predictions],
         }
-        return json.dumps(data, indent=0)
+        return json_text(data, indent=0)
 
     @classmethod
     def from_json(cls, text: str, path: Path | None = None) -> GuideTable:
