@@ -214,3 +214,21 @@ def test_json_has_no_infinity_an_infinite_rate_is_inf_as_vllm_writes_it(
     assert main(["bench", "--workload", "concurrency", "--json"]) == 0
     report = json.loads(capsys.readouterr().out, parse_constant=_strict)
     assert report["request_rate"] == "inf" and report["max_concurrency"] == 64
+
+
+def test_a_capacity_results_top_level_keys_are_its_windows_as_vllm_defines_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """request_rate is the rate the window was offered (not the file's 24), num_prompts its requests (not
+    the file's 400), request_throughput completed / duration; the sustained figures `run` reports stay
+    in the capacity block."""
+    assert main(["bench", "--capacity", "--slo", "ttft_p99=2s", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    capacity, done = report["capacity"], report["completed"]
+    assert report["request_rate"] == capacity["rate"] and report["num_prompts"] == done + report["failed"]
+    assert report["request_throughput"] == pytest.approx(done / report["duration"])
+    assert report["output_throughput"] == pytest.approx(report["total_output_tokens"] / report["duration"])
+    sustained = capacity["sustained"]
+    assert sustained["request_throughput"] == pytest.approx(capacity["rate"], abs=1e-4)
+    per_request = report["total_output_tokens"] / done
+    assert sustained["output_throughput"] == pytest.approx(sustained["request_throughput"] * per_request)

@@ -17,6 +17,7 @@ from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.trial.capacity import SATURATION_MARGIN
 
+THROUGHPUTS = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
 SIMULATED_NOTE = "simulated: these figures come from autotune's simulated engine; confirm them on a GPU"
 # Why a fixed-rate run has no verdict on keeping up (autotune/measure/steady_state.py `measure_window`).
 TOO_SHORT = (
@@ -47,6 +48,7 @@ def print_report(
         report["failure_message"] = result.message
     if result.capacity is not None:
         report["capacity"] = dataclasses.asdict(result.capacity)
+        window_keys(report, result.capacity)
     elif result.load is not None and result.load.steady is not None:
         steady = result.load.steady
         report["load_verdict"] = {
@@ -66,6 +68,22 @@ def print_report(
     if result.capacity is not None and result.capacity.rate <= 0:
         failed = True
     return 1 if failed else 0
+
+
+def window_keys(report: dict[str, Any], capacity: CapacityReport) -> None:
+    """Set vllm bench serve's load keys of `report` as vLLM defines them for the window a capacity
+    search's metrics come from (`metrics_source`): the rate it was offered, its requests, and its
+    throughputs as measured over it (completed / duration). The trial's throughputs, sustained at the
+    capacity (what `run` reports), move to the capacity block's `sustained`."""
+    probed = [p.rate for p in capacity.probes]
+    report["request_rate"] = capacity.rate if capacity.rate > 0 else min(probed, default=math.inf)
+    report["num_prompts"] = report["completed"] + report["failed"]
+    if capacity.rate > 0 and report["duration"] > 0:
+        # sustained: the window's figures per request x the capacity; its own: x its arrival rate
+        sustained = {k: report[k] for k in THROUGHPUTS}
+        scale = report["completed"] / report["duration"] / sustained["request_throughput"]
+        report |= {k: None if v is None else v * scale for k, v in sustained.items()}
+        report["capacity"]["sustained"] = sustained
 
 
 def slo_verdicts(result: TrialResult, slos: Sequence[Slo]) -> list[dict[str, Any]]:
@@ -193,7 +211,9 @@ def _unmeasured_top(c: CapacityReport) -> str:
 
 def capacity_lines(capacity: dict[str, Any], slos: Sequence[Slo]) -> list[str]:
     """The search in words, then one line per probe (as stored: `CapacityReport` as a dict)."""
-    c = CapacityReport(**{**capacity, "probes": ()})
+    c = CapacityReport(
+        **{f.name: capacity[f.name] for f in dataclasses.fields(CapacityReport)} | {"probes": ()}
+    )
     within = f" within {', '.join(str(s) for s in slos)}" if slos else " kept up with (no SLO)"
     if c.rate <= 0:
         lines = [f"Capacity: no rate passed{within}"]
@@ -225,9 +245,15 @@ def metrics_source(capacity: dict[str, Any]) -> str:
     """Which run a capacity search's metrics are (trial/capacity.py `find_capacity`): the window at the
     capacity, else (no rate passed) the lowest probe's, else (nothing probed) the saturation burst's."""
     if capacity["rate"] > 0:
+        sustained = capacity.get("sustained", {}).get("output_throughput")
+        at = (
+            f"; sustained at the capacity, as run reports it: {sustained:.2f} output tok/s"
+            if sustained
+            else ""
+        )
         return (
             f"The metrics below are the window at the capacity, {capacity['rate']:.2f} req/s (throughputs: "
-            "sustained at it)."
+            f"as measured over it{at})."
         )
     rates = [p["rate"] for p in capacity["probes"]]
     if rates:
