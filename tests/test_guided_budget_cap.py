@@ -92,7 +92,7 @@ def test_the_budget_shares_what_is_left_and_waits_for_the_running_trials_caps() 
     assert budget.waits(measured, busy=1, reserved_s=2000.0)  # 2,700 left, 2,000 held: 700 < 900
     assert not budget.waits(measured, busy=1, reserved_s=1000.0)
     said = budget.stop(measured, 100.0, 1, reserved_s=2000.0)
-    assert said is not None and "1 trial(s) running with up to 0.56 GPU-h left to them" in said
+    assert said is not None and "1 trial running with up to 0.56 GPU-h left to them" in said
     cut = Observation(1, "b", {}, 100.0, None, 1500.0, searched=False, interrupted=True)
     assert budget.next_cost_s([*measured, cut], 200.0) == 1500.0  # not 900 x 100 / 200
     assert budget.next_cost_s(measured, 200.0) == 450.0

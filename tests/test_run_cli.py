@@ -198,7 +198,7 @@ def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> No
     assert resume.returncode == 0, resume.stderr
     kept = re.search(r"(\d+) finished trials kept in \S+ \(((\d+) measured[^)]*)\)", err)
     assert kept and int(kept[3]) == done, err  # the Ctrl-C line and the resume count alike
-    assert f"{target} trial(s), {kept[1]} finished before this resume: {kept[2]})" in resume.stderr
+    assert f"{target} trials, {kept[1]} finished before this resume: {kept[2]})" in resume.stderr
     assert counted_trials(db, "intr") == (target, 0)
     study = optuna.load_study(study_name="intr", storage=f"sqlite:///{db}")
     assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1

@@ -13,6 +13,7 @@ from autotune.commands import run_end
 from autotune.commands.options import SERVER_OPTIONS, launch_command
 from autotune.commands.run_estimate import print_estimate
 from autotune.commands.run_options import MAX_PARALLEL, PARALLEL_SIZES, add_arguments
+from autotune.core.values import counted
 from autotune.sim.noise import noise_model
 
 if TYPE_CHECKING:  # the modules a run needs are imported when it starts (`--help` stays quick)
@@ -336,9 +337,10 @@ def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> No
     # in the words of the line Ctrl-C left (run_end.kept): --n-trials counts the measured and unstarted
     before = run_end.told(study) if args.resume and study.trials else None
     resumed = f", {before.finished} finished before this resume: {before.kinds_text()}" if before else ""
+    trials = counted(args.n_trials, "trial")
     print(
         f"autotune: study {s.study_name} ({args.backend}: {s.space.model} on {s.space.gpu}, workload "
-        f"{s.workload.name} at {_load_text(s)}, SLO {slos}; {where}; {args.n_trials} trial(s){resumed})",
+        f"{s.workload.name} at {_load_text(s)}, SLO {slos}; {where}; {trials}{resumed})",
         file=sys.stderr,
     )
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.core.values import counted
 from autotune.measure.capacity_report import BurstSummary
 
 
@@ -101,7 +102,7 @@ class Budget:
             return None
         spent = sum(o.gpu_s for o in observed) / 3600
         next_s = self.next_cost_s(observed, value)
-        running = f", {in_flight} trial(s) running" if in_flight else ""
+        running = f", {counted(in_flight, 'trial')} running" if in_flight else ""
         if in_flight and reserved_s:
             running += f" with up to {reserved_s / 3600:.2f} GPU-h left to them"
         return (
