@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.commands.options import DEFAULT_SERVE_CMD
 from autotune.core.errors import AutotuneError
-from autotune.core.inputs import given_flags, refuse_unless, refuse_unused
+from autotune.core.inputs import given_flags, nearest_existing, refuse_unless, refuse_unused
 from autotune.sim.calibration import add_calibration_argument
 
 if TYPE_CHECKING:
@@ -221,7 +221,8 @@ def _backend(args: argparse.Namespace) -> tuple[Any, list[int]]:
 
 
 def _output(args: argparse.Namespace, name: str) -> Path:
-
+    """Where the calibration goes (-o, else runs/calibration-NAME/), refused in one line before anything
+    is measured when it or a file written next to it exists, or its folder cannot take a file."""
     path = (
         Path(args.output)
         if args.output
@@ -243,9 +244,7 @@ def _check_writable(path: Path) -> None:
     an unwritable output lost it. os.access is no test: root passes it on /proc."""
     import tempfile
 
-    existing = path.parent
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = nearest_existing(path.parent)
     try:
         with tempfile.NamedTemporaryFile(dir=existing, prefix=".calibrate-"):
             pass

@@ -115,11 +115,16 @@ def check_runs_dir(path: Path) -> None:
     """--runs-dir must be (or become) a writable folder."""
     if path.exists() and not path.is_dir():
         raise AutotuneError(f"bad --runs-dir {str(path)!r}: it is a file, not a folder")
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = nearest_existing(path)
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise AutotuneError(f"bad --runs-dir {str(path)!r}: {existing} is not writable")
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path` or its nearest ancestor that exists: where a folder it needs would be made."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def not_a_directory(path: Path, what: str) -> None:

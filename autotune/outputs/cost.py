@@ -60,8 +60,8 @@ class CostView:
             return ""
         gpus, kind = max(1, self.gpus or self.widest), f" {self.gpu}" if self.gpu else ""
         hint = "" if self.gpus else "; --gpus N: on N"
-        plural = "s" if gpus > 1 else ""
-        return f" (on real{kind} GPUs: about {clock(self.spent_h * 3600 / gpus)} on {gpus} GPU{plural}{hint})"
+        on = f"about {clock(self.spent_h * 3600 / gpus)} on {counted(gpus, 'GPU')}"
+        return f" (on real{kind} GPUs: {on}{hint})"
 
 
 def cost_view(

@@ -17,7 +17,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from autotune.core.values import brief
+from autotune.core.values import brief, fmt_number
 
 HOST = "127.0.0.1"
 NOTE_EVERY_S = 5.0  # the note and figure are rewritten at most this often during a run (~0.1 s each)
@@ -112,7 +112,7 @@ class StudyNote:
 
 def note_markdown(name: str, out: Any) -> str:
     """The study's note: what is tuned, how far the run is, what it recommends so far, what failed."""
-    from autotune.outputs.outcome import SIMULATED_NOTE, fmt_number
+    from autotune.outputs.outcome import SIMULATED_NOTE
     from autotune.tune.front import defaults_label
 
     ctx = out.context

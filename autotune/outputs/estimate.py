@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.core.config import gpus_per_replica
+from autotune.core.values import counted
 from autotune.tune.progress import clock
 
 SAMPLE = 8  # configs simulated besides the baseline (about 2 CPU-seconds each for an 8B chat trial)
@@ -104,7 +105,7 @@ class RunEstimate:
         )
         low, high = self.spread
         return (
-            f"estimate: about {self.trials_gpu_h:.2f} GPU-hours for {_trials(len(trials))}{again}"
+            f"estimate: about {self.trials_gpu_h:.2f} GPU-hours for {counted(len(trials), 'trial')}{again}"
             f"{self._budget_text(len(trials), len(repeats))}: about {clock(self.wall_hours * 3600)} on "
             f"{self.gpus} GPU(s). Per trial {self._per_trial_text()}; the baseline and {self.sampled} "
             f"configs of the space simulated took {clock(low)} to {clock(high)} each (early abort counted)."
@@ -136,10 +137,6 @@ class RunEstimate:
                 f"trial ({clock(self.trial_gpu_s)} of GPU time each)"
             )
         return "estimate: nothing left to run: the study already has the trials and re-measurements asked for"
-
-
-def _trials(n: int) -> str:
-    return f"{n} trial" if n == 1 else f"{n} trials"
 
 
 def estimate_run(

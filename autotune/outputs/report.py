@@ -19,9 +19,10 @@ import numpy as np
 from autotune.core.atomic import atomic_write_text
 from autotune.core.config import gpus_per_replica
 from autotune.core.json_out import json_text
+from autotune.core.values import counted, fmt_number
 from autotune.outputs.export import render, serve_flags
 from autotune.outputs.guide_view import read_guide
-from autotune.outputs.outcome import SIMULATED_NOTE, Outcome, capacity_text, fmt_number, limited_by
+from autotune.outputs.outcome import SIMULATED_NOTE, Outcome, capacity_text, limited_by
 from autotune.outputs.plots import plot_pairs, plot_probes
 from autotune.outputs.report_html import write_html
 from autotune.tune.front import defaults_label
@@ -59,9 +60,9 @@ def front_table(out: Outcome, limit: int = 15) -> str:
     shown = f", top {limit} by {out.objective_names[0]} shown" if len(out.front) > limit else ""
     # feasible() leaves duplicates out (each repeats an earlier trial's result): so does the count of all
     dups = sum(r.duplicate_of is not None for r in out.records)
-    left_out = f" ({dups} duplicate{'s' if dups > 1 else ''} left out)" if dups else ""
-    points = f"{len(out.front)} point{'s' if len(out.front) != 1 else ''}"
-    counts = f"{points}; {len(out.feasible())} of {len(out.records) - dups} trials feasible"
+    left_out = f" ({counted(dups, 'duplicate')} left out)" if dups else ""
+    feasible = f"{len(out.feasible())} of {len(out.records) - dups} trials feasible"
+    counts = f"{counted(len(out.front), 'point')}; {feasible}"
     counts += left_out + shown
     title = f"Feasible Pareto front ({counts}):"
     return "\n".join([title, *lines])

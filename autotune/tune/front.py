@@ -125,14 +125,13 @@ def moved_note(values: Mapping[str, Any], moved: Mapping[str, Any]) -> str | Non
         return None
     at = _settings({n: values.get(n) for n in moved})
     own = _settings(moved, " and ")
-    if len(moved) == 1:
-        return (
-            f"the baseline is vLLM's defaults at {at}: vLLM's own default, {own}, is outside this space "
-            "(the nearest value it allows stands in)"
-        )
+    one = len(moved) == 1
+    default, are, value, stand = (
+        ("default", "is", "value", "stands") if one else ("defaults", "are", "values", "stand")
+    )
     return (
-        f"the baseline is vLLM's defaults at {at}: vLLM's own defaults, {own}, are outside this space "
-        "(the nearest values it allows stand in)"
+        f"the baseline is vLLM's defaults at {at}: vLLM's own {default}, {own}, {are} outside this space "
+        f"(the nearest {value} it allows {stand} in)"
     )
 
 

@@ -192,11 +192,12 @@ def _means_sentence(
     if not runs:
         return ""
     counts = {len(values) for _, values in runs}
-    each = f"of {counts.pop()} runs each" if len(counts) == 1 else "of each one's runs"
+    alike = len(counts) == 1  # every config measured as often: said once, not per config
+    each = f"of {counts.pop()} runs each" if alike else "of each one's runs"
     parts = []
     for record, values in runs:
         what = " (the defaults)" if base is not None and record.number == base.number else ""
-        many = "" if each.endswith("each") else f" ({len(values)} runs)"
+        many = "" if alike else f" ({len(values)} runs)"
         parts.append(f"#{record.number}{what} {fmt_number(statistics.fmean(values))}{many}")
     return f" Mean {name} {each}: {', '.join(parts)}."
 
