@@ -31,8 +31,12 @@ def workload(tmp_path: Path) -> str:
 def test_bench_prints_the_resolved_config_with_runs_max_model_len(
     workload: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["bench", "--workload", workload, "--set", "max_num_seqs=128", "--json"]) == 0
+    assert (
+        main(["bench", "--workload", workload, "--set", "max_num_seqs=128", "--gpu", "h100-sxm", "--json"])
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
+    assert report["gpu"] == "H100"  # the catalog's name, whatever alias was typed
     config = report["config"]
     # the default space's fixed max_model_len (8192, as `run` uses), not the model's 131072
     assert config["max_model_len"] == 8192 and config["max_num_seqs"] == 128

@@ -236,6 +236,22 @@ def test_another_load_or_objectives_is_another_default_study(tmp_path: Path) -> 
     ]
 
 
+def test_a_gpu_alias_is_shown_recorded_and_named_by_the_catalog_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--gpu h100-80gb` is the H100: the header, run.json and the default study name say "H100", so a
+    resume typed with another spelling finds the study the first run made."""
+    base = ["run", "--space", "small", "--n-trials", "1", "--quiet", "--runs-dir", str(tmp_path)]
+    assert main([*base, "--gpu", "h100-80gb"]) == 0
+    assert "on H100, workload" in capsys.readouterr().err
+    (run_dir,) = tmp_path.iterdir()
+    assert run_dir.name == "llama-3.1-8b-instruct-h100-chat"
+    assert json.loads((run_dir / "run.json").read_text())["gpu"] == "H100"
+    assert main([*base[:4], "2", *base[5:], "--gpu", "h100", "--resume"]) == 0
+    assert "on H100, workload" in capsys.readouterr().err
+    assert json.loads((run_dir / "run.json").read_text())["gpu"] == "H100"
+
+
 def _told(**attrs: object) -> optuna.trial.FrozenTrial:
     return optuna.trial.create_trial(value=0.0, user_attrs=attrs)
 

@@ -33,6 +33,12 @@ class GpuSpec:
     aliases: tuple[str, ...] = ()
 
     @property
+    def short_name(self) -> str:
+        """The catalog's short name ("H100"): what --gpu shows and studies are named by, whatever alias
+        was typed."""
+        return self.aliases[0] if self.aliases else self.name
+
+    @property
     def memory_bytes(self) -> int:
         """Total device memory in bytes."""
         return int(self.memory_gib * GIB)
@@ -154,7 +160,7 @@ def _index() -> dict[str, GpuSpec]:
 
 def known_gpus() -> list[str]:
     """The short names of the catalog's GPUs."""
-    return [gpu.aliases[0] for gpu in _CATALOG]
+    return [gpu.short_name for gpu in _CATALOG]
 
 
 def known_gpus_text() -> str:

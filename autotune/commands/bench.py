@@ -244,5 +244,5 @@ def _config(args: argparse.Namespace) -> tuple[EngineConfig, dict[str, Any], str
             spec.memory_gib, spec.name, get_model(config.model).max_position_embeddings
         )
     except AutotuneError:
-        resolved = config  # outside the catalogs: vLLM fills the unset flags itself
-    return config, resolved.params(), space.gpu
+        return config, config.params(), space.gpu  # outside the catalogs: vLLM fills the unset flags itself
+    return config, resolved.params(), spec.short_name

@@ -118,6 +118,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     guide_calibration = check_guide_options(args, workload, refused)
     calibration, guide_calibration = shared_calibration(args, calibration, guide_calibration)
     gpu = get_gpu(space.gpu)
+    space = space.with_overrides(gpu=gpu.short_name)  # one name for one GPU: headers, run.json, study names
     # None: a real model outside the catalog, whose context length vLLM checks itself.
     max_pos = known_max_model_len(space.model, None, args.backend)
     check_model_len(space, None if _long_len_allowed(args) else max_pos)
