@@ -205,3 +205,21 @@ def test_an_empty_container_option_is_refused_not_defaulted(
         ["export", "{tmp}/run", "--format", fmt, option, ""], {}, tmp_path, capfd, monkeypatch
     )
     assert f"argument {option}:" in line
+
+
+def _served_names(args: list[str]) -> list[str]:
+    """Each --served-model-name value in a container's args (vLLM keeps the last one given)."""
+    return [args[i + 1] for i, a in enumerate(args) if a == "--served-model-name"]
+
+
+def test_a_served_model_name_of_the_space_is_the_one_every_format_serves(tmp_path: Path) -> None:
+    """A local model with `served_model_name` fixed by the space: one --served-model-name, the user's,
+    in docker, k8s and helm alike (vLLM keeps the last of several: helm served the path instead)."""
+    model_dir = tmp_path / "my-llama"
+    model_dir.mkdir()
+    config = CONFIG.replace(model=str(model_dir), served_model_name="prod-llama")
+    docker = shlex.split(render(config, "docker"))
+    pod = yaml.safe_load(render(config, "k8s"))["containers"][0]["args"]
+    (spec,) = yaml.safe_load(render(config, "helm"))["servingEngineSpec"]["modelSpec"]
+    for args in (docker, pod, spec["vllmConfig"]["extraArgs"]):
+        assert _served_names(args) == ["prod-llama"]

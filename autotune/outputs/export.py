@@ -193,12 +193,14 @@ def _container_model(config: EngineConfig) -> tuple[list[str], Path | None]:
     """The model args inside a container, and the host directory to mount (a local model), if any.
 
     A local directory is mounted read-only at /models/<name>; `--served-model-name` keeps the name
-    clients used during tuning.
+    clients used during tuning, unless the config sets its own (vLLM keeps the last of two: one only).
     """
     local = local_model_dir(config.model)
     if local is None:
         return ["--model", config.model], None
-    return ["--model", f"{MODEL_MOUNT}/{local.name}", "--served-model-name", config.model], local
+    named = "served_model_name" in config.params()
+    served = [] if named else ["--served-model-name", config.model]
+    return ["--model", f"{MODEL_MOUNT}/{local.name}", *served], local
 
 
 def docker_command(config: EngineConfig, image: str = DEFAULT_IMAGE) -> list[str]:
