@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -223,3 +224,14 @@ def test_a_served_model_name_of_the_space_is_the_one_every_format_serves(tmp_pat
     (spec,) = yaml.safe_load(render(config, "helm"))["servingEngineSpec"]["modelSpec"]
     for args in (docker, pod, spec["vllmConfig"]["extraArgs"]):
         assert _served_names(args) == ["prod-llama"]
+
+
+@pytest.mark.parametrize(
+    "model",
+    ["org/My-Finetuned-Llama-3.1-8B-Instruct-Chat-v2-final", "org/" + "a" * 39 + "--b", "org/---", "org/x_"],
+)
+def test_the_helm_model_name_is_a_kubernetes_label_value(model: str) -> None:
+    """The chart names its Deployment and labels after modelSpec.name: at most 63 characters, alphanumeric
+    at both ends (a name cut to 40 right after a '-' failed `helm install`)."""
+    (spec,) = yaml.safe_load(render(CONFIG.replace(model=model), "helm"))["servingEngineSpec"]["modelSpec"]
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", spec["name"]) and len(spec["name"]) <= 40

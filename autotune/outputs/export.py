@@ -305,8 +305,7 @@ def helm_values(config: EngineConfig, options: ExportOptions = ExportOptions()) 
     vllm_config["extraArgs"] = extra
     gpus = gpus_per_replica(config.params())
     spec: dict[str, Any] = {
-        "name": re.sub(r"[^a-z0-9-]+", "-", config.model.rstrip("/").split("/")[-1].lower()).strip("-")[:40]
-        or "model",
+        "name": helm_model_name(config.model),
         "repository": repository,
         "tag": tag or "latest",
         "modelURL": model_args[1],
@@ -328,6 +327,16 @@ def helm_values(config: EngineConfig, options: ExportOptions = ExportOptions()) 
         "#   helm install vllm vllm/vllm-stack -f values.yaml\n"
     )
     return head + yaml.safe_dump({"servingEngineSpec": {"modelSpec": [spec]}}, sort_keys=False)
+
+
+HELM_NAME_CHARS = 40  # the chart's Deployment name adds the release's and a suffix: 63 in all
+
+
+def helm_model_name(model: str) -> str:
+    """modelSpec.name for a model: its last path part in lowercase letters, digits and '-', cut, then
+    stripped of '-' (a Kubernetes label value starts and ends alphanumeric); "model" when none is left."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", model.rstrip("/").split("/")[-1].lower())
+    return slug[:HELM_NAME_CHARS].strip("-") or "model"
 
 
 def split_image(image: str) -> tuple[str, str]:
