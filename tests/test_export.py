@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import shlex
@@ -15,7 +16,7 @@ from test_study import build_run, ok
 
 from autotune.cli import main
 from autotune.core.config import EngineConfig
-from autotune.outputs.export import ExportOptions, RunInfo, load_run, parse_command, render
+from autotune.outputs.export import HF_CACHE_VOLUME, ExportOptions, RunInfo, load_run, parse_command, render
 
 CONFIG = EngineConfig(
     model="meta-llama/Llama-3.1-8B-Instruct",
@@ -86,7 +87,7 @@ def test_a_local_model_dir_is_mounted_in_docker_and_k8s(tmp_path: Path) -> None:
     model_dir.mkdir()
     config = CONFIG.replace(model=str(model_dir))
     args = shlex.split(render(config, "docker"))
-    assert args[args.index(f"{model_dir}:/models/my-llama:ro") - 1] == "-v"
+    assert docker_mounts(args) == [{"type": "bind", "source": str(model_dir), "target": "/models/my-llama"}]
     assert args[args.index("--model") + 1] == "/models/my-llama"
     assert args[args.index("--served-model-name") + 1] == str(model_dir)  # clients keep the tuned name
     spec = yaml.safe_load(render(config, "k8s"))
@@ -94,6 +95,18 @@ def test_a_local_model_dir_is_mounted_in_docker_and_k8s(tmp_path: Path) -> None:
     assert volume["hostPath"]["path"] == str(model_dir)
     mounts = spec["containers"][0]["volumeMounts"]
     assert {"name": "model", "mountPath": "/models/my-llama", "readOnly": True} in mounts
+
+
+def docker_mounts(args: list[str]) -> list[dict[str, str]]:
+    """Each read-only `--mount` of a `docker run` as docker's CLI reads it (one CSV record of key=value
+    fields); an `-v` other than the Hugging Face cache's fails: it cannot take every path."""
+    assert [args[i + 1] for i, a in enumerate(args) if a == "-v"] == [HF_CACHE_VOLUME]
+    mounts = []
+    for value in (args[i + 1] for i, a in enumerate(args) if a == "--mount"):
+        (fields,) = csv.reader([value])
+        assert "readonly" in fields
+        mounts.append(dict(f.split("=", 1) for f in fields if f != "readonly"))
+    return mounts
 
 
 LOCAL_MODEL = {
@@ -122,7 +135,7 @@ def test_a_run_on_a_relative_local_model_folder_exports_its_absolute_path(tmp_pa
     docker = shlex.split(
         autotune(elsewhere, "export", "../runs/loc", "--format", "docker").stdout, comments=True
     )
-    assert f"{model}:/models/localmodel:ro" in docker
+    assert docker_mounts(docker) == [{"type": "bind", "source": model, "target": "/models/localmodel"}]
     assert docker[docker.index("--model") + 1] == "/models/localmodel"
 
 
@@ -235,3 +248,20 @@ def test_the_helm_model_name_is_a_kubernetes_label_value(model: str) -> None:
     at both ends (a name cut to 40 right after a '-' failed `helm install`)."""
     (spec,) = yaml.safe_load(render(CONFIG.replace(model=model), "helm"))["servingEngineSpec"]["modelSpec"]
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", spec["name"]) and len(spec["name"]) <= 40
+
+
+def test_a_local_model_path_with_colons_and_commas_mounts_everywhere(tmp_path: Path) -> None:
+    """`-v HOST:DST:ro` cannot take a host path with ':' and a k8s mountPath refuses one: docker gets a
+    --mount (its CSV quoted where the path has ','), and the container side a name without them."""
+    model_dir = tmp_path / "my models" / 'llama:v2,"q"'
+    model_dir.mkdir(parents=True)
+    config = CONFIG.replace(model=str(model_dir))
+    docker = shlex.split(render(config, "docker"))
+    target = "/models/llama-v2-q-"
+    assert docker_mounts(docker) == [{"type": "bind", "source": str(model_dir), "target": target}]
+    assert docker[docker.index("--model") + 1] == target
+    pod = yaml.safe_load(render(config, "k8s"))
+    assert {"name": "model", "mountPath": target, "readOnly": True} in pod["containers"][0]["volumeMounts"]
+    (spec,) = yaml.safe_load(render(config, "helm"))["servingEngineSpec"]["modelSpec"]
+    assert spec["modelURL"] == target and spec["extraVolumeMounts"][0]["mountPath"] == target
+    assert spec["extraVolumes"][0]["hostPath"]["path"] == str(model_dir)

@@ -4,11 +4,14 @@ vLLM production stack's Helm chart.
 
 Secrets are referenced, never written: HF_TOKEN goes by name (`--env HF_TOKEN`, a secretKeyRef to a
 Secret named by `--secret`), and so does VLLM_API_KEY in `docker run`, as the docker backend passed it.
-A local model directory is mounted read-only at /models/<name>.
+A local model directory is mounted read-only at /models/<name> (its name without ':' or ',', which a mount
+cannot take); docker mounts it with `--mount`, which takes any host path (`-v` splits one with ':').
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -200,7 +203,23 @@ def _container_model(config: EngineConfig) -> tuple[list[str], Path | None]:
         return ["--model", config.model], None
     named = "served_model_name" in config.params()
     served = [] if named else ["--served-model-name", config.model]
-    return ["--model", f"{MODEL_MOUNT}/{local.name}", *served], local
+    return ["--model", model_mount(local), *served], local
+
+
+def model_mount(local: Path) -> str:
+    """Where a local model directory is mounted in a container: /models/<its name>, with each run of
+    characters beyond letters, digits, '.', '_' and '-' made one '-' (a ':' splits docker's `-v` and is
+    refused in a k8s mountPath; a ',' splits docker's `--mount`)."""
+    return f"{MODEL_MOUNT}/{re.sub(r'[^A-Za-z0-9._-]+', '-', local.name) or 'model'}"
+
+
+def docker_mount(local: Path) -> list[str]:
+    """`--mount` of a local model, read-only: unlike `-v HOST:DST:ro` it takes a host path with ':'. Its
+    value is one CSV record (docker reads it with Go's encoding/csv): a field with ',' or '"' is quoted."""
+    record = io.StringIO()
+    fields = ["type=bind", f"source={local}", f"target={model_mount(local)}", "readonly"]
+    csv.writer(record, lineterminator="").writerow(fields)
+    return ["--mount", record.getvalue()]
 
 
 def docker_command(config: EngineConfig, image: str = DEFAULT_IMAGE) -> list[str]:
@@ -209,7 +228,7 @@ def docker_command(config: EngineConfig, image: str = DEFAULT_IMAGE) -> list[str
     deployed behind the same one."""
     gpus = gpus_per_replica(config.params())
     model_args, local = _container_model(config)
-    mount = ["-v", f"{local}:{MODEL_MOUNT}/{local.name}:ro"] if local is not None else []
+    mount = docker_mount(local) if local is not None else []
     return [
         "docker",
         "run",
@@ -254,7 +273,7 @@ def k8s_pod_spec(config: EngineConfig, options: ExportOptions = ExportOptions())
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}]
     if local is not None:
-        mounts.append({"name": "model", "mountPath": f"{MODEL_MOUNT}/{local.name}", "readOnly": True})
+        mounts.append({"name": "model", "mountPath": model_mount(local), "readOnly": True})
         volumes.append({"name": "model", "hostPath": {"path": str(local), "type": "Directory"}})
     secret = {"secretKeyRef": {"name": options.secret, "key": options.secret_key, "optional": True}}
     container = {
@@ -319,7 +338,7 @@ def helm_values(config: EngineConfig, options: ExportOptions = ExportOptions()) 
     }
     if local is not None:
         spec["extraVolumes"] = [{"name": "model", "hostPath": {"path": str(local), "type": "Directory"}}]
-        mount = {"name": "model", "mountPath": f"{MODEL_MOUNT}/{local.name}", "readOnly": True}
+        mount = {"name": "model", "mountPath": model_mount(local), "readOnly": True}
         spec["extraVolumeMounts"] = [mount]
     head = (
         "# values.yaml for the vLLM production stack (github.com/vllm-project/production-stack):\n"
