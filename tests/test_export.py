@@ -265,3 +265,34 @@ def test_a_local_model_path_with_colons_and_commas_mounts_everywhere(tmp_path: P
     (spec,) = yaml.safe_load(render(config, "helm"))["servingEngineSpec"]["modelSpec"]
     assert spec["modelURL"] == target and spec["extraVolumeMounts"][0]["mountPath"] == target
     assert spec["extraVolumes"][0]["hostPath"]["path"] == str(model_dir)
+
+
+def test_tag_with_image_is_refused(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--image names its own tag: a --tag beside it was dropped unseen."""
+    build_run(tmp_path / "run", [({"max_num_seqs": 256}, ok(4000, 1500, 20))])
+    argv = ["export", "{tmp}/run", "--format", "docker", "--image", "my/vllm:1", "--tag", "v2"]
+    line = assert_rejected(argv, {}, tmp_path, capfd, monkeypatch)
+    assert "--tag v2 with --image my/vllm:1" in line
+
+
+@pytest.mark.parametrize(
+    ("recorded", "deployed"),
+    [
+        (None, "vllm/vllm-openai:v9"),
+        ("my/vllm:tuned", "my/vllm:v9"),
+        ("registry.local:5000/my/vllm", "registry.local:5000/my/vllm:v9"),
+        ("my/vllm:tuned@sha256:" + "a" * 64, "my/vllm:v9"),  # the digest pinned the old tag's content
+    ],
+)
+def test_tag_retags_the_image_the_run_was_tuned_with(
+    recorded: str | None, deployed: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    build_run(run_dir, [({"max_num_seqs": 256}, ok(4000, 1500, 20))])
+    RunInfo(study="unit", storage=load_run(run_dir).storage, directory=run_dir).save(
+        {"image": recorded} if recorded else {}
+    )
+    assert main(["export", str(run_dir), "--format", "k8s", "--tag", "v9"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["containers"][0]["image"] == deployed

@@ -14,7 +14,7 @@ CONTAINERS = ("docker", "k8s", "helm")
 # The options only some formats use, as (flag, attribute, default, those formats): the others would
 # drop them unseen.
 FORMAT_OPTIONS: tuple[ChoiceOption, ...] = (
-    ("--tag", "tag", DEFAULT_TAG, CONTAINERS),
+    ("--tag", "tag", None, CONTAINERS),
     ("--image", "image", None, CONTAINERS),
     ("--secret", "secret", DEFAULT_SECRET, ("k8s", "helm")),
     ("--secret-key", "secret_key", DEFAULT_SECRET_KEY, ("k8s", "helm")),
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `autotune export` options."""
     from autotune.core import values
     from autotune.core.inputs import arg
-    from autotune.outputs import export
+    from autotune.outputs import export, images
     from autotune.outputs.export import FORMATS
 
     parser.add_argument("run_dir", metavar="RUN", help="a run folder, e.g. runs/<study>")
@@ -39,10 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", default="cmd", choices=FORMATS, help="output format (default cmd)")
     parser.add_argument(
         "--tag",
-        type=arg(export.image_tag),  # an empty tag would deploy `:latest` (or the default) unasked
-        default=DEFAULT_TAG,
-        help=f"vllm/vllm-openai image tag for docker, k8s, helm (default {DEFAULT_TAG}, the vLLM release "
-        "autotune follows)",
+        type=arg(images.image_tag),  # an empty tag would deploy `:latest` (or the default) unasked
+        help="docker, k8s, helm: the tag of the image the run was tuned with, else of vllm/vllm-openai "
+        f"(default {DEFAULT_TAG}, the vLLM release autotune follows); not with --image",
     )
     parser.add_argument(
         "--image",
@@ -80,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
     refuse_unused(args, "--format", FORMAT_OPTIONS)
     info = export.load_run(args.run_dir)
+    image = deployed_image(args.image, args.tag, info.meta.get("image"))
     storage = run_storage(info)
     study = open_study(info.study, storage)
     recs = records(study)
@@ -96,7 +96,6 @@ def run(args: argparse.Namespace) -> int:
     if not chosen.feasible:
         reason = chosen.failure or "violates the SLOs"
         print(f"autotune export: warning: trial {chosen.number} is not feasible ({reason})", file=sys.stderr)
-    image = args.image or info.meta.get("image") or f"{export.IMAGE}:{args.tag}"
     if args.replicas < 1:
         raise AutotuneError("--replicas must be at least 1")
     options = export.ExportOptions(
@@ -110,3 +109,19 @@ def run(args: argparse.Namespace) -> int:
             text = export.with_note(text, SIMULATED_NOTE)
     sys.stdout.write(text)
     return 0
+
+
+def deployed_image(image: str | None, tag: str | None, recorded: str | None) -> str:
+    """The image to deploy: --image, else the one the run was tuned with (given --tag, with that tag),
+    else vLLM's at --tag. AutotuneError for --tag with --image: the image names its own tag."""
+    from autotune.core.errors import AutotuneError
+    from autotune.outputs.export import IMAGE
+    from autotune.outputs.images import retag
+
+    if image is not None:
+        if tag is not None:
+            raise AutotuneError(f"--tag {tag} with --image {image}: give the tag in --image (REPO:TAG)")
+        return image
+    if recorded:
+        return retag(recorded, tag) if tag else recorded
+    return f"{IMAGE}:{tag or DEFAULT_TAG}"

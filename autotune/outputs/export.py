@@ -26,6 +26,7 @@ from autotune.core.config import DEFAULT_IMAGE, VLLM_IMAGE, VLLM_RELEASE, Engine
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import read_json
 from autotune.core.json_out import json_text
+from autotune.outputs.images import split_image
 
 FORMATS = ("flags", "cmd", "docker", "yaml", "k8s", "helm")
 IMAGE = VLLM_IMAGE
@@ -95,7 +96,6 @@ def serve_flags(config: EngineConfig) -> list[str]:
 _SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 K8S_NAME_CHARS = 253
-_IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # Docker's grammar of a tag
 
 
 def secret_name(value: str, what: str = "--secret") -> str:
@@ -109,14 +109,6 @@ def secret_key(value: str, what: str = "--secret-key") -> str:
     """A key of a Kubernetes Secret (letters, digits, '-', '_' and '.'); AutotuneError otherwise."""
     if not _SECRET_KEY.fullmatch(value) or len(value) > K8S_NAME_CHARS:
         raise AutotuneError(f"{what} {value!r} is not a Kubernetes Secret key (e.g. token)")
-    return value
-
-
-def image_tag(value: str, what: str = "--tag") -> str:
-    """A Docker image tag (up to 128 letters, digits, '_', '.' and '-', not first); AutotuneError
-    otherwise: `docker run` would refuse the image, or a space would split it into two arguments."""
-    if not _IMAGE_TAG.fullmatch(value):
-        raise AutotuneError(f"{what} {value!r} is not a Docker image tag (e.g. v0.11.0)")
     return value
 
 
@@ -356,14 +348,6 @@ def helm_model_name(model: str) -> str:
     stripped of '-' (a Kubernetes label value starts and ends alphanumeric); "model" when none is left."""
     slug = re.sub(r"[^a-z0-9-]+", "-", model.rstrip("/").split("/")[-1].lower())
     return slug[:HELM_NAME_CHARS].strip("-") or "model"
-
-
-def split_image(image: str) -> tuple[str, str]:
-    """ "repo/name:tag" -> ("repo/name", "tag"); no tag -> "latest" (a registry port is not a tag)."""
-    head, sep, tag = image.rpartition(":")
-    if not sep or "/" in tag:
-        return image, "latest"
-    return head, tag
 
 
 def _args_without(config: EngineConfig, names: set[str]) -> list[str]:
