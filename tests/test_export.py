@@ -296,3 +296,27 @@ def test_tag_retags_the_image_the_run_was_tuned_with(
     )
     assert main(["export", str(run_dir), "--format", "k8s", "--tag", "v9"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["containers"][0]["image"] == deployed
+
+
+def test_helm_replicas_follow_the_runs_sizing_unless_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run with --target-rate sizes its recommendation (best.json's "sizing"): Helm's replicaCount is
+    that many replicas of the exported trial (it was 1); --replicas wins; no target rate: 1."""
+    run_dir = tmp_path / "run"
+    build_run(run_dir, [({"max_num_seqs": 256}, ok(4000, 1500, 20))])  # 10 req/s a replica
+
+    def replica_count(*extra: str) -> tuple[int, str]:
+        assert main(["export", str(run_dir), "--format", "helm", *extra]) == 0
+        text = capsys.readouterr().out
+        return yaml.safe_load(text)["servingEngineSpec"]["modelSpec"][0]["replicaCount"], text
+
+    assert replica_count()[0] == 1
+    (run_dir / "best.json").write_text(
+        json.dumps({"trial": 0, "sizing": {"target_rate": 45.0, "replicas": 5}})
+    )
+    count, text = replica_count()
+    assert count == 5 and "# replicaCount 5: the run's sizing for 45 req/s" in text
+    assert replica_count("--replicas", "2")[0] == 2
+    assert main(["export", str(run_dir), "--format", "k8s"]) == 0  # a pod spec has no replica count
+    assert "replica" not in capsys.readouterr().out

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from autotune.core.config import VLLM_RELEASE
 from autotune.core.inputs import ChoiceOption
+
+if TYPE_CHECKING:
+    from autotune.outputs.export import RunInfo
+    from autotune.tune.study import TrialRecord
 
 DEFAULT_TAG = f"v{VLLM_RELEASE}"
 DEFAULT_SECRET, DEFAULT_SECRET_KEY = "hf-token", "token"
@@ -18,7 +23,7 @@ FORMAT_OPTIONS: tuple[ChoiceOption, ...] = (
     ("--image", "image", None, CONTAINERS),
     ("--secret", "secret", DEFAULT_SECRET, ("k8s", "helm")),
     ("--secret-key", "secret_key", DEFAULT_SECRET_KEY, ("k8s", "helm")),
-    ("--replicas", "replicas", 1, ("helm",)),
+    ("--replicas", "replicas", None, ("helm",)),
 )
 
 HELP = (
@@ -60,7 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_SECRET_KEY,
         help="k8s/helm: the key of HF_TOKEN in that Secret",
     )
-    parser.add_argument("--replicas", type=int, default=1, help="helm: replicaCount (default 1)")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        help="helm: replicaCount (default: the replicas the run sized for its --target-rate, else 1)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,10 +105,11 @@ def run(args: argparse.Namespace) -> int:
     if not chosen.feasible:
         reason = chosen.failure or "violates the SLOs"
         print(f"autotune export: warning: trial {chosen.number} is not feasible ({reason})", file=sys.stderr)
-    if args.replicas < 1:
+    if args.replicas is not None and args.replicas < 1:
         raise AutotuneError("--replicas must be at least 1")
+    replicas, why = replica_count(args.replicas, args.format, info, chosen)
     options = export.ExportOptions(
-        image=image, secret=args.secret, secret_key=args.secret_key, replicas=args.replicas
+        image=image, secret=args.secret, secret_key=args.secret_key, replicas=replicas, replicas_note=why
     )
     text = export.render(chosen.engine_config(), args.format, options=options)
     if is_simulated(info.meta):
@@ -125,3 +135,21 @@ def deployed_image(image: str | None, tag: str | None, recorded: str | None) -> 
     if recorded:
         return retag(recorded, tag) if tag else recorded
     return f"{IMAGE}:{tag or DEFAULT_TAG}"
+
+
+def replica_count(given: int | None, fmt: str, info: RunInfo, chosen: TrialRecord) -> tuple[int, str]:
+    """replicaCount and, when not given, where it came from: --replicas, else (helm) the replicas the run
+    sizes the chosen trial at for its --target-rate, else 1."""
+    from autotune.outputs.cost import sizing
+    from autotune.outputs.export import target_rate
+
+    if given is not None or fmt != "helm":  # only helm writes it: a broken best.json fails helm alone
+        return given or 1, ""
+    rate = target_rate(info)
+    sized = sizing(chosen, rate) if rate else None
+    if sized is None:
+        return 1, ""
+    return sized.replicas, (
+        f"the run's sizing for {rate:g} req/s (one replica serves {sized.per_replica_rate:.2f} req/s); "
+        "--replicas N to change"
+    )

@@ -35,6 +35,7 @@ MODEL_MOUNT = "/models"  # where a local model directory is mounted in a contain
 # The host's Hugging Face cache, left to the user's shell to expand (so it is double-quoted, not single).
 HF_CACHE_VOLUME = "$HOME/.cache/huggingface:/root/.cache/huggingface"
 RUN_FILE = "run.json"
+BEST_FILE = "best.json"  # the run's results (report.py): its "sizing" holds --target-rate
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,19 @@ def load_run(directory: str | Path) -> RunInfo:
         if (value is None and required) or (value is not None and not kind(value)):
             raise AutotuneError(f"{meta}: unreadable run file ({key!r} is {value!r})")
     return RunInfo(study=data["study"], storage=data["storage"], directory=path, meta=data)
+
+
+def target_rate(info: RunInfo) -> float | None:
+    """The req/s the run sized its recommendation for (`run --target-rate`, in best.json's "sizing"), or
+    None: no best.json yet, or no target rate."""
+    path = info.directory / BEST_FILE
+    if not path.is_file():
+        return None
+    data = read_json(path, "results file")
+    sizing = data.get("sizing") if isinstance(data, dict) else None
+    rate = sizing.get("target_rate") if isinstance(sizing, dict) else None
+    is_number = isinstance(rate, int | float) and not isinstance(rate, bool)
+    return float(rate) if is_number and rate > 0 else None
 
 
 def _text(value: Any) -> bool:
@@ -124,6 +138,7 @@ class ExportOptions:
     secret: str = "hf-token"
     secret_key: str = "token"
     replicas: int = 1
+    replicas_note: str = ""  # where replicaCount came from, when not from --replicas (a YAML comment)
 
 
 def render(
@@ -337,6 +352,8 @@ def helm_values(config: EngineConfig, options: ExportOptions = ExportOptions()) 
         "#   helm repo add vllm https://vllm-project.github.io/production-stack\n"
         "#   helm install vllm vllm/vllm-stack -f values.yaml\n"
     )
+    if options.replicas_note:
+        head += f"# replicaCount {options.replicas}: {options.replicas_note}\n"
     return head + yaml.safe_dump({"servingEngineSpec": {"modelSpec": [spec]}}, sort_keys=False)
 
 
