@@ -8,6 +8,7 @@ import re
 import shlex
 from pathlib import Path
 
+import optuna
 import pytest
 import yaml
 from cli import autotune
@@ -320,3 +321,23 @@ def test_helm_replicas_follow_the_runs_sizing_unless_given(
     assert replica_count("--replicas", "2")[0] == 2
     assert main(["export", str(run_dir), "--format", "k8s"]) == 0  # a pod spec has no replica count
     assert "replica" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("trial", "why"),
+    [(1, "trial 1 did not start (kv_cache_oom): vLLM would not serve it"), (2, "trial 2 did not finish")],
+)
+def test_a_trial_that_did_not_start_or_finish_is_refused(
+    trial: int, why: str, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing to deploy: vLLM refused the config, or the trial was interrupted before its verdict (they
+    were exported with a warning, exit 0). One that ran and missed an SLO still exports, with one."""
+    study = build_run(
+        tmp_path / "run",
+        [({"max_num_seqs": 256}, ok(5000, 2500, 30)), ({"max_num_seqs": 1024}, None)],  # slow; no KV room
+    )
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # interrupted
+    line = assert_rejected(["export", "{tmp}/run", "--trial", str(trial)], {}, tmp_path, capfd, monkeypatch)
+    assert why in line
+    assert main(["export", str(tmp_path / "run"), "--trial", "0"]) == 0
+    assert "warning: trial 0 is not feasible" in capfd.readouterr().err

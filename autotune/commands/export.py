@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         chosen = next((r for r in recs if r.number == args.trial), None)
         if chosen is None:
             raise AutotuneError(f"trial {args.trial} not found (or not finished) in {args.run_dir}")
+        refuse_unservable(chosen)
     else:
         maximize = [d == optuna.study.StudyDirection.MAXIMIZE for d in study.directions]
         names = study.metric_names or [f"objective {i}" for i in range(len(maximize))]
@@ -119,6 +120,22 @@ def run(args: argparse.Namespace) -> int:
             text = export.with_note(text, SIMULATED_NOTE)
     sys.stdout.write(text)
     return 0
+
+
+def refuse_unservable(chosen: TrialRecord) -> None:
+    """AutotuneError (one line) for a trial with no server to deploy: one that did not finish (no
+    verdict), or did not start (vLLM refused it, or the screen predicted it would). One that ran and
+    missed an SLO still serves: it is exported with a warning."""
+    from autotune.core.errors import STARTUP_FAILURES, AutotuneError
+
+    why = chosen.failure or "interrupted"
+    if chosen.state != "COMPLETE":
+        raise AutotuneError(f"trial {chosen.number} did not finish ({why}): pass another --trial")
+    if chosen.failure in STARTUP_FAILURES or not chosen.launched:
+        did = "was predicted not to start" if chosen.screened else "did not start"
+        raise AutotuneError(
+            f"trial {chosen.number} {did} ({why}): vLLM would not serve it; pass another --trial"
+        )
 
 
 def deployed_image(image: str | None, tag: str | None, recorded: str | None) -> str:
