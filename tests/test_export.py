@@ -341,3 +341,58 @@ def test_a_trial_that_did_not_start_or_finish_is_refused(
     assert why in line
     assert main(["export", str(tmp_path / "run"), "--trial", "0"]) == 0
     assert "warning: trial 0 is not feasible" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--image", "my registry/img"], "argument --image: value 'my registry/img' is not a Docker image"),
+        (["--image", "Vllm/OpenAI"], "is not a Docker image reference"),  # a repository is lowercase
+        (["--image", "vllm:bad:tag"], "is not a Docker image reference"),
+        (["--image", "vllm@sha256:xyz"], "is not a Docker image reference"),
+        (["--replicas", "10001"], "argument --replicas: value must be <= 10,000"),
+        (["--replicas", "99999999999999999999"], "argument --replicas: value must be <= 10,000"),
+        (["--replicas", "0"], "argument --replicas: value must be >= 1"),
+    ],
+)
+def test_an_image_or_replica_count_a_cluster_would_refuse_is_refused(
+    argv: list[str],
+    said: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    build_run(tmp_path / "run", [({"max_num_seqs": 256}, ok(4000, 1500, 20))])
+    line = assert_rejected(
+        ["export", "{tmp}/run", "--format", "helm", *argv], {}, tmp_path, capfd, monkeypatch
+    )
+    assert said in line
+
+
+def test_an_empty_run_path_is_named_as_such(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = assert_rejected(["export", ""], {}, tmp_path, capfd, monkeypatch)
+    assert line == "autotune export: error: an empty run path: pass a run folder, e.g. runs/<study>"
+
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize(
+    ("image", "repository", "tag"),
+    [
+        ("vllm/vllm-openai", "vllm/vllm-openai", "latest"),
+        ("localhost:5000/vllm_x/a-b:v1.2", "localhost:5000/vllm_x/a-b", "v1.2"),
+        (f"myreg.io/vllm@{DIGEST}", "myreg.io/vllm", f"latest@{DIGEST}"),  # was ("myreg.io/vllm@sha256", hex)
+        (f"vllm/vllm-openai:v1@{DIGEST}", "vllm/vllm-openai", f"v1@{DIGEST}"),
+    ],
+)
+def test_helm_splits_an_image_reference_into_repository_and_tag(
+    image: str, repository: str, tag: str
+) -> None:
+    """The chart writes `repository:tag`: a digest rides on the tag, so the image is the one given."""
+    (spec,) = yaml.safe_load(render(CONFIG, "helm", options=ExportOptions(image=image)))["servingEngineSpec"][
+        "modelSpec"
+    ]
+    assert (spec["repository"], spec["tag"]) == (repository, tag)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 DEFAULT_TAG = f"v{VLLM_RELEASE}"
 DEFAULT_SECRET, DEFAULT_SECRET_KEY = "hf-token", "token"
+MAX_REPLICAS = 10_000  # a replicaCount past it is a typo (Kubernetes takes up to 2**31 - 1)
 CONTAINERS = ("docker", "k8s", "helm")
 # The options only some formats use, as (flag, attribute, default, those formats): the others would
 # drop them unseen.
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--image",
-        type=arg(values.text),  # "" is not "the default image"
+        type=arg(images.image_reference),  # "" is not "the default image"; a space would split it
         help="container image (default: the one the run was tuned with, else vllm/vllm-openai:TAG)",
     )
     parser.add_argument(
@@ -67,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--replicas",
-        type=int,
+        type=arg(values.bounded_int, 1, MAX_REPLICAS),
         help="helm: replicaCount (default: the replicas the run sized for its --target-rate, else 1)",
     )
 
@@ -106,8 +107,6 @@ def run(args: argparse.Namespace) -> int:
     if not chosen.feasible:
         reason = chosen.failure or "violates the SLOs"
         print(f"autotune export: warning: trial {chosen.number} is not feasible ({reason})", file=sys.stderr)
-    if args.replicas is not None and args.replicas < 1:
-        raise AutotuneError("--replicas must be at least 1")
     replicas, why = replica_count(args.replicas, args.format, info, chosen)
     options = export.ExportOptions(
         image=image, secret=args.secret, secret_key=args.secret_key, replicas=replicas, replicas_note=why
@@ -143,13 +142,14 @@ def deployed_image(image: str | None, tag: str | None, recorded: str | None) -> 
     else vLLM's at --tag. AutotuneError for --tag with --image: the image names its own tag."""
     from autotune.core.errors import AutotuneError
     from autotune.outputs.export import IMAGE
-    from autotune.outputs.images import retag
+    from autotune.outputs.images import image_reference, retag
 
     if image is not None:
         if tag is not None:
             raise AutotuneError(f"--tag {tag} with --image {image}: give the tag in --image (REPO:TAG)")
         return image
     if recorded:
+        image_reference(recorded, "the run's image (run.json)")
         return retag(recorded, tag) if tag else recorded
     return f"{IMAGE}:{tag or DEFAULT_TAG}"
 

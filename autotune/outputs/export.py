@@ -57,6 +57,8 @@ class RunInfo:
 def load_run(directory: str | Path) -> RunInfo:
     """Read runs/<study>/run.json; AutotuneError (one line) when the folder is not a run or its run.json
     was edited into something else (a list, a number for the study, no storage)."""
+    if not str(directory).strip():  # Path("") is ".", which the error would show as the empty name
+        raise AutotuneError("an empty run path: pass a run folder, e.g. runs/<study>")
     path = Path(directory)
     meta = path / RUN_FILE
     if not meta.is_file():
