@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shlex
+import socket
+import time
 from pathlib import Path
 
 import optuna
@@ -18,6 +21,7 @@ from test_study import build_run, ok
 from autotune.cli import main
 from autotune.core.config import EngineConfig
 from autotune.outputs.export import HF_CACHE_VOLUME, ExportOptions, RunInfo, load_run, parse_command, render
+from autotune.store.lease import LEASE_KEY, Driver
 
 CONFIG = EngineConfig(
     model="meta-llama/Llama-3.1-8B-Instruct",
@@ -396,3 +400,22 @@ def test_helm_splits_an_image_reference_into_repository_and_tag(
         "modelSpec"
     ]
     assert (spec["repository"], spec["tag"]) == (repository, tag)
+
+
+def test_a_run_still_running_exports_its_best_so_far_with_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A study whose driver holds its lease (alive: this process) is still running: the export says its
+    pick may change, on stderr, exit 0; released, no note."""
+    study = build_run(tmp_path / "run", [({"max_num_seqs": 256}, ok(4000, 1500, 20))])
+    driver = Driver(id="d1", pid=os.getpid(), host=socket.gethostname(), renewed=time.time())
+    study._storage.set_study_system_attr(study._study_id, LEASE_KEY, dict(driver.__dict__))
+    assert main(["export", str(tmp_path / "run"), "--format", "docker"]) == 0
+    err = capsys.readouterr().err
+    assert err == (
+        f"autotune export: note: {tmp_path / 'run'} is still running (pid {os.getpid()} on "
+        f"{socket.gethostname()}): this is its best config so far, which may change\n"
+    )
+    study._storage.set_study_system_attr(study._study_id, LEASE_KEY, dict(driver.__dict__, renewed=0.0))
+    assert main(["export", str(tmp_path / "run"), "--format", "docker"]) == 0
+    assert capsys.readouterr().err == ""

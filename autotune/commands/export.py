@@ -10,6 +10,8 @@ from autotune.core.config import VLLM_RELEASE
 from autotune.core.inputs import ChoiceOption
 
 if TYPE_CHECKING:
+    import optuna
+
     from autotune.outputs.export import RunInfo
     from autotune.tune.study import TrialRecord
 
@@ -104,6 +106,13 @@ def run(args: argparse.Namespace) -> int:
         chosen = decide(recs, maximize, names, StoredRepeats.of(study).values).trial
         if chosen is None:
             raise AutotuneError(f"{args.run_dir} has no feasible trial to recommend; pass --trial N")
+    running = still_running(study)
+    if running:
+        so_far = "its best config so far, which may change" if args.trial is None else "a trial of it"
+        print(
+            f"autotune export: note: {args.run_dir} is still running ({running}): this is {so_far}",
+            file=sys.stderr,
+        )
     if not chosen.feasible:
         reason = chosen.failure or "violates the SLOs"
         print(f"autotune export: warning: trial {chosen.number} is not feasible ({reason})", file=sys.stderr)
@@ -119,6 +128,14 @@ def run(args: argparse.Namespace) -> int:
             text = export.with_note(text, SIMULATED_NOTE)
     sys.stdout.write(text)
     return 0
+
+
+def still_running(study: optuna.Study) -> str:
+    """Who is still running the study ("pid N on HOST"), from its driver's lease; "" when none is."""
+    from autotune.store.lease import current_driver
+
+    driver = current_driver(study)
+    return f"pid {driver.pid} on {driver.host}" if driver is not None and driver.alive() else ""
 
 
 def refuse_unservable(chosen: TrialRecord) -> None:
