@@ -167,6 +167,21 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], str]] = [
         {},
         "bad --set: pipeline_parallel_size='two'",
     ),
+    # vLLM's yes/no flags take no value (`--enforce-eager maybe` is read as a second model)
+    ("set-eager-maybe", ["bench", "--set", "enforce_eager=maybe"], {}, "enforce_eager='maybe': expected"),
+    ("set-trust-7", ["bench", "--set", "trust_remote_code=7"], {}, "trust_remote_code=7: expected true or"),
+    (
+        "space-async-fixed-text",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space(PARAM, "  async_scheduling: 'yes'"),
+        "async_scheduling='yes': expected true or false",
+    ),
+    (
+        "space-expert-choices-int",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space("  enable_expert_parallel: {type: categorical, choices: [true, 0]}"),
+        "enable_expert_parallel=0: expected true or false",
+    ),
     (
         "space-chunk-cap-text",
         ["run", "--space", "{tmp}/s.yaml"],

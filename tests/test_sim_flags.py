@@ -113,6 +113,24 @@ def test_sim_server_serves_enforce_eager_and_refuses_a_dtype_it_cannot_model() -
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def test_yes_no_flags_go_on_the_command_line_as_vllm_takes_them() -> None:
+    """vLLM 0.11's yes/no flags are BooleanOptionalActions: `--enforce-eager` or `--no-enforce-eager`,
+    never a value after the flag; sim-server (a drop-in for `vllm serve`) takes both spellings, and a
+    command line with the flag before the model reads back to the same config."""
+    from autotune.cli import build_parser
+
+    config = EngineConfig(model=LLAMA_8B).replace(enforce_eager=False, trust_remote_code=True)
+    args = config.to_args()
+    assert "--no-enforce-eager" in args and "--trust-remote-code" in args
+    assert not {"True", "False", "true", "false"} & set(args)
+    parsed = build_parser().parse_args(["sim-server", *args])
+    assert parsed.enforce_eager is False and parsed.trust_remote_code is True
+    flags_first = ["vllm", "serve", "--enforce-eager", "--no-trust-remote-code", LLAMA_8B]
+    assert EngineConfig.from_args(flags_first) == EngineConfig(model=LLAMA_8B).replace(
+        enforce_eager=True, trust_remote_code=False
+    )
+
+
 def test_sim_server_reads_human_readable_ints_as_vllm_serve() -> None:
     """vLLM parses --max-model-len and --max-num-batched-tokens with `human_readable_int`
     (vllm/engine/arg_utils.py): k/m/g are decimal (fractions allowed), K/M/G binary (whole numbers)."""

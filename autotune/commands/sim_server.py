@@ -66,7 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=human_readable_int)
     parser.add_argument("--kv-cache-dtype")
     parser.add_argument("--served-model-name", help="the model name clients use (default: the model)")
-    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (every step eager)")
+    # vLLM 0.11's yes/no flags are BooleanOptionalActions: a trial's config may say `--no-enforce-eager`
+    parser.add_argument(
+        "--enforce-eager", action=argparse.BooleanOptionalAction, help="no CUDA graphs (every step eager)"
+    )
     parser.add_argument(
         "--long-prefill-token-threshold", type=int, default=0, metavar="N",
         help="the longest prefill chunk a request may take in a step (0: no cap)",
@@ -74,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ignored = parser.add_argument_group("accepted for compatibility with vllm serve; ignored")
     for flag in ("--load-format", "--dtype", "--seed", "--download-dir", "--uvicorn-log-level"):
         ignored.add_argument(flag)
-    for flag in ("--trust-remote-code", "--disable-log-requests", "--disable-log-stats"):
+    ignored.add_argument("--trust-remote-code", action=argparse.BooleanOptionalAction)
+    for flag in ("--disable-log-requests", "--disable-log-stats"):
         ignored.add_argument(flag, action="store_true")
     # vLLM's token for Hugging Face downloads (alone: the cached login's); the simulator downloads nothing
     ignored.add_argument("--hf-token", nargs="?", const=True, metavar="TOKEN")

@@ -20,7 +20,19 @@ DEFAULT_IMAGE = f"{VLLM_IMAGE}:v{VLLM_RELEASE}"
 LARGE_GPU_MIN_GIB = 70
 LARGE_GPU_DEFAULTS = (1024, 8192)  # (max_num_seqs, max_num_batched_tokens) on >= 70 GiB GPUs but A100
 SMALL_GPU_DEFAULTS = (256, 2048)
-BOOL_FLAGS = ("enable_chunked_prefill", "enable_prefix_caching")
+# vLLM's yes/no flags autotune knows: every one a `bool` config field, so an argparse
+# BooleanOptionalAction in vLLM 0.11 (`--enforce-eager` / `--no-enforce-eager`, no value: `--enforce-eager
+# maybe` reads "maybe" as a second model). A value of them must be true or false (flag_problem).
+BOOL_FLAGS = (
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "enforce_eager",
+    "trust_remote_code",
+    "async_scheduling",
+    "enable_expert_parallel",
+    "disable_custom_all_reduce",
+    "calculate_kv_scales",
+)
 # A pass-through flag (`extra`) that the simulated engine's scheduler models (sim/flags.py).
 LONG_PREFILL = "long_prefill_token_threshold"
 PARTIAL_PREFILL_LIMITS = ("max_num_partial_prefills", "max_long_partial_prefills")  # V0 only
@@ -126,6 +138,9 @@ class EngineConfig:
                 continue
             if name.startswith("no_") and not inline:
                 values[name[3:]] = False
+                i += 1
+            elif name in BOOL_FLAGS and not inline:  # a yes/no flag takes no value: the next token is not it
+                values[name] = True
                 i += 1
             elif inline:
                 values[name] = _parse_value(inline)
