@@ -153,6 +153,14 @@ def test_a_budgeted_guided_estimate_counts_what_the_budget_affords_at_the_budget
     assert "at most 9 trials" in budget_text(1.0, estimate.trial_gpu_s)
 
 
+def test_the_budget_line_without_gpu_hours_says_when_the_run_stops() -> None:
+    """No --gpu-hours: the line names both stops, not a sentence cut after "when the guide"."""
+    for per in (None, 392.0):
+        assert budget_text(None, per).endswith(
+            "no --gpu-hours: the run stops at --n-trials or when the guide predicts nothing better is left"
+        )
+
+
 def test_a_resumed_estimate_counts_only_what_is_left() -> None:
     """On resume the study's measured trials, the baseline among them, and its re-measurements are not
     estimated again; nothing left says so."""

@@ -191,8 +191,9 @@ def budget_text(budget_h: float | None, trial_gpu_s: float | None) -> str:
 
     per = f"a trial costs about {clock(trial_gpu_s)} of GPU time (the estimate above)" if trial_gpu_s else ""
     if budget_h is None:
-        return (per + "; " if per else "") + "no --gpu-hours: the run stops at --n-trials or when the guide "
-        "predicts nothing better is left"
+        return (per + "; " if per else "") + (
+            "no --gpu-hours: the run stops at --n-trials or when the guide predicts nothing better is left"
+        )
     if trial_gpu_s and budget_h * 3600 < trial_gpu_s:
         return (
             f"budget {budget_h:g} GPU-h affords no trial: one costs about {trial_gpu_s / 3600:.2f} GPU-h "
