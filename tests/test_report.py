@@ -242,6 +242,41 @@ def test_the_fronts_count_of_trials_leaves_duplicates_out_on_both_sides(tmp_path
     assert table.startswith("Feasible Pareto front (1 point; 1 of 1 trials feasible (1 duplicate left out)):")
 
 
+def test_a_baseline_that_crashed_before_anything_completed_shows_nothing_as_measured(tmp_path: Path) -> None:
+    """Its server was killed mid-trial with no request done: its metrics are placeholders (vLLM's 0 for
+    percentiles of nothing, 0 req/s), so trials.csv leaves them empty, the front's title stays true to
+    "feasible" (the crashed row sits under its own heading, with "-"), and the verdict says the defaults
+    failed and why instead of comparing with zeros ("p99_ttft_ms 45.53 (baseline 0)")."""
+    import csv
+
+    from autotune.core.errors import FailureKind
+    from autotune.measure.metrics import compute_metrics
+    from autotune.measure.result import TrialResult
+
+    crashed = TrialResult(config=ok(0, 0, 0).config, failure=FailureKind.CRASHED)
+    crashed.message, crashed.benchmark = "server exited with code 137", compute_metrics([], 30.0)
+    study = build_run(
+        tmp_path,
+        [({"max_num_seqs": 1024, "baseline": True}, crashed), ({"max_num_seqs": 256}, ok(4800, 45.53, 9))],
+    )
+    out = outcome(records(study), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    report.write_all(tmp_path, out)
+    with (tmp_path / "trials.csv").open() as f:
+        base = next(csv.DictReader(f))
+    assert base["reason"] == "crashed"
+    unmeasured = ["output_throughput", "p99_ttft_ms", "p99_itl_ms", "p99_tpot_ms", "margin_ttft_p99"]
+    assert [base[name] for name in unmeasured] == [""] * len(unmeasured), base
+    title, _, first, *rest = report.front_table(out).splitlines()
+    assert title.startswith("Feasible Pareto front") and first.startswith("*  #1")
+    assert rest[0].startswith("Not feasible") and "#0" in rest[1] and "baseline (crashed)" in rest[1]
+    assert " 0 " not in rest[1] and rest[1].split()[1:4] == ["-", "-", "-"], rest
+    verdict = out.verdict()
+    assert "(trial #0) failed: crashed (server exited with code 137)" in verdict, verdict
+    assert "baseline 0" not in verdict and "vs the defaults" not in verdict
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["verdict"] == verdict
+
+
 def test_best_json_and_the_dashboard_note_speak_of_latencies_only_when_there_are_some(tmp_path: Path) -> None:
     """Throughput alone: no latency breaks ties or is told for a failed config; the default objectives'
     texts are unchanged."""

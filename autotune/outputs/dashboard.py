@@ -140,7 +140,8 @@ def note_markdown(name: str, out: Any) -> str:
     if base is not None and base.values:
         status = "feasible" if base.feasible else base.failure or "violates the SLOs"
         base_values = ", ".join(
-            f"{n} {fmt_number(v)}" for n, v in zip(out.objective_names, base.values, strict=False)
+            f"{n} {fmt_number(v) if base.measured else '-'}"
+            for n, v in zip(out.objective_names, base.values, strict=False)
         )
         lines += [
             f"**Baseline ({defaults_label(base)}), trial #{base.number}:** {base_values} ({status})",
@@ -197,7 +198,7 @@ def pareto_figure(out: Any) -> dict[str, Any]:
 
     names = out.objective_names
     x_i = 1 if len(names) > 1 else 0
-    measured = [r for r in out.records if r.values and r.metrics and r.duplicate_of is None]
+    measured = [r for r in out.records if r.values and r.measured and r.duplicate_of is None]
     front = {r.number for r in out.front}
     groups = [
         ("violates SLO / aborted", "#c44e52", "x", [r for r in measured if not r.feasible]),

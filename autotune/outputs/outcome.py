@@ -76,6 +76,8 @@ class Outcome:
         verdict's "vs the defaults" does, so one column reads the same under any objective."""
         if self.baseline is None or not self.baseline.values or not record.values:
             return None
+        if not (self.baseline.measured and record.measured):  # placeholders, not measurements
+            return None
         base = self.baseline.values[0]
         return record.values[0] / base - 1 if base else None
 
@@ -91,6 +93,8 @@ class Outcome:
         text = self.decision.text
         best, base = self.decision.candidate, self.baseline
         if best is None or base is None or not base.values or best.number == base.number:
+            return text
+        if not base.measured:  # a failure before any request completed: its values are placeholders
             return text
         changes = ", ".join(
             f"{name} {_change(new, old)}"
@@ -128,6 +132,8 @@ class Outcome:
         """`gain` per GPU of each replica (None: the objective is not a throughput per replica)."""
         base = self.baseline
         if not self.per_replica() or base is None or not base.values or not record.values:
+            return None
+        if not (base.measured and record.measured):
             return None
         theirs = base.values[0] / gpus_per_replica(base.config)
         return record.values[0] / gpus_per_replica(record.config) / theirs - 1 if theirs else None

@@ -48,11 +48,11 @@ def plot_pairs(path: Path, out: Outcome) -> Path:
     names = out.objective_names
     pairs = list(itertools.combinations(range(len(names)), 2)) or [(0, 0)]
     fig, axes = plt.subplots(1, len(pairs), figsize=(5.2 * len(pairs), 4.6), dpi=100, squeeze=False)
-    measured = [r for r in out.records if r.values and r.metrics and r.duplicate_of is None]
+    measured = [r for r in out.records if r.values and r.measured and r.duplicate_of is None]
     limits = slo_limits(out.slos)
     for ax, (y, x) in zip(axes[0], pairs, strict=True):
         _pair_panel(ax, out, measured, x if x != y else None, y, limits)
-    failed = sum(1 for r in out.records if not r.metrics)
+    failed = sum(1 for r in out.records if not r.measured)
     fig.suptitle(
         f"{len(out.records)} trials ({failed} failed or rejected, not drawn); "
         f"SLO: {', '.join(out.slos) or 'none'}",

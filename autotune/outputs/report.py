@@ -48,15 +48,17 @@ def front_table(out: Outcome, limit: int = 15) -> str:
         rows.append([mark, f"#{r.number}", *values, _gain_text(out.change(r)), *cells, _params_text(r)])
     base = out.baseline
     if base and base.values and all(r.number != base.number for r in out.front[:limit]):
-        status = base.status
-        values = [_fmt(v) for v in base.values]
+        values = [_fmt(v) if base.measured else "-" for v in base.values]
         cells = [f(base) for f in extra.values()]
-        rows.append(["", f"#{base.number}", *values, f"baseline ({status})", *cells, _params_text(base)])
+        rows.append(["", f"#{base.number}", *values, f"baseline ({base.status})", *cells, _params_text(base)])
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
     lines = [
         "  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
         for row in [headers, *rows]
     ]
+    if base and not base.feasible and len(rows) > len(out.front[:limit]):
+        # the infeasible baseline is a reference, not part of a table titled "feasible"
+        lines.insert(-1, "Not feasible, for reference:")
     shown = f", top {limit} by {out.objective_names[0]} shown" if len(out.front) > limit else ""
     # feasible() leaves duplicates out (each repeats an earlier trial's result): so does the count of all
     dups = sum(r.duplicate_of is not None for r in out.records)
@@ -128,8 +130,8 @@ def _row(r: TrialRecord, out: Outcome) -> dict[str, Any]:
     }
     row.update(r.params)
     # A failure before any measurement was told placeholder values (a throughput of 0, margins of 100 for
-    # the sampler's constraints): an empty cell says nothing was measured.
-    measured = r.failure is None or bool(r.metrics)
+    # the sampler's constraints, 0 ms for latencies of no request): an empty cell says nothing was measured.
+    measured = r.measured
     for name, value in zip(out.objective_names, r.values or [None] * len(out.objective_names), strict=False):
         row[name] = value if measured else None
     if out.repeats.values.get(str(r.number)) and r.values:  # the mean the pick rests on, beside run 1's
@@ -138,7 +140,7 @@ def _row(r: TrialRecord, out: Outcome) -> dict[str, Any]:
     row.update({f"margin_{k}": v if measured else None for k, v in r.margins.items()})
     fallback = _summary_fallbacks(r)
     for key in SUMMARY_METRICS:
-        value = r.metrics[key] if key in r.metrics else fallback.get(key)
+        value = r.metrics[key] if key in r.metrics and measured else fallback.get(key)
         if value is not None:
             row[key] = value
     row["gpus_per_replica"] = gpus_per_replica(r.config) if r.config else None

@@ -262,7 +262,7 @@ def _all_trials(out: Outcome) -> str:
         status = r.status
         if r.duplicate_of is not None:
             status += f" (same config as #{r.duplicate_of})"
-        values = [fmt_number(v) if r.metrics else "" for v in r.values or [None] * len(out.objective_names)]
+        values = [fmt_number(v) if r.measured else "" for v in r.values or [None] * len(out.objective_names)]
         css = "rec" if out.best is not None and r.number == out.best.number else ""
         rows.append((css, [f"#{r.number}", r.state.lower(), *values, status, short_params(r.params)]))
     n = len(head)

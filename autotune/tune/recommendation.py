@@ -122,6 +122,17 @@ def _commonest_failure(recs: Sequence[TrialRecord]) -> str:
     return f"; {n} of {len(launched)} launched failed alike: {failure} ({brief(message)})"
 
 
+def _defaults_unmet(base: TrialRecord, defaults: str) -> str:
+    """The verdict's words on an infeasible baseline: a failure with its reason (a crash is not an SLO
+    missed), else the SLOs it missed; then that the recommendation meets them."""
+    who = f"{defaults} (trial #{base.number})"
+    if not base.failure:
+        return f"{who} do not meet the SLOs (violates the SLOs); this config does"
+    message = " ".join(base.message.split())
+    reason = f"{base.failure} ({message[:200]})" if message else base.failure
+    return f"{who} failed: {reason}; this config meets the SLOs"
+
+
 def _decide(
     recs: Sequence[TrialRecord],
     maximize: Sequence[bool],
@@ -139,11 +150,7 @@ def _decide(
         text = f"Recommended: trial #{candidate.number} (no baseline trial in this study to compare with)."
         return Recommendation(candidate, candidate, base, None, False, text)
     if not base.feasible:
-        why = base.failure or "violates the SLOs"
-        text = (
-            f"Recommended: trial #{candidate.number}: {defaults} (trial #{base.number}) do not meet the "
-            f"SLOs ({why}); this config does."
-        )
+        text = f"Recommended: trial #{candidate.number}: {_defaults_unmet(base, defaults)}."
         return Recommendation(candidate, candidate, base, None, False, text)
     if candidate.number == base.number:
         text = (

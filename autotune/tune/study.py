@@ -106,6 +106,13 @@ class TrialRecord:
         )
 
     @property
+    def measured(self) -> bool:
+        """Whether its values and metrics were measured: False for a failure before any request completed,
+        whose values are placeholders (the sampler's for a config that never ran; vLLM's 0 req/s and 0 ms
+        percentiles of nothing for a server that died before a request finished)."""
+        return self.failure is None or bool(self.metrics.get("completed"))
+
+    @property
     def kept_up(self) -> bool | None:
         """Whether the server kept up with the load: the capacity search's verdict, else the window's."""
         if self.capacity is not None:
