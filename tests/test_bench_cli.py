@@ -100,6 +100,37 @@ def test_bench_capacity_says_what_its_brackets_unmeasured_top_is(capsys: pytest.
     assert not capacity["bound_measured"] and capacity["bracket"][1] < 1.1 * capacity["saturation_throughput"]
 
 
+def test_a_probes_progress_line_names_what_each_figure_is_over() -> None:
+    """The line said "0.00 req/s; p99 TTFT 0 ms" for an abort before a measured request completed,
+    "served 180.88 of 179.95 req/s (its backlog grew)" (completions in the window include warm-up ones;
+    the backlog is the trend of the requests in the server), and a p99 of 1370 ms beside "199 of 4508
+    requests already over 2000 ms" (the p99 is over the completed ones, the abort counts waiting ones)."""
+    from test_study import bench
+
+    from autotune.commands.bench_progress import outcome
+    from autotune.core.config import EngineConfig
+    from autotune.core.errors import FailureKind
+    from autotune.measure.load_report import LoadReport, SteadyState
+    from autotune.measure.metrics import compute_metrics
+    from autotune.measure.result import TrialResult
+
+    config = EngineConfig(model=MODEL)
+    reason = "p99_ttft_ms cannot be met: 54 of 4498 requests already over 2000 ms"
+    nothing = TrialResult(config, compute_metrics([], 8.0), FailureKind.EARLY_ABORT, reason)
+    line = outcome(nothing)
+    assert line == f"no measured request completed; early_abort: {reason}", line
+    steady = SteadyState(179.95, 180.88, 0.031, 0.02, 0.0, kept_up=False)
+    grew = TrialResult(config, bench(4000, 1370, 20), load=LoadReport(steady=steady))
+    line = outcome(grew)
+    assert "served 180.88 of 179.95" not in line
+    assert line.startswith(
+        "window: 179.95 req/s sent, 180.88 req/s finished (warm-up requests included), its backlog grew by "
+        "3.1% of arrivals (2.0% allowed); p99 TTFT 1370 ms, p99 ITL 20 ms over its 100 completed"
+    ), line
+    cut = dataclasses.replace(grew, failure=FailureKind.EARLY_ABORT, message=reason)
+    assert outcome(cut) == f"p99 TTFT 1370 ms, p99 ITL 20 ms over its 100 completed; early_abort: {reason}"
+
+
 def test_a_bracket_topped_by_the_saturation_margin_says_so() -> None:
     from autotune.commands.bench_report import capacity_lines
     from autotune.measure.capacity_report import CapacityReport

@@ -85,26 +85,47 @@ def describe(workload: Any) -> str:
 
 
 def outcome(result: TrialResult) -> str:
-    """A measurement's result in a few words."""
+    """A measurement's result in a few words: each figure named with what it is taken over (the window's
+    arrivals and completions, the completed requests), none shown where nothing was measured."""
     bench = result.benchmark
     parts = []
-    if bench is not None:
-        steady = result.load.steady if result.load is not None else None
-        saturation = result.load.saturation if result.load is not None else None
-        if steady is not None:
-            # the window's backlog test alone: the probe's verdict pools windows and, below the
-            # saturation throughput, asks only that most of the rate was served (trial/probe.py)
-            grew = "" if steady.kept_up else " (its backlog grew)"
-            parts.append(f"served {steady.served_rate:.2f} of {steady.offered_rate:.2f} req/s{grew}")
-        elif saturation is not None:
-            parts.append(
-                f"{bench.request_throughput:.2f} req/s over the burst, {saturation.throughput:.2f} "
-                f"while its batch was full (the saturation throughput)"
-            )
-        else:
-            parts.append(f"{bench.request_throughput:.2f} req/s")
+    if bench is not None and bench.completed == 0:
+        parts.append("no measured request completed")  # vLLM's 0 req/s and 0 ms say nothing here
+    elif bench is not None:
+        parts += _pace(result)
         ttft, itl = bench.latency_ms["ttft"]["p99"], bench.latency_ms["itl"]["p99"]
-        parts.append(f"p99 TTFT {ttft:.0f} ms, p99 ITL {itl:.0f} ms")
+        # the completed ones only: an early abort also counts requests still waiting (over all sent)
+        parts.append(f"p99 TTFT {ttft:.0f} ms, p99 ITL {itl:.0f} ms over its {bench.completed:,} completed")
     if result.failure is not None:
         parts.append(f"{result.failure}: {result.message}")
     return "; ".join(parts) or "no result"
+
+
+def _pace(result: TrialResult) -> list[str]:
+    """How the measurement kept pace: a probe window's arrivals, completions and backlog, or a burst's
+    throughputs ([] after an early abort: its cancelled requests are in no count of the window)."""
+    bench, load = result.benchmark, result.load
+    assert bench is not None
+    steady = load.steady if load is not None else None
+    saturation = load.saturation if load is not None else None
+    if steady is not None and result.failure is None:
+        # completions in the window include warm-up requests: they may outnumber its arrivals while the
+        # backlog, judged by the trend of the requests in the server, still grew
+        grew = (
+            "its backlog held"
+            if steady.kept_up
+            else f"its backlog grew by {steady.backlog_growth:.1%} of arrivals "
+            f"({steady.backlog_allowed:.1%} allowed)"
+        )
+        return [
+            f"window: {steady.offered_rate:.2f} req/s sent, {steady.served_rate:.2f} req/s finished "
+            f"(warm-up requests included), {grew}"
+        ]
+    if saturation is not None:
+        return [
+            f"{bench.request_throughput:.2f} req/s over the burst, {saturation.throughput:.2f} "
+            f"while its batch was full (the saturation throughput)"
+        ]
+    if result.failure is not None:
+        return []
+    return [f"{bench.request_throughput:.2f} req/s"]
