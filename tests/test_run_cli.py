@@ -173,6 +173,36 @@ def test_ctrl_c_before_the_first_trial_says_how_to_continue(tmp_path: Path) -> N
     assert "autotune run: 0 finished trials kept in" in err and "the same command with --resume" in err
 
 
+def test_a_stop_a_finalizer_swallowed_during_the_estimate_still_stops_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGTERM while Python runs a weakref callback during the estimate: its KeyboardInterrupt is
+    discarded ("Exception ignored in ..."), yet the run stops before its first trial, exit 130."""
+    import weakref
+
+    import autotune.commands.run as run_command
+
+    estimate = run_command._estimate
+
+    class Doomed:
+        pass
+
+    def estimate_then_stop(*args: object) -> object:
+        doomed = Doomed()
+        weakref.finalize(doomed, os.kill, os.getpid(), signal.SIGTERM)
+        del doomed  # the callback runs here, and the handler's KeyboardInterrupt is lost
+        return estimate(*args)
+
+    monkeypatch.setattr(run_command, "_estimate", estimate_then_stop)
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: None)  # not pytest's warning
+    args = ["run", "--space", "small", "--load", "fixed", "--runs-dir", str(tmp_path)]
+    code = main([*args, "--study", "lost", "--n-trials", "2", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert "autotune run: 0 finished trials kept in" in err and err.endswith("autotune run: interrupted\n")
+    assert counted_trials(tmp_path / "lost" / "study.db", "lost") == (0, 0)
+
+
 def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--slo", "ttft_p99=2s"]
     # At a fixed load (short trials): this is about Ctrl-C, not about what a trial measures.

@@ -17,6 +17,7 @@ from autotune.core.values import counted
 from autotune.sim.noise import noise_model
 
 if TYPE_CHECKING:  # the modules a run needs are imported when it starts (`--help` stays quick)
+    from autotune.core.interrupts import StopRecord
     from autotune.measure.slo import Slo
     from autotune.tune.space import SearchSpace
     from autotune.workloads.spec import WorkloadSpec
@@ -223,9 +224,9 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
 
     executor, session = open_executor(args, s)  # Ray's start (if any) first: it has its SIGTERM handler
     try:
-        with sigterm_as_ctrl_c():
+        with sigterm_as_ctrl_c() as stops:
             try:
-                return _tune(args, s, settings, sampler, executor)
+                return _tune(args, s, settings, sampler, executor, stops)
             except run_end.STORAGE_ERRORS() as exc:  # opening the study, taking its lease: before any trial
                 raise RunFailure(
                     f"the storage failed: {storage_error(exc)}; once fixed, {run_end.RESUME_HINT}"
@@ -237,8 +238,12 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
             session.close()
 
 
-def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, executor: Any) -> int:
-    """Open the study (one driver: store/lease.py), run the tuner, write the results whatever happens."""
+def _tune(
+    args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, executor: Any, stops: StopRecord
+) -> int:
+    """Open the study (one driver: store/lease.py), run the tuner, write the results whatever happens.
+    `stops`: the stop signals noted so far; checked at each phase boundary (a stop's own
+    KeyboardInterrupt can be swallowed by a finalizer: core/interrupts.py)."""
     from autotune.commands.run_guide import finish_guided, make_guided
     from autotune.core.errors import RunFailure
     from autotune.dispatch.ray_cluster import ClusterLost
@@ -275,7 +280,9 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
             if line:
                 print(f"autotune: {line}", file=sys.stderr)
         estimate = _estimate(args, s, executor.capacity, study)
+        stops.check()
         guide = make_guided(args, s, estimate)  # None: not a guided run
+        stops.check()
         screen = (
             None if args.no_screen else make_screen(s.space.model, s.space.gpu, calibration=s.calibration)
         )
@@ -306,7 +313,9 @@ def _tune(args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, exec
             on_told=note.update,
             guide=guide,
         )
+        stops.check()  # the tuner's loop takes stops as a flag from here on
         summary = run_end.run_tuner(tuner, study, s.run_dir)
+        stops.check()  # one that came between the checks and the loop's own handler
         finish_guided(guide, study, s.run_dir, summary.ended_by())
     except RunFailure as exc:
         if isinstance(exc, ClusterLost):  # the storage is fine: the results are written as after Ctrl-C

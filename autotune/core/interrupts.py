@@ -7,6 +7,9 @@ does that to background jobs), and its SIGTERM must still stop it. An ignored Ct
 so does a SIGHUP ignored at start (`nohup`: the user asked the run to outlive the terminal).
 While the results are written, a stop only takes note, and is raised once they are all on disk: a
 report is never half-written by an interrupt, and the run never exits 0 after one.
+Before the tuner's loop, a stop raises KeyboardInterrupt at once and is noted too (`StopRecord`):
+Python discards an exception raised while it runs a finalizer or a weakref callback ("Exception
+ignored in ..."), so the run checks the note at its phase boundaries and raises a stop that was lost.
 """
 
 from __future__ import annotations
@@ -47,16 +50,36 @@ def on_stop(handler: Callable[[], None], ctrl_c: bool = True) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _interrupt() -> None:
-    raise KeyboardInterrupt
+class StopRecord:
+    """A stop signal's handler: raises KeyboardInterrupt, as Ctrl-C does by default, and notes the stop.
+
+    The raise alone can be lost: one that lands while Python runs a finalizer or a weakref callback is
+    printed ("Exception ignored in ...") and discarded. `check` raises it again from ordinary code.
+    """
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def __call__(self) -> None:
+        self.stopped = True  # before raising: the raise may be swallowed, the note stays
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise KeyboardInterrupt if a stop came (its own raise may have been swallowed)."""
+        if self.stopped:
+            raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
-def sigterm_as_ctrl_c() -> Iterator[None]:
-    """While the block runs, SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does by default
-    (the tuner's loop and `deferred_ctrl_c` install their own handling of all three inside it)."""
-    with on_stop(_interrupt, ctrl_c=False):
-        yield
+def sigterm_as_ctrl_c() -> Iterator[StopRecord]:
+    """While the block runs, Ctrl-C (unless ignored), SIGTERM and SIGHUP raise KeyboardInterrupt and are
+    noted in the StopRecord yielded: the block calls its `check` at phase boundaries, and a block that
+    ends normally after a stop raises it (the tuner's loop and `deferred_ctrl_c` install their own
+    handling of all three inside it)."""
+    stops = StopRecord()
+    with on_stop(stops):
+        yield stops
+    stops.check()  # a stop swallowed after the last phase boundary: the run must not end as finished
 
 
 @contextlib.contextmanager

@@ -117,9 +117,9 @@ class Tuner:
     def run(self) -> RunSummary:
         """Run until n_trials trials are COMPLETE or the timeout; Ctrl-C cancels and re-raises."""
         start = self._started = time.monotonic()
-        self._load_existing()
         try:
             with self._ctrl_c_between_steps():
+                self._load_existing()  # inside: a stop while the study is read is a flag, never swallowed
                 timed_out = self._loop(start)
                 repeated = 0 if timed_out else self._remeasure()
         except (KeyboardInterrupt, ClusterLost):  # the cluster gone: stop like Ctrl-C, finished trials kept
