@@ -282,6 +282,24 @@ def test_a_gpu_alias_is_shown_recorded_and_named_by_the_catalog_name(
     assert json.loads((run_dir / "run.json").read_text())["gpu"] == "H100"
 
 
+def test_a_resume_with_an_edited_workload_file_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The study records its workload's content: the same file edited since is another workload (it was
+    resumed, one study mixing two); the bundled file of the same content resumes it."""
+    workload = tmp_path / "wl.yaml"
+    workload.write_text((Path(__file__).parents[1] / "workloads" / "chat.yaml").read_text())
+    base = ["run", "--space", "small", "--quiet", "--runs-dir", str(tmp_path), "--study", "ed"]
+    assert main([*base, "--workload", str(workload), "--n-trials", "1"]) == 0
+    workload.write_text(workload.read_text().replace("mean: 1000,", "mean: 2000,"))
+    capsys.readouterr()
+    assert main([*base, "--workload", str(workload), "--n-trials", "2", "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'ed' was run with workload chat of other content" in err, err
+    assert counted_trials(tmp_path / "ed" / "study.db", "ed") == (1, 0)
+    assert main([*base, "--workload", "chat", "--n-trials", "2", "--resume"]) == 0
+
+
 def _told(**attrs: object) -> optuna.trial.FrozenTrial:
     return optuna.trial.create_trial(value=0.0, user_attrs=attrs)
 

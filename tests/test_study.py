@@ -30,7 +30,8 @@ from autotune.tune.study import StudySettings, config_key, records, tell_result
 from autotune.tune.study_checks import check_resumable
 from autotune.tune.study_open import open_study, sqlite_url, start_study
 from autotune.tune.tuner import MAX_DUPLICATES_IN_A_ROW, Tuner
-from autotune.workloads.files import load_workload
+from autotune.workloads.digest import workload_digest
+from autotune.workloads.files import load_workload, spec_from_dict
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 OBJECTIVES = load_objectives("default")
@@ -193,6 +194,39 @@ def test_a_resumed_study_keeps_its_search_space_and_load(tmp_path: Path) -> None
     assert open_study("s", storage, kept, sampler, resume=True).study_name == "s"
     open_study("old", storage, settings(), sampler, resume=False)
     assert open_study("old", storage, kept, sampler, resume=True).study_name == "old"
+
+
+def test_a_resumed_study_keeps_its_workloads_content(tmp_path: Path) -> None:
+    """A workload file edited since (same name, other lengths or seed) would mix two workloads in one
+    front: refused. Its load and description are not its content; a study from before it was recorded
+    resumes."""
+    chat = load_workload("chat")
+    edited = dataclasses.replace(chat, prompt_len=dataclasses.replace(chat.prompt_len, mean=2000.0))
+    same = dataclasses.replace(chat, load="fixed", description="another text")
+    assert workload_digest(same) == workload_digest(chat) == workload_digest(load_workload("chat"))
+    assert workload_digest(dataclasses.replace(chat, seed=1)) != workload_digest(chat)
+    assert workload_digest(edited) != workload_digest(chat)
+    storage, sampler = sqlite_url(tmp_path), optuna.samplers.RandomSampler()
+    kept = settings(workload_digest=workload_digest(chat))
+    open_study("s", storage, kept, sampler, resume=False)
+    other = dataclasses.replace(kept, workload_digest=workload_digest(edited))
+    with pytest.raises(AutotuneError, match="was run with workload chat of other content.*another --study"):
+        open_study("s", storage, other, sampler, resume=True)
+    assert open_study("s", storage, kept, sampler, resume=True).study_name == "s"
+    open_study("old", storage, settings(), sampler, resume=False)  # no digest recorded
+    assert open_study("old", storage, other, sampler, resume=True).study_name == "old"
+
+
+def test_a_jsonl_workloads_digest_is_its_files_content_not_its_path(tmp_path: Path) -> None:
+    rows = tmp_path / "a.jsonl"
+    rows.write_text('{"prompt_len": 100, "output_len": 10}\n')
+    copy = tmp_path / "b.jsonl"
+    copy.write_bytes(rows.read_bytes())
+    spec = spec_from_dict({"name": "j", "num_requests": 1, "jsonl": str(rows)})
+    moved = dataclasses.replace(spec, jsonl=copy)
+    assert workload_digest(moved) == workload_digest(spec)
+    copy.write_text('{"prompt_len": 200, "output_len": 10}\n')
+    assert workload_digest(moved) != workload_digest(spec)
 
 
 def test_a_resumed_simulated_study_keeps_its_noise(tmp_path: Path) -> None:

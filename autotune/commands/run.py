@@ -205,6 +205,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     from autotune.store.storage import storage_error
     from autotune.tune.samplers import make_sampler
     from autotune.tune.study import StudySettings
+    from autotune.workloads.digest import workload_digest
 
     settings = StudySettings(
         objectives=s.objectives.names,
@@ -217,6 +218,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         sim_calibration=s.calibration.to_dict(),
         load=s.workload.load,
         space_digest=s.space.digest(),
+        workload_digest=workload_digest(s.workload),
         noise=args.noise,
         baseline_moved=s.space.moved_defaults(s.gpu.memory_gib, s.max_position_embeddings),
     )

@@ -52,6 +52,7 @@ class StudySettings:
     sim_calibration: dict[str, float] = field(default_factory=dict)
     load: str = ""  # how each config is measured: capacity or fixed (empty: not recorded)
     space_digest: str = ""  # SearchSpace.digest(): the flags tuned and fixed (empty: not recorded)
+    workload_digest: str = ""  # workload_digest(): the requests' content (empty: not recorded)
     noise: float | None = None  # the simulated backend's --noise (None: not recorded)
     # vLLM's own defaults of the tuned flags the space does not allow (SearchSpace.moved_defaults): the
     # baseline trial took the nearest allowed values instead (empty: none moved, or not recorded).

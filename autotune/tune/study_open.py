@@ -148,6 +148,7 @@ def check_resume(study: optuna.Study, settings: StudySettings) -> None:
                 f"study {study.study_name!r} was run with {key} {stored[key]!r}, not "
                 f"{getattr(settings, key)!r}: resume with the same settings or pick another --study"
             )
+    _check_same_workload(study.study_name, stored, settings)
     _check_same_calibration(study.study_name, stored.get("sim_calibration"), settings)
     _check_same_noise(study.study_name, stored.get("noise"), settings)
 
@@ -168,6 +169,19 @@ def _gpu_name(name: str) -> str:
         return get_gpu(name).name
     except AutotuneError:
         return name
+
+
+def _check_same_workload(name: str, stored: Mapping[str, Any], settings: StudySettings) -> None:
+    """A study's trials measured one workload: a file of the same name edited since (other lengths,
+    rates, count or seed) would mix two in one front. Studies from before its content was recorded
+    have none: nothing to compare."""
+    digest = stored.get("workload_digest")
+    if not digest or digest == settings.workload_digest:
+        return
+    raise AutotuneError(
+        f"study {name!r} was run with workload {settings.workload} of other content (its requests, "
+        "lengths, rate or seed differ): resume with the workload it was run with or pick another --study"
+    )
 
 
 def _check_same_noise(name: str, stored: float | None, settings: StudySettings) -> None:
