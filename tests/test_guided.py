@@ -342,6 +342,23 @@ def test_a_resumed_runs_estimate_counts_only_the_trials_left(two_trials: Path, t
     assert "autotune: estimate: nothing left to run" in none
 
 
+def test_a_guided_study_is_resumed_guided_with_its_budget(two_trials: Path, tmp_path: Path) -> None:
+    """A resume that drops --guide sim (or, once given, --gpu-hours) is refused in one line: it ran
+    unguided trials past the budget, and the results kept the interrupted guide's verdict."""
+    folder = resumable(two_trials, tmp_path)
+    args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=2s", "--sim-calibration", "reality.yaml"]
+    args += ["--noise", "0.02", "--repeats", "0", "--study", "g", "--n-trials", "4", "--resume"]
+    unguided = autotune(folder, *args, check=False)
+    assert unguided.returncode == 2, unguided.stderr
+    assert unguided.stderr.strip() == "autotune run: error: study 'g' was run with --guide sim: pass it again"
+    guided_run(folder, "--n-trials", "3", "--gpu-hours", "5", "--resume")
+    no_budget = guided_run(folder, "--n-trials", "4", "--resume", check=False)
+    for out in (no_budget, autotune(folder, *args, "--guide", "none", check=False)):
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "was run with --guide sim --gpu-hours 5: pass them again (a larger" in out.stderr
+    assert counted_trials(folder / "runs/g/study.db", "g")[0] == 3
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import signal
 import sys
 from pathlib import Path
@@ -227,6 +228,28 @@ def test_a_jsonl_workloads_digest_is_its_files_content_not_its_path(tmp_path: Pa
     assert workload_digest(moved) == workload_digest(spec)
     copy.write_text('{"prompt_len": 200, "output_len": 10}\n')
     assert workload_digest(moved) != workload_digest(spec)
+
+
+def test_a_guided_study_resumes_guided_within_a_budget(tmp_path: Path) -> None:
+    """Unguided trials past a guided study's budget would contradict its guide's files: a resume that
+    drops --guide sim or --gpu-hours is refused; another budget, or a guide added, is recorded."""
+    storage, sampler = sqlite_url(tmp_path), optuna.samplers.RandomSampler()
+    open_study("g", storage, settings(guide="sim", gpu_hours=1.0), sampler, resume=False)
+    said = "was run with --guide sim --gpu-hours 1: pass them again (a larger --gpu-hours continues it)"
+    for dropped in (settings(guide="none"), settings(guide="sim")):
+        with pytest.raises(AutotuneError, match=re.escape(said)):
+            open_study("g", storage, dropped, sampler, resume=True)
+    study = open_study("g", storage, settings(guide="sim", gpu_hours=3.0), sampler, resume=True)
+    assert study.user_attrs["autotune"]["gpu_hours"] == 3.0
+    open_study("u", storage, settings(guide="sim"), sampler, resume=False)  # guided, no budget
+    with pytest.raises(AutotuneError, match="was run with --guide sim: pass it again$"):
+        open_study("u", storage, settings(guide="none"), sampler, resume=True)
+    open_study("plain", storage, settings(guide="none"), sampler, resume=False)
+    open_study("plain", storage, settings(guide="sim", gpu_hours=0.5), sampler, resume=True)
+    with pytest.raises(AutotuneError, match="--gpu-hours 0.5: pass them again"):
+        open_study("plain", storage, settings(guide="none"), sampler, resume=True)
+    open_study("old", storage, settings(), sampler, resume=False)  # from before the guide was recorded
+    assert open_study("old", storage, settings(guide="none"), sampler, resume=True).study_name == "old"
 
 
 def test_a_resumed_simulated_study_keeps_its_noise(tmp_path: Path) -> None:

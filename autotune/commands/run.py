@@ -220,6 +220,8 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         space_digest=s.space.digest(),
         workload_digest=workload_digest(s.workload),
         noise=args.noise,
+        guide="none" if s.guide_calibration is None else "sim",
+        gpu_hours=args.gpu_hours,
         baseline_moved=s.space.moved_defaults(s.gpu.memory_gib, s.max_position_embeddings),
     )
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)

@@ -78,6 +78,7 @@ def open_study(
         return study
     study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     check_resume(study, settings)
+    record_guide(study, settings)
     previous = current_driver(study)
     if driver is not None:
         claim(study, driver)
@@ -149,6 +150,7 @@ def check_resume(study: optuna.Study, settings: StudySettings) -> None:
                 f"{getattr(settings, key)!r}: resume with the same settings or pick another --study"
             )
     _check_same_workload(study.study_name, stored, settings)
+    _check_still_guided(study.study_name, stored, settings)
     _check_same_calibration(study.study_name, stored.get("sim_calibration"), settings)
     _check_same_noise(study.study_name, stored.get("noise"), settings)
 
@@ -182,6 +184,31 @@ def _check_same_workload(name: str, stored: Mapping[str, Any], settings: StudySe
         f"study {name!r} was run with workload {settings.workload} of other content (its requests, "
         "lengths, rate or seed differ): resume with the workload it was run with or pick another --study"
     )
+
+
+def _check_still_guided(name: str, stored: Mapping[str, Any], settings: StudySettings) -> None:
+    """A guided study continues guided, within a budget when it had one: unguided trials past its budget
+    would contradict its guide's files and spend. A larger (or smaller) --gpu-hours is its own budget
+    again; a guide added to an unguided study is recorded (record_guide)."""
+    budget = stored.get("gpu_hours")
+    dropped = settings.guide != "sim" or (budget is not None and settings.gpu_hours is None)
+    if stored.get("guide") != "sim" or not dropped:
+        return
+    if budget is None:
+        raise AutotuneError(f"study {name!r} was run with --guide sim: pass it again")
+    raise AutotuneError(
+        f"study {name!r} was run with --guide sim --gpu-hours {budget:g}: pass them again (a larger "
+        "--gpu-hours continues it)"
+    )
+
+
+def record_guide(study: optuna.Study, settings: StudySettings) -> None:
+    """A resumed study records the guide and budget it now runs with (a guide added, a budget raised): the
+    next resume keeps them."""
+    stored = dict(study.user_attrs.get(SETTINGS_ATTR, {}))
+    now = {"guide": settings.guide, "gpu_hours": settings.gpu_hours}
+    if settings.guide and any(stored.get(key) != value for key, value in now.items()):
+        study.set_user_attr(SETTINGS_ATTR, stored | now)
 
 
 def _check_same_noise(name: str, stored: float | None, settings: StudySettings) -> None:
