@@ -161,6 +161,15 @@ def test_the_budget_line_without_gpu_hours_says_when_the_run_stops() -> None:
         )
 
 
+def test_the_guides_budget_line_counts_what_a_resumed_study_spent() -> None:
+    """A resume with --gpu-hours below what the study spent said "at most 4 trials" of the whole budget
+    beside the estimate's "affords no trial"; half of it left affords half the trials."""
+    spent = budget_text(0.5, 392.0, left_h=0.0)
+    assert spent.startswith("budget 0.5 GPU-h (0.00 GPU-h left after what the study spent) affords no trial")
+    assert "at most 2 trials" in budget_text(0.5, 392.0, left_h=0.25)
+    assert "at most 4 trials" in budget_text(0.5, 392.0) == budget_text(0.5, 392.0, left_h=0.5)
+
+
 def test_a_resumed_estimate_counts_only_what_is_left() -> None:
     """On resume the study's measured trials, the baseline among them, and its re-measurements are not
     estimated again; nothing left says so."""

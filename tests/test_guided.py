@@ -359,6 +359,26 @@ def test_a_guided_study_is_resumed_guided_with_its_budget(two_trials: Path, tmp_
     assert counted_trials(folder / "runs/g/study.db", "g")[0] == 3
 
 
+def test_a_resume_with_less_budget_than_the_study_spent_stops_by_the_budget(
+    two_trials: Path, tmp_path: Path
+) -> None:
+    """The guide's budget line counts what the study spent (it said "at most N trials" of the whole
+    budget), and the budget is why the run stops (it was the guide's stop rule)."""
+    folder = resumable(two_trials, tmp_path)
+    out = guided_run(folder, "--n-trials", "6", "--gpu-hours", "0.1", "--resume")
+    assert (
+        "guide: budget 0.1 GPU-h (0.00 GPU-h left after what the study spent) affords no trial" in out.stderr
+    )
+    guide = json.loads((folder / "runs/g/guide.json").read_text())
+    assert re.fullmatch(
+        r"budget: 0\.\d\d GPU-h spent of --gpu-hours 0\.1, nothing left for a trial", guide["stop_reason"]
+    )
+    assert (
+        json.loads((folder / "runs/g/best.json").read_text())["guide"]["stop_reason"] == guide["stop_reason"]
+    )
+    assert counted_trials(folder / "runs/g/study.db", "g")[0] == 2
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

@@ -98,6 +98,14 @@ def test_the_budget_shares_what_is_left_and_waits_for_the_running_trials_caps() 
     assert budget.next_cost_s(measured, 200.0) == 450.0
 
 
+def test_a_budget_the_study_spent_already_is_why_the_run_stops() -> None:
+    """A resume with --gpu-hours below the study's spend: the budget, not the guide's stop rule, ends it."""
+    measured = [Observation(0, "a", {}, 100.0, 100.0, 2400.0)]
+    assert Budget(gpu_hours=1.0).spent_out(measured) is None and Budget().spent_out(measured) is None
+    said = Budget(gpu_hours=0.5).spent_out(measured)
+    assert said == "budget: 0.67 GPU-h spent of --gpu-hours 0.5, nothing left for a trial"
+
+
 def test_a_budget_below_the_estimated_first_trial_launches_nothing(tmp_path: Path) -> None:
     """The simulated backend charges a guided run's first trial the pre-run estimate, as a real backend
     does: a budget below it starts no trial (the first's startup and first burst cannot be cut)."""

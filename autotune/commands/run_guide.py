@@ -161,7 +161,9 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
         f"{len(search.candidates):,} meet the SLOs{best}",
         file=sys.stderr,
     )
-    print(f"autotune: guide: {budget_text(args.gpu_hours, first_trial_gpu_s)}", file=sys.stderr)
+    left_s = estimate.left.budget_s if estimate is not None else None
+    left_h = None if left_s is None else left_s / 3600
+    print(f"autotune: guide: {budget_text(args.gpu_hours, first_trial_gpu_s, left_h)}", file=sys.stderr)
     return search
 
 
@@ -185,8 +187,9 @@ class Progress:
             )
 
 
-def budget_text(budget_h: float | None, trial_gpu_s: float | None) -> str:
-    """The expected spend, before anything launches."""
+def budget_text(budget_h: float | None, trial_gpu_s: float | None, left_h: float | None = None) -> str:
+    """The expected spend, before anything launches; `left_h`: what the budget has left after a resumed
+    study's spend (None: all of it)."""
     from autotune.tune.progress import clock
 
     per = f"a trial costs about {clock(trial_gpu_s)} of GPU time (the estimate above)" if trial_gpu_s else ""
@@ -194,14 +197,18 @@ def budget_text(budget_h: float | None, trial_gpu_s: float | None) -> str:
         return (per + "; " if per else "") + (
             "no --gpu-hours: the run stops at --n-trials or when the guide predicts nothing better is left"
         )
-    if trial_gpu_s and budget_h * 3600 < trial_gpu_s:
+    left_h = budget_h if left_h is None else max(0.0, left_h)
+    budget = f"budget {budget_h:g} GPU-h" + (
+        f" ({left_h:.2f} GPU-h left after what the study spent)" if left_h < budget_h else ""
+    )
+    if trial_gpu_s and left_h * 3600 < trial_gpu_s:
         return (
-            f"budget {budget_h:g} GPU-h affords no trial: one costs about {trial_gpu_s / 3600:.2f} GPU-h "
-            "(the estimate above), so nothing will launch; a larger --gpu-hours affords one"
+            f"{budget} affords no trial: one costs about {trial_gpu_s / 3600:.2f} GPU-h (the estimate "
+            "above), so nothing will launch; a larger --gpu-hours affords one"
         )
-    most = f", at most {math.floor(budget_h * 3600 / trial_gpu_s)} trials" if trial_gpu_s else ""
+    most = f", at most {math.floor(left_h * 3600 / trial_gpu_s)} trials" if trial_gpu_s else ""
     return (
-        f"budget {budget_h:g} GPU-h{most}{'; ' + per if per else ''}, re-measuring the top included; it "
+        f"{budget}{most}{'; ' + per if per else ''}, re-measuring the top included; it "
         "stops earlier when the guide predicts nothing better is left"
     )
 

@@ -110,6 +110,14 @@ class Budget:
             f"{self.gpu_hours:g} ({spent:.2f} GPU-h spent{running})"
         )
 
+    def spent_out(self, observed: Sequence[Observation]) -> str | None:
+        """Why no trial may start whatever it would cost: the study spent the whole budget already (a
+        resume with a --gpu-hours below its spend). None: some is left, or there is no limit."""
+        spent = sum(o.gpu_s for o in observed) / 3600
+        if self.gpu_hours is None or spent < self.gpu_hours:
+            return None
+        return f"budget: {spent:.2f} GPU-h spent of --gpu-hours {self.gpu_hours:g}, nothing left for a trial"
+
     def trial_cap_s(self, spent_s: float, reserved_s: float, sharing: int) -> float | None:
         """The GPU seconds a trial starting now may spend (its capacity search stops before a window that
         would pass them): what the budget has left after `spent_s`, shared (`share_s`) with the running

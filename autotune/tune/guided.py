@@ -129,6 +129,10 @@ class GuidedSearch(GuideBelief):
         if any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
             return None
         observed = self.observations(study)
+        # before the stop rule: with nothing left to spend, the budget is why the run ends
+        self.stop_reason = self.budget.spent_out(observed)
+        if self.stop_reason:
+            return self.stop_reason
         if self.refit is not None and self._recalibrate(observed):
             observed = self.observations(study)  # residuals against the re-predicted space
         due = self._defaults_due(study, bool(observed or busy))
