@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.commands import run_end
 from autotune.commands.options import SERVER_OPTIONS, launch_command
-from autotune.commands.run_estimate import print_estimate
+from autotune.commands.run_estimate import run_estimate
 from autotune.commands.run_options import MAX_PARALLEL, PARALLEL_SIZES, add_arguments
 from autotune.core.values import counted
 from autotune.sim.noise import noise_model
@@ -283,7 +283,7 @@ def _tune(
         for line in (per_replica, s.gpus_note, moved_note(baseline, settings.baseline_moved)):
             if line:
                 print(f"autotune: {line}", file=sys.stderr)
-        estimate = _estimate(args, s, executor.capacity, study)
+        estimate = run_estimate(args, s, executor.capacity, study)
         stops.check()
         guide = make_guided(args, s, estimate)  # None: not a guided run
         stops.check()
@@ -364,17 +364,6 @@ def _variant(args: argparse.Namespace, workload: Any) -> list[str]:
     objectives other than the default (a study keeps both, so another is another study)."""
     load = [workload.load] if workload.load != "capacity" else []
     return load + ([Path(args.objectives).stem] if args.objectives != "default" else [])
-
-
-def _estimate(args: argparse.Namespace, s: _Setup, gpus: int, study: Any) -> Any:
-    """The pre-run estimate on a real backend, of what `study` still lacks. A simulated run needs none,
-    unless a guided run's budget must charge its first trial: then from the guide's calibration (the
-    backend's plays the reality, which the guide must not read)."""
-    if args.backend != "sim":
-        return print_estimate(args, s, gpus, s.calibration, study)
-    if s.guide_calibration is not None and args.gpu_hours is not None:
-        return print_estimate(args, s, gpus, s.guide_calibration, study)
-    return None
 
 
 def _per_replica_note(s: _Setup) -> str | None:

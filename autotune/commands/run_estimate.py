@@ -9,6 +9,17 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def run_estimate(args: argparse.Namespace, s: Any, gpus: int, study: Any) -> Any:
+    """The pre-run estimate on a real backend, of what `study` still lacks. A simulated run needs none,
+    unless a guided run's budget must charge its first trial: then from the guide's calibration (the
+    backend's plays the reality, which the guide must not read)."""
+    if args.backend != "sim":
+        return print_estimate(args, s, gpus, s.calibration, study)
+    if s.guide_calibration is not None and args.gpu_hours is not None:
+        return print_estimate(args, s, gpus, s.guide_calibration, study)
+    return None
+
+
 def print_estimate(args: argparse.Namespace, s: Any, gpus: int, calibration: Any, study: Any) -> Any:
     """Print the estimate of the run set up in `s` (run._Setup) on `gpus` GPUs, simulated with
     `calibration`, for what `study` still lacks, and return it; a line saying why not (and None) when it
