@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -150,3 +151,21 @@ def test_a_lost_or_corrupted_study_is_never_overwritten(
     (line,) = _lines(capsys.readouterr().err)
     assert needle in line and "nothing was changed" in line
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == files
+
+
+def test_a_resume_removes_the_temporary_files_a_killed_run_left(tmp_path: Path) -> None:
+    """kill -9 while the results are written leaves atomic writes' temporary files (0 bytes, named as
+    core/atomic.py's mkstemp names them): the next run into the folder removes them, and nothing else."""
+    assert main(_cmd(tmp_path, "killed", 1)[3:]) == 0
+    run_dir = tmp_path / "killed"
+    left = [tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=run_dir) for name in ("pareto.png", "x")]
+    for fd, _ in left:
+        os.close(fd)
+    kept = [".pareto.png.tmp", "notes.tmp", ".x.ABCDEFGH.tmp", ".x.abcdefg.tmp", "pareto.png.abcdefgh.tmp"]
+    for name in kept:
+        (run_dir / name).write_text("mine")
+    (run_dir / ".y.abcdefgh.tmp").mkdir()
+    assert main(_cmd(tmp_path, "killed", 2, "--resume")[3:]) == 0
+    assert not [path for _, path in left if Path(path).exists()]
+    assert all((run_dir / name).read_text() == "mine" for name in kept)
+    assert (run_dir / ".y.abcdefgh.tmp").is_dir()

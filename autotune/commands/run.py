@@ -249,6 +249,7 @@ def _tune(
     `stops`: the stop signals noted so far; checked at each phase boundary (a stop's own
     KeyboardInterrupt can be swallowed by a finalizer: core/interrupts.py)."""
     from autotune.commands.run_guide import finish_guided, make_guided
+    from autotune.core.atomic import remove_stale_temps
     from autotune.core.errors import RunFailure
     from autotune.dispatch.ray_cluster import ClusterLost
     from autotune.outputs.dashboard import StudyNote
@@ -271,6 +272,7 @@ def _tune(
     driver = new_driver()
     study = start_study(s.study_name, s.storage, settings, sampler, args.resume, first, s.run_dir, driver)
     lease = Lease(study, driver=driver).start()
+    remove_stale_temps(s.run_dir)  # a killed run's half-written results: this run is the folder's only writer
     dashboard, note, context, guide = None, None, {}, None
     try:
         RunInfo(study=s.study_name, storage=for_run_file(s.storage, s.run_dir), directory=s.run_dir).save(

@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+TEMP_SUFFIX = ".tmp"
+# atomic_path's temporary names: "." + the file's name + "." + mkstemp's 8 random characters (a-z, 0-9,
+# _) + TEMP_SUFFIX; nothing else matches, so nothing else is removed as one.
+_TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
 
 
 @contextlib.contextmanager
 def atomic_path(path: Path, mode: int | None = None) -> Iterator[Path]:
     """A temporary path to write instead of `path`; renamed over `path` when the block succeeds."""
     path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -44,6 +50,19 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
     return Path(path)
+
+
+def remove_stale_temps(folder: Path) -> list[Path]:
+    """Remove the temporary files atomic writes left in `folder` when their process was killed (kill -9
+    mid-write: no `except` ran); the caller makes sure no other process writes there now. Returns them."""
+    stale = [p for p in sorted(Path(folder).glob(f".*{TEMP_SUFFIX}")) if _TEMP_NAME.fullmatch(p.name)]
+    removed = []
+    for path in stale:
+        if path.is_file() and not path.is_symlink():
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path)
+    return removed
 
 
 def _default_mode(path: Path) -> int:
