@@ -379,6 +379,31 @@ def test_a_resume_with_less_budget_than_the_study_spent_stops_by_the_budget(
     assert counted_trials(folder / "runs/g/study.db", "g")[0] == 2
 
 
+def test_a_resume_interrupted_before_its_guide_says_so_in_the_guides_files(
+    two_trials: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while a resumed run predicts the space (before its guide exists): guide.json and best.json
+    say this run was interrupted, at its budget (they kept the earlier run's stop and budget)."""
+    import autotune.commands.run_guide as run_guide
+    from autotune.cli import main
+
+    folder = resumable(two_trials, tmp_path)
+    assert not json.loads((folder / "runs/g/guide.json").read_text())["stop_reason"].startswith("interr")
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_guide, "make_guided", interrupt)
+    monkeypatch.chdir(folder)
+    args = ["run", "--space", "space.yaml", "--slo", "ttft_p99=2s", "--guide", "sim", "--parallel", "1"]
+    args += ["--sim-calibration", "reality.yaml", "--noise", "0.02", "--repeats", "0", "--study", "g"]
+    assert main([*args, "--n-trials", "4", "--gpu-hours", "5", "--resume"]) == 130
+    guide = json.loads((folder / "runs/g/guide.json").read_text())
+    assert (guide["stop_reason"], guide["budget_gpu_hours"]) == ("interrupted", 5.0)
+    assert json.loads((folder / "runs/g/best.json").read_text())["guide"]["stop_reason"] == "interrupted"
+    assert len(guide["trials"]) == 2
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

@@ -84,7 +84,7 @@ def write_results(
     has every trial). `stopped`: a guided search cut short (Ctrl-C, a lost cluster) and why: its
     guide.json and calibration.yaml are written first (best.json quotes guide.json); a run that ended
     wrote them with its summary."""
-    from autotune.commands.run_guide import CALIBRATION_FILE, write_guided
+    from autotune.commands.run_guide import CALIBRATION_FILE, mark_stopped, write_guided
     from autotune.core.interrupts import deferred_ctrl_c
     from autotune.outputs import report
     from autotune.outputs.guide_view import GUIDE_FILE, PLOT_FILE
@@ -96,7 +96,9 @@ def write_results(
     out, problem = None, ""
     with deferred_ctrl_c():
         try:
-            if stopped is not None:
+            if stopped is not None and stopped[0] is None and s.guide_calibration is not None:
+                mark_stopped(s.run_dir, args.gpu_hours, stopped[1])  # stopped before its guide was made
+            elif stopped is not None:
                 write_guided(stopped[0], study, s.run_dir, stopped[1])
             recs = records(study)
             maximize = [o.maximize for o in s.objectives.objectives]

@@ -260,6 +260,19 @@ def write_guided(search: Any, study: Any, run_dir: Path, stop_reason: str | None
     return data
 
 
+def mark_stopped(run_dir: Path, budget_h: float | None, reason: str) -> None:
+    """A guided run stopped before its guide was made (Ctrl-C while it predicts the space): the study's
+    guide.json, from its earlier run, says why this one stopped and at its budget (nothing ran since, so
+    its trials and spend hold). Nothing when there is none."""
+    from autotune.core.atomic import atomic_write_text
+    from autotune.outputs.guide_view import GUIDE_FILE, read_guide
+
+    data = read_guide(run_dir)
+    if data is not None:
+        data |= {"budget_gpu_hours": budget_h, "stop_reason": reason}
+        atomic_write_text(run_dir / GUIDE_FILE, json_text(data, indent=1))
+
+
 def guide_summary(data: dict[str, Any]) -> str:
     """The guided run's lines: predicted vs measured per trial, spend against the budget, why it stopped."""
     from autotune.outputs.guide_view import defaults_text, spend_text
