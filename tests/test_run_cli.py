@@ -182,7 +182,7 @@ def test_a_stop_a_finalizer_swallowed_during_the_estimate_still_stops_the_run(
 
     import autotune.commands.run as run_command
 
-    estimate = run_command._estimate
+    estimate = run_command.run_estimate
 
     class Doomed:
         pass
@@ -193,7 +193,7 @@ def test_a_stop_a_finalizer_swallowed_during_the_estimate_still_stops_the_run(
         del doomed  # the callback runs here, and the handler's KeyboardInterrupt is lost
         return estimate(*args)
 
-    monkeypatch.setattr(run_command, "_estimate", estimate_then_stop)
+    monkeypatch.setattr(run_command, "run_estimate", estimate_then_stop)
     monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: None)  # not pytest's warning
     args = ["run", "--space", "small", "--load", "fixed", "--runs-dir", str(tmp_path)]
     code = main([*args, "--study", "lost", "--n-trials", "2", "--quiet"])
