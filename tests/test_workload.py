@@ -393,6 +393,8 @@ def test_bad_workload_yaml(tmp_path: Path, text: str, expected: str):
         (["[1, 2]"], "JSON object"),
         (['{"output_len": 3}'], "needs prompt"),
         (['{"prompt_len": 0, "output_len": 3}'], "prompt_len must be >= 1"),
+        (['{"prompt_len": 100000000000000000000}'], "p.jsonl:1: prompt_len must be <= 2,147,483,647"),
+        (['{"prompt": "a", "output_len": 1e30}'], "p.jsonl:1: output_len must be <= 2,147,483,647"),
         (['{"prompt": 5}'], "prompt must be a string"),
         ([""], "no rows"),
     ],

@@ -20,6 +20,9 @@ MAX_NAME_CHARS = 100
 # Request rates a load can have (req/s): below one request per 1000 s a run never ends (and 1e-300
 # overflows the arrival times to inf), above 1e6 req/s no server keeps up; "inf" sends all at once.
 MIN_RATE, MAX_RATE = 1e-3, 1e6
+# The most tokens one length can have: vLLM takes max_model_len as a 32-bit int, so no model serves a
+# longer request (and a count past 2**63 would not fit the int64 arrays lengths are kept in).
+MAX_TOKENS = 2**31 - 1
 
 
 def number(value: Any, what: str) -> float:
@@ -90,6 +93,11 @@ def bounded_int(value: Any, what: str, low: int, high: int | None = None) -> int
 def positive_int(value: Any, what: str) -> int:
     """A whole number >= 1."""
     return bounded_int(value, what, 1)
+
+
+def token_count(value: Any, what: str) -> int:
+    """A number of tokens (a prompt or output length): 1 to MAX_TOKENS."""
+    return bounded_int(value, what, 1, MAX_TOKENS)
 
 
 def seed(value: Any, what: str = "--seed") -> int:

@@ -21,7 +21,7 @@ import numpy as np
 
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import MAX_DATA_BYTES, parse_json, read_text
-from autotune.core.values import positive_int
+from autotune.core.values import token_count
 from autotune.workloads.lengths import LengthDist, stratified_uniforms
 from autotune.workloads.traces import TraceSource
 
@@ -327,12 +327,12 @@ def read_jsonl(path: Path) -> list[tuple[int, int | None, str | None]]:
         if text is not None and not isinstance(text, str):
             raise AutotuneError(f"{where}: prompt must be a string")
         if "prompt_len" in row:
-            prompt_len = positive_int(row["prompt_len"], f"{where}: prompt_len")
+            prompt_len = token_count(row["prompt_len"], f"{where}: prompt_len")
         elif text is not None:
             prompt_len = max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
         else:
             raise AutotuneError(f"{where}: a row needs prompt (text) or prompt_len (tokens)")
-        output_len = positive_int(row["output_len"], f"{where}: output_len") if "output_len" in row else None
+        output_len = token_count(row["output_len"], f"{where}: output_len") if "output_len" in row else None
         rows.append((prompt_len, output_len, text))
     if not rows:
         raise AutotuneError(f"JSONL file {path} has no rows")
