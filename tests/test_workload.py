@@ -362,6 +362,33 @@ def one_line_error(call) -> str:
             "prompt_len: {dist: lognormal, mean: 900, median: 800, sigma: 1}\n",
             "prompt_len: give a lognormal its mean or its median, not both",
         ),
+        (
+            "num_requests: 5\nprompt_len: 100000000000000000000\noutput_len: 10\n",
+            "prompt_len must be <= 2,147,483,647, got 100000000000000000000",
+        ),
+        (
+            "num_requests: 5\nprompt_len: {dist: fixed, mean: 1e20}\noutput_len: 10\n",
+            "prompt_len: mean must be at most 2,147,483,647 tokens, got 1e+20",
+        ),
+        ("num_requests: 5\nprompt_len: {dist: fixed, mean: 9, max: 1e20}\noutput_len: 9\n", "max must be <="),
+        (
+            "num_requests: 5\nprompt_len: 10\noutput_len: {dist: normal, mean: 100, std: 1e300}\n",
+            "output_len: normal(100, std 1e+300) can draw lengths up to 7.03e+300 tokens, more than 2,147",
+        ),
+        (
+            "num_requests: 5\nprompt_len: {dist: lognormal, median: 100, sigma: 1e200}\noutput_len: 10\n",
+            "can draw lengths up to inf tokens",
+        ),
+        (
+            "num_requests: 5\nprompt_len: 10\noutput_len: 10\n"
+            "shared_prefix: {num_prefixes: 2, prefix_len: 100000000000000000000}\n",
+            "prefix_len must be <= 2,147,483,647",
+        ),
+        (
+            "num_requests: 5\nprompt_len: 10\noutput_len: 10\n"
+            "shared_prefix: {num_prefixes: 100000000000000000000, prefix_len: 4}\n",
+            "num_prefixes must be <= 1,000,000",
+        ),
         ("num_requests: 10\nprompt_len: 5\noutput_len: 5\nshared_prefix: {num_prefixes: 4}\n", "both"),
         ("num_requests: 10\ntrace: {name: conv, arrivals: replay}\n", "arrivals"),
         ("num_requests: 10\ntrace: {name: conv, time_scale: 0}\n", "time_scale"),

@@ -13,7 +13,7 @@ from typing import Any
 import autotune
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import not_a_directory, read_yaml
-from autotune.core.values import finite_number, positive_int, rate, seed, whole_number
+from autotune.core.values import MAX_TOKENS, bounded_int, finite_number, positive_int, rate, seed, token_count
 from autotune.workloads.lengths import DISTS, LengthDist
 from autotune.workloads.spec import MAX_REQUESTS, WorkloadSpec
 from autotune.workloads.traces import TRACES, TraceSource
@@ -92,14 +92,14 @@ def spec_from_dict(
         output_len=_length(data["output_len"], "output_len") if "output_len" in data else None,
         trace=_trace(data["trace"], base) if "trace" in data else None,
         jsonl=None if jsonl is None else base / str(jsonl),
-        num_prefixes=whole_number(prefix.get("num_prefixes", 0), "num_prefixes"),
-        prefix_len=whole_number(prefix.get("prefix_len", 0), "prefix_len"),
+        num_prefixes=bounded_int(prefix.get("num_prefixes", 0), "num_prefixes", 0, MAX_REQUESTS),
+        prefix_len=bounded_int(prefix.get("prefix_len", 0), "prefix_len", 0, MAX_TOKENS),
     )
 
 
 def _length(value: Any, what: str) -> LengthDist:
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return LengthDist("fixed", mean=positive_int(value, what))
+        return LengthDist("fixed", mean=token_count(value, what))
     if not isinstance(value, dict):
         raise AutotuneError(f"{what} must be a token count or a mapping with dist: {'|'.join(DISTS)}")
     _check_keys(value, _LENGTH_KEYS, what)
@@ -115,8 +115,8 @@ def _length(value: Any, what: str) -> LengthDist:
             range_ratio=finite_number(value.get("range_ratio", 0.0), f"{what}.range_ratio"),
             std=finite_number(value.get("std", 0.0), f"{what}.std"),
             sigma=finite_number(value.get("sigma", 0.0), f"{what}.sigma"),
-            min=positive_int(value.get("min", 1), f"{what}.min"),
-            max=None if value.get("max") is None else positive_int(value["max"], f"{what}.max"),
+            min=token_count(value.get("min", 1), f"{what}.min"),
+            max=None if value.get("max") is None else token_count(value["max"], f"{what}.max"),
         )
     except AutotuneError as exc:
         raise AutotuneError(f"{what}: {exc}") from None

@@ -15,9 +15,11 @@ from statistics import NormalDist
 import numpy as np
 
 from autotune.core.errors import AutotuneError
+from autotune.core.values import MAX_TOKENS
 
 DISTS = ("fixed", "uniform", "normal", "lognormal")
 STRATA = 64  # lengths are stratified in blocks of this many requests (see stratified_uniforms)
+_U_CLAMP = 1e-12  # uniforms are kept this far from 0 and 1: the normal's quantiles there are finite
 
 
 @dataclass(frozen=True)
@@ -51,13 +53,36 @@ class LengthDist:
             raise AutotuneError(
                 f"length bounds must satisfy 1 <= min <= max, got min={self.min} max={self.max}"
             )
+        self._check_longest()
+
+    def _check_longest(self) -> None:
+        """Refuse lengths past MAX_TOKENS, given or drawable (a spread's far tail): checked on the
+        largest length any seed can draw, so no trial's sample finds it, and before the int64 cast,
+        which would wrap a larger count to a negative one."""
+        for name, value in (
+            ("mean", self.mean),
+            ("median", self.median),
+            ("min", self.min),
+            ("max", self.max),
+        ):
+            if value is not None and not value <= MAX_TOKENS:
+                raise AutotuneError(f"{name} must be at most {MAX_TOKENS:,} tokens, got {value:g}")
+        longest = float(self._lengths(np.array([1 - _U_CLAMP]))[0])  # the top quantile any draw reaches
+        if not longest <= MAX_TOKENS:
+            raise AutotuneError(
+                f"{self.describe()} can draw lengths up to {longest:.3g} tokens, more than {MAX_TOKENS:,} "
+                "(the most any model takes): give it a max: or a smaller spread"
+            )
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """`n` integer lengths, stratified (see `stratified_uniforms`): each is a draw from the
         distribution, and every block of STRATA consecutive requests covers all of its quantile bands."""
-        u = stratified_uniforms(rng, n)
+        return self._lengths(stratified_uniforms(rng, n)).astype(np.int64)
+
+    def _lengths(self, u: np.ndarray) -> np.ndarray:
+        """The lengths at quantiles `u` in [0, 1], as floats: rounded and clipped, not yet cast."""
         if self.dist == "fixed":
-            values = np.full(n, float(self.mean))
+            values = np.full(len(u), float(self.mean))
         elif self.dist == "uniform":
             low = math.floor(self.mean * (1 - self.range_ratio))
             high = math.ceil(self.mean * (1 + self.range_ratio))
@@ -65,10 +90,16 @@ class LengthDist:
         elif self.dist == "normal":
             values = self.mean + self.std * _normal_quantiles(u)
         else:
-            # mean of a lognormal is exp(mu + sigma^2 / 2); its median is exp(mu)
-            mu = math.log(self.median) if self.median is not None else math.log(self.mean) - self.sigma**2 / 2
-            values = np.exp(mu + self.sigma * _normal_quantiles(u))
-        return np.clip(np.rint(values), self.min, self.max).astype(np.int64)
+            # mean of a lognormal is exp(mu + sigma^2 / 2); its median is exp(mu). sigma * sigma, not
+            # sigma**2: a float's ** raises OverflowError where * gives inf (every length then 1)
+            mu = (
+                math.log(self.median)
+                if self.median is not None
+                else math.log(self.mean) - self.sigma * self.sigma / 2
+            )
+            with np.errstate(over="ignore"):  # a tail past any length is inf, which _check_longest refuses
+                values = np.exp(mu + self.sigma * _normal_quantiles(u))
+        return np.clip(np.rint(values), self.min, self.max)
 
     def describe(self) -> str:
         """E.g. "lognormal(mean 1000, sigma 0.8)"."""
@@ -100,4 +131,4 @@ def stratified_uniforms(rng: np.random.Generator, n: int) -> np.ndarray:
 def _normal_quantiles(u: np.ndarray) -> np.ndarray:
     """The standard normal's quantiles of `u` (numpy has no inverse CDF; NormalDist is exact)."""
     inverse = NormalDist().inv_cdf
-    return np.array([inverse(min(max(x, 1e-12), 1 - 1e-12)) for x in u], dtype=float)
+    return np.array([inverse(min(max(x, _U_CLAMP), 1 - _U_CLAMP)) for x in u], dtype=float)
