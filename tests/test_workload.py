@@ -393,6 +393,10 @@ def one_line_error(call) -> str:
         ("num_requests: 10\ntrace: {name: conv, arrivals: replay}\n", "arrivals"),
         ("num_requests: 10\ntrace: {name: conv, time_scale: 0}\n", "time_scale"),
         ("num_requests: 10\ntrace: {name: conv, arrivals: rate, time_scale: 2}\n", "only applies"),
+        (
+            "num_requests: 10\nrequest_rate: 5\ntrace: {name: conv, time_scale: 2}\n",
+            "trace.time_scale 2 with request_rate 5: the rate rescales the replayed times to its mean rate",
+        ),
         ("num_requests: 10\ntrace: missing.csv\n", "cannot read trace"),
         ("num_requests: 100000\ntrace: conv\n", "fewer than num_requests"),
         (

@@ -79,18 +79,21 @@ def spec_from_dict(
         raise AutotuneError("shared_prefix must be a mapping with num_prefixes and prefix_len")
     _check_keys(prefix, _PREFIX_KEYS, "shared_prefix")
     jsonl = data.get("jsonl")
+    request_rate = rate(data.get("request_rate", math.inf), "request_rate")
+    trace = _trace(data["trace"], base) if "trace" in data else None
+    _check_trace_rate(trace, request_rate)
     return WorkloadSpec(
         name=str(data.get("name") or default_name),
         description=str(data.get("description") or ""),
         num_requests=_bounded(positive_int(_required(data, "num_requests"), "num_requests"), "num_requests"),
         seed=seed(data.get("seed", 0), "seed"),
         load=str(data.get("load", "fixed")),
-        request_rate=rate(data.get("request_rate", math.inf), "request_rate"),
+        request_rate=request_rate,
         burstiness=finite_number(data.get("burstiness", 1.0), "burstiness", 1e-3, 1e3),
         max_concurrency=None if max_conc is None else positive_int(max_conc, "max_concurrency"),
         prompt_len=_length(data["prompt_len"], "prompt_len") if "prompt_len" in data else None,
         output_len=_length(data["output_len"], "output_len") if "output_len" in data else None,
-        trace=_trace(data["trace"], base) if "trace" in data else None,
+        trace=trace,
         jsonl=None if jsonl is None else base / str(jsonl),
         num_prefixes=bounded_int(prefix.get("num_prefixes", 0), "num_prefixes", 0, MAX_REQUESTS),
         prefix_len=bounded_int(prefix.get("prefix_len", 0), "prefix_len", 0, MAX_TOKENS),
@@ -160,6 +163,17 @@ def _trace(value: Any, base: Path) -> TraceSource:
         time_scale=finite_number(value.get("time_scale", 1.0), "trace.time_scale", 1e-3, 1e3),
         start=finite_number(value.get("start", 0.0), "trace.start"),
         max_len=None if max_len is None else positive_int(max_len, "trace.max_len"),
+    )
+
+
+def _check_trace_rate(trace: TraceSource | None, request_rate: float) -> None:
+    """Refuse a replay's time_scale with a finite request_rate: the rate sets the replay's mean rate
+    whatever the scale, so the file's time_scale would have no effect (`bench --rate` overrides both)."""
+    if trace is None or trace.arrivals != "trace" or trace.time_scale == 1 or math.isinf(request_rate):
+        return
+    raise AutotuneError(
+        f"trace.time_scale {trace.time_scale:g} with request_rate {request_rate:g}: the rate rescales the "
+        "replayed times to its mean rate, so time_scale would have no effect; give one of them"
     )
 
 
