@@ -211,9 +211,9 @@ def test_jsonl_token_counts_and_text(tmp_path: Path):
 
 def test_jsonl_row_without_output_len_needs_a_default(tmp_path: Path):
     path = tmp_path / "p.jsonl"
-    path.write_text('{"prompt": "hello"}\n')
-    with pytest.raises(AutotuneError, match="no output_len"):
-        WorkloadSpec(name="j", num_requests=1, jsonl=path).requests()
+    path.write_text('{"prompt_len": 100, "output_len": 20}\n{"prompt": "hello"}\n')
+    message = one_line_error(WorkloadSpec(name="j", num_requests=1, jsonl=path).requests)
+    assert message == f"{path}:2: a row has no output_len and the workload sets no output_len"
 
 
 def test_shared_prefix_token_ids():

@@ -200,18 +200,15 @@ class WorkloadSpec:
 
     def _jsonl_requests(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
         assert self.jsonl is not None
-        rows = read_jsonl(self.jsonl)
-        picked = [rows[i % len(rows)] for i in range(self.num_requests)]  # in file order, cycled
-        fallback = self.output_len.sample(rng, self.num_requests) if self.output_len is not None else None
-        output_lens = []
-        for i, (_, output_len, _) in enumerate(picked):
-            if output_len is None:
-                if fallback is None:
-                    raise AutotuneError(
-                        f"{self.jsonl}: a row has no output_len and the workload sets no output_len"
-                    )
-                output_len = int(fallback[i])
-            output_lens.append(output_len)
+        rows = read_jsonl(self.jsonl, needs_output_len=self.output_len is None)
+        n = self.num_requests
+        picked = [rows[i % len(rows)] for i in range(n)]  # in file order, cycled
+        # without a default every row has its own (read_jsonl checked): the zeros are never read
+        fallback = self.output_len.sample(rng, n) if self.output_len is not None else np.zeros(n, np.int64)
+        output_lens = [
+            output_len if output_len is not None else int(fallback[i])
+            for i, (_, output_len, _) in enumerate(picked)
+        ]
         return (
             np.array([p for p, _, _ in picked], dtype=np.int64),
             np.array(output_lens, dtype=np.int64),
@@ -308,11 +305,13 @@ def rate_arrivals(n: int, request_rate: float, burstiness: float, rng: np.random
     return times * (n / request_rate) / times[-1] if times[-1] > 0 else times
 
 
-def read_jsonl(path: Path) -> list[tuple[int, int | None, str | None]]:
+def read_jsonl(path: Path, needs_output_len: bool = False) -> list[tuple[int, int | None, str | None]]:
     """Rows of (prompt_len, output_len or None, prompt text or None) from a JSONL file.
 
     A row is {"prompt": text, "output_len": n?} or {"prompt_len": n, "output_len": n?}; other keys are
     ignored. A text prompt's length is estimated as ceil(characters / 4) unless the row gives prompt_len.
+    `needs_output_len` (the workload has no default): a row without one is an error, whether or not
+    this load reaches it (a capacity probe with more requests would).
     """
     lines = read_text(path, "JSONL file", MAX_DATA_BYTES).splitlines()
     rows = []
@@ -333,6 +332,8 @@ def read_jsonl(path: Path) -> list[tuple[int, int | None, str | None]]:
         else:
             raise AutotuneError(f"{where}: a row needs prompt (text) or prompt_len (tokens)")
         output_len = token_count(row["output_len"], f"{where}: output_len") if "output_len" in row else None
+        if output_len is None and needs_output_len:
+            raise AutotuneError(f"{where}: a row has no output_len and the workload sets no output_len")
         rows.append((prompt_len, output_len, text))
     if not rows:
         raise AutotuneError(f"JSONL file {path} has no rows")
