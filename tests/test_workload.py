@@ -216,6 +216,16 @@ def test_jsonl_row_without_output_len_needs_a_default(tmp_path: Path):
     assert message == f"{path}:2: a row has no output_len and the workload sets no output_len"
 
 
+def test_only_text_prompts_and_shared_prefixes_can_share_a_cached_prefix(tmp_path: Path):
+    counts, text = tmp_path / "counts.jsonl", tmp_path / "text.jsonl"
+    counts.write_text('{"prompt_len": 100, "output_len": 20}\n')
+    text.write_text('{"prompt_len": 100, "output_len": 20}\n{"prompt": "hello", "output_len": 5}\n')
+    assert not WorkloadSpec(name="c", num_requests=4, jsonl=counts).shares_prefixes  # salted random ids
+    assert WorkloadSpec(name="t", num_requests=4, jsonl=text).shares_prefixes  # one text row is enough
+    assert not synthetic().shares_prefixes
+    assert synthetic(num_prefixes=2, prefix_len=8).shares_prefixes
+
+
 def test_shared_prefix_token_ids():
     spec = synthetic(num_requests=40, num_prefixes=4, prefix_len=64, prompt_len=LengthDist("fixed", 32))
     requests = spec.requests()

@@ -11,6 +11,7 @@ documented at the top of workloads/chat.yaml).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import secrets
 from dataclasses import dataclass
@@ -215,11 +216,14 @@ class WorkloadSpec:
             [text for _, _, text in picked],
         )
 
-    @property
+    @functools.cached_property  # the guide asks once per config: the JSONL is read once
     def shares_prefixes(self) -> bool:
         """Whether prompts can share a prefix a server could cache: a shared-prefix group, or text
-        prompts (their content may repeat). Token-id prompts are random and salted per run: they never do."""
-        return self.num_prefixes > 0 or self.jsonl is not None
+        prompts (their content may repeat). Token-id prompts, JSONL token counts too, are random and
+        salted per run: they never do."""
+        if self.num_prefixes > 0:
+            return True
+        return self.jsonl is not None and any(text is not None for _, _, text in read_jsonl(self.jsonl))
 
     def with_rate_arrivals(self) -> WorkloadSpec:
         """This workload with arrivals drawn from its rate: a trace replay becomes the rows of the
