@@ -17,6 +17,7 @@ import numpy as np
 
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import MAX_DATA_BYTES, regular_file
+from autotune.core.values import MAX_TOKENS
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TRACES = ("conv", "code")  # the shipped Azure LLM inference traces (see data/AZURE_TRACE_README.md)
@@ -88,6 +89,8 @@ class TraceSource:
             raise AutotuneError(
                 f"trace {self.path} is not TIMESTAMP,ContextTokens,GeneratedTokens CSV ({exc})"
             ) from None
+        except OverflowError:  # numpy's int64 cannot hold it; nor can any max_model_len
+            raise AutotuneError(f"trace {self.path} has a token count above {MAX_TOKENS:,}") from None
         if not table:
             raise AutotuneError(f"trace {self.path} has no rows")
         seconds = _seconds(self.path, [t.strip() for t, _, _ in table], rows)
