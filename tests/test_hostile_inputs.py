@@ -142,6 +142,12 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], str]] = [
         space(PARAM, "  max_num_batched_tokens: 1000000000000000"),
         "max_num_batched_tokens=1000000000000000: expected a whole number",
     ),
+    (  # Optuna would cut the range to 16..80 with raw warnings and the baseline run 100, past it
+        "space-step-misses-high",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space("  max_num_seqs: {type: int, low: 16, high: 100, step: 32}"),
+        "max_num_seqs: high 100 is not low + a multiple of step 32: use 80 or 112",
+    ),
     ("set-block-7", ["bench", "--set", "block_size=7"], {}, "bad --set: block_size=7"),
     (
         "set-kv-dtype-bogus",

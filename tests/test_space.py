@@ -159,3 +159,41 @@ def test_baseline_outside_the_space_takes_the_nearest_allowed_value() -> None:
     assert baseline["tensor_parallel_size"] == 2
     assert baseline["max_num_seqs"] == 256 and baseline["max_num_batched_tokens"] == 2048  # A100 defaults
     assert all(p.contains(baseline[p.name]) for p in space.params)
+
+
+@pytest.mark.parametrize(
+    ("name", "spec", "needle"),
+    [
+        (
+            "max_num_seqs",
+            {"low": 16, "high": 100, "step": 32},
+            "high 100 is not low + a multiple of step 32: use 80 or 112",
+        ),
+        (
+            "gpu_memory_utilization",
+            {"low": 0.8, "high": 0.95, "step": 0.04},
+            "high 0.95 is not low + a multiple of step 0.04: use 0.92 or 0.96",
+        ),
+        # a high past what vLLM takes is not offered
+        (
+            "gpu_memory_utilization",
+            {"low": 0.9, "high": 0.99, "step": 0.04},
+            "high 0.99 is not low + a multiple of step 0.04: use 0.98",
+        ),
+    ],
+)
+def test_a_step_that_misses_high_is_refused_with_the_nearest_highs(
+    name: str, spec: dict, needle: str
+) -> None:
+    """Optuna would cut the range to its last step (four raw warnings) and the baseline run past it."""
+    kind = "int" if isinstance(spec["step"], int) else "float"
+    with pytest.raises(AutotuneError) as err:
+        space_from_dict({"params": {name: {"type": kind, **spec}}})
+    assert str(err.value).endswith(f"{name}: {needle}") and "\n" not in str(err.value)
+
+
+def test_a_float_step_lands_on_high_within_rounding() -> None:
+    """0.1 + 2 * 0.1 is 0.30000000000000004: high 0.3 is on the lattice, and Optuna is given 0.3."""
+    spec = {"type": "float", "low": 0.1, "high": 0.3, "step": 0.1}
+    param = space_from_dict({"params": {"gpu_memory_utilization": spec}}).params[0]
+    assert param.high == 0.3 and param.grid_values() == [0.1, 0.2, 0.3]

@@ -43,6 +43,7 @@ from autotune.core.config import (
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import not_a_directory, read_yaml
 from autotune.core.values import shown
+from autotune.tune.space_steps import highs_around, lattice_value, steps_from_low
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -328,7 +329,22 @@ def _range_param(name: str, kind: str, spec: Mapping[str, Any], where: str) -> P
         raise AutotuneError(f"{where}: a log range needs low > 0")
     if log and step not in (None, 1):
         raise AutotuneError(f"{where}: log and step cannot be combined")
+    if step is not None:
+        high = _lattice_high(name, kind, low, high, step, where)
     return Param(name=name, type=kind, low=low, high=high, log=log, step=None if step == 1 and log else step)
+
+
+def _lattice_high(name: str, kind: str, low: float, high: float, step: float, where: str) -> float:
+    """`high` when it is low plus a whole number of steps (a float as the lattice's value, so Optuna sees
+    no rounding), else AutotuneError naming the nearest highs vLLM takes."""
+    around = highs_around(low, high, step, kind)
+    if around is None:
+        return (
+            high if kind == "int" else lattice_value(low, step, round(steps_from_low(high, low, step)), kind)
+        )
+    valid = " or ".join(str(v) for v in around if flag_problem(name, v) is None)
+    use = f": use {valid}" if valid else ""
+    raise AutotuneError(f"{where}: high {high} is not low + a multiple of step {step}{use}")
 
 
 def _yaml_bool(spec: Mapping[str, Any], key: str, where: str) -> bool:
