@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import optuna
 import pytest
+import yaml
+from cli import autotune
 
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError
-from autotune.tune.space import load_space, space_from_dict, violations
+from autotune.tune.space import Param, load_space, space_from_dict, violations
 from autotune.tune.study_open import _same_setting
 
 
@@ -197,3 +200,43 @@ def test_a_float_step_lands_on_high_within_rounding() -> None:
     spec = {"type": "float", "low": 0.1, "high": 0.3, "step": 0.1}
     param = space_from_dict({"params": {"gpu_memory_utilization": spec}}).params[0]
     assert param.high == 0.3 and param.grid_values() == [0.1, 0.2, 0.3]
+
+
+def _param(space: str, name: str) -> Param:
+    return next(p for p in load_space(space).params if p.name == name)
+
+
+STEPPED = (
+    "fixed: {model: meta-llama/Llama-3.1-8B-Instruct, gpu: H100, max_model_len: 4096}\n"
+    "params:\n"
+    "  gpu_memory_utilization: {type: float, low: 0.80, high: 0.96, step: 0.04}\n"
+    "  max_num_seqs: {type: int, low: 16, high: 1040, step: 64}\n"
+)
+
+
+def test_a_default_off_the_step_lattice_takes_its_nearest_step() -> None:
+    """vLLM's 0.9 is not on 0.80..0.96 by 0.04 (a tie: it goes up), nor 1024 on 16..1040 by 64."""
+    gmu, seqs = space_from_dict(yaml.safe_load(STEPPED)).params
+    assert not gmu.contains(0.9) and gmu.contains(0.92) and gmu.nearest(0.9) == 0.92
+    assert not seqs.contains(1024) and seqs.contains(1040) and seqs.nearest(1024) == 1040
+    assert seqs.nearest(20) == 16 and seqs.nearest(5000) == 1040 and gmu.nearest(0.5) == 0.8
+    # a log range has no lattice; a float a rounding off a step is on it
+    log = space_from_dict({"params": {"max_num_seqs": {"type": "int", "low": 8, "high": 512, "log": True}}})
+    assert log.params[0].contains(100) and _param("vllm", "gpu_memory_utilization").contains(0.8 + 10 * 0.01)
+
+
+def test_a_baseline_moved_onto_the_step_lattice_is_named_so_and_optuna_takes_it(tmp_path: Path) -> None:
+    """The baseline ran vLLM's off-lattice 0.9 and 1024 under raw Optuna warnings ("Fixed parameter ...
+    is out of range"), labelled as vLLM's defaults: it runs the nearest steps and says so."""
+    (tmp_path / "space.yaml").write_text(STEPPED)
+    (tmp_path / "tiny.yaml").write_text(
+        "name: tiny\nnum_requests: 40\nload: fixed\nrequest_rate: 10\nprompt_len: {dist: fixed, mean: 64}\n"
+        "output_len: {dist: fixed, mean: 16}\n"
+    )
+    args = ["--space", "space.yaml", "--workload", "tiny.yaml", "--n-trials", "2", "--study", "m", "--quiet"]
+    done = autotune(tmp_path, "run", *args, "--slo", "ttft_p99=2s")
+    assert "Warning" not in done.stderr, done.stderr
+    moved = "vLLM's defaults at gpu_memory_utilization=0.92, max_num_seqs=1040"
+    assert f"the baseline is {moved}:" in done.stderr
+    best = json.loads((tmp_path / "runs/m/best.json").read_text())
+    assert best["baseline"]["label"] == moved

@@ -43,7 +43,7 @@ from autotune.core.config import (
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import not_a_directory, read_yaml
 from autotune.core.values import shown
-from autotune.tune.space_steps import highs_around, lattice_value, steps_from_low
+from autotune.tune import space_steps as lattice
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -116,14 +116,19 @@ class Param:
             if numeric and isinstance(value, (int, float)):
                 return min(self.choices, key=lambda c: abs(c - value))
             return self.choices[0]
+        if self.step:  # Optuna refuses a value off the lattice: the nearest step (a tie goes up)
+            return lattice.nearest_on_lattice(value, self.low, self.high, self.step, self.type)
         clipped = min(max(value, self.low), self.high)
         return int(clipped) if self.type == "int" else float(clipped)
 
     def contains(self, value: Any) -> bool:
-        """Whether `value` is one this parameter can take (used to place vLLM's defaults)."""
+        """Whether `value` is one this parameter can take (used to place vLLM's defaults): a stepped
+        range's values are low plus whole steps."""
         if self.type in ("categorical", "bool"):
             return value in self.choices
-        return value is not None and self.low <= value <= self.high
+        if value is None or not self.low <= value <= self.high:
+            return False
+        return not self.step or lattice.on_lattice(value, self.low, self.step, self.type)
 
 
 @dataclass(frozen=True)
@@ -337,11 +342,9 @@ def _range_param(name: str, kind: str, spec: Mapping[str, Any], where: str) -> P
 def _lattice_high(name: str, kind: str, low: float, high: float, step: float, where: str) -> float:
     """`high` when it is low plus a whole number of steps (a float as the lattice's value, so Optuna sees
     no rounding), else AutotuneError naming the nearest highs vLLM takes."""
-    around = highs_around(low, high, step, kind)
+    around = lattice.highs_around(low, high, step, kind)
     if around is None:
-        return (
-            high if kind == "int" else lattice_value(low, step, round(steps_from_low(high, low, step)), kind)
-        )
+        return lattice.nearest_on_lattice(high, low, high, step, kind)
     valid = " or ".join(str(v) for v in around if flag_problem(name, v) is None)
     use = f": use {valid}" if valid else ""
     raise AutotuneError(f"{where}: high {high} is not low + a multiple of step {step}{use}")
