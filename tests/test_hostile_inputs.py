@@ -149,6 +149,38 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], str]] = [
         "max_num_seqs: high 100 is not low + a multiple of step 32: use 80 or 112",
     ),
     ("set-block-7", ["bench", "--set", "block_size=7"], {}, "bad --set: block_size=7"),
+    # vLLM's choices past 32 start on no CUDA GPU: every such config failed at launch, "No feasible config"
+    (
+        "space-block-64-128",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space("  block_size: {type: categorical, choices: [64, 128]}"),
+        "block_size=64: CUDA supports block sizes 1, 8, 16 and 32 only",
+    ),
+    (
+        "space-block-16-64",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space(f"{PARAM}\n  block_size: {{type: categorical, choices: [16, 64]}}"),
+        "block_size=64: CUDA supports block sizes 1, 8, 16 and 32 only",
+    ),
+    (
+        "space-block-range-to-64",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space("  block_size: {type: int, low: 16, high: 64, step: 16}"),
+        "block_size=48: vLLM's block sizes are",
+    ),
+    (  # 9..15 lie between two block sizes
+        "space-block-range-8-16",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space("  block_size: {type: int, low: 8, high: 16}"),
+        "block_size=9: vLLM's block sizes are",
+    ),
+    (
+        "space-block-fixed-128",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space(PARAM, "  block_size: 128"),
+        "block_size=128: CUDA supports block sizes",
+    ),
+    ("set-block-64", ["bench", "--set", "block_size=64"], {}, "bad --set: block_size=64: CUDA supports"),
     (
         "set-kv-dtype-bogus",
         ["bench", "--set", "kv_cache_dtype=bogus"],

@@ -155,7 +155,9 @@ def run(args: argparse.Namespace) -> int:
         raise AutotuneError("sim-server needs a model: autotune sim-server MODEL [flags]")
     get_model(model)  # an unknown model is a usage error (one line), before the server logs anything
     flags = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
-    check_flags(flags, "bad flag")  # what vLLM's own argument checks refuse: one line, not a traceback
+    # what vLLM's own argument checks refuse: one line, not a traceback (the engine refuses, at startup and
+    # in vLLM's words, a block size CUDA does not take)
+    check_flags(flags, "bad flag", cuda=False)
     config = EngineConfig(model=model).replace(**flags)
     if args.enforce_eager:
         config = config.replace(enforce_eager=True)

@@ -222,15 +222,19 @@ MAX_FLAG_INT = 2**31 - 1
 # vLLM's --block-size and --kv-cache-dtype choices (vllm/config/cache.py, BlockSize and CacheDType;
 # the KV dtypes are those the simulator models: auto is the model's dtype, fp8 variants one byte).
 BLOCK_SIZE_CHOICES = (1, 8, 16, 32, 64, 128, 256)
+# Those CUDA takes (vllm/platforms/cuda.py: "Block size 64 is not supported on CUDA"): every GPU autotune
+# runs on is NVIDIA's, so a larger one fails every launch.
+CUDA_BLOCK_SIZES = (1, 8, 16, 32)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 _SCALARS = (str, int, float, bool)
 
 
-def flag_problem(name: str, value: Any) -> str | None:
+def flag_problem(name: str, value: Any, cuda: bool = True) -> str | None:
     """Why `value` cannot be vLLM's `name` flag (as `vllm serve` would refuse it), or None when it can.
 
     Only the flags autotune models are checked in depth; any other flag needs a finite scalar value (or
     a flat list of them, as for nargs="+" flags): a mapping or null is never a command-line value.
+    `cuda`: also refuse what vLLM's arguments take but its CUDA platform refuses at startup.
     """
     shown = f"{name}={values.shown(value)}"
     if name in POSITIVE_INT_FLAGS:
@@ -238,6 +242,8 @@ def flag_problem(name: str, value: Any) -> str | None:
             return f"{shown}: expected a whole number from 1 to {MAX_FLAG_INT:,}"
         if name == "block_size" and value not in BLOCK_SIZE_CHOICES:
             return f"{shown}: vLLM's block sizes are {', '.join(map(str, BLOCK_SIZE_CHOICES))}"
+        if name == "block_size" and cuda and value not in CUDA_BLOCK_SIZES:
+            return f"{shown}: CUDA supports block sizes 1, 8, 16 and 32 only"
     elif name == "gpu_memory_utilization":
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not number or not math.isfinite(value) or not 0 < value <= 1:
@@ -284,10 +290,11 @@ def partial_prefill_problem(config: EngineConfig) -> str | None:
     )
 
 
-def check_flags(values: dict[str, Any], where: str) -> None:
-    """Raise AutotuneError (one line, prefixed by `where`) on the first value vLLM would refuse."""
+def check_flags(values: dict[str, Any], where: str, cuda: bool = True) -> None:
+    """Raise AutotuneError (one line, prefixed by `where`) on the first value vLLM would refuse (`cuda`: see
+    flag_problem)."""
     for name, value in values.items():
-        problem = flag_problem(name, value)
+        problem = flag_problem(name, value, cuda)
         if problem:
             raise AutotuneError(f"{where}: {problem}")
 

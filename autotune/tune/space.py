@@ -22,7 +22,7 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -306,7 +306,10 @@ def _param(name: str, spec: Any, source: str) -> Param:
             _check_value(name, choice, f"search space {source}")
         return Param(name=name, type="categorical", choices=tuple(choices))
     param = _range_param(name, kind, spec, where)
-    for value in (param.low, param.high):
+    values: Sequence[float] = (param.low, param.high)
+    if name == "block_size":  # each value (9..15 lie between 8 and 16): the first bad one (<= 257) stops it
+        values = range(int(param.low), int(param.high) + 1, int(param.step or 1))
+    for value in values:
         _check_value(name, int(value) if kind == "int" else value, f"search space {source}")
     return param
 
