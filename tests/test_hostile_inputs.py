@@ -181,6 +181,16 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], str]] = [
         "block_size=128: CUDA supports block sizes",
     ),
     ("set-block-64", ["bench", "--set", "block_size=64"], {}, "bad --set: block_size=64: CUDA supports"),
+    (  # vllm bench serve's median and p50 are one statistic: two identical columns, as the SLOs refuse
+        "objectives-median-and-p50",
+        ["run", "--objectives", "{tmp}/o.yaml"],
+        {
+            "o.yaml": "objectives:\n  - {metric: p50_ttft_ms, direction: minimize}\n"
+            "  - {metric: output_throughput, direction: maximize}\n"
+            "  - {metric: median_ttft_ms, direction: minimize}\n"
+        },
+        "p50_ttft_ms and median_ttft_ms are one statistic (median and p50): keep one",
+    ),
     (
         "set-kv-dtype-bogus",
         ["bench", "--set", "kv_cache_dtype=bogus"],

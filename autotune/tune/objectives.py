@@ -162,6 +162,7 @@ def objectives_from_dict(data: Any, source: str = "<dict>") -> ObjectiveSet:
         objectives.append(Objective(metric=item["metric"], direction=item["direction"]))
     if len({o.metric for o in objectives}) != len(objectives):
         raise AutotuneError(f"objectives {source}: a metric is listed twice")
+    _check_one_statistic([o.metric for o in objectives], source)
     raw_slos = data.get("slos") or []
     if isinstance(raw_slos, str):
         raw_slos = [raw_slos]
@@ -172,6 +173,17 @@ def objectives_from_dict(data: Any, source: str = "<dict>") -> ObjectiveSet:
     except AutotuneError as exc:
         raise AutotuneError(f"objectives {source}: {exc}") from None
     return ObjectiveSet(objectives=tuple(objectives), slos=tuple(slos), source=source)
+
+
+def _check_one_statistic(metrics: Sequence[str], source: str) -> None:
+    """AutotuneError when a latency's median and p50 are both listed: vllm bench serve reports the one
+    statistic under both names, so the study would have two identical objectives."""
+    for metric in metrics:
+        if metric.startswith("p50_") and f"median_{metric.removeprefix('p50_')}" in metrics:
+            raise AutotuneError(
+                f"objectives {source}: {metric} and median_{metric.removeprefix('p50_')} are one statistic "
+                "(median and p50): keep one"
+            )
 
 
 def check_goodput(objectives: ObjectiveSet, slos: Sequence[Slo]) -> None:
