@@ -58,6 +58,13 @@ def test_defaults_yaml_names_every_constant_and_reads_back(tmp_path: Path) -> No
     assert DEFAULT_CALIBRATION.is_default and not DEFAULT_CALIBRATION.changed()
 
 
+def test_every_calibration_file_rounds_its_constants_to_four_digits() -> None:
+    """The guided run's calibration.yaml wrote `gemm_eff: 0.4300899999999999` (a scaled constant) while
+    calibrate's were rounded: both go through calibration_yaml, which rounds."""
+    text = calibration_yaml(DEFAULT_CALIBRATION.replace(gemm_eff=0.4300899999999999, bw_eff=2 / 3))
+    assert "\ngemm_eff: 0.4301\n" in text and "\nbw_eff: 0.6667\n" in text, text
+
+
 def test_printed_defaults_are_what_sim_calibration_reads(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -27,9 +27,14 @@ import numpy as np
 
 from autotune.calibrate.points import Error, Replay
 from autotune.core.errors import AutotuneError
-from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration, FieldInfo, calibration_fields
+from autotune.sim.calibration import (
+    DEFAULT_CALIBRATION,
+    Calibration,
+    FieldInfo,
+    calibration_fields,
+    rounded,
+)
 
-SIGNIFICANT_DIGITS = 4  # of a fitted constant: measurements do not pin them closer
 CLIP = 3.0  # |log error| cap: a 20x miss counts as much as a 20x miss should, no more
 FAR = math.log(10)  # the probe of a constant no small step moves: a factor 10 (or to its bound)
 SEES = {"memory": ("memory",), "step": ("costs",), "serve": ("costs", "frontend")}  # kind -> groups
@@ -87,14 +92,14 @@ class _Problem:
         self.evaluations = 0
         self._cache: dict[tuple[float, ...], np.ndarray] = {}
 
-    def calibration(self, x: np.ndarray, digits: int | None = None) -> Calibration:
-        """The prior with the free constants at x (rounded to `digits` significant digits if given)."""
+    def calibration(self, x: np.ndarray, rounding: bool = False) -> Calibration:
+        """The prior with the free constants at x (rounded as the calibration file writes them if asked)."""
         values = {}
         for name, xi in zip(self.names, x, strict=True):
             info = self.info[name]
             value = getattr(self.prior, name) * math.exp(xi)
-            if digits is not None:
-                value = float(f"{value:.{digits}g}")
+            if rounding:
+                value = rounded(value)
             values[name] = min(max(value, info.low), info.high)
         return self.prior.replace(**values)
 
@@ -236,7 +241,7 @@ def fit_calibration(
         f_scale=options.loss_scale,
     )
     x = solution.x
-    fitted = problem.calibration(x, SIGNIFICANT_DIGITS)
+    fitted = problem.calibration(x, rounding=True)
     jac = problem.data_jacobian(x)
     return FitResult(
         prior=prior,

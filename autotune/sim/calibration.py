@@ -235,6 +235,9 @@ def load_calibration(path: str | Path) -> Calibration:
     return calibration_from_mapping(read_yaml(path, "calibration file"), f"calibration file {path}")
 
 
+SIGNIFICANT_DIGITS = 4  # of a written or fitted constant: measurements do not pin them closer
+
+
 def calibration_yaml(calibration: Calibration, header: str = "") -> str:
     """The calibration as YAML that load_calibration reads back, a comment line per constant."""
     lines = [f"# {line}" if line else "#" for line in header.splitlines()]
@@ -244,7 +247,7 @@ def calibration_yaml(calibration: Calibration, header: str = "") -> str:
             group = info.group
             lines += ["", f"# --- {GROUPS[group]}"]
         lines.append(f"# {info.describe()}")
-        lines.append(f"{info.name}: {yaml_number(getattr(calibration, info.name))}")
+        lines.append(f"{info.name}: {yaml_number(rounded(getattr(calibration, info.name)))}")
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
@@ -261,6 +264,11 @@ def add_calibration_argument(parser: Any) -> None:
 def calibration_option(path: str | None) -> Calibration:
     """`--sim-calibration`'s value as a Calibration (the built-in one when not given)."""
     return DEFAULT_CALIBRATION if path is None else load_calibration(path)
+
+
+def rounded(value: float) -> float:
+    """A constant to SIGNIFICANT_DIGITS: what every calibration file holds (no float noise)."""
+    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
 
 
 def yaml_number(value: float) -> str:
