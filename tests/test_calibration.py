@@ -336,8 +336,8 @@ def test_calibrate_over_http_recovers_a_perturbed_server(tmp_path: Path) -> None
             "--gpu",
             setup.gpu,
         ]
-        # 1 GPU-minute (the benchmark: 2): four fits on the steady draw within 0.9 % (docs/simulator.md)
-        cmd += ["--model", setup.model, "--gpu-minutes", "1", "-o", str(out)]
+        # 1.2 GPU-minutes, the least designed set here (the benchmark: 2): docs/simulator.md
+        cmd += ["--model", setup.model, "--gpu-minutes", "1.2", "-o", str(out)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "calibrate: [9/9]" in done.stderr  # progress lines

@@ -4,6 +4,7 @@ and with two GPUs a TP=2 config), each config measured on its own server."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from autotune.calibrate.design import (
     SECOND_CONFIG_RUNS,
     ConfigUnderTest,
     designed_points,
+    least_seconds,
     predicted_seconds,
     second_config_flags,
     sized,
@@ -94,7 +96,7 @@ def on_url(
             "over on it: the fit takes it for the GPU's (keep the scale small: docs/simulator.md)"
         )
     config = ConfigUnderTest("server", flags, max_len)
-    points = _sized(designed_points(model, target.gpu, [config]), gpu_minutes * 60, prior, say)
+    (points,) = _planned([config], (1.0,), target.gpu, model, gpu_minutes, prior, say)
     measure_points(info, points, say, out.add)
     if info.kv_tokens is None:
         out.notes.append(
@@ -135,10 +137,7 @@ def on_backend(
             ConfigUnderTest("tp2", {**target.settings, "tensor_parallel_size": 2}, max_len, TP_CONFIG_RUNS)
         )
     # Sized before any launch: a config the prior predicts does not start is refused before GPU time is spent.
-    designed = [
-        _sized(designed_points(model, target.gpu, [config]), gpu_minutes * 60 * share, prior, say)
-        for config, share in zip(configs, SHARES, strict=False)
-    ]
+    designed = _planned(configs, SHARES[: len(configs)], target.gpu, model, gpu_minutes, prior, say)
     for config, points in zip(configs, designed, strict=True):
         tp = int(config.flags.get("tensor_parallel_size", 1))
         started = time.monotonic()
@@ -156,20 +155,54 @@ def on_backend(
             measure_points(info, points, say, out.add)
 
 
+def _planned(
+    configs: Sequence[ConfigUnderTest],
+    shares: Sequence[float],
+    gpu: str,
+    model: str,
+    gpu_minutes: float,
+    prior: Calibration,
+    say: Progress,
+) -> list[list[dict[str, Any]]]:
+    """Each config's designed points, sized to its least set plus its share of what --gpu-minutes leaves
+    over (as `prior` predicts). Refused in one line, nothing measured, when a config is predicted not to
+    start or the least sets need more than --gpu-minutes (it is a cap: GPU time is money)."""
+    designs = [designed_points(model, gpu, [config]) for config in configs]
+    least = [least_seconds(points, prior) for points in designs]
+    for points, seconds in zip(designs, least, strict=True):
+        if seconds <= 0:
+            _refuse_not_starting(points)
+    need = sum(least)
+    if need > gpu_minutes * 60:
+        floor = math.ceil(need / 6) / 10  # minutes, rounded up to a tenth
+        raise AutotuneError(
+            f"the designed set needs at least {floor:g} GPU-minutes here, as the prior calibration "
+            f"predicts; --gpu-minutes {gpu_minutes:g} affords none of it: give --gpu-minutes {floor:g} or "
+            "more (nothing was measured)"
+        )
+    spare = gpu_minutes * 60 - need
+    return [
+        _sized(points, seconds + spare * share / sum(shares), prior, say)
+        for points, seconds, share in zip(designs, least, shares, strict=True)
+    ]
+
+
+def _refuse_not_starting(points: list[dict[str, Any]]) -> None:
+    """Its runs would replay as failures whatever the constants: nothing measured there could be fitted."""
+    first = points[0]
+    raise AutotuneError(
+        f"the prior calibration predicts that {first['model']} does not start on {first['gpu']} with "
+        f"{_flags(first['flags']) or 'vLLM defaults'}: nothing measured there could be fitted (check "
+        "--model, --gpu and --set; nothing was measured)"
+    )
+
+
 def _sized(
     points: list[dict[str, Any]], seconds: float, prior: Calibration, say: Progress
 ) -> list[dict[str, Any]]:
     out = sized(points, seconds, prior)
     predicted = sum(predicted_seconds(out, prior))
     runs = sum(p["kind"] == "serve" for p in out)
-    if predicted <= 0:
-        # Its runs would replay as failures whatever the constants: nothing measured there could be fitted.
-        first = out[0]
-        raise AutotuneError(
-            f"the prior calibration predicts that {first['model']} does not start on {first['gpu']} with "
-            f"{_flags(first['flags']) or 'vLLM defaults'}: nothing measured there could be fitted (check "
-            "--model, --gpu and --set; nothing was measured)"
-        )
     say(f"designed set: {runs} runs, {predicted / 60:.1f} GPU-minutes as the prior calibration predicts")
     return out
 

@@ -144,6 +144,14 @@ def sized(points: list[dict[str, Any]], gpu_seconds: float, prior: Calibration) 
     return out
 
 
+def least_seconds(points: Sequence[dict[str, Any]], prior: Calibration) -> float:
+    """The GPU seconds `prior` predicts for the points with every run at its least request count: the
+    smallest designed set (what no --gpu-minutes can shrink)."""
+    least = {r.name: r.least for r in RUNS}
+    smallest = [{**p, "requests": least[p["run"]]} if p["kind"] == "serve" else p for p in points]
+    return sum(predicted_seconds(smallest, prior))
+
+
 def predicted_seconds(points: Sequence[dict[str, Any]], prior: Calibration) -> list[float]:
     """Each point's simulated run time under `prior` (0 for a memory point)."""
     replay = Replay(points)

@@ -101,7 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--image", default=LATEST_IMAGE, help="--backend docker: the image")
     server.add_argument(
         "--gpu-minutes", type=float, default=DEFAULT_GPU_MINUTES,
-        help=f"GPU time for the designed set's runs, as predicted (default {DEFAULT_GPU_MINUTES:g})",
+        help=f"a cap on the designed set's GPU time, as predicted (default {DEFAULT_GPU_MINUTES:g}; one "
+        "below the least set is refused, naming it)",
     )  # fmt: skip
     fit = parser.add_argument_group("the fit")
     fit.add_argument("--split", choices=("train", "validation"), help="--points: fit only this split")
