@@ -6,7 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from autotune.calibrate import measure
+from autotune.calibrate.design import predicted_seconds
+from autotune.calibrate.points import Replay
 from autotune.cli import main
+from autotune.sim.calibration import DEFAULT_CALIBRATION
 from autotune.sim_server.server import start_sim_server
 
 QWEN_14B = "Qwen/Qwen3-14B"
@@ -26,3 +30,20 @@ def test_gpu_minutes_below_the_least_designed_set_is_refused_before_measuring(
     assert "--gpu-minutes 0.1 affords none of it" in err[-1], err
     assert not any("[1/" in line for line in err), err
     assert not out.exists()
+
+
+def test_a_tp2_configs_gpu_time_counts_both_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TP=2 run's duration was counted once: its GPU time (measured, and as sized) is twice it."""
+    point = {"id": "tp2-burst", "run": "burst", "kind": "serve", "model": QWEN_14B, "gpu": "H100"}
+    point.update(requests=8, prompt=256, output=32, measured={"output_throughput": 0.0})
+    tp1, tp2 = {**point, "flags": {}}, {**point, "flags": {"tensor_parallel_size": 2}}
+    monkeypatch.setattr(measure, "_warm_up", lambda info: None)
+    monkeypatch.setattr(measure, "measure_serve", lambda info, p, salt: (p, 10.0))
+    kept: list[float] = []
+    info = measure.ServerInfo("http://127.0.0.1:1", QWEN_14B, 4096, {})
+    _, seconds = measure.measure_points(info, [tp2], keep=lambda p, s: kept.append(s))
+    assert seconds == kept[0] == 20.0
+    replay = Replay([tp2])
+    duration = tp2["requests"] / replay.simulate(0, DEFAULT_CALIBRATION)["request_throughput"]
+    assert predicted_seconds([tp2], DEFAULT_CALIBRATION) == pytest.approx([2 * duration])
+    assert predicted_seconds([tp1], DEFAULT_CALIBRATION)[0] > 0

@@ -28,7 +28,7 @@ from typing import Any
 from autotune.calibrate.points import Replay
 from autotune.catalog.gpus import get_gpu
 from autotune.catalog.models import get_model
-from autotune.core.config import EngineConfig
+from autotune.core.config import EngineConfig, gpus_per_replica
 from autotune.sim.calibration import Calibration
 
 _SHAREGPT_PROMPT = {"mean": 300, "sigma": 0.8, "max": 1024}  # a ShareGPT-like mix of lengths
@@ -153,7 +153,7 @@ def least_seconds(points: Sequence[dict[str, Any]], prior: Calibration) -> float
 
 
 def predicted_seconds(points: Sequence[dict[str, Any]], prior: Calibration) -> list[float]:
-    """Each point's simulated run time under `prior` (0 for a memory point)."""
+    """Each point's simulated GPU time under `prior`: its run time x its GPUs (0 for a memory point)."""
     replay = Replay(points)
     out = []
     for i, point in enumerate(points):
@@ -162,5 +162,6 @@ def predicted_seconds(points: Sequence[dict[str, Any]], prior: Calibration) -> l
             continue
         values = replay.simulate(i, prior)
         throughput = values.get("request_throughput", 0.0)
-        out.append(point["requests"] / throughput if throughput > 0 else 0.0)
+        seconds = point["requests"] / throughput if throughput > 0 else 0.0
+        out.append(seconds * gpus_per_replica(point["flags"]))
     return out

@@ -26,6 +26,7 @@ from autotune.backends.remote import cache_config_labels, get_models, time_scale
 from autotune.backends.server_metrics import parse_prometheus
 from autotune.calibrate.points import point_requests
 from autotune.core.api_keys import client_api_key
+from autotune.core.config import gpus_per_replica
 from autotune.core.errors import AutotuneError, RunFailure
 from autotune.measure.loadgen import CHAT, COMPLETIONS, run_load
 from autotune.measure.metrics import RequestRecord, compute_metrics
@@ -113,10 +114,11 @@ def measure_points(
     progress: Progress | None = None,
     keep: Callable[[dict[str, Any], float], None] | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
-    """The points with their measured values, and the GPU seconds the runs took (simulated seconds on a
-    time-scaled sim-server). Memory points take the server's KV size; RunFailure when a run fails.
-    `keep` gets each point as it is measured, with its GPU seconds: what a failure or Ctrl-C later
-    leaves. Run n's prompts are salted base + n, base random per call (a campaign)."""
+    """The points with their measured values, and the GPU seconds the runs took (each run's duration x
+    its config's GPUs, simulated seconds on a time-scaled sim-server). Memory points take the server's
+    KV size; RunFailure when a run fails. `keep` gets each point as it is measured, with its GPU
+    seconds: what a failure or Ctrl-C later leaves. Run n's prompts are salted base + n, base random
+    per call (a campaign)."""
     say = progress or (lambda line: None)
     kept = keep or (lambda point, seconds: None)
     # The warm-up's salt 10**6 may repeat: it only pays the server's one-time costs.
@@ -133,6 +135,7 @@ def measure_points(
             continue
         n = len(measured) - sum(p["kind"] == "memory" for p in measured) + 1
         done, seconds = measure_serve(info, point, salt=base + n)
+        seconds *= gpus_per_replica(point.get("flags", {}))  # a TP=2 run takes two GPUs' time
         gpu_s += seconds
         measured.append(done)
         kept(done, seconds)
