@@ -96,7 +96,7 @@ def on_url(
             "over on it: the fit takes it for the GPU's (keep the scale small: docs/simulator.md)"
         )
     config = ConfigUnderTest("server", flags, max_len)
-    (points,) = _planned([config], (1.0,), target.gpu, model, gpu_minutes, prior, say)
+    ((_, points),) = _planned([config], (1.0,), target, model, gpu_minutes, prior, (say, out.notes))
     measure_points(info, points, say, out.add)
     if info.kv_tokens is None:
         out.notes.append(
@@ -130,15 +130,18 @@ def on_backend(
             {**target.settings, **second_config_flags(target.settings, model, target.gpu)},
             max_len,
             SECOND_CONFIG_RUNS,
+            chosen=True,
         ),
     ]
     if len(gpu_ids) >= 2:
         configs.append(
-            ConfigUnderTest("tp2", {**target.settings, "tensor_parallel_size": 2}, max_len, TP_CONFIG_RUNS)
+            ConfigUnderTest(
+                "tp2", {**target.settings, "tensor_parallel_size": 2}, max_len, TP_CONFIG_RUNS, chosen=True
+            )
         )
     # Sized before any launch: a config the prior predicts does not start is refused before GPU time is spent.
-    designed = _planned(configs, SHARES[: len(configs)], target.gpu, model, gpu_minutes, prior, say)
-    for config, points in zip(configs, designed, strict=True):
+    designed = _planned(configs, SHARES, target, model, gpu_minutes, prior, (say, out.notes))
+    for config, points in designed:
         tp = int(config.flags.get("tensor_parallel_size", 1))
         started = time.monotonic()
         say(f"launching config {config.label}: {_flags(config.flags) or 'vLLM defaults'}")
@@ -158,20 +161,29 @@ def on_backend(
 def _planned(
     configs: Sequence[ConfigUnderTest],
     shares: Sequence[float],
-    gpu: str,
+    target: Target,
     model: str,
     gpu_minutes: float,
     prior: Calibration,
-    say: Progress,
-) -> list[list[dict[str, Any]]]:
-    """Each config's designed points, sized to its least set plus its share of what --gpu-minutes leaves
-    over (as `prior` predicts). Refused in one line, nothing measured, when a config is predicted not to
-    start or the least sets need more than --gpu-minutes (it is a cap: GPU time is money)."""
-    designs = [designed_points(model, gpu, [config]) for config in configs]
-    least = [least_seconds(points, prior) for points in designs]
-    for points, seconds in zip(designs, least, strict=True):
-        if seconds <= 0:
+    said: tuple[Progress, list[str]],
+) -> list[tuple[ConfigUnderTest, list[dict[str, Any]]]]:
+    """The configs to run and their designed points, each sized to its least set plus its share of what
+    --gpu-minutes leaves over (as `prior` predicts). Refused in one line, nothing measured, when the
+    user's config is predicted not to start or the least sets need more than --gpu-minutes (it is a cap:
+    GPU time is money); a config calibrate chose that is predicted not to start is skipped (`said`: the
+    progress and the report's notes say so)."""
+    kept, least, kept_shares = [], [], []
+    for config, share in zip(configs, shares, strict=False):
+        points = designed_points(model, target.gpu, [config])
+        seconds = least_seconds(points, prior)
+        if seconds <= 0 and not config.chosen:
             _refuse_not_starting(points)
+        if seconds <= 0:
+            _skip(config, target.gpu, said)
+            continue
+        kept.append((config, points))
+        least.append(seconds)
+        kept_shares.append(share)
     need = sum(least)
     if need > gpu_minutes * 60:
         floor = math.ceil(need / 6) / 10  # minutes, rounded up to a tenth
@@ -182,9 +194,19 @@ def _planned(
         )
     spare = gpu_minutes * 60 - need
     return [
-        _sized(points, seconds + spare * share / sum(shares), prior, say)
-        for points, seconds, share in zip(designs, least, shares, strict=True)
+        (config, _sized(points, seconds + spare * share / sum(kept_shares), prior, said[0]))
+        for (config, points), seconds, share in zip(kept, least, kept_shares, strict=True)
     ]
+
+
+def _skip(config: ConfigUnderTest, gpu: str, said: tuple[Progress, list[str]]) -> None:
+    """A config calibrate chose that the prior predicts does not start: said, noted, not run."""
+    line = (
+        f"config {config.label} ({_flags(config.flags)}), one calibrate chose, is skipped: the prior "
+        f"calibration predicts it does not start on {gpu}; the constants it separates stay less pinned"
+    )
+    said[0](line)
+    said[1].append(line)
 
 
 def _refuse_not_starting(points: list[dict[str, Any]]) -> None:

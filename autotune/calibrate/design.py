@@ -92,13 +92,18 @@ SECOND_CONFIG_RUNS = ("light-c4", "prefill-burst", "decode-heavy", "burst")
 
 
 def second_config_flags(first: dict[str, Any], model: str, gpu: str) -> dict[str, Any]:
-    """Another token budget and max_num_seqs than the first config's (as vLLM resolves it on the GPU)."""
+    """Another token budget and max_num_seqs than the first config's (as vLLM resolves it on the GPU).
+    With chunked prefill off the budget stays at or above max_model_len: vLLM refuses to start below."""
     spec = get_gpu(gpu)
     resolved = EngineConfig(model=model).replace(**first)
     resolved = resolved.with_vllm_defaults(
         spec.memory_gib, spec.name, get_model(model).max_position_embeddings
     )
-    budget = 2048 if (resolved.max_num_batched_tokens or 0) > 2048 else 8192
+    first_budget, max_len = resolved.max_num_batched_tokens or 0, resolved.max_model_len or 0
+    if resolved.enable_chunked_prefill:
+        budget = 2048 if first_budget > 2048 else 8192
+    else:
+        budget = max_len if first_budget > max_len else 2 * max(first_budget, max_len)
     seqs = 128 if (resolved.max_num_seqs or 0) != 128 else 64
     return {"max_num_batched_tokens": budget, "max_num_seqs": seqs}
 
@@ -111,6 +116,7 @@ class ConfigUnderTest:
     flags: dict[str, Any]
     max_model_len: int
     runs: tuple[str, ...] = tuple(r.name for r in RUNS)
+    chosen: bool = False  # calibrate chose it, not the user: skipped, not refused, if it cannot start
 
 
 def designed_points(model: str, gpu: str, configs: Sequence[ConfigUnderTest]) -> list[dict[str, Any]]:
