@@ -38,7 +38,7 @@ def test_a_tp2_configs_gpu_time_counts_both_gpus(monkeypatch: pytest.MonkeyPatch
     point.update(requests=8, prompt=256, output=32, measured={"output_throughput": 0.0})
     tp1, tp2 = {**point, "flags": {}}, {**point, "flags": {"tensor_parallel_size": 2}}
     monkeypatch.setattr(measure, "_warm_up", lambda info: None)
-    monkeypatch.setattr(measure, "measure_serve", lambda info, p, salt: (p, 10.0))
+    monkeypatch.setattr(measure, "measure_serve", lambda info, p, salt, sampler=None: (p, 10.0))
     kept: list[float] = []
     info = measure.ServerInfo("http://127.0.0.1:1", QWEN_14B, 4096, {})
     _, seconds = measure.measure_points(info, [tp2], keep=lambda p, s: kept.append(s))

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.backends.server_metrics import KvSampler
 from autotune.calibrate.design import (
     SECOND_CONFIG_RUNS,
     ConfigUnderTest,
@@ -20,6 +21,7 @@ from autotune.calibrate.design import (
     sized,
 )
 from autotune.calibrate.measure import ServerInfo, measure_points, probe_server
+from autotune.catalog.gpus import get_gpu
 from autotune.catalog.models import catalog_id, get_model
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, RunFailure
@@ -28,6 +30,10 @@ from autotune.sim.calibration import Calibration
 Progress = Callable[[str], None]
 TP_CONFIG_RUNS = ("light-c1", "burst")
 SHARES = (0.6, 0.3, 0.1)  # of the GPU time: vLLM's defaults, the second config, the TP config
+# A peak of requests running below this share of what the load allowed says the server capped it:
+# a burst's first short requests finish while the last are admitted, so a default server stays above.
+RUNNING_SHORTFALL = 0.5
+KV_FULL = 0.9  # a KV cache this full caps the running requests too: then the shortfall says nothing
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,13 @@ def on_url(
         )
     config = ConfigUnderTest("server", flags, max_len)
     ((_, points),) = _planned([config], (1.0,), target, model, gpu_minutes, prior, (say, out.notes))
-    measure_points(info, points, say, out.add)
+    sampled: dict[str, KvSampler] = {}
+    measure_points(info, points, say, out.add, sampled)
+    assumed = assumed_max_num_seqs(flags, model, target.gpu)
+    fewer = fewer_running(points, sampled, assumed)
+    if fewer is not None:
+        say(f"warning: {fewer}")
+        out.notes.append(fewer)
     if info.kv_tokens is None:
         out.notes.append(
             "the server's /metrics has no vllm:cache_config_info: the memory terms stay at their prior"
@@ -105,6 +117,35 @@ def on_url(
     out.notes.append(
         "one config shows one token budget and max_num_seqs: --backend launches a second one to separate "
         "the memory terms and the chunked-prefill costs"
+    )
+
+
+def assumed_max_num_seqs(flags: dict[str, Any], model: str, gpu: str) -> int:
+    """The max_num_seqs the replays assume: the flags', else vLLM's default for the GPU."""
+    spec = get_gpu(gpu)
+    resolved = EngineConfig(model=model).replace(**flags)
+    positions = get_model(model).max_position_embeddings
+    resolved = resolved.with_vllm_defaults(spec.memory_gib, spec.name, positions)
+    return int(resolved.max_num_seqs or 0)
+
+
+def fewer_running(points: list[dict[str, Any]], sampled: dict[str, KvSampler], assumed: int) -> str | None:
+    """A warning when the server ran clearly fewer requests at once (vllm:num_requests_running, sampled
+    during the runs) than the load and the assumed max_num_seqs allowed, its KV cache not full: it was
+    started with another --max-num-seqs, which /metrics does not say. None when it did not, or no
+    sample says."""
+    peaks = [s.peak_running for s in sampled.values() if s.peak_running is not None]
+    if not peaks or any((s.peak_kv or 0.0) >= KV_FULL for s in sampled.values()):
+        return None
+    serve = [p for p in points if p["kind"] == "serve"]
+    allowed = max(min(assumed, p.get("concurrency") or p["requests"]) for p in serve)
+    seen = max(peaks)
+    if seen >= RUNNING_SHORTFALL * allowed:
+        return None
+    return (
+        f"the server ran at most {seen} requests at once, below the max_num_seqs {assumed} assumed: was "
+        f"it started with --max-num-seqs {seen}? pass --set max_num_seqs={seen} (and any other scheduler "
+        "flag /metrics does not show): the fit replayed every run with the wrong one"
     )
 
 

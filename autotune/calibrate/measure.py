@@ -15,6 +15,7 @@ calibrate) does not meet the earlier campaign's prompts in the cache either.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,12 +24,12 @@ from typing import Any
 import httpx
 
 from autotune.backends.remote import cache_config_labels, get_models, time_scale
-from autotune.backends.server_metrics import parse_prometheus
+from autotune.backends.server_metrics import KvSampler, parse_prometheus
 from autotune.calibrate.points import point_requests
 from autotune.core.api_keys import client_api_key
 from autotune.core.config import gpus_per_replica
 from autotune.core.errors import AutotuneError, RunFailure
-from autotune.measure.loadgen import CHAT, COMPLETIONS, run_load
+from autotune.measure.loadgen import CHAT, COMPLETIONS, LoadResult, run_load
 from autotune.measure.metrics import RequestRecord, compute_metrics
 from autotune.workloads.spec import Request, salt_base
 
@@ -113,12 +114,14 @@ def measure_points(
     points: Sequence[dict[str, Any]],
     progress: Progress | None = None,
     keep: Callable[[dict[str, Any], float], None] | None = None,
+    sampled: dict[str, KvSampler] | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
     """The points with their measured values, and the GPU seconds the runs took (each run's duration x
     its config's GPUs, simulated seconds on a time-scaled sim-server). Memory points take the server's
     KV size; RunFailure when a run fails. `keep` gets each point as it is measured, with its GPU
     seconds: what a failure or Ctrl-C later leaves. Run n's prompts are salted base + n, base random
-    per call (a campaign)."""
+    per call (a campaign). `sampled` gets each serve point's /metrics sampler (its peak requests
+    running and KV usage) under the point's id."""
     say = progress or (lambda line: None)
     kept = keep or (lambda point, seconds: None)
     # The warm-up's salt 10**6 may repeat: it only pays the server's one-time costs.
@@ -134,7 +137,10 @@ def measure_points(
                 kept(measured[-1], 0.0)
             continue
         n = len(measured) - sum(p["kind"] == "memory" for p in measured) + 1
-        done, seconds = measure_serve(info, point, salt=base + n)
+        sampler = KvSampler(info.url)
+        done, seconds = measure_serve(info, point, salt=base + n, sampler=sampler)
+        if sampled is not None:
+            sampled[point["id"]] = sampler
         seconds *= gpus_per_replica(point.get("flags", {}))  # a TP=2 run takes two GPUs' time
         gpu_s += seconds
         measured.append(done)
@@ -144,23 +150,14 @@ def measure_points(
     return measured, gpu_s
 
 
-def measure_serve(info: ServerInfo, point: dict[str, Any], salt: int) -> tuple[dict[str, Any], float]:
+def measure_serve(
+    info: ServerInfo, point: dict[str, Any], salt: int, sampler: KvSampler | None = None
+) -> tuple[dict[str, Any], float]:
     """The serve point measured (metrics on the simulated clock, the send times without a concurrency
-    cap) and its duration in GPU seconds."""
+    cap) and its duration in GPU seconds; `sampler` samples /metrics during the load."""
     scale = info.time_scale
     requests = [dataclasses.replace(r, arrival_time=r.arrival_time / scale) for r in point_requests(point)]
-    load = asyncio.run(
-        run_load(
-            info.url,
-            info.model,
-            requests,
-            max_concurrency=point.get("concurrency"),
-            endpoint=CHAT if point.get("api") == "chat" else COMPLETIONS,
-            request_timeout_s=REQUEST_TIMEOUT_S,
-            salt=salt,
-            api_key=client_api_key(),
-        )
-    )
+    load = asyncio.run(_load(info, point, requests, salt, sampler))
     failed = [r for r in load.records if not r.success]
     if failed or len(load.records) < len(requests):
         error = failed[0].error if failed else "requests went unanswered"
@@ -173,6 +170,33 @@ def measure_serve(info: ServerInfo, point: dict[str, Any], salt: int) -> tuple[d
         first = min(r.start_time for r in records)
         out["sent"] = [round(by_id[r.request_id].start_time - first, 5) for r in requests]
     return out, load.duration * scale
+
+
+async def _load(
+    info: ServerInfo,
+    point: dict[str, Any],
+    requests: Sequence[Request],
+    salt: int,
+    sampler: KvSampler | None,
+) -> LoadResult:
+    """The point's load, with `sampler` reading /metrics while it runs (cancelled at its end)."""
+    sampling = asyncio.create_task(sampler.run()) if sampler is not None else None
+    try:
+        return await run_load(
+            info.url,
+            info.model,
+            requests,
+            max_concurrency=point.get("concurrency"),
+            endpoint=CHAT if point.get("api") == "chat" else COMPLETIONS,
+            request_timeout_s=REQUEST_TIMEOUT_S,
+            salt=salt,
+            api_key=client_api_key(),
+        )
+    finally:
+        if sampling is not None:
+            sampling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampling
 
 
 def rescaled(record: RequestRecord, scale: float) -> RequestRecord:

@@ -11,6 +11,12 @@ from autotune.sim.calibration import calibration_fields
 
 CLASS_BOUND = 0.20  # a class of metrics above this median |error| after the fit is worth a warning
 CLASS_ORDER = ("throughput", "ttft", "tpot/itl", "latency", "memory")
+# A constant at its bound with a class still off: the replays likely ran another config than the server.
+UNSTATED_FLAGS = (
+    "a likely cause: the server runs flags the points do not say (/metrics shows only max_model_len, "
+    "block size, memory utilization, KV dtype and prefix caching): pass max_num_seqs, "
+    "max_num_batched_tokens, enable_chunked_prefill and the like with --set when not vLLM's defaults"
+)
 
 
 def class_medians(errors: Iterable[Error]) -> dict[str, float]:
@@ -36,11 +42,15 @@ def warnings(result: FitResult) -> list[str]:
             f"the data barely constrains {moved}: the prior weighs on them as much as the data, so "
             "their values are loose (a load that leans on them may be predicted worse)"
         )
+    off = False
     for cls, value in class_medians(result.after).items():
         if value > CLASS_BOUND:
+            off = True
             out.append(
                 f"{cls} points keep a {value:.0%} median error after the fit (above {CLASS_BOUND:.0%})"
             )
+    if off and result.at_bound:
+        out.append(UNSTATED_FLAGS)
     out += result.notes
     return list(dict.fromkeys(out))  # a group can be reached from more than one of its pairs
 

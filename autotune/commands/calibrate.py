@@ -92,7 +92,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     server.add_argument(
         "--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
-        help="a vLLM flag the server runs with (repeatable); --url: what /metrics does not say",
+        help="a vLLM flag the server runs with (repeatable); --url: every one not vLLM's default that "
+        "/metrics does not say (it says max_model_len, block_size, gpu_memory_utilization, "
+        "kv_cache_dtype, enable_prefix_caching; not max_num_seqs, max_num_batched_tokens, "
+        "enable_chunked_prefill, ...)",
     )  # fmt: skip
     server.add_argument(
         "--gpus", help="--backend: device ids (0,1) or a count; two or more add a TP=2 config"
