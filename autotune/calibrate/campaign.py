@@ -17,11 +17,11 @@ from autotune.calibrate.design import (
     designed_points,
     least_seconds,
     predicted_seconds,
+    resolved_config,
     second_config_flags,
     sized,
 )
 from autotune.calibrate.measure import ServerInfo, measure_points, probe_server
-from autotune.catalog.gpus import get_gpu
 from autotune.catalog.models import catalog_id, get_model
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, RunFailure
@@ -122,11 +122,7 @@ def on_url(
 
 def assumed_max_num_seqs(flags: dict[str, Any], model: str, gpu: str) -> int:
     """The max_num_seqs the replays assume: the flags', else vLLM's default for the GPU."""
-    spec = get_gpu(gpu)
-    resolved = EngineConfig(model=model).replace(**flags)
-    positions = get_model(model).max_position_embeddings
-    resolved = resolved.with_vllm_defaults(spec.memory_gib, spec.name, positions)
-    return int(resolved.max_num_seqs or 0)
+    return int(resolved_config(flags, model, gpu).max_num_seqs or 0)
 
 
 def fewer_running(points: list[dict[str, Any]], sampled: dict[str, KvSampler], assumed: int) -> str | None:

@@ -91,14 +91,17 @@ RUNS = (
 SECOND_CONFIG_RUNS = ("light-c4", "prefill-burst", "decode-heavy", "burst")
 
 
+def resolved_config(flags: dict[str, Any], model: str, gpu: str) -> EngineConfig:
+    """`flags` on `model` with vLLM's defaults for the rest, as vLLM resolves them on `gpu`."""
+    spec = get_gpu(gpu)
+    config = EngineConfig(model=model).replace(**flags)
+    return config.with_vllm_defaults(spec.memory_gib, spec.name, get_model(model).max_position_embeddings)
+
+
 def second_config_flags(first: dict[str, Any], model: str, gpu: str) -> dict[str, Any]:
     """Another token budget and max_num_seqs than the first config's (as vLLM resolves it on the GPU).
     With chunked prefill off the budget stays at or above max_model_len: vLLM refuses to start below."""
-    spec = get_gpu(gpu)
-    resolved = EngineConfig(model=model).replace(**first)
-    resolved = resolved.with_vllm_defaults(
-        spec.memory_gib, spec.name, get_model(model).max_position_embeddings
-    )
+    resolved = resolved_config(first, model, gpu)
     first_budget, max_len = resolved.max_num_batched_tokens or 0, resolved.max_model_len or 0
     if resolved.enable_chunked_prefill:
         budget = 2048 if first_budget > 2048 else 8192

@@ -47,6 +47,11 @@ class Observation:
     bursts: tuple[BurstSummary, ...] = ()  # its capacity search's saturation bursts (tune/guide_check.py)
 
 
+def total_gpu_s(observed: Sequence[Observation]) -> float:
+    """The GPU seconds the observed trials spent."""
+    return sum(o.gpu_s for o in observed)
+
+
 @dataclass(frozen=True)
 class Budget:
     """The spend limit and how a trial is charged against it (module docstring)."""
@@ -82,7 +87,7 @@ class Budget:
         if self.gpu_hours is None:
             return math.inf
         next_s = self.next_cost_s(observed, value)
-        left_s = self.gpu_hours * 3600 - sum(o.gpu_s for o in observed)
+        left_s = self.gpu_hours * 3600 - total_gpu_s(observed)
         if next_s <= 0:
             return math.inf if left_s > 0 else 0.0
         return (left_s - reserved_s) / next_s if reserved_s is not None else left_s / next_s - in_flight
@@ -100,7 +105,7 @@ class Budget:
         budget. None: it fits."""
         if self.trials_left(observed, value, in_flight, reserved_s) >= 1:
             return None
-        spent = sum(o.gpu_s for o in observed) / 3600
+        spent = total_gpu_s(observed) / 3600
         next_s = self.next_cost_s(observed, value)
         running = f", {counted(in_flight, 'trial')} running" if in_flight else ""
         if in_flight and reserved_s:
@@ -113,7 +118,7 @@ class Budget:
     def spent_out(self, observed: Sequence[Observation]) -> str | None:
         """Why no trial may start whatever it would cost: the study spent the whole budget already (a
         resume with a --gpu-hours below its spend). None: some is left, or there is no limit."""
-        spent = sum(o.gpu_s for o in observed) / 3600
+        spent = total_gpu_s(observed) / 3600
         if self.gpu_hours is None or spent < self.gpu_hours:
             return None
         return f"budget: {spent:.2f} GPU-h spent of --gpu-hours {self.gpu_hours:g}, nothing left for a trial"
