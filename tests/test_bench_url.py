@@ -37,10 +37,11 @@ def bench(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_bench_url_reports_the_servers_config_its_kv_usage_and_a_verdict_per_slo(tmp_path: Path) -> None:
-    (tmp_path / "check.yaml").write_text(WORKLOAD)
+    # 80 requests: a fixed-load run is judged on keeping up only after its first 30 sends
+    (tmp_path / "check.yaml").write_text(WORKLOAD.replace("num_requests: 24", "num_requests: 80"))
     with start_sim_server([MODEL, *SERVER_FLAGS, "--max-num-seqs", "64"]) as server:
         slos = ["--slo", "ttft_p99=30s", "--slo", "itl_p50=0.001ms"]
-        args = ["--url", server.base_url, "--workload", "check.yaml", "--rate", "8", *slos, "--json"]
+        args = ["--url", server.base_url, "--workload", "check.yaml", "--rate", "16", *slos, "--json"]
         done = bench(tmp_path, *args)
         assert server.process.poll() is None  # still running: a check does not own the server
     report = json.loads(done.stdout or "{}")
@@ -62,8 +63,8 @@ def test_bench_url_reports_the_servers_config_its_kv_usage_and_a_verdict_per_slo
     }
     assert report["config_sources"]["block_size"] == "/metrics vllm:cache_config_info"
     assert report["peak_kv_cache_usage"] > 0  # sampled during the load, not read once it drained
-    # --rate 8, not the file's 50: the last of 24 Poisson arrivals is at 24 / 8 s
-    assert report["request_rate"] == 8 and report["duration"] >= 24 / 8
+    # --rate 16, not the file's 50: the last of 80 Poisson arrivals is at 80 / 16 s
+    assert report["request_rate"] == 16 and report["duration"] >= 80 / 16
     # whether the server kept up with the rate is judged (on a starved 2-core machine it may not have)
     assert report["load_verdict"]["offered_rate"] > 0 and "kept_up" in report["load_verdict"]
     assert "backlog_growth" in report["load_verdict"]
