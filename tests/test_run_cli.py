@@ -300,6 +300,20 @@ def test_a_resume_with_an_edited_workload_file_is_refused(
     assert main([*base, "--workload", "chat", "--n-trials", "2", "--resume"]) == 0
 
 
+def test_a_resume_with_another_seed_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The trials drew their requests with the run's --seed: a resume with another (or without one, after
+    a seeded run) measured the next trials on other requests in the same front."""
+    base = ["run", "--space", "small", "--quiet", "--runs-dir", str(tmp_path), "--study", "sd"]
+    assert main([*base, "--n-trials", "1", "--seed", "3"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--n-trials", "2", "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'sd' was run with --seed 3, not 0" in err, err
+    assert counted_trials(tmp_path / "sd" / "study.db", "sd") == (1, 0)
+    assert main([*base, "--n-trials", "2", "--seed", "3", "--resume"]) == 0
+    assert counted_trials(tmp_path / "sd" / "study.db", "sd")[0] == 2
+
+
 def _told(**attrs: object) -> optuna.trial.FrozenTrial:
     return optuna.trial.create_trial(value=0.0, user_attrs=attrs)
 

@@ -222,6 +222,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         noise=args.noise,
         guide="none" if s.guide_calibration is None else "sim",
         gpu_hours=args.gpu_hours,
+        seed=args.seed,
         baseline_moved=s.space.moved_defaults(s.gpu.memory_gib, s.max_position_embeddings),
     )
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)

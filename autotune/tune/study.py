@@ -56,6 +56,7 @@ class StudySettings:
     noise: float | None = None  # the simulated backend's --noise (None: not recorded)
     guide: str = ""  # "sim": a guided run, "none": not (empty: not recorded)
     gpu_hours: float | None = None  # a guided run's --gpu-hours (None: no budget, or not recorded)
+    seed: int | None = None  # --seed: the sampler's and the requests' (None: not recorded)
     # vLLM's own defaults of the tuned flags the space does not allow (SearchSpace.moved_defaults): the
     # baseline trial took the nearest allowed values instead (empty: none moved, or not recorded).
     baseline_moved: dict[str, Any] = field(default_factory=dict)

@@ -150,6 +150,7 @@ def check_resume(study: optuna.Study, settings: StudySettings) -> None:
                 f"{getattr(settings, key)!r}: resume with the same settings or pick another --study"
             )
     _check_same_workload(study.study_name, stored, settings)
+    _check_same_seed(study.study_name, stored.get("seed"), settings.seed)
     _check_still_guided(study.study_name, stored, settings)
     _check_same_calibration(study.study_name, stored.get("sim_calibration"), settings)
     _check_same_noise(study.study_name, stored.get("noise"), settings)
@@ -183,6 +184,17 @@ def _check_same_workload(name: str, stored: Mapping[str, Any], settings: StudySe
     raise AutotuneError(
         f"study {name!r} was run with workload {settings.workload} of other content (its requests, "
         "lengths, rate or seed differ): resume with the workload it was run with or pick another --study"
+    )
+
+
+def _check_same_seed(name: str, stored: int | None, given: int | None) -> None:
+    """A study's trials drew their requests with its --seed: another one would compare configs measured
+    on other requests (studies from before the seed was recorded have none: nothing to compare)."""
+    if stored is None or stored == given:
+        return
+    raise AutotuneError(
+        f"study {name!r} was run with --seed {stored}, not {given}: its trials' requests were drawn with "
+        f"it; resume with --seed {stored} or pick another --study"
     )
 
 
