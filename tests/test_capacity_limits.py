@@ -8,19 +8,19 @@ import dataclasses
 import json
 from pathlib import Path
 
-from test_capacity import CONFIG, QUICK, WORKLOAD, _window
+from test_capacity import CONFIG, QUICK, WORKLOAD, _ran, _window
 from test_study import OBJECTIVES, build_run
 
 from autotune.backends.sim import SimBackend
 from autotune.measure.capacity_report import KEEPING_UP, ProbeSummary
-from autotune.measure.evidence import UNSURE
+from autotune.measure.evidence import FAIL, UNSURE, Criterion
 from autotune.measure.metrics import RequestRecord, compute_metrics
 from autotune.measure.slo import parse_slos
 from autotune.outputs import report
-from autotune.outputs.outcome import capacity_text, outcome
+from autotune.outputs.outcome import capacity_text, limited_by, outcome
 from autotune.outputs.plots import _PROBE_LATENCIES, probe_points
-from autotune.trial.capacity import find_capacity
-from autotune.trial.probe import Probe
+from autotune.trial.capacity import _limited_by, find_capacity
+from autotune.trial.probe import Probe, judge_probes
 from autotune.tune.study import records
 
 MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
@@ -93,3 +93,40 @@ def test_a_probe_shows_the_p99_its_verdict_rests_on_and_the_capacity_line_names_
     c = record.capacity
     text = capacity_text(record, [TIGHT])
     assert f"; at {c.rate:.2f} req/s p99_ttft_ms " in text and "at that rate" not in text
+
+
+def _probe(rate: float, ttft: Criterion, itl: Criterion) -> Probe:
+    """A probe of one window that kept up, with these p99 TTFT and ITL criteria."""
+    window = _ran(_window(rate, 0.0, 0.001))
+    assert window.load is not None
+    window.load = dataclasses.replace(window.load, slo_evidence=(ttft, itl))
+    return Probe(rate, [window])
+
+
+def test_a_rate_that_missed_one_slo_and_left_another_unsure_names_each_as_it_was(tmp_path: Path) -> None:
+    """At 18.33 req/s p99 ITL missed its limit with confidence while p99 TTFT was too close to call:
+    the capacity is limited by the ITL SLO, missed there; the TTFT one was not confirmed, not missed."""
+    slos = ["ttft_p99=1s", "itl_p99=50ms"]
+    sure = Criterion("ttft_p99", -0.008, 0.001, 1000)
+    low = _probe(17.83, sure, Criterion("itl_p99", -0.008, 0.001, 1000))
+    high = _probe(18.33, Criterion("ttft_p99", -0.001, 0.001, 1000), Criterion("itl_p99", 0.02, 0.001, 1000))
+    judge_probes([low, high], parse_slos(slos), saturation=100.0)
+    assert (low.verdict, high.verdict, high.short_of) == ("pass", FAIL, tuple(slos))
+    result = find_capacity(SimBackend("H100"), CONFIG, WORKLOAD, parse_slos(TIGHT), search=QUICK)
+    result.capacity = dataclasses.replace(
+        result.capacity,
+        rate=17.83,
+        bracket=(17.83, 18.33),
+        probes=(low.summary(), high.summary()),
+        limited_by=_limited_by([low, high], low, 18.33),
+    )
+    (record,) = records(build_run(tmp_path, [({"max_num_seqs": 2, "baseline": True}, result)]))
+    text = capacity_text(record, slos)
+    assert "limited by itl_p99=50ms: missed at 18.33 req/s (ttft_p99=1s not confirmed there);" in text
+    assert limited_by(record) == "itl_p99=50ms"  # the front table's column, the probe plot's legend
+    assert record.capacity.probes[1].unconfirmed == ("ttft_p99=1s",)  # read back from the study
+    # an older study's probe stored no `unconfirmed`: it reads back, and its limits keep their words
+    old = dataclasses.replace(record.capacity.probes[1], unconfirmed=None)
+    probes = (low.summary(), old)
+    record.capacity = dataclasses.replace(record.capacity, probes=probes, limited_by=tuple(slos))
+    assert "limited by ttft_p99=1s and itl_p99=50ms: missed at 18.33 req/s;" in capacity_text(record, slos)

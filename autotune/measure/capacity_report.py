@@ -31,6 +31,9 @@ class ProbeSummary:
     failure: str | None = None  # the failure kind of its last window
     # what it did not meet (None: it passed): KEEPING_UP, the SLOs not met with confidence, or a failure
     short_of: tuple[str, ...] | None = None
+    # of short_of on a failed probe, the SLOs it did not miss, only did not confirm (None: none, or a
+    # study before it, whose short_of names them all)
+    unconfirmed: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -371,6 +371,11 @@ def capacity_text(record: TrialRecord, slos: list[str]) -> str:
         how = "not confirmed" if above is not None and above.verdict == UNSURE else "missed"
         where = f" at {above.rate:.2f} req/s" if above is not None else ""
         text = f"{head}, limited by {' and '.join(limits)}: {how}{where}"
+        # a rate that missed one SLO may have left another only unsure: not "missed" (an older study's
+        # probes do not say, and its limits name both)
+        unsure = above.unconfirmed if above is not None and how == "missed" else None
+        if unsure:
+            text += f" ({' and '.join(unsure)} not confirmed there)"
     else:
         text = head
     at = _slo_values(record, slos)

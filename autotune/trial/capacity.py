@@ -375,12 +375,13 @@ def _annotate(
 
 
 def _limited_by(probes: Sequence[Probe], low: Probe | None, high: float | None) -> tuple[str, ...] | None:
-    """What keeps capacity from being higher: what the lowest failed rate above it fell short of, or
-    keeping up when above it lies only the saturation throughput (the bracket's top is an estimate
-    from the saturation run, or the rate past which a queue cannot settle within a probe); without a
-    passing rate, what the lowest probe fell short of (None: nothing was probed)."""
+    """What keeps capacity from being higher: what the lowest failed rate above it fell short of (a
+    failed rate's missed SLOs, not those it only left unsure), or keeping up when above it lies only the
+    saturation throughput (the bracket's top is an estimate from the saturation run, or the rate past
+    which a queue cannot settle within a probe); without a passing rate, what the lowest probe fell
+    short of (None: nothing was probed)."""
     if low is None:
         lowest = min(probes, key=lambda p: p.rate, default=None)
-        return (lowest.short_of or (KEEPING_UP,)) if lowest is not None else None
+        return (lowest.missed or (KEEPING_UP,)) if lowest is not None else None
     above = next((p for p in probes if p.rate == high and not p.passed), None)
-    return (above.short_of or (KEEPING_UP,)) if above is not None else (KEEPING_UP,)
+    return (above.missed or (KEEPING_UP,)) if above is not None else (KEEPING_UP,)

@@ -54,6 +54,9 @@ class Probe:
     verdict: str = UNSURE  # `own`, or PASS on the evidence of the probes around it (pool_nearby)
     pooled: list[float] = field(default_factory=list)  # the rates whose windows made it pass
     short_of: tuple[str, ...] = ()  # what it did not meet: KEEPING_UP, SLOs (str), or its failure
+    # of short_of on a failed probe, the SLOs only not confirmed (too close to call), not missed: a
+    # rate that missed its ITL limit need not have missed its TTFT one too
+    unsure: tuple[str, ...] = ()
 
     @property
     def result(self) -> TrialResult:
@@ -69,6 +72,11 @@ class Probe:
     def passed(self) -> bool:
         """Whether the rate is sustained with every SLO met (with confidence)."""
         return self.verdict == PASS
+
+    @property
+    def missed(self) -> tuple[str, ...]:
+        """What it fell short of, less the SLOs it left unsure on a failed probe (`unsure`)."""
+        return tuple(s for s in self.short_of if s not in self.unsure)
 
     def summary(self) -> ProbeSummary:
         """What the trial's capacity report keeps of it (the report plots these)."""
@@ -90,6 +98,7 @@ class Probe:
             pooled_with=tuple(self.pooled) or None,
             failure=str(self.result.failure) if self.result.failure else None,
             short_of=None if self.passed else self.short_of,
+            unconfirmed=self.unsure if self.verdict == FAIL and self.unsure else None,
         )
 
     def _worst_p99(self, metric: str) -> float | None:
@@ -120,10 +129,11 @@ def judged(
     saturation: float | None = None,
     fail_z: float | None = None,
     episodes: Mapping[str, float] | None = None,
-) -> tuple[str, tuple[str, ...]]:
-    """PASS, FAIL or UNSURE for a probe's runs at one `rate`, and what it fell short of: KEEPING_UP when
+) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """PASS, FAIL or UNSURE for a probe's runs at one `rate`; what it fell short of: KEEPING_UP when
     the server did not keep up, else the SLOs not met with confidence (str, e.g. "ttft_p99=2s"), or
-    the failure of a window that ended without metrics (e.g. "crashed"); nothing when it passed.
+    the failure of a window that ended without metrics (e.g. "crashed"); nothing when it passed; and,
+    when it failed, those of the SLOs that were only unsure (neither met nor missed with confidence).
 
     In each run the server must have kept up and served `min_served` of the rate, and every SLO hold by
     `z` standard errors over their pooled windows (a backend that gave no evidence is judged on the last
@@ -139,17 +149,21 @@ def judged(
     for result in runs:
         missed = _load_miss(result, slos, min_served, rate, saturation)
         if missed:
-            return FAIL, missed
+            return FAIL, missed, ()
     evidence = [_evidence(r) for r in runs]
     if any(e is None for e in evidence):
         missed = _point_misses(runs[-1], slos)
-        return (FAIL, missed) if missed else (PASS, ())
+        return (FAIL, missed, ()) if missed else (PASS, (), ())
     allowed = {s.name: s.allowed_share for s in slos}
     criteria = pool([_criteria(e or (), allowed, episodes) for e in evidence])
     verdict = judge(criteria, z, fail_z)
     texts = {s.name: str(s) for s in slos}
     unmet = tuple(texts.get(c.name, c.name) for c in criteria if c.verdict(z, fail_z) != PASS)
-    return verdict, () if verdict == PASS else unmet
+    if verdict == PASS:
+        return PASS, (), ()
+    # an unsure probe's SLOs are all unsure (its verdict says so); a failed one's may be either
+    unsure = tuple(texts.get(c.name, c.name) for c in criteria if c.verdict(z, fail_z) == UNSURE)
+    return verdict, unmet, unsure if verdict == FAIL else ()
 
 
 def _load_miss(
@@ -218,7 +232,8 @@ def judge_probes(
     the tail is a standing queue). As probes arrive, an earlier verdict may change."""
     for p in probes:
         episodes = _episodes(p, probes, slos, saturation)
-        p.own, p.short_of = judged(p.runs, slos, z, min_served, p.rate, saturation, fail_z, episodes)
+        verdict = judged(p.runs, slos, z, min_served, p.rate, saturation, fail_z, episodes)
+        p.own, p.short_of, p.unsure = verdict
         p.verdict = p.own
         p.pooled = []
     pool_nearby(probes, slos, saturation, z)
@@ -285,7 +300,7 @@ def pool_nearby(probes: Sequence[Probe], slos: Sequence[Slo], saturation: float,
         if judge(criteria, z) == PASS:
             p.verdict = PASS
             p.pooled = [round(q.rate, 4) for q in near if q is not p]
-            p.short_of = ()
+            p.short_of = p.unsure = ()
 
 
 def _at(rate: float, points: Sequence[tuple[float, Criterion]], allowed: float | None) -> Criterion:

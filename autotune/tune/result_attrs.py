@@ -27,7 +27,10 @@ INFO_ATTR = "info"
 PLACEMENT_ATTRS = ("node_ip", "node_id", "gpu_ids")  # also top-level trial attrs (and trials.csv columns)
 # The engine's figures and a probe's are stored under their records' field names, in field order.
 _ENGINE_KEYS = tuple(f.name for f in dataclasses.fields(EngineFacts))
-_PROBE_KEYS = tuple(f.name for f in dataclasses.fields(ProbeSummary))
+# ... except these, stored only when set: most probes have none, and a study's stored probes (best.json
+# shows them) keep the keys they had before these fields existed
+_PROBE_OPTIONAL = ("unconfirmed",)
+_PROBE_KEYS = tuple(f.name for f in dataclasses.fields(ProbeSummary) if f.name not in _PROBE_OPTIONAL)
 
 
 def info_attr(result: TrialResult) -> dict[str, Any]:
@@ -125,7 +128,8 @@ def _capacity_attr(c: CapacityReport) -> dict[str, Any]:
 
 def _probe_attr(p: ProbeSummary) -> dict[str, Any]:
     out = {name: getattr(p, name) for name in _PROBE_KEYS}
-    return out | {name: _list(getattr(p, name)) for name in ("pooled_with", "short_of")}
+    out |= {name: _list(getattr(p, name)) for name in ("pooled_with", "short_of")}
+    return out | {name: list(getattr(p, name)) for name in _PROBE_OPTIONAL if getattr(p, name)}
 
 
 def _list(values: tuple[Any, ...] | None) -> list[Any] | None:
@@ -243,6 +247,7 @@ def _probe(p: Mapping[str, Any]) -> ProbeSummary:
     fields["meets_slos"] = bool(p.get("meets_slos"))
     fields["pooled_with"] = _tuple(p.get("pooled_with"))
     fields["short_of"] = _tuple(p.get("short_of"))
+    fields["unconfirmed"] = _tuple(p.get("unconfirmed"))  # None: not stored (none, or an older study)
     return ProbeSummary(**fields)
 
 
