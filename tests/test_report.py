@@ -12,7 +12,7 @@ from test_recommendation import capacity as bracketed
 from test_study import OBJECTIVES, build_run, ok
 
 from autotune.measure.capacity_report import CapacityReport, ProbeSummary
-from autotune.outputs import report
+from autotune.outputs import report, report_html
 from autotune.outputs.cost import cost_view, sizing
 from autotune.outputs.dashboard import note_markdown
 from autotune.outputs.outcome import fmt_number, outcome
@@ -365,3 +365,17 @@ def test_a_guided_notes_best_so_far_is_the_highest_measured_and_its_table_lists_
     assert "**Best feasible so far:** trial #0, output_throughput 4,828 (+1.5% vs the baseline #1)" in note
     assert "| #0 | best predicted | 4,828.4 | 4,828.0 |" in note
     assert "| #1 | vLLM's defaults | - | 4,757.0 |" in note
+
+
+def test_the_failures_line_counts_the_benchmarks_early_abort_stopped(tmp_path: Path) -> None:
+    """No config failed, but early abort stopped one benchmark once it had certainly missed the SLO:
+    report.html says so, as the summary counts it, not that every config finished its benchmark."""
+    aborted = ok(4000, 2500, 20)  # over ttft_p99=2s
+    aborted.saved_s = 30.0
+    trials = [({"max_num_seqs": 1024, "baseline": True}, ok(4000, 1500, 20)), ({"max_num_seqs": 8}, aborted)]
+    study = build_run(tmp_path, trials)
+    out = outcome(records(study), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    html = report_html.write_html(tmp_path / "report.html", out).read_text()
+    assert "<h2>Failures</h2><p>None: every config started; early abort stopped 1 benchmark once" in html
+    assert "finished its benchmark" not in html
+    assert "by early abort (1 trial)" in out.cost.text()  # the run summary's line

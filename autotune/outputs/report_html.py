@@ -17,6 +17,7 @@ from typing import Any
 
 from autotune.core.atomic import atomic_write_text
 from autotune.core.config import gpus_per_replica
+from autotune.core.values import counted
 from autotune.outputs.export import render
 from autotune.outputs.guide_view import guide_html
 from autotune.outputs.outcome import Outcome, capacity_text, fmt_number, limited_by
@@ -228,7 +229,7 @@ def _failures(out: Outcome) -> str:
         if r.failure and r.duplicate_of is None:
             groups[r.failure].append(r)
     if not groups:
-        return "<h2>Failures</h2><p>None: every config started and finished its benchmark.</p>"
+        return f"<h2>Failures</h2><p>None: {_e(_all_started(out))}</p>"
     rows = []
     for kind, rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         screened = sum(1 for r in rs if r.screened)
@@ -243,6 +244,24 @@ def _failures(out: Outcome) -> str:
         rows.append(("", [kind, f"{len(rs)}{note}", trials, messages[0][:400] if messages else ""]))
     head = ["class", "trials", "which", "vLLM's message (most frequent)"]
     return "<h2>Failures by class</h2>" + _table(head, rows, left={0, 2, 3})
+
+
+def _all_started(out: Outcome) -> str:
+    """What the Failures section says when no config failed: every config started, and those early abort
+    stopped once their verdict was certain are counted as the summary counts them (CostView.aborted):
+    "finished its benchmark" alone contradicts the summary's "saved ... by early abort (4 trials)"."""
+    stopped = out.cost.aborted
+    if not stopped:
+        return "every config started and finished its benchmark."
+    if any(r.capacity is not None for r in out.records):
+        return (
+            "every config started and finished its capacity search; early abort stopped a probe in "
+            f"{counted(stopped, 'trial')} once the verdict on it was certain."
+        )
+    return (
+        f"every config started; early abort stopped {counted(stopped, 'benchmark')} once the verdict on "
+        "them was certain, and the others finished."
+    )
 
 
 def _plots(run_dir: Path) -> str:
