@@ -58,7 +58,7 @@ def plot_pairs(path: Path, out: Outcome) -> Path:
         f"SLO: {', '.join(out.slos) or 'none'}",
         fontsize=10,
     )
-    _legend(axes[0][0])
+    _legend(axes[0][0], others=axes[0][1:])
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
@@ -66,11 +66,16 @@ def plot_pairs(path: Path, out: Outcome) -> Path:
     return path
 
 
-def _legend(ax: Any) -> None:
-    """The panel's legend, when anything on it is labelled (a run with no trial measured has nothing,
-    and matplotlib warns on an empty legend)."""
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="best", fontsize=7)
+def _legend(ax: Any, others: Sequence[Any] = ()) -> None:
+    """The panel's legend, when anything is labelled (a run with no trial measured has nothing, and
+    matplotlib warns on an empty legend), naming what the `others` panels draw too, each label once:
+    with two SLOs the second's limit line is on another panel than the first's."""
+    handles: dict[str, Any] = {}
+    for panel in (ax, *others):
+        for handle, label in zip(*panel.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    if handles:
+        ax.legend(list(handles.values()), list(handles), loc="best", fontsize=7)
 
 
 def _pair_panel(
@@ -80,10 +85,12 @@ def _pair_panel(
         xs = [float((r.values or [])[x]) if x is not None else float(r.number) for r in rs]
         return xs, [float((r.values or [])[y]) for r in rs]
 
+    front = {r.number for r in out.front}
+    # each group counts the points it draws: the front's feasible points are diamonds, not dots
     groups = [
         ([r for r in measured if not r.feasible], "violates SLO / aborted", "#c44e52", "x"),
-        ([r for r in measured if r.feasible], "feasible", "#4c72b0", "o"),
-        (out.front, "Pareto front", "#55a868", "D"),
+        ([r for r in measured if r.feasible and r.number not in front], "feasible", "#4c72b0", "o"),
+        (out.front, "Pareto front (feasible)", "#55a868", "D"),
     ]
     for rs, label, color, marker in groups:
         if rs:
