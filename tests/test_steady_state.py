@@ -106,3 +106,24 @@ def test_a_short_trace_replay_on_an_idle_server_is_not_judged(
     assert main(["bench", "--workload", str(spec), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert "load_verdict" not in report and report["completed"] == 50
+
+
+def test_an_overload_too_short_for_the_count_is_judged_by_its_queue() -> None:
+    """8 s decodes: two lifetimes leave less than half of a 20 s run, so the count cannot judge it; a
+    server admitting 5 of 10 req/s makes each request wait longer than the last (TTFT grows 1 s per s:
+    half the arrivals unserved), one admitting 12 does not (no verdict)."""
+    _, over = measure_window(records(10, 5, 20, lifetime=8.0), 60.0, 0.0)
+    assert over is not None and over.kept_up is False
+    assert over.steady.backlog_growth == pytest.approx(1 - 5 / over.steady.offered_rate, abs=0.05)
+    _, under = measure_window(records(10, 12, 20, lifetime=8.0), 40.0, 0.0)
+    assert under is None
+
+
+def test_a_fixed_load_overload_admitted_by_a_full_kv_cache_fails_by_its_queue(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """64 sequences against chat's 24 req/s serve about half of them: their queue's wait grows by about
+    1 s per s, while their stretched lifetimes left the count too short a window ("not judged")."""
+    assert main(["bench", "--set", "max_num_seqs=64", "--json"]) == 1
+    verdict = json.loads(capsys.readouterr().out)["load_verdict"]
+    assert verdict["kept_up"] is False and verdict["served_rate"] < 0.7 * verdict["offered_rate"]

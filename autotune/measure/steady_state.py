@@ -15,7 +15,9 @@ window starts, which is what the warm-up is for: `plan_window` derives it and th
 config's own request lifetime; what the longest requests still add after it is expected, and
 subtracted (`steadiness`). A fixed-load run has no warm-up, so its window starts two lifetimes in
 (measured from its own records) and after its first MIN_WARMUP_REQUESTS sends; a run shorter than that
-cannot tell (no verdict), nor can a window with a single arrival.
+cannot tell from the count, nor can a window with a single arrival. Its queue can: the trend of the
+wait before the first token shows a backlog with no lifetimes to estimate (`queue_trend`), and a
+fixed-load run that did not keep up by either is judged so.
 `measure_window` computes a window's metrics and this verdict from the records of either backend
 (`start_time` is the send time on the run's clock, from 0).
 """
@@ -54,6 +56,9 @@ MIN_WINDOW_ARRIVALS = 2
 # expected from their lifetimes, and a handful of them misjudges it (a 50-request trace replay at 9 req/s
 # on an idle H100: 9 warm-up lifetimes of 0.6 s against 1.7 s later, judged "did not keep up").
 MIN_WARMUP_REQUESTS = 30
+# The queue's witness judges a gross overload only: a queue that starts empty near saturation still
+# fills for its relaxation time (a FIFO server at 90 % of 10 req/s, its wait rising over 20 s, read 19 %).
+QUEUE_MIN_GROWTH = 0.25
 
 
 @dataclass(frozen=True)
@@ -137,12 +142,9 @@ def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
     its memory (autocorrelation), so a server whose batch is capped (little scatter) is judged as
     finely as its data allows, and a queue near saturation (long memory) is not judged on noise alone.
     """
-    starts = np.array([r.start_time for r in records], dtype=float)
-    # A failed request never finishes: it counts as still in the server.
-    ends = np.array([r.start_time + r.latency if r.success else math.inf for r in records], dtype=float)
+    starts, ends = _sends_and_ends(records)
     length = max(window.length, 1e-9)
-    sent = max(int(np.count_nonzero((starts >= window.start) & (starts <= window.end))), 1)
-    served = int(np.count_nonzero((ends >= window.start) & (ends <= window.end)))
+    sent, served = _sent_and_served(starts, ends, window)
     times = np.linspace(window.start, window.end, TREND_SAMPLES)
     counts = np.array([np.count_nonzero((starts <= t) & (ends > t)) for t in times], dtype=float)
     # Lifetimes of the warm-up's requests: those of the window would make an overload's growth look
@@ -161,6 +163,52 @@ def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
     slope_error = scatter / (float(np.std(times)) * math.sqrt(_independent_samples(residuals)))
     allowed = max(MAX_BACKLOG_GROWTH, NOISE_SIGMAS * slope_error * length / sent)
     return Steadiness(sent / length, served / length, slope * length / sent, allowed, filling)
+
+
+def queue_trend(records: Sequence[RequestRecord], window: Window) -> Steadiness | None:
+    """The queue's witness over `window`: the trend of the wait before the first token (None with
+    fewer than MIN_WARMUP_REQUESTS sends in it).
+
+    A FIFO queue offered lambda by a server serving mu < lambda makes each request wait longer than the
+    one before it: a request sent at t waits about t (lambda / mu - 1), so the slope s of TTFT against
+    send time gives the share of arrivals left unserved, 1 - mu / lambda = s / (1 + s), the backlog's
+    growth in `steadiness`' unit. It needs no request lifetimes, so it judges an overload whose slowed
+    decodes stretch two lifetimes past the run. A server that admits the excess into its running batch
+    shows it in the count instead (`steadiness`): a fixed-load verdict takes both. Allowed:
+    QUEUE_MIN_GROWTH or NOISE_SIGMAS standard errors of the slope, mapped the same way.
+    """
+    done = sorted(
+        (r.start_time, r.ttft) for r in records if r.success and window.start <= r.start_time <= window.end
+    )
+    if len(done) < MIN_WARMUP_REQUESTS:
+        return None
+    times = np.array([t for t, _ in done])
+    waits = np.array([w for _, w in done])
+    centered = times - times.mean()
+    slope = float(np.dot(centered, waits - waits.mean()) / max(np.dot(centered, centered), 1e-12))
+    residuals = waits - waits.mean() - slope * centered
+    slope_error = float(np.std(residuals)) / (
+        float(np.std(times)) * math.sqrt(_independent_samples(residuals))
+    )
+    allowed = max(QUEUE_MIN_GROWTH / (1 - QUEUE_MIN_GROWTH), NOISE_SIGMAS * slope_error)
+    starts, ends = _sends_and_ends(records)
+    sent, served = _sent_and_served(starts, ends, window)
+    length = max(window.length, 1e-9)
+    unserved = slope / (1 + slope) if slope > 0 else slope  # below 0 the wait only shrinks: no backlog
+    return Steadiness(sent / length, served / length, unserved, allowed / (1 + allowed))
+
+
+def _sends_and_ends(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
+    """Each record's send and finish time; a failed request never finishes (it stays in the server)."""
+    starts = np.array([r.start_time for r in records], dtype=float)
+    ends = np.array([r.start_time + r.latency if r.success else math.inf for r in records], dtype=float)
+    return starts, ends
+
+
+def _sent_and_served(starts: np.ndarray, ends: np.ndarray, window: Window) -> tuple[int, int]:
+    """Requests sent in the window (at least 1) and those finished in it."""
+    sent = max(int(np.count_nonzero((starts >= window.start) & (starts <= window.end))), 1)
+    return sent, int(np.count_nonzero((ends >= window.start) & (ends <= window.end)))
 
 
 def _filled_counts(starts: np.ndarray, lifetimes: np.ndarray, times: np.ndarray) -> np.ndarray:
@@ -241,20 +289,35 @@ def measure_window(
         return metrics, None
     if kind == "burst":
         return metrics, LoadReport(burst=True, saturation=saturation(records))
-    if measure_from <= 0:
-        # No warm-up: judge from two request lifetimes in, once the batch has filled, and once enough
-        # requests were sent that their lifetimes give `steadiness` the filling to expect.
-        sends = sorted(r.start_time for r in records)
-        if len(sends) < MIN_WARMUP_REQUESTS:
-            return metrics, None
-        start = max(WARMUP_RESIDENCES * lifetime(records), sends[MIN_WARMUP_REQUESTS - 1])
-        window = Window(start, last_send)
-        if window.length < 0.5 * last_send:
-            return metrics, None  # too short to tell
-    if sum(window.start <= r.start_time <= window.end for r in records) < MIN_WINDOW_ARRIVALS:
-        return metrics, None
+    steady = _fixed_load_steadiness(records, last_send) if measure_from <= 0 else _judged(records, window)
+    if steady is None:
+        return metrics, None  # too short to tell
     evidence = tuple(c.stored() for c in slo_criteria(measured, slos))
-    return metrics, LoadReport(steady=steadiness(records, window).stored(), slo_evidence=evidence)
+    return metrics, LoadReport(steady=steady.stored(), slo_evidence=evidence)
+
+
+def _judged(records: Sequence[RequestRecord], window: Window) -> Steadiness | None:
+    """`steadiness` over the window, None when it has fewer than MIN_WINDOW_ARRIVALS arrivals."""
+    if sum(window.start <= r.start_time <= window.end for r in records) < MIN_WINDOW_ARRIVALS:
+        return None
+    return steadiness(records, window)
+
+
+def _fixed_load_steadiness(records: Sequence[RequestRecord], last_send: float) -> Steadiness | None:
+    """A run without warm-up: the count's verdict from two request lifetimes in, once the batch has
+    filled, and after its first MIN_WARMUP_REQUESTS sends, whose lifetimes give `steadiness` the filling
+    to expect; the queue's (`queue_trend`) from those sends on. Either one that did not keep up decides;
+    with no count verdict (the window too short) and a queue that kept up, none."""
+    sends = sorted(r.start_time for r in records)
+    if len(sends) < MIN_WARMUP_REQUESTS:
+        return None
+    first = sends[MIN_WARMUP_REQUESTS - 1]
+    window = Window(max(WARMUP_RESIDENCES * lifetime(records), first), last_send)
+    count = _judged(records, window) if window.length >= 0.5 * last_send else None
+    queue = queue_trend(records, window if count is not None else Window(first, last_send))
+    if queue is not None and not queue.kept_up and (count is None or count.kept_up):
+        return queue
+    return count
 
 
 def relaxation_s(rate: float, saturation: float) -> float:
