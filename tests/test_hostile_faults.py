@@ -331,8 +331,8 @@ def test_another_slo_on_the_same_model_is_another_study(
         assert main([*argv, "--runs-dir", str(tmp_path / "runs"), "--slo", slo]) == 0, capfd.readouterr().err
     names = sorted(p.name for p in (tmp_path / "runs").iterdir())
     assert names == [
-        "llama-3.1-8b-instruct-h100-tiny-fixed-ttft-p99-2s",
-        "llama-3.1-8b-instruct-h100-tiny-fixed-ttft-p99-500ms-itl-p99-50ms",
+        "llama-3.1-8b-instruct-h100-tiny-fixed-small-ttft-p99-2s",
+        "llama-3.1-8b-instruct-h100-tiny-fixed-small-ttft-p99-500ms-itl-p99-50ms",
     ]
 
 

@@ -260,9 +260,9 @@ def test_another_load_or_objectives_is_another_default_study(tmp_path: Path) -> 
         assert main([*base, *extra]) == 0
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == [
-        "llama-3.1-8b-instruct-h100-chat",
-        "llama-3.1-8b-instruct-h100-chat-fixed",
-        "llama-3.1-8b-instruct-h100-chat-throughput",
+        "llama-3.1-8b-instruct-h100-chat-fixed-small",
+        "llama-3.1-8b-instruct-h100-chat-small",
+        "llama-3.1-8b-instruct-h100-chat-throughput-small",
     ]
 
 
@@ -275,7 +275,7 @@ def test_a_gpu_alias_is_shown_recorded_and_named_by_the_catalog_name(
     assert main([*base, "--gpu", "h100-80gb"]) == 0
     assert "on H100, workload" in capsys.readouterr().err
     (run_dir,) = tmp_path.iterdir()
-    assert run_dir.name == "llama-3.1-8b-instruct-h100-chat"
+    assert run_dir.name == "llama-3.1-8b-instruct-h100-chat-small"
     assert json.loads((run_dir / "run.json").read_text())["gpu"] == "H100"
     assert main([*base[:4], "2", *base[5:], "--gpu", "h100", "--resume"]) == 0
     assert "on H100, workload" in capsys.readouterr().err

@@ -72,6 +72,7 @@ class _Setup:
     storage: str
     untuned: str | None  # which flag is not tuned on this workload, and why
     calibration: Any  # the simulator's constants (sim trials, the screen, a real run's estimate)
+    settings: Any  # the StudySettings: what the study records, and what a resume must match
     guide_calibration: Any = None  # the guide's constants (None: the run is not guided)
     gpus_note: str | None = None  # which parallel sizes --gpus cannot give (None: all fit)
 
@@ -82,6 +83,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.catalog.gpus import get_gpu
     from autotune.catalog.models import known_max_model_len
     from autotune.commands.run_guide import check_guide_options, shared_calibration
+    from autotune.commands.run_study import storage_of, study_name, study_settings
     from autotune.core.errors import AutotuneError
     from autotune.core.inputs import check_gpus_text, check_runs_dir
     from autotune.dispatch.gpus import parse_gpus
@@ -93,13 +95,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.tune.objectives import check_goodput, load_objectives
     from autotune.tune.screen import check_gpu_count, check_model_len, check_tensor_parallel
     from autotune.tune.space import load_space
-    from autotune.tune.study_checks import (
-        check_not_driven,
-        check_results_kept,
-        check_resumable,
-        default_study_name,
-    )
-    from autotune.tune.study_open import sqlite_url
+    from autotune.tune.study_checks import check_not_driven, check_results_kept, check_resumable
     from autotune.workloads.files import load_workload
     from autotune.workloads.spec import check_fits
 
@@ -139,13 +135,14 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     )
     if hasattr(backend, "preflight"):
         backend.preflight()
-    name = args.study or default_study_name(
-        space.model, space.gpu, workload.name, [*_variant(args, workload), *(str(x) for x in slos)]
-    )
-    run_dir = Path(args.runs_dir) / name
-    storage = absolute(args.storage) if args.storage else sqlite_url(run_dir)
+    guided = guide_calibration is not None
+    moved = space.moved_defaults(gpu.memory_gib, max_pos)
+    settings = study_settings(args, space, (objectives, slos), workload, calibration, guided, moved)
     if args.storage:
-        preflight_storage(storage, args.resume)
+        preflight_storage(absolute(args.storage), args.resume)  # before a study name is looked up in it
+    name = args.study or study_name(args, space, workload, settings)
+    run_dir = Path(args.runs_dir) / name
+    storage = storage_of(args, name)
     if args.resume:
         check_sqlite_file(storage, resume=True)
         check_not_driven(name, storage)
@@ -166,6 +163,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
         storage,
         untuned,
         calibration,
+        settings,
         guide_calibration,
         gpus_note,
     )
@@ -204,34 +202,14 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     from autotune.core.interrupts import sigterm_as_ctrl_c
     from autotune.store.storage import storage_error
     from autotune.tune.samplers import make_sampler
-    from autotune.tune.study import StudySettings
-    from autotune.workloads.digest import workload_digest
 
-    settings = StudySettings(
-        objectives=s.objectives.names,
-        directions=s.objectives.directions,
-        slos=[str(slo) for slo in s.slos],
-        model=s.space.model,
-        gpu=s.space.gpu,
-        workload=s.workload.name,
-        backend=args.backend,
-        sim_calibration=s.calibration.to_dict(),
-        load=s.workload.load,
-        space_digest=s.space.digest(),
-        workload_digest=workload_digest(s.workload),
-        noise=args.noise,
-        guide="none" if s.guide_calibration is None else "sim",
-        gpu_hours=args.gpu_hours,
-        seed=args.seed,
-        baseline_moved=s.space.moved_defaults(s.gpu.memory_gib, s.max_position_embeddings),
-    )
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
 
     executor, session = open_executor(args, s)  # Ray's start (if any) first: it has its SIGTERM handler
     try:
         with sigterm_as_ctrl_c() as stops:
             try:
-                return _tune(args, s, settings, sampler, executor, stops)
+                return _tune(args, s, sampler, executor, stops)
             except run_end.STORAGE_ERRORS() as exc:  # opening the study, taking its lease: before any trial
                 raise RunFailure(
                     f"the storage failed: {storage_error(exc)}; once fixed, {run_end.RESUME_HINT}"
@@ -243,9 +221,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
             session.close()
 
 
-def _tune(
-    args: argparse.Namespace, s: _Setup, settings: Any, sampler: Any, executor: Any, stops: StopRecord
-) -> int:
+def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stops: StopRecord) -> int:
     """Open the study (one driver: store/lease.py), run the tuner, write the results whatever happens.
     `stops`: the stop signals noted so far; checked at each phase boundary (a stop's own
     KeyboardInterrupt can be swallowed by a finalizer: core/interrupts.py)."""
@@ -264,6 +240,7 @@ def _tune(
     from autotune.tune.study_open import start_study
     from autotune.tune.tuner import Tuner
 
+    settings = s.settings
     # The study is created only once the GPUs checked out: a corrected command must not meet a
     # half-made study that asks for --resume.
     s.run_dir.mkdir(parents=True, exist_ok=True)
@@ -360,13 +337,6 @@ def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> No
         f"{s.workload.name} at {_load_text(s)}, SLO {slos}; {where}; {trials}{resumed})",
         file=sys.stderr,
     )
-
-
-def _variant(args: argparse.Namespace, workload: Any) -> list[str]:
-    """What a default study name adds past model, GPU and workload: a load other than capacity and
-    objectives other than the default (a study keeps both, so another is another study)."""
-    load = [workload.load] if workload.load != "capacity" else []
-    return load + ([Path(args.objectives).stem] if args.objectives != "default" else [])
 
 
 def _per_replica_note(s: _Setup) -> str | None:

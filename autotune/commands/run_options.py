@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     study.add_argument(
         "--study",
         type=arg(values.file_name),
-        help="study name (default: from model, GPU, workload, SLOs, and a load or objectives other than the "
-        "defaults)",
+        help="study name (default: from model, GPU, workload, SLOs, a load, objectives or space other than "
+        "the defaults, and 'guided' for a guided run)",
     )
     study.add_argument(
         "--storage",

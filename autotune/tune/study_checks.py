@@ -1,5 +1,6 @@
 """Where a run's study lives and what is checked about it before anything starts: its default name and
-SQLite file, no other live driver (--resume), no results of a study the storage lost."""
+SQLite file, no other live driver (--resume), no results of a study the storage lost, whether a study
+of an older default name is this run's to resume."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from autotune.core.errors import AutotuneError
 from autotune.core.secrets import masked
 from autotune.core.values import MAX_NAME_CHARS
 from autotune.store.lease import refuse_live_driver
-from autotune.store.storage import connect_storage
+from autotune.store.storage import check_sqlite_file, connect_storage
 from autotune.store.urls import sqlite_path
+from autotune.tune.study import StudySettings
+from autotune.tune.study_open import check_resume
 
 MAX_LISTED = 5  # studies a refused --resume names; past that, it counts them
 
@@ -23,9 +26,10 @@ MAX_LISTED = 5  # studies a refused --resume names; past that, it counts them
 def default_study_name(model: str, gpu: str, workload: str, slos: Sequence[str] = ()) -> str:
     """A readable study name, e.g. "llama-3.1-8b-instruct-h100-chat-ttft-p99-2s".
 
-    The SLOs are part of it (and, from `autotune run`, a load other than capacity and objectives other
-    than the default): a study keeps them, so another SLO on the same model, GPU and workload is
-    another study, not a refused --resume. A name past MAX_NAME_CHARS (a long local model path) is
+    The SLOs are part of it (and, from `autotune run`, a load other than capacity, objectives other
+    than the default, a search space other than the default and a guided run: commands/run_name.py): a
+    study keeps them, so another SLO on the same model, GPU and workload is another study, not a
+    refused --resume. A name past MAX_NAME_CHARS (a long local model path) is
     cut and ends with a hash of the whole, so two such names stay apart.
     """
     raw = "-".join([model.rstrip("/").split("/")[-1], gpu, workload, *slos]).lower()
@@ -66,6 +70,25 @@ def _study_names(storage: str) -> list[str]:
     if path is not None and not path.is_file():
         return []
     return sorted(optuna.study.get_all_study_names(connect_storage(storage, attempts=1)))
+
+
+def holds(name: str, storage: str) -> bool:
+    """Whether `storage` holds study `name` (a missing SQLite file is not created by asking)."""
+    return _existing(name, storage) is not None
+
+
+def resumable(name: str, storage: str, settings: StudySettings) -> bool:
+    """Whether `storage` holds study `name` and a run with `settings` may resume it: the comparison a
+    --resume makes (study_open.check_resume). A lost or broken SQLite file holds nothing to resume."""
+    try:
+        check_sqlite_file(storage, resume=True)
+        connected = _existing(name, storage)
+        if connected is None:
+            return False
+        check_resume(optuna.load_study(study_name=name, storage=connected), settings)
+    except AutotuneError:
+        return False
+    return True
 
 
 def check_results_kept(name: str, storage: str, run_dir: Path) -> None:
