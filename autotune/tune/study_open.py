@@ -24,6 +24,16 @@ from autotune.tune.remeasure import charge_dead_repeats
 from autotune.tune.study import LAUNCHED_AT_ATTR, SETTINGS_ATTR, StudySettings, has_baseline
 
 
+class SettingsDiffer(AutotuneError):
+    """A study's recorded settings are not this run's (check_resume). `what` is the clause that says what
+    differs ("was run with --seed 3, not 0"), kept apart from the advice: a run that did not ask to
+    resume says it with its own (open_study)."""
+
+    def __init__(self, name: str, what: str, advice: str) -> None:
+        super().__init__(f"study {name!r} {what}: {advice}")
+        self.what = what
+
+
 def sqlite_url(run_dir: Path) -> str:
     """The default storage of a run: runs/<study>/study.db."""
     return f"sqlite:///{(run_dir / 'study.db').resolve()}"
@@ -55,9 +65,7 @@ def open_study(
     where, storage = masked(str(storage)), connect_storage(storage)
     exists = name in optuna.study.get_all_study_names(storage)
     if exists and not resume:
-        raise AutotuneError(
-            f"study {name!r} already exists in {where}: add --resume to continue it or pick --study"
-        )
+        _refuse_existing(optuna.load_study(study_name=name, storage=storage), where, settings)
     if not exists:
         if results_dir is not None and (results_dir / "trials.csv").exists():
             raise AutotuneError(
@@ -87,6 +95,23 @@ def open_study(
     charge_dead_driver(study, previous)
     fail_stale(study)
     return study
+
+
+def _refuse_existing(study: optuna.Study, where: str, settings: StudySettings) -> None:
+    """A new run whose study name is taken: --resume continues that study only when its settings are this
+    run's (check_resume); when they differ, say what differs and that this run needs another name (the
+    advice to add --resume would only lead to that refusal)."""
+    name = study.study_name
+    try:
+        check_resume(study, settings)
+    except SettingsDiffer as differ:
+        raise AutotuneError(
+            f"study {name!r} already exists in {where} and {differ.what}: this run is another study, "
+            "pass --study NAME to name it (--resume would be refused)"
+        ) from None
+    raise AutotuneError(
+        f"study {name!r} already exists in {where}: add --resume to continue it or pick --study"
+    )
 
 
 def charge_dead_driver(study: optuna.Study, previous: Driver | None) -> None:
@@ -128,26 +153,30 @@ def start_study(
 
 
 def check_resume(study: optuna.Study, settings: StudySettings) -> None:
-    """A resumed study must optimise the same thing (load_study ignores the directions we would pass)."""
+    """A resumed study must optimise the same thing (load_study ignores the directions we would pass),
+    with the same settings: SettingsDiffer, one line, on the first that differs."""
     directions = [d.name.lower() for d in study.directions]
     if directions != settings.directions or (study.metric_names or []) != settings.objectives:
-        raise AutotuneError(
-            f"study {study.study_name!r} optimises {study.metric_names} ({', '.join(directions)}), not "
-            f"{settings.objectives}: use the same --objectives or another --study"
+        raise SettingsDiffer(
+            study.study_name,
+            f"optimises {study.metric_names} ({', '.join(directions)}), not {settings.objectives}",
+            "use the same --objectives or another --study",
         )
     stored = study.user_attrs.get(SETTINGS_ATTR, {})
     if stored.get("space_digest") and stored["space_digest"] != settings.space_digest:
-        raise AutotuneError(
-            f"study {study.study_name!r} was run with another search space (its tuned or fixed flags "
-            "differ): resume with the same --space or pick another --study"
+        raise SettingsDiffer(
+            study.study_name,
+            "was run with another search space (its tuned or fixed flags differ)",
+            "resume with the same --space or pick another --study",
         )
     # Studies from before the load was recorded have none (or an empty one): nothing to compare.
     recorded = [key for key in ("slos", "model", "gpu", "workload", "backend") if key in stored]
     for key in recorded + (["load"] if stored.get("load") else []):
         if not _same_setting(key, stored[key], getattr(settings, key)):
-            raise AutotuneError(
-                f"study {study.study_name!r} was run with {key} {stored[key]!r}, not "
-                f"{getattr(settings, key)!r}: resume with the same settings or pick another --study"
+            raise SettingsDiffer(
+                study.study_name,
+                f"was run with {key} {stored[key]!r}, not {getattr(settings, key)!r}",
+                "resume with the same settings or pick another --study",
             )
     _check_same_workload(study.study_name, stored, settings)
     _check_same_seed(study.study_name, stored.get("seed"), settings.seed)
@@ -181,9 +210,11 @@ def _check_same_workload(name: str, stored: Mapping[str, Any], settings: StudySe
     digest = stored.get("workload_digest")
     if not digest or digest == settings.workload_digest:
         return
-    raise AutotuneError(
-        f"study {name!r} was run with workload {settings.workload} of other content (its requests, "
-        "lengths, rate or seed differ): resume with the workload it was run with or pick another --study"
+    raise SettingsDiffer(
+        name,
+        f"was run with workload {settings.workload} of other content (its requests, lengths, rate or seed "
+        "differ)",
+        "resume with the workload it was run with or pick another --study",
     )
 
 
@@ -192,9 +223,10 @@ def _check_same_seed(name: str, stored: int | None, given: int | None) -> None:
     on other requests (studies from before the seed was recorded have none: nothing to compare)."""
     if stored is None or stored == given:
         return
-    raise AutotuneError(
-        f"study {name!r} was run with --seed {stored}, not {given}: its trials' requests were drawn with "
-        f"it; resume with --seed {stored} or pick another --study"
+    raise SettingsDiffer(
+        name,
+        f"was run with --seed {stored}, not {given}",
+        f"its trials' requests were drawn with it; resume with --seed {stored} or pick another --study",
     )
 
 
@@ -207,10 +239,11 @@ def _check_still_guided(name: str, stored: Mapping[str, Any], settings: StudySet
     if stored.get("guide") != "sim" or not dropped:
         return
     if budget is None:
-        raise AutotuneError(f"study {name!r} was run with --guide sim: pass it again")
-    raise AutotuneError(
-        f"study {name!r} was run with --guide sim --gpu-hours {budget:g}: pass them again (a larger "
-        "--gpu-hours continues it)"
+        raise SettingsDiffer(name, "was run with --guide sim", "pass it again")
+    raise SettingsDiffer(
+        name,
+        f"was run with --guide sim --gpu-hours {budget:g}",
+        "pass them again (a larger --gpu-hours continues it)",
     )
 
 
@@ -229,9 +262,10 @@ def _check_same_noise(name: str, stored: float | None, settings: StudySettings) 
     the noise was recorded have none: nothing to compare."""
     if stored is None or settings.backend != "sim" or stored == settings.noise:
         return
-    raise AutotuneError(
-        f"study {name!r} was simulated with --noise {stored:g}, not {settings.noise or 0:g}: resume with "
-        "the same --noise or pick another --study"
+    raise SettingsDiffer(
+        name,
+        f"was simulated with --noise {stored:g}, not {settings.noise or 0:g}",
+        "resume with the same --noise or pick another --study",
     )
 
 
@@ -243,7 +277,9 @@ def _check_same_calibration(name: str, stored: Mapping[str, float] | None, setti
     for key in sorted(set(stored) | set(settings.sim_calibration)):
         old, new = stored.get(key), settings.sim_calibration.get(key)
         if old != new:
-            raise AutotuneError(
-                f"study {name!r} was simulated with {key} = {old}, not {new}: resume with the same "
-                "--sim-calibration (run.json records its values) or pick another --study"
+            raise SettingsDiffer(
+                name,
+                f"was simulated with {key} = {old}, not {new}",
+                "resume with the same --sim-calibration (run.json records its values) or pick another "
+                "--study",
             )
