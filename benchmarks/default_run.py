@@ -14,7 +14,6 @@ the wall times move with the load: compare the CPU times, and runs of one round 
 
 from __future__ import annotations
 
-import argparse
 import re
 import resource
 import statistics
@@ -25,7 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from revisions import REPO, checkout, environment
+from arguments import Parser, whole
+from revisions import REPO, checkout, commit, environment
 
 COMMAND = [
     "-m",
@@ -56,9 +56,11 @@ class Timing:
 
 def main() -> None:
     """Time the default run at `--before` and here, alternately."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", required=True, help="the git revision to compare with (e.g. 6569eba)")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser = Parser(__doc__)
+    parser.add_argument(
+        "--before", type=commit, required=True, help="the git revision to compare with (e.g. 6569eba)"
+    )
+    parser.add_argument("--rounds", type=whole(1), default=2)
     args = parser.parse_args()
     timings = []
     with tempfile.TemporaryDirectory() as scratch, checkout(args.before) as before:

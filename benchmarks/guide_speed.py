@@ -21,7 +21,8 @@ import tempfile
 import time
 from dataclasses import asdict
 
-from revisions import checkout, environment
+from arguments import Parser, whole
+from revisions import checkout, commit, environment
 
 from autotune.measure.slo import parse_slos
 from autotune.tune.guide import predict_space
@@ -50,14 +51,14 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
 
 def main() -> None:
     """Parse the arguments; measure here, or REV then here."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(__doc__)
     parser.add_argument("--space", default="vllm")
     parser.add_argument("--model")
     parser.add_argument("--gpu")
     parser.add_argument("--workload", default="chat")
     parser.add_argument("--slo", action="append", default=None, help="default: ttft_p99=2s")
-    parser.add_argument("--processes", type=int, help="worker processes (default: the usable cores)")
-    parser.add_argument("--before", metavar="REV", help="measure REV's code first, side by side")
+    parser.add_argument("--processes", type=whole(1), help="worker processes (default: the usable cores)")
+    parser.add_argument("--before", type=commit, metavar="REV", help="measure REV's code first, side by side")
     parser.add_argument("--json", action="store_true", help="print one JSON line (the child's output)")
     args = parser.parse_args()
     args.slo = args.slo or ["ttft_p99=2s"]

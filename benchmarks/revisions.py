@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import subprocess
@@ -29,3 +30,19 @@ def checkout(revision: str) -> Iterator[Path]:
 def environment(tree: Path) -> dict[str, str]:
     """This process's environment with `tree`'s code first on the import path."""
     return {**os.environ, "PYTHONPATH": str(tree)}
+
+
+def commit(revision: str) -> str:
+    """argparse type of `--before REV`: a revision that names a commit of this repository (`git rev-parse
+    --verify`), checked before any worktree is made; anything else is a one-line usage error."""
+    git = ["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", "--end-of-options"]
+    try:
+        found = subprocess.run([*git, f"{revision}^{{commit}}"], capture_output=True, text=True)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(
+            f"cannot run git to check {revision!r}: {exc.strerror or exc}"
+        ) from None
+    if found.returncode != 0:
+        said = "".join(f" ({line})" for line in found.stderr.strip().splitlines()[-1:])
+        raise argparse.ArgumentTypeError(f"{revision!r} is not a commit of {REPO}{said}")
+    return revision

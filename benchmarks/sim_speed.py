@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from revisions import checkout, environment
+from arguments import Parser, rate, whole
+from revisions import checkout, commit, environment
 
 from autotune.core.config import EngineConfig
 from autotune.sim.replay import simulate
@@ -47,11 +48,13 @@ CASES = (
 
 def main() -> None:
     """Time each case (best of --repeat runs) and print the speed and the ratio to the 1 s target."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--rate", type=float, default=math.inf, help="req/s (default inf: all at once)")
-    parser.add_argument("--before", help="a git revision to compare with (CPU time, side by side)")
+    parser = Parser(__doc__)
+    parser.add_argument("--requests", type=whole(1), default=1000)
+    parser.add_argument("--repeat", type=whole(1), default=3)
+    parser.add_argument("--rate", type=rate, default=math.inf, help="req/s (default inf: all at once)")
+    parser.add_argument(
+        "--before", type=commit, help="a git revision to compare with (CPU time, side by side)"
+    )
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)  # one case, as JSON (--before)
     args = parser.parse_args()
     requests = _requests(args.requests, args.rate)
