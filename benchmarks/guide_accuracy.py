@@ -21,7 +21,6 @@ search's capacity.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -36,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from arguments import Parser, add_names, whole  # noqa: E402
 from scenarios import Scenario, get_scenarios  # noqa: E402
 
 from autotune.backends.sim import SimBackend, SimSession  # noqa: E402
@@ -88,10 +88,10 @@ def cases() -> dict[str, Case]:
 
 def main() -> None:
     """Print the guide's agreement with the capacity search, per case."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="*", help="case names (default: all)")
-    parser.add_argument("--sample", type=int, default=60, help="configs the full search runs per case")
-    parser.add_argument("--processes", type=int, default=2)
+    parser = Parser(__doc__)
+    add_names(parser, "--cases", cases(), "default: all")
+    parser.add_argument("--sample", type=whole(1), default=60, help="configs the full search runs per case")
+    parser.add_argument("--processes", type=whole(1), default=2)
     parser.add_argument("--seed", type=int, default=0, help="of the sample")
     parser.add_argument("--detail", type=Path, help="write per-config CSVs here")
     args = parser.parse_args()

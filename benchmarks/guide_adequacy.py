@@ -17,7 +17,6 @@ offsets within OFFSET of their mean).
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from arguments import Parser, add_names, whole  # noqa: E402
 from guide_accuracy import Case, cases  # noqa: E402
 from guided_search_realities import REALITIES, Reality  # noqa: E402
 
@@ -89,11 +89,12 @@ def check(job: tuple[str, Reality, dict[str, Any], int]) -> tuple[float, float, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", default="default-run", help="a case of benchmarks/guide_accuracy.py")
-    parser.add_argument("--realities", nargs="*", help="names (default: all)")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--processes", type=int, default=2)
+    parser = Parser(__doc__)
+    about = "a case of benchmarks/guide_accuracy.py (default: %(default)s)"
+    add_names(parser, "--case", cases(), about, nargs=None, default="default-run")
+    add_names(parser, "--realities", [r.name for r in REALITIES], "default: all")
+    parser.add_argument("--seeds", type=whole(1), default=3)
+    parser.add_argument("--processes", type=whole(1), default=2)
     args = parser.parse_args()
     chosen = [r for r in REALITIES if not args.realities or r.name in args.realities]
     jobs = [(args.case, r, p, s) for r in chosen for p in CONFIGS for s in range(args.seeds)]

@@ -32,7 +32,6 @@ repeats. Usage: python benchmarks/guided_search.py [--quick] [--cases ...]
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import random
@@ -47,9 +46,10 @@ import numpy as np
 import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from arguments import Parser, add_names, positive, whole  # noqa: E402
 from guide_accuracy import Case, cases  # noqa: E402
 from guided_search_end import finish  # noqa: E402
-from guided_search_realities import Reality, realities  # noqa: E402
+from guided_search_realities import QUICK, REALITIES, Reality, realities  # noqa: E402
 from guided_search_trials import NOISE, SEARCHING, TRUTH_TOP, Measured, Trials, TruthSpec  # noqa: E402
 
 from autotune.catalog.gpus import get_gpu  # noqa: E402
@@ -92,6 +92,8 @@ ABLATION = (
     LOCAL,
 )
 BRACKET = "guided-bracket"
+# every name run_strategy runs (an unknown one would be run as another)
+KNOWN_STRATEGIES = (*STRATEGIES, *ABLATION, BRACKET, NEAR_DEFAULTS, UNREFINED, RESOLUTION_TIES)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -189,6 +191,8 @@ def build_world(case: Case, reality: Reality, processes: int) -> World:
 
 
 def run_strategy(name: str, world: World, seed: int, budget_h: float) -> Trace:
+    if name not in KNOWN_STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}")
     rng = random.Random(zlib.crc32(f"{name}/{world.reality.name}/{seed}".encode()))
     trace = Trace(seed)
     space = world.case.space()
@@ -287,17 +291,18 @@ def _snap(world: World, params: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="the small space, 4 realities, 2 seeds")
-    parser.add_argument("--cases", nargs="*", default=None, help="default-run, 70b-a100-tp2-chat, ...")
-    parser.add_argument("--seeds", type=int, default=None)
-    parser.add_argument("--budget", type=float, default=4.0, help="GPU-hours per GPU of a replica")
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--strategies", nargs="*", default=None, help=f"default: {' '.join(STRATEGIES)}")
+    add_names(parser, "--cases", cases(), "default: default-run 70b-a100-tp2-chat (--quick: default-run)")
+    parser.add_argument("--seeds", type=whole(1), default=None, help="default: 3 (--quick: 2)")
+    parser.add_argument("--budget", type=positive, default=4.0, help="GPU-hours per GPU of a replica")
+    parser.add_argument("--processes", type=whole(1), default=2)
+    add_names(parser, "--strategies", KNOWN_STRATEGIES, f"default: {' '.join(STRATEGIES)}")
     parser.add_argument("--ablation", action="store_true", help=f"also {', '.join(ABLATION)}")
     parser.add_argument("--bracket", action="store_true", help=f"also {BRACKET} (bracketed searches)")
-    parser.add_argument("--realities", nargs="*", default=None, help="names (default: all, or --quick's)")
-    parser.add_argument("--truth-seeds", type=int, default=1, help="seeds the ground truth averages")
+    quick = ", ".join(QUICK).replace("%", "%%")  # argparse's help is a %-format
+    add_names(parser, "--realities", [r.name for r in REALITIES], f"default: all (--quick: {quick})")
+    parser.add_argument("--truth-seeds", type=whole(1), default=1, help="seeds the ground truth averages")
     parser.add_argument(
         "--truth-noise",
         type=float,
@@ -305,9 +310,12 @@ def main() -> None:
         help=f"the truth's searches with this noise (trials: {NOISE:g})",
     )
     parser.add_argument(
-        "--repeats", type=int, default=DEFAULT_REPEATS, help="the run's --repeats at the end (0: none)"
+        "--repeats", type=whole(0), default=DEFAULT_REPEATS, help="the run's --repeats at the end (0: none)"
     )
     args = parser.parse_args()
+    outside = [r for r in args.realities or () if args.quick and r not in QUICK]
+    if outside:
+        parser.error(f"argument --realities: --quick runs only {', '.join(QUICK)}, not {', '.join(outside)}")
     strategies = tuple(args.strategies or STRATEGIES) + (ABLATION if args.ablation else ())
     strategies += (BRACKET,) if args.bracket else ()
     known = cases()
@@ -343,10 +351,16 @@ def report_case(
 ) -> None:
     results: dict[tuple[str, str], list[tuple[float, ...]]] = {}
     for reality in worlds_of:
+        began = time.monotonic()
         world = build_world(case, reality, processes)
         budget_h = budget * world.tp
-        runs = [(s, seed) for s in strategies for seed in range(seeds)]
-        traces = {(s, seed): run_strategy(s, world, seed, budget_h) for s, seed in runs}
+        _progress(f"{case.name}: {reality.name}: its tables", began)
+        traces: dict[tuple[str, int], Trace] = {}
+        for s in strategies:
+            began = time.monotonic()
+            for seed in range(seeds):
+                traces[s, seed] = run_strategy(s, world, seed, budget_h)
+            _progress(f"{case.name}: {reality.name}: {s}, {seeds} seeds", began)
         base_key = config_key(case.space().config(world.baseline))
         ends = {
             (s, seed): finish(
@@ -385,6 +399,11 @@ def report_case(
             rows = results.get((strategy, group))
             if rows:
                 print(_line(strategy, group, rows))
+
+
+def _progress(what: str, began: float) -> None:
+    """A line on stderr as a step ends: a case takes minutes, and stdout holds only its tables."""
+    print(f"  {what} done in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
 
 
 def _line(strategy: str, group: str, rows: list[tuple[float, ...]]) -> str:
