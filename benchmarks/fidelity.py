@@ -15,10 +15,11 @@ out the sources marked `fitted: false`).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
+
+from arguments import Parser, user_errors
 
 from autotune.calibrate.points import CLASSES, Error, evaluate, load_points, medians
 from autotune.calibrate.rankings import (
@@ -47,19 +48,20 @@ __all__ = [
 
 def main(argv: list[str] | None = None) -> int:
     """Print the per-point table and the medians."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(__doc__)
     parser.add_argument("--points", type=Path, default=POINTS)
     parser.add_argument("--split", choices=("train", "validation"), default=None)
     add_calibration_argument(parser)
     args = parser.parse_args(argv)
-    checks = load_rankings(args.points)
+    with user_errors(parser):  # a missing or malformed file: one line, as `autotune calibrate` says it
+        checks, every, calibration = (
+            load_rankings(args.points),
+            load_points(args.points),
+            calibration_option(args.sim_calibration),
+        )
     needed = {c[k] for c in checks for k in ("numerator", "denominator")}
-    points = [
-        p
-        for p in load_points(args.points)
-        if args.split in (None, p.get("split", "train")) or p["id"] in needed
-    ]
-    errors = evaluate(points, calibration_option(args.sim_calibration))
+    points = [p for p in every if args.split in (None, p.get("split", "train")) or p["id"] in needed]
+    errors = evaluate(points, calibration)
     ranks = [r for r in rankings(checks, errors) if args.split in (None, r.split)]
     errors = [e for e in errors if args.split in (None, e.split)]
     print(f"{'point':34} {'split':10} {'metric':20} {'simulated':>11} {'measured':>11} {'error':>8}")

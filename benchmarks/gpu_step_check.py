@@ -34,7 +34,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from gpu_step_clock import FLUSH_MIB, SPIN_CYCLES  # beside this script
+from arguments import Parser, user_errors  # beside this script, as the next two
+from gpu_step_clock import FLUSH_MIB, SPIN_CYCLES
 from gpu_step_kernels import Measurer, per_rank
 
 MEMORY_FRACTION = 0.70  # of the device: 55 GiB on an 80 GB H100
@@ -128,7 +129,7 @@ def measure(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(__doc__)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument(
         "--measure", metavar="OUT.json", help="time the kernels here (needs torch) and write OUT.json"
@@ -149,11 +150,24 @@ def main() -> None:
     parser.add_argument("--gpu", default="H100", help="--compare: the simulator's GPU entry")
     args = parser.parse_args()
     if args.measure:
+        try:
+            import torch
+        except ImportError as exc:
+            parser.error(f"--measure needs PyTorch (pip install torch): {exc}")
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            parser.error(
+                f"--device {args.device}: torch sees no CUDA GPU here (--device cpu --quick tests the logic)"
+            )
         measure(args)
-    else:
-        from gpu_step_compare import compare  # imports autotune: --measure runs without it
+        return
+    from gpu_step_compare import compare, measured  # they import autotune: --measure runs without it
 
-        compare(args)
+    from autotune.catalog.gpus import get_gpu
+
+    with user_errors(parser):
+        get_gpu(args.gpu)
+        data = measured(Path(args.compare), QUICK_MODELS)
+    compare(data, args.gpu)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,11 @@ as ratios sim / measured, per model and shape (see gpu_step_check.py for what wa
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 
 class SimTerms:
@@ -44,15 +44,36 @@ def fmt(x: float, width: int = 8, digits: int = 1) -> str:
     return f"{x:{width}.{digits}f}"
 
 
-def compare(args: argparse.Namespace) -> None:
+def measured(path: Path, quick_models: Iterable[str]) -> dict[str, Any]:
+    """The timings `--measure` wrote to `path`, of models in the simulator's catalog (not the tiny
+    `quick_models` of a logic test): anything else is one AutotuneError line."""
+    from autotune.catalog.models import get_model
+    from autotune.core.errors import AutotuneError
+    from autotune.core.inputs import read_json
+
+    data = read_json(path, "--compare file")
+    if not all(isinstance(data, dict) and isinstance(data.get(k), dict) for k in ("header", "models")):
+        raise AutotuneError(f"--compare file {path}: not what --measure writes (a header and models)")
+    quick = [name for name in data["models"] if name in quick_models]
+    if quick:
+        raise AutotuneError(
+            f"--compare file {path} holds {', '.join(quick)}: written by --measure --quick, a test of the "
+            "logic on tiny shapes, not timings to compare with the simulator"
+        )
+    for name in data["models"]:
+        get_model(name)
+    return data
+
+
+def compare(data: dict[str, Any], gpu: str) -> None:
+    """Print the simulator's terms on `gpu` next to `data`'s timings (`measured`)."""
     from autotune.catalog.models import get_model
     from autotune.sim.calibration import DEFAULT_CALIBRATION as cal
 
-    data = json.loads(Path(args.compare).read_text())
     head = data["header"]
     print(f"measured: {head['device']}, torch {head['torch']}, CUDA {head['cuda']}, {head['date']}")
     print(
-        f"simulator: GPU entry {args.gpu!r}; gemm_eff {cal.gemm_eff}, gemm_half_m {cal.gemm_half_m:g}, "
+        f"simulator: GPU entry {gpu!r}; gemm_eff {cal.gemm_eff}, gemm_half_m {cal.gemm_half_m:g}, "
         f"attn_eff {cal.attn_eff}, bw_eff {cal.bw_eff} (the built-in calibration)"
     )
     print(
@@ -66,7 +87,7 @@ def compare(args: argparse.Namespace) -> None:
     summary = []
     for name, entry in data["models"].items():
         shape, tp = entry["shape"], entry["shape"]["tp"]
-        sim = SimTerms(name, args.gpu, tp)
+        sim = SimTerms(name, gpu, tp)
         md = get_model(name)
         catalog = dict(
             layers=md.num_layers,
