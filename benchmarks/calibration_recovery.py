@@ -15,7 +15,6 @@ set spent. tests/test_calibration.py runs one perturbation of it.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import re
@@ -28,9 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from arguments import Parser, positive, user_errors
 
 from autotune.calibrate.measure import rescaled
+from autotune.catalog.gpus import get_gpu
+from autotune.catalog.models import get_model
+from autotune.core import values
 from autotune.core.config import EngineConfig
+from autotune.core.inputs import arg
 from autotune.measure.loadgen import run_load_sync
 from autotune.measure.metrics import compute_metrics
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration, calibration_yaml, load_calibration
@@ -262,14 +266,18 @@ def print_recovery(
 
 def main(argv: list[str] | None = None) -> int:
     """Print, per perturbation, the constants and the held-out errors before and after the fit."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(__doc__)
     parser.add_argument("--model", default=Setup.model)
     parser.add_argument("--gpu", default=Setup.gpu)
-    parser.add_argument("--time-scale", type=float, default=Setup.scale)
-    parser.add_argument("--gpu-minutes", type=float, default=2.0)
+    # as `autotune sim-server --time-scale` takes it
+    parser.add_argument("--time-scale", type=arg(values.finite_number, 1.0, 1000.0), default=Setup.scale)
+    parser.add_argument("--gpu-minutes", type=positive, default=2.0)
     parser.add_argument("--only", choices=sorted(PERTURBATIONS))
     parser.add_argument("--keep", type=Path, help="keep the calibrations, points and reports in this folder")
     args = parser.parse_args(argv)
+    with user_errors(parser):  # before a server starts
+        get_model(args.model)
+        get_gpu(args.gpu)
     setup = Setup(args.model, args.gpu, args.time_scale)
     with tempfile.TemporaryDirectory(prefix="calibration-recovery-") as tmp:
         workdir = args.keep or Path(tmp)

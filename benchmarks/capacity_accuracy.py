@@ -37,7 +37,6 @@ as a search is: how closely the yardstick reproduces itself, and whether its own
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
@@ -48,6 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from arguments import Parser, add_names, positive, whole  # noqa: E402
 from capacity_runs import (  # noqa: E402
     LONG_RUN_FACTORS,
     TARGET,
@@ -295,29 +295,36 @@ def _label(params: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--search-seeds", type=int, default=4, help="default searches per config")
-    parser.add_argument("--scenarios", nargs="*")
+    parser = Parser(__doc__)
+    parser.add_argument("--jobs", type=whole(1), default=2)
+    parser.add_argument("--search-seeds", type=whole(1), default=4, help="default searches per config")
+    add_names(parser, "--scenarios", [c.name for c in CASES], "default: all")
     parser.add_argument("--noise", type=float, default=0.0, help="simulator run-to-run noise (cv)")
     parser.add_argument(
-        "--band", type=int, default=0, help="4,000-request checks per config at 0.95 x its reference"
+        "--band", type=whole(0), default=0, help="4,000-request checks per config at 0.95 x its reference"
     )
     parser.add_argument(
         "--long-run",
-        type=int,
+        type=whole(0),
         default=0,
         help="10,000-request runs per config at each of 0.95, 1.00 and 1.05 x its reference (at least 2)",
     )
     parser.add_argument(
-        "--reference-runs", type=int, default=REFERENCE_RUNS, help="bisections per reference (their median)"
+        "--reference-runs",
+        type=whole(1),
+        default=REFERENCE_RUNS,
+        help="bisections per reference (their median)",
     )
     parser.add_argument(
-        "--hint-factors", type=float, nargs="*", default=[], help="bracketed searches from F x the reference"
+        "--hint-factors",
+        type=positive,
+        nargs="*",
+        default=[],
+        help="bracketed searches from F x the reference",
     )
     args = parser.parse_args()
-    if args.long_run == 1 or args.reference_runs < 1:
-        parser.error("--long-run needs at least 2 runs (their SD is printed); --reference-runs at least 1")
+    if args.long_run == 1:
+        parser.error("argument --long-run: needs at least 2 runs (their SD is printed)")
     cases = [c for c in CASES if not args.scenarios or c.name in args.scenarios]
     hints = tuple(args.hint_factors)
     jobs = [

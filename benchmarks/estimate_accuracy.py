@@ -16,7 +16,6 @@ Usage: python benchmarks/estimate_accuracy.py [--only NAME ...] [--sample K]
 
 from __future__ import annotations
 
-import argparse
 import csv
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from arguments import Parser, whole
 
 from autotune.catalog.models import known_max_model_len
 from autotune.measure.slo import parse_slos
@@ -79,10 +80,16 @@ def spent_gpu_hours(case: Case, folder: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(__doc__)
     parser.add_argument("--only", nargs="*", help="scenario names containing these words")
-    parser.add_argument("--sample", type=int, default=SAMPLE, help=f"configs sampled (default {SAMPLE})")
+    parser.add_argument("--sample", type=whole(1), default=SAMPLE, help=f"configs sampled (default {SAMPLE})")
     args = parser.parse_args()
+    unmatched = [w for w in args.only or () if not any(w.lower() in c.name.lower() for c in CASES)]
+    if unmatched:
+        names = "; ".join(c.name for c in CASES)
+        parser.error(
+            f"argument --only: no scenario name contains {', '.join(map(repr, unmatched))} ({names})"
+        )
     cases = [c for c in CASES if not args.only or any(w.lower() in c.name.lower() for w in args.only)]
     print(f"{'scenario':<38} {'trials':>6} {'estimate':>9} {'spent':>7} {'ratio':>6} {'baseline x n':>13}"
           f" {'est. CPU s':>10}")  # fmt: skip

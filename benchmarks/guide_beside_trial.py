@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from arguments import Parser, rate, whole
+
 from autotune.core.procs import usable_cpus
 from autotune.sim_server.process import start_sim_server
 
@@ -83,9 +85,9 @@ def measure(condition: str, url: str, rate: float, seed: int) -> dict[str, float
 
 def main() -> None:
     """Parse the arguments; measure every condition in rounds; print the medians and ratios."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--rate", type=float, default=18.0, help="Poisson request rate (req/s)")
+    parser = Parser(__doc__)
+    parser.add_argument("--rounds", type=whole(1), default=3)
+    parser.add_argument("--rate", type=rate, default=18.0, help="Poisson request rate (req/s)")
     parser.add_argument("--guide-loop", choices=CONDITIONS[1:], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.guide_loop:

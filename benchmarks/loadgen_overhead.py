@@ -40,7 +40,9 @@ from pathlib import Path
 import httptools
 import httpx
 import numpy as np
+from arguments import Parser, user_errors, whole
 
+from autotune.catalog.gpus import get_gpu
 from autotune.measure.loadgen import LoadResult, run_load, run_load_sync
 from autotune.sim_server.server import free_port, start_sim_server
 from autotune.workloads.spec import Request
@@ -63,15 +65,17 @@ class Server:
 
 def main() -> None:
     """Run the benchmark and print the figures."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=2048)
-    parser.add_argument("--concurrency", type=int, default=256)
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=128)
+    parser = Parser(__doc__)
+    parser.add_argument("--requests", type=whole(1), default=2048)
+    parser.add_argument("--concurrency", type=whole(1), default=256)
+    parser.add_argument("--prompt-len", type=whole(1), default=128)
+    parser.add_argument("--output-len", type=whole(1), default=128)
     parser.add_argument("--gpu", default="H100")
     parser.add_argument("--server", choices=("both", "sim", "reference"), default="both")
     parser.add_argument("--serve-reference", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    with user_errors(parser):  # before a server starts
+        get_gpu(args.gpu)
     if args.serve_reference:
         asyncio.run(_serve_reference(args.serve_reference))
         return

@@ -44,8 +44,9 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scenarios.py and the parts next to this file
 
+from arguments import Parser, add_names, whole  # noqa: E402
 from sample_efficiency_grid import Oracle, build_oracle, oracle_summary  # noqa: E402
-from sample_efficiency_runs import NO_SCREEN, run_auto_tune_sh, run_optuna  # noqa: E402
+from sample_efficiency_runs import NO_SCREEN, candidate_samplers, run_auto_tune_sh, run_optuna  # noqa: E402
 from sample_efficiency_scores import (  # noqa: E402
     RunScore,
     best_so_far,
@@ -56,7 +57,9 @@ from sample_efficiency_scores import (  # noqa: E402
     worst_failed_share,
     write_outputs,
 )
-from scenarios import Scenario, get_scenarios  # noqa: E402
+from scenarios import SCENARIOS, Scenario, get_scenarios  # noqa: E402
+
+from autotune.tune.samplers import SAMPLERS  # noqa: E402
 
 OUT_DIR = Path("runs/sample_efficiency")
 OPTUNA_STRATEGIES = ("auto", "tpe", "gp", "nsga2", "random")
@@ -108,19 +111,23 @@ def available_strategies(requested: Sequence[str]) -> list[str]:
     return out
 
 
+def known_strategies() -> list[str]:
+    """Every strategy run_job runs: a sampler of `autotune run --sampler` or a candidate of
+    sample_efficiency_runs.py, each also as NAME-noscreen, and vLLM's auto_tune.sh."""
+    names = (*SAMPLERS, *candidate_samplers())
+    return [*(name + screen for name in names for screen in ("", NO_SCREEN)), AUTO_TUNE_SH]
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="3 scenarios, 3 seeds, 40 trials")
-    parser.add_argument("--scenarios", nargs="*", help="scenario names (default: all)")
-    parser.add_argument(
-        "--strategies",
-        nargs="*",
-        default=[*DEFAULT_STRATEGIES, AUTO_TUNE_SH],
-        help="strategies to score (none: only build the grids and print the ground truth)",
-    )
-    parser.add_argument("--seeds", type=int, default=10, help="seeds per strategy and scenario")
-    parser.add_argument("--trials", type=int, default=60, help="trial budget per run")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    add_names(parser, "--scenarios", [s.name for s in SCENARIOS], "default: all")
+    default = [*DEFAULT_STRATEGIES, AUTO_TUNE_SH]
+    about = f"to score (none: only build the grids and print the ground truth; default: {' '.join(default)})"
+    add_names(parser, "--strategies", known_strategies(), about, default=default)
+    parser.add_argument("--seeds", type=whole(1), default=10, help="seeds per strategy and scenario")
+    parser.add_argument("--trials", type=whole(1), default=60, help="trial budget per run")
+    parser.add_argument("--jobs", type=whole(1), default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     args = parser.parse_args(argv)
     if args.quick:
@@ -149,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     scenarios = get_scenarios(args.scenarios)
     cache_dir = args.out / "cache"
     strategies = available_strategies(args.strategies)
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         oracles = [_timed_oracle(scenario, cache_dir, pool) for scenario in scenarios]
         grid_s = time.monotonic() - start
         truth = [oracle_summary(o) for o in oracles]
