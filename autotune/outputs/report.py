@@ -24,7 +24,7 @@ from autotune.outputs.export import render, serve_flags
 from autotune.outputs.guide_view import read_guide
 from autotune.outputs.outcome import SIMULATED_NOTE, Outcome, capacity_text, limited_by
 from autotune.outputs.plots import plot_pairs, plot_probes
-from autotune.outputs.report_html import write_html
+from autotune.outputs.report_html import off_front, off_front_note, write_html
 from autotune.tune.front import defaults_label
 from autotune.tune.progress import short_params
 from autotune.tune.recommendation import latencies_break_ties, runs_of, tie_breakers
@@ -34,8 +34,9 @@ SUMMARY_METRICS = ("request_throughput", "p99_tpot_ms", "p99_e2el_ms", "num_pree
 
 
 def front_table(out: Outcome, limit: int = 15) -> str:
-    """The feasible Pareto front as a text table, the recommendation marked with *; GPUs per replica
-    when a config takes more than one, what limits capacity when trials searched it."""
+    """The feasible Pareto front as a text table, the recommendation marked with * (listed after the
+    front when it is not on it: kept defaults); GPUs per replica when a config takes more than one, what
+    limits capacity when trials searched it."""
     if not out.front:
         return "Pareto front: empty (no feasible trial)."
     extra = _extra_columns(out)
@@ -46,8 +47,16 @@ def front_table(out: Outcome, limit: int = 15) -> str:
         values = [_fmt(v) for v in r.values or []]
         cells = [f(r) for f in extra.values()]
         rows.append([mark, f"#{r.number}", *values, _gain_text(out.change(r)), *cells, _params_text(r)])
+    pick = off_front(out, out.front[:limit])
+    if pick is not None:  # listed after the front, marked: the row the verdict names is never missing
+        gain = "baseline (kept)" if pick.baseline else _gain_text(out.change(pick))
+        values = [_fmt(v) for v in pick.values or []]
+        rows.append(
+            ["*", f"#{pick.number}", *values, gain, *[f(pick) for f in extra.values()], _params_text(pick)]
+        )
     base = out.baseline
-    if base and base.values and all(r.number != base.number for r in out.front[:limit]):
+    listed = [*out.front[:limit], *([pick] if pick is not None else [])]
+    if base and base.values and all(r.number != base.number for r in listed):
         values = [_fmt(v) if base.measured else "-" for v in base.values]
         cells = [f(base) for f in extra.values()]
         rows.append(["", f"#{base.number}", *values, f"baseline ({base.status})", *cells, _params_text(base)])
@@ -56,9 +65,12 @@ def front_table(out: Outcome, limit: int = 15) -> str:
         "  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
         for row in [headers, *rows]
     ]
-    if base and not base.feasible and len(rows) > len(out.front[:limit]):
+    if base and not base.feasible and len(rows) > len(listed):
         # the infeasible baseline is a reference, not part of a table titled "feasible"
         lines.insert(-1, "Not feasible, for reference:")
+    if pick is not None:  # its own heading, after the header line and the front's rows
+        note = off_front_note(out, pick)
+        lines.insert(1 + len(out.front[:limit]), f"{note[0].upper()}{note[1:]}:")
     shown = f", top {limit} by {out.objective_names[0]} shown" if len(out.front) > limit else ""
     # feasible() leaves duplicates out (each repeats an earlier trial's result): so does the count of all
     dups = sum(r.duplicate_of is not None for r in out.records)

@@ -2,8 +2,9 @@
 
 Top to bottom: the recommendation (verdict, gain with its interval, the command, the flags changed from
 vLLM's defaults) and what to know before acting; cost and sizing; the feasible Pareto front sorted by
-the first objective, with units, the recommended row marked; failures grouped by class with vLLM's
-message; the plots (every pair of objectives with the SLO limits, the capacity probes); all trials.
+the first objective, with units, the recommended row marked (listed after the front when it is not on
+it: defaults kept within the margin); failures grouped by class with vLLM's message; the plots (every
+pair of objectives with the SLO limits, the capacity probes); all trials.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import base64
 import html
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,13 +161,44 @@ def _front(out: Outcome) -> str:
     head += ["capacity (req/s)", "limited by"] if out.searched() else []
     head += ["config"]
     body = [_front_row(out, r) for r in rows]
+    pick = off_front(out, rows)
+    apart = ""
+    if pick is not None:  # listed after the front, marked: the row the verdict names is never missing
+        body.append(_front_row(out, pick))
+        apart = f" The last row: {_e(off_front_note(out, pick))}."
     order = "highest" if out.maximize[0] else "lowest"
     title = (
         f"<h2>Feasible Pareto front</h2><p class='sub'>{len(rows)} configs, {order} "
-        f"{_e(out.objective_names[0])} first; the recommended one is marked ★. GPUs: per replica "
+        f"{_e(out.objective_names[0])} first; the recommended one is marked ★.{apart} GPUs: per replica "
         f"(tensor x pipeline parallel size).</p>"
     )
     return title + _table(head, body, left={len(head) - 1})
+
+
+def off_front(out: Outcome, shown: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The recommendation when a listing of the front leaves it out (None when it is among `shown`):
+    vLLM's defaults kept because the best config found beats them by less than the measurement's margin
+    (a higher config then dominates them), or a pick by the mean of re-measured runs. Each listing of
+    the front (report.html's, the summary's) adds it after the front, marked, with `off_front_note`."""
+    best = out.best
+    if best is None or any(r.number == best.number for r in shown):
+        return None
+    return best
+
+
+def off_front_note(out: Outcome, pick: TrialRecord) -> str:
+    """Why the recommendation is listed apart from the front: kept or picked, and not on it."""
+    where = (
+        "further down the front" if any(r.number == pick.number for r in out.front) else "not on the front"
+    )
+    who = f"trial #{pick.number}" + (f" ({defaults_label(pick)})" if pick.baseline else "")
+    if pick.baseline and out.decision.keeps_defaults:
+        why = "kept because no config found beats it by more than the measurement's margin"
+    elif out.remeasured():
+        why = "picked by the mean of its runs"
+    else:
+        why = "picked by the tie rule"
+    return f"recommended, {where}: {who}, {why}"
 
 
 def _remeasured(out: Outcome) -> str:
