@@ -65,3 +65,44 @@ def test_the_note_says_the_dashboards_best_trials_ignore_the_slos(tmp_path: Path
     names = ["output_throughput", "p99_ttft_ms", "p99_itl_ms"]
     out = outcome(records(study), names, [True, False, False], ["ttft_p99=2s"])
     assert out.front == [] and "SLO-violating ones included" in note_markdown("unit", out)
+
+
+def test_the_dashboard_gives_a_guided_runs_trials_the_prediction_of_guide_json(tmp_path: Path) -> None:
+    """The guide chose #0; vLLM's defaults, #1, it did not (no `guide` attr on the trial), yet guide.json
+    (and with it the summary, report.html and guide.png) gives them its own prediction, 4,722.5. The
+    dashboard's note and figure give them the same (the note said "-" and the figure left them out)."""
+    import json
+
+    import optuna
+    from optuna_dashboard import get_note
+    from optuna_dashboard._custom_plot_data import get_plotly_graph_objects
+
+    from autotune.commands.dashboard import _write_note
+    from autotune.outputs.dashboard import GUIDE_FIGURE_ID
+    from autotune.outputs.guide_view import GUIDE_FILE
+
+    chosen = {"predicted": 4828.4, "raw": 4828.4, "by": "best predicted", "rate": 19.9}
+    build_run(
+        tmp_path,
+        [
+            ({"max_num_seqs": 512, "guide": chosen}, ok(4828, 401, 125)),
+            ({"max_num_seqs": 1024, "baseline": True}, ok(4757, 369, 175)),
+        ],
+    )
+
+    def row(trial: int, predicted: float, measured: float, by: str) -> dict:
+        """A trial's row as guide.json has it (its raw prediction the corrected one: no refit)."""
+        return {"trial": trial, "predicted": predicted, "raw": predicted, "measured": measured, "by": by}
+
+    rows = [row(0, 4828.4, 4828.0, "best predicted"), row(1, 4722.5, 4757.0, "vLLM's defaults")]
+    data = {"gpu_hours": 0.23, "budget_gpu_hours": 2.0, "stop_reason": "n-trials", "trials": rows}
+    (tmp_path / GUIDE_FILE).write_text(json.dumps(data))
+
+    _write_note(load_run(tmp_path))  # what `autotune dashboard RUN` shows
+    study = optuna.load_study(study_name="unit", storage=load_run(tmp_path).storage)
+    note = get_note(study)
+    assert "| #0 | best predicted | 4,828.4 | 4,828.0 |" in note
+    assert "| #1 | vLLM's defaults | 4,722.5 | 4,757.0 |" in note, note
+    figures = get_plotly_graph_objects(study._storage.get_study_system_attrs(study._study_id))
+    points = json.loads(figures[GUIDE_FIGURE_ID])["data"][-1]
+    assert (points["text"], points["x"], points["y"]) == (["#0", "#1"], [4828.4, 4722.5], [4828.0, 4757.0])

@@ -138,7 +138,9 @@ def test_a_guided_run_measures_the_guides_best_then_the_defaults_then_its_picks_
     png = (folder / "runs/g/guide.png").read_bytes()
     width, height = struct.unpack(">II", png[16:24])
     assert png.startswith(b"\x89PNG") and width > 2 * height
-    # The dashboard's figure: each chosen trial that met the SLOs at its prediction and its measurement.
+    # The dashboard's figure and note: guide.json's prediction of each trial, vLLM's defaults' too (the
+    # guide did not choose them: their trial has no `guide` attr), guide.png's points (all that met the SLOs).
+    from optuna_dashboard import get_note
     from optuna_dashboard._custom_plot_data import get_plotly_graph_objects
 
     study = study_of(folder)
@@ -146,10 +148,15 @@ def test_a_guided_run_measures_the_guides_best_then_the_defaults_then_its_picks_
     figure = json.loads(figures["guide-predicted-vs-measured"])
     assert figure["layout"]["xaxis"]["title"]["text"] == "predicted output_throughput"
     points = figure["data"][-1]
-    shown = [t for t in picks if t.user_attrs["feasible"]]
-    assert points["text"] == [f"#{t.number}" for t in shown]
-    assert points["x"] == [t.user_attrs["guide"]["predicted"] for t in shown]
-    assert points["y"] == [t.values[0] for t in shown]
+    shown = [r for r in guide["trials"] if r["measured"] and r["predicted"]]
+    assert f"#{trials[1].number}" in points["text"]
+    assert points["text"] == [f"#{r['trial']}" for r in shown]
+    assert points["x"] == [r["predicted"] for r in shown] and points["y"] == [r["measured"] for r in shown]
+    note = get_note(study)
+    for r in guide["trials"]:
+        predicted = f"{r['predicted']:,.1f}" if r["predicted"] is not None else "-"
+        measured = f"{r['measured']:,.1f}" if r["measured"] is not None else "infeasible"
+        assert f"| #{r['trial']} | {r['by']} | {predicted} | {measured} |" in note, note
     # The reality is slower than the guide's model: the guide over-predicted, and the fitted
     # calibration it writes says so (a reusable file: --guide-calibration / --sim-calibration).
     assert guide["speed_factor"] < 0.95

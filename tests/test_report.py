@@ -349,7 +349,8 @@ def test_a_guided_notes_best_so_far_is_the_highest_measured_and_its_table_lists_
 ) -> None:
     """The guide's pick #0 measured 4,828, vLLM's defaults #1 4,757: a tie, the defaults kept. The note's
     "best feasible so far" is #0 (the progress line's), not the kept defaults, and its guided table
-    lists the defaults too (they are not the guide's pick, but it measured them)."""
+    (guide.json's rows) lists the defaults too with guide.json's prediction of them (they are not the
+    guide's pick, but it measured them)."""
     study = build_run(
         tmp_path,
         [
@@ -357,14 +358,16 @@ def test_a_guided_notes_best_so_far_is_the_highest_measured_and_its_table_lists_
             ({"max_num_seqs": 1024, "baseline": True}, bracketed(4757, 0.028, ttft_ms=369, itl_ms=175)),
         ],
     )
-    recs = records(study)
-    recs[0].user_attrs["guide"] = {"predicted": 4828.4, "by": "best predicted"}
-    out = outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    out = outcome(records(study), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
     assert out.decision.keeps_defaults and out.best.number == 1
-    note = note_markdown("g", out)
+    rows = [
+        {"trial": 0, "predicted": 4828.4, "measured": 4828.0, "by": "best predicted"},
+        {"trial": 1, "predicted": 4722.5, "measured": 4757.0, "by": "vLLM's defaults"},
+    ]
+    note = note_markdown("g", out, {"gpu_hours": 0.23, "trials": rows})
     assert "**Best feasible so far:** trial #0, output_throughput 4,828 (+1.5% vs the baseline #1)" in note
     assert "| #0 | best predicted | 4,828.4 | 4,828.0 |" in note
-    assert "| #1 | vLLM's defaults | - | 4,757.0 |" in note
+    assert "| #1 | vLLM's defaults | 4,722.5 | 4,757.0 |" in note
 
 
 def test_the_failures_line_counts_the_benchmarks_early_abort_stopped(tmp_path: Path) -> None:

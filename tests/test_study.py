@@ -67,7 +67,8 @@ def build_run(
     run_dir: Path, outcomes: list[tuple[dict, TrialResult | None]], objectives: ObjectiveSet = OBJECTIVES
 ) -> optuna.Study:
     """A finished study on SQLite in run_dir (with run.json), one trial per (params, result), optimising
-    `objectives` (the default run's unless given)."""
+    `objectives` (the default run's unless given); params "baseline" and "guide" (a guided run's pick:
+    the guide's attrs) are the trial's user attrs, not flags."""
     run_dir.mkdir(parents=True, exist_ok=True)
     storage = sqlite_url(run_dir)
     chosen = settings(objectives=objectives.names, directions=objectives.directions)
@@ -76,7 +77,10 @@ def build_run(
         trial = study.ask()
         if params.get("baseline"):
             trial.set_user_attr("baseline", True)
-        config = EngineConfig(model=MODEL).replace(**{k: v for k, v in params.items() if k != "baseline"})
+        if params.get("guide"):
+            trial.set_user_attr("guide", params["guide"])
+        flags = {k: v for k, v in params.items() if k not in ("baseline", "guide")}
+        config = EngineConfig(model=MODEL).replace(**flags)
         result = result or TrialResult(
             config=config, failure=FailureKind.KV_CACHE_OOM, message="No available memory"
         )

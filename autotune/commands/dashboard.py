@@ -50,4 +50,4 @@ def _write_note(info: Any, storage: str | None = None) -> None:
     from autotune.store.urls import run_storage
 
     study = open_study(info.study, storage or run_storage(info))
-    StudyNote(study, info.meta).update(force=True)
+    StudyNote(study, info.meta, run_dir=info.directory).update(force=True)  # a guided run's: its guide.json

@@ -275,8 +275,8 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
             print(f"autotune: {s.untuned}", file=sys.stderr)
         dashboard = _start_dashboard(s.storage) if args.dashboard else None
         context = {**settings.to_dict(), "load": s.workload.load, "simulated": s.backend.simulated}
-        context |= {"gpus": len(s.gpu_ids), "gpu_hours_budget": args.gpu_hours}
-        note = StudyNote(study, context)
+        context |= {"gpus": len(s.gpu_ids)}
+        note = StudyNote(study, context, search=guide)  # a guided run's section: live from its search
         tuner = Tuner(
             study,
             s.space,

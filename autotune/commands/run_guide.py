@@ -229,28 +229,14 @@ def write_guided(search: Any, study: Any, run_dir: Path, stop_reason: str | None
     if search is None:
         return None
     from autotune.core.atomic import atomic_write_text
-    from autotune.outputs.guide_view import GUIDE_FILE, predicted_vs_measured, unmeasured_defaults
+    from autotune.outputs.guide_view import GUIDE_FILE, guide_data
     from autotune.sim.calibration import calibration_yaml
-    from autotune.tune.remeasure import StoredRepeats
 
-    rows = predicted_vs_measured(search, study)
+    data = guide_data(search, study, stop_reason)
     factor = search.refit.factor(search.index)
     fitted = search.refit.calibration(search.index)
-    repeats_h = StoredRepeats.of(study).gpu_s / 3600
-    spent = sum(r["gpu_hours"] for r in rows) + repeats_h
-    data = {
-        "gpu_hours": round(spent, 4),  # the trials' and the re-measurements'
-        "remeasure_gpu_hours": round(repeats_h, 4),
-        "budget_gpu_hours": search.options.gpu_hours,
-        "stop_reason": stop_reason,
-        "speed_factor": round(factor, 4),
-        "trials": rows,
-    }
-    defaults = unmeasured_defaults(search, study)
-    if defaults is not None:
-        data["defaults"] = defaults
     atomic_write_text(run_dir / GUIDE_FILE, json_text(data, indent=1))
-    measured = sum(r["measured"] is not None for r in rows)
+    measured = sum(r["measured"] is not None for r in data["trials"])
     header = (
         f"The guide's calibration after guided run {run_dir.name}: its speed constants scaled by the\n"
         f"factor {factor:.3f} fitted to {measured} trials' measurements.\n"
@@ -275,18 +261,11 @@ def mark_stopped(run_dir: Path, budget_h: float | None, reason: str) -> None:
 
 def guide_summary(data: dict[str, Any]) -> str:
     """The guided run's lines: predicted vs measured per trial, spend against the budget, why it stopped."""
-    from autotune.outputs.guide_view import defaults_text, spend_text
+    from autotune.outputs.guide_view import defaults_text, measured_text, spend_text
 
     lines = ["guide: predicted vs measured per real trial:"]
     for r in data["trials"]:
-        measured = f"{r['measured']:,.1f}" if r["measured"] is not None else "infeasible"
-        if r.get("interrupted"):
-            cut = (
-                "cut short at its share of --gpu-hours"
-                if r["interrupted"] == "budget_spent"
-                else "interrupted"
-            )
-            measured = f"nothing ({cut})"
+        measured = measured_text(r)
         predicted = f"{r['predicted']:,.1f}" if r["predicted"] is not None else "-"
         by = f"; {r['by']}" if r.get("by") else ""
         if r.get("bursts"):  # tune/guide_check.py: + is slower than the guide's model

@@ -3,7 +3,8 @@ and what the run writes for it to show: the study's note (markdown: SLOs, progre
 baseline, the current recommendation and its flags, failures by class), a Pareto figure with
 feasibility (optuna-dashboard 0.21 does not read Optuna 5 constraints, so its own plots cannot tell a
 feasible trial from one that broke an SLO or failed to start) and, in a guided run, the guide's
-predicted vs measured per trial.
+predicted vs measured per trial: guide.json's data (outputs/guide_view.py), live from the search while
+the run goes, so the note and figure give each trial the prediction the summary and report.html give.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -76,14 +78,27 @@ def start_dashboard(storage: str, port: int = 0) -> DashboardServer:
 class StudyNote:
     """Keeps the study's dashboard note and feasibility figure up to date during a run."""
 
-    def __init__(self, study: Any, context: dict[str, Any]) -> None:
+    def __init__(
+        self, study: Any, context: dict[str, Any], search: Any = None, run_dir: Path | None = None
+    ) -> None:
+        """A guided run's section comes from `search` (its GuidedSearch, while it runs), else from
+        `run_dir`'s guide.json (a finished run's): none without either."""
         import optuna
 
         self.study = study
         self.names = list(study.metric_names or [f"objective {i}" for i in range(len(study.directions))])
         self.maximize = [d == optuna.study.StudyDirection.MAXIMIZE for d in study.directions]
         self.context = context
+        self.search, self.run_dir = search, run_dir
         self._last = 0.0
+
+    def guide(self) -> dict[str, Any] | None:
+        """guide.json's data: as the run will write it (no stop reason yet), or as a finished run did."""
+        from autotune.outputs.guide_view import guide_data, read_guide
+
+        if self.search is not None:
+            return guide_data(self.search, self.study, None)
+        return read_guide(self.run_dir) if self.run_dir is not None else None
 
     def update(self, force: bool = False) -> None:
         """Rewrite the note and figure (throttled to NOTE_EVERY_S unless forced)."""
@@ -102,16 +117,18 @@ class StudyNote:
         slos = self.context.get("slos", [])
         repeats = StoredRepeats.of(self.study)
         out = outcome(records(self.study), self.names, self.maximize, slos, self.context, repeats=repeats)
-        save_note(self.study, note_markdown(self.study.study_name, out))
-        figures = {FIGURE_ID: pareto_figure(out), GUIDE_FIGURE_ID: guide_figure(out.records, self.names[0])}
+        guide = self.guide()
+        save_note(self.study, note_markdown(self.study.study_name, out, guide))
+        figures = {FIGURE_ID: pareto_figure(out), GUIDE_FIGURE_ID: guide_figure(guide, self.names[0])}
         for name, figure in figures.items():
             if figure is not None:
                 key = f"{SYSTEM_ATTR_PLOT_DATA}{name}:"
                 save_graph_object_json(self.study._storage, self.study._study_id, key, json.dumps(figure))
 
 
-def note_markdown(name: str, out: Any) -> str:
-    """The study's note: what is tuned, how far the run is, what it recommends so far, what failed."""
+def note_markdown(name: str, out: Any, guide: dict[str, Any] | None = None) -> str:
+    """The study's note: what is tuned, how far the run is, what it recommends so far, what failed; in
+    a guided run (`guide`: guide.json's data) the guide's predicted vs measured per trial."""
     from autotune.outputs.outcome import SIMULATED_NOTE
     from autotune.tune.front import defaults_label
 
@@ -165,7 +182,7 @@ def note_markdown(name: str, out: Any) -> str:
             lines.append(f"| {kind} | {count} | {brief(message).replace('|', '/')} |")
     from autotune.outputs.guide_view import note_lines
 
-    lines += note_lines(out.records, ctx.get("gpu_hours_budget"))
+    lines += note_lines(guide)
     lines += [
         "",
         "### Reading the plots",

@@ -1,9 +1,11 @@
 """What a guided run shows (docs/guided-search.md): the guide's predicted vs measured value per real
 trial (a plot and a table), GPU-hours spent against the budget and why the run stopped.
 
-A guided run writes runs/<study>/guide.json (commands/run_guide.py); the report (report.html,
-best.json) reads it. The dashboard note, written while the run goes, reads the trials' own `guide`
-attrs (the prediction when the guide chose them) and their GPU time.
+A guided run writes runs/<study>/guide.json (`guide_data`, commands/run_guide.py); the report
+(report.html, best.json) reads it. The dashboard's note and figure show the same data: `guide_data` of
+the live search while the run goes, guide.json after it (`autotune dashboard`), so every view of a trial
+gives one prediction (the trials' own `guide` attrs hold none for vLLM's defaults, which the guide did
+not choose).
 """
 
 from __future__ import annotations
@@ -23,6 +25,30 @@ if TYPE_CHECKING:
 
 GUIDE_FILE = "guide.json"
 PLOT_FILE = "guide.png"
+
+
+def guide_data(search: GuidedSearch, study: optuna.Study, stop_reason: str | None) -> dict[str, Any]:
+    """guide.json's content: predicted vs measured per real trial (`predicted_vs_measured`), GPU-hours
+    spent (the trials' and the re-measurements') against the budget, why the run stopped (None while it
+    goes), the guide's speed factor, and vLLM's defaults' prediction when the run ended without
+    measuring them (while it goes they may still come: nothing said)."""
+    from autotune.tune.remeasure import StoredRepeats
+
+    rows = predicted_vs_measured(search, study)
+    repeats_h = StoredRepeats.of(study).gpu_s / 3600
+    spent = sum(r["gpu_hours"] for r in rows) + repeats_h
+    data = {
+        "gpu_hours": round(spent, 4),
+        "remeasure_gpu_hours": round(repeats_h, 4),
+        "budget_gpu_hours": search.options.gpu_hours,
+        "stop_reason": stop_reason,
+        "speed_factor": round(search.refit.factor(search.index), 4),
+        "trials": rows,
+    }
+    defaults = unmeasured_defaults(search, study) if stop_reason is not None else None
+    if defaults is not None:
+        data["defaults"] = defaults
+    return data
 
 
 def predicted_vs_measured(search: GuidedSearch, study: optuna.Study) -> list[dict[str, Any]]:
@@ -105,7 +131,7 @@ def plot_guide(path: Path, data: dict[str, Any], metric: str) -> Path | None:
     """Predicted (the guide's raw prediction, and corrected by the measurements so far, when the trial
     was chosen) vs measured, one point per real trial that met the SLOs; beside it each trial's error,
     in trial order (configs measured alike share one spot on the first plot); None when none met them."""
-    rows = [r for r in data["trials"] if r.get("measured") and r.get("predicted")]
+    rows = compared(data)
     if not rows:
         return None
     from autotune.outputs.plots import _pyplot
@@ -119,6 +145,12 @@ def plot_guide(path: Path, data: dict[str, Any], metric: str) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def compared(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """guide.json's trials with both a prediction and a measurement (met the SLOs): the points of
+    guide.png and of the dashboard's figure alike."""
+    return [r for r in data["trials"] if r.get("measured") and r.get("predicted")]
 
 
 def _plot_scatter(ax: Any, rows: Sequence[dict[str, Any]], metric: str) -> None:
@@ -210,41 +242,38 @@ def guide_html(run_dir: Path, escape: Any, metric: str) -> str:
     return "".join(parts) + f"<table>{head}{rows}</table>"
 
 
-def note_lines(records: Sequence[Any], budget_h: float | None) -> list[str]:
-    """The dashboard note's lines of a guided run (none when no trial was chosen by the guide): every
-    trial it measured, its picks and vLLM's defaults (whose prediction, not stored on the trial, is in
-    guide.json at the end)."""
-    if not any(isinstance(r.user_attrs.get("guide"), dict) for r in records):
+def note_lines(data: dict[str, Any] | None) -> list[str]:
+    """The dashboard note's lines of a guided run (none without guide data): guide.json's trials, each
+    with what chose it and the prediction guide.json and the report give it, and vLLM's defaults'
+    prediction when they were not measured."""
+    if data is None:
         return []
-    shown = [r for r in records if isinstance(r.user_attrs.get("guide"), dict) or r.baseline]
-    spent = sum(r.gpu_seconds for r in records if r.launched and r.duplicate_of is None) / 3600
-    of = f" of {budget_h:g}" if budget_h else ""
-    lines = ["", "### Guided search", f"**GPU-hours:** {spent:.2f}{of}  "]
+    budget = data.get("budget_gpu_hours")
+    of = f" of {budget:g}" if budget else ""
+    repeats = data.get("remeasure_gpu_hours") or 0.0
+    within = f" ({repeats:.2f} of them re-measuring the top)" if repeats else ""
+    lines = ["", "### Guided search", f"**GPU-hours:** {data.get('gpu_hours', 0.0):.2f}{of}{within}  "]
     lines += ["| trial | chosen by | predicted | measured |", "|---|---|---|---|"]
-    for r in shown:
-        measured = _num((r.values or [None])[0] if r.feasible else None, "infeasible")
-        guide = r.user_attrs.get("guide") or {}
-        by = guide.get("by") or "vLLM's defaults"
-        lines.append(f"| #{r.number} | {by} | {_num(guide.get('predicted'))} | {measured} |")
+    for r in data["trials"]:
+        by = r.get("by") or "not the guide"
+        lines.append(f"| #{r['trial']} | {by} | {_num(r.get('predicted'))} | {measured_text(r)} |")
+    if data.get("defaults"):
+        lines += ["", defaults_text(data["defaults"])]
     return lines
 
 
-def guide_figure(records: Sequence[Any], metric: str) -> dict[str, Any] | None:
-    """The dashboard's plotly figure of a guided run: the guide's corrected prediction when each trial
-    was chosen against what it measured, with the 3 % resolution about the diagonal (None: no trial the
-    guide chose met the SLOs yet)."""
-    chosen = [r for r in records if isinstance(r.user_attrs.get("guide"), dict) and r.feasible]
-    rows = [
-        (r.number, float(r.user_attrs["guide"]["predicted"]), float((r.values or [0.0])[0]))
-        for r in chosen
-        if r.user_attrs["guide"].get("predicted")
-    ]
+def guide_figure(data: dict[str, Any] | None, metric: str) -> dict[str, Any] | None:
+    """The dashboard's plotly figure of a guided run: guide.png's points (`compared`), the guide's
+    corrected prediction when each trial was chosen (its own for vLLM's defaults) and its raw one against
+    what it measured, with the 3 % resolution about the diagonal (None: no trial met the SLOs yet)."""
+    rows = compared(data) if data is not None else []
     if not rows:
         return None
-    values = [v for _, p, m in rows for v in (p, m)]
+    values = [v for r in rows for v in (r.get("raw"), r["predicted"], r["measured"]) if v]
     lo, hi = min(values) * 0.95, max(values) * 1.05
     line = {"type": "scatter", "mode": "lines", "x": [lo, hi], "hoverinfo": "skip"}
     dotted = {"color": "#999", "dash": "dot"}
+    raw = [r for r in rows if r.get("raw")]  # 0: the raw guide predicted it would miss the SLOs
     return {
         "data": [
             {**line, "name": "predicted = measured", "y": [lo, hi], "line": {"color": "#444", "width": 1}},
@@ -254,21 +283,41 @@ def guide_figure(records: Sequence[Any], metric: str) -> dict[str, Any] | None:
             ),
             {
                 "type": "scatter",
+                "mode": "markers",
+                "name": "guide (raw)",
+                "x": [r["raw"] for r in raw],
+                "y": [r["measured"] for r in raw],
+                "text": [f"#{r['trial']}" for r in raw],
+                "marker": {"color": "#999", "symbol": "x", "size": 8},
+            },
+            {
+                "type": "scatter",
                 "mode": "markers+text",
-                "name": "real trials",
-                "x": [p for _, p, _ in rows],
-                "y": [m for _, _, m in rows],
-                "text": [f"#{n}" for n, _, _ in rows],
+                "name": "guide corrected",
+                "x": [r["predicted"] for r in rows],
+                "y": [r["measured"] for r in rows],
+                "text": [f"#{r['trial']}" for r in rows],
                 "textposition": "top right",
                 "marker": {"color": "#1f77b4", "size": 9},
             },
         ],
         "layout": {
-            "title": {"text": "Guide: predicted (when chosen) vs measured per real trial"},
+            "title": {"text": "Guide: predicted vs measured per real trial"},
             "xaxis": {"title": {"text": f"predicted {metric}"}, "range": [lo, hi]},
             "yaxis": {"title": {"text": f"measured {metric}"}, "range": [lo, hi]},
         },
     }
+
+
+def measured_text(row: dict[str, Any]) -> str:
+    """What a guide.json trial measured, as the summary and the dashboard's note say it: its value,
+    "infeasible" (missed the SLOs or failed), or nothing when it was cut short."""
+    if row.get("interrupted"):
+        cut = (
+            "cut short at its share of --gpu-hours" if row["interrupted"] == "budget_spent" else "interrupted"
+        )
+        return f"nothing ({cut})"
+    return _num(row.get("measured"), "infeasible")
 
 
 def _num(value: Any, missing: str = "-") -> str:
