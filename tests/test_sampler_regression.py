@@ -4,7 +4,8 @@ Uses benchmarks/sample_efficiency*.py on one small scenario (benchmarks/scenario
 points, 10 of them rejected by vLLM's rules). The real tuner loop runs against the grid; only the
 executor is a lookup. Bounds come from the benchmark's measurements with margin (docs/evidence.md,
 "Sample efficiency and the default sampler"): the default reaches 98 % of the oracle's best feasible
-throughput in a median of ~4 trials here, random search in ~8.
+throughput in a median of 6 trials here (2-8 over seeds 0-4), random search in 9 (2-17), as measured
+on 2026-11-29 with a closed loop of 96 requests in flight.
 """
 
 from __future__ import annotations
