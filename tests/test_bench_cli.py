@@ -165,6 +165,21 @@ def test_one_request_is_not_judged_on_keeping_up(tmp_path: Path, capsys: pytest.
     assert report["completed"] == 1 and "load_verdict" not in report
 
 
+def test_a_trace_replayed_at_its_own_times_is_said_not_judged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace's arrival times make its request_rate inf: the report took it for no fixed-rate run and
+    left the keep-up row out, reading as a run that passed unjudged. Its arrivals decide it."""
+    path = tmp_path / "t.yaml"
+    path.write_text("name: t\nnum_requests: 40\ntrace: {name: conv, arrivals: trace, time_scale: 4}\n")
+    assert main(["bench", "--workload", str(path)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("Kept up with the load"))
+    assert line.split(None, 5)[-1].startswith("not judged (the run is too short to tell"), line
+    assert main(["bench", "--workload", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["request_rate"] == "inf" and report["load_kind"] == "open"
+
+
 def test_a_capacity_search_says_which_window_its_metrics_are(capsys: pytest.CaptureFixture[str]) -> None:
     """No rate meets a 5 ms p99 TTFT: the metrics are the lowest probe's window, not one "at that rate"
     (there is none); with a capacity, the window at it; with no probe at all, the saturation burst."""

@@ -15,7 +15,9 @@ from autotune.core.json_out import json_text
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
+from autotune.measure.steady_state import load_kind
 from autotune.trial.capacity import SATURATION_MARGIN
+from autotune.workloads.spec import WorkloadSpec
 
 THROUGHPUTS = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
 SIMULATED_NOTE = "simulated: these figures come from autotune's simulated engine; confirm them on a GPU"
@@ -24,6 +26,13 @@ TOO_SHORT = (
     "the run is too short to tell: too few requests in the window judged, which starts after the warm-up "
     "or else two request lifetimes in"
 )
+
+
+def arrivals(workload: WorkloadSpec, seed: int) -> dict[str, Any]:
+    """The report's `load_kind` of a run at one load: "open", "closed" or "burst", judged from the
+    requests' arrival times as the measurement judges it (steady_state.load_kind), not from the request
+    rate, which a trace replayed at its own times leaves at inf."""
+    return {"load_kind": load_kind(workload.requests(seed), workload.max_concurrency)}
 
 
 def print_report(
@@ -188,11 +197,11 @@ def verdict_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _open_loop(report: dict[str, Any]) -> bool:
-    """A fixed-rate run that completed (no capacity search, no concurrency cap, no burst): one that a
-    long enough window judges on keeping up."""
-    rate = report.get("request_rate")
-    fixed = "capacity" not in report and "failure" not in report and report.get("max_concurrency") is None
-    return fixed and isinstance(rate, int | float) and math.isfinite(rate)
+    """An open-loop run that completed (arrivals over time, no concurrency cap, no capacity search): one
+    that a long enough window judges on keeping up. A trace replayed at its own times is one though its
+    request_rate is inf."""
+    fixed = "capacity" not in report and "failure" not in report
+    return fixed and report.get("load_kind") == "open"
 
 
 def _unmeasured_top(c: CapacityReport) -> str:
