@@ -33,6 +33,7 @@ from autotune.core.values import brief, fmt_number
 from autotune.tune.front import TIE_TOLERANCE, baseline, defaults_label, recommend
 from autotune.tune.objectives import metric_unit
 from autotune.tune.study import TrialRecord
+from autotune.tune.unmet import unmet_counts
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,8 @@ def _none_feasible(recs: Sequence[TrialRecord]) -> str:
         )
     rest = f" ({cut} cut short by --gpu-hours before a verdict)" if cut else ""
     return (
-        f"No feasible config: every trial failed or violated the SLOs{rest}{_commonest_failure(recs)} (see "
-        "trials.csv for reasons)."
+        f"No feasible config: {unmet_counts(recs) or 'every trial failed or violated the SLOs'}{rest}"
+        f"{_commonest_failure(recs)} (see trials.csv for reasons)."
     )
 
 
