@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.commands.bench_report import arrivals, print_report
+from autotune.commands.client_cap import offered_rate
 from autotune.commands.options import (
     SERVER_OPTIONS,
     add_backend_option,
@@ -154,9 +155,12 @@ def run(args: argparse.Namespace) -> int:
         result, head, config = _bench_launched(args, workload, slos)
     head |= {"workload": workload.name, "num_prompts": workload.num_requests}
     head |= {"request_rate": workload.request_rate, "max_concurrency": workload.max_concurrency}
+    offered = None
     if not args.capacity:  # a capacity search picks its own loads
-        head |= arrivals(workload, args.seed)
-    return print_report(result, head, config, slos, args.json)
+        requests = workload.requests(args.seed)
+        head |= arrivals(requests, workload.max_concurrency)
+        offered = offered_rate(requests)
+    return print_report(result, head, config, slos, args.json, offered)
 
 
 def _bench_launched(

@@ -11,13 +11,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from autotune.commands.client_cap import held_back_note
 from autotune.core.json_out import json_text
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.measure.steady_state import load_kind
 from autotune.trial.capacity import SATURATION_MARGIN
-from autotune.workloads.spec import WorkloadSpec
+from autotune.workloads.spec import Request
 
 THROUGHPUTS = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
 SIMULATED_NOTE = "simulated: these figures come from autotune's simulated engine; confirm them on a GPU"
@@ -28,17 +29,23 @@ TOO_SHORT = (
 )
 
 
-def arrivals(workload: WorkloadSpec, seed: int) -> dict[str, Any]:
+def arrivals(requests: Sequence[Request], max_concurrency: int | None) -> dict[str, Any]:
     """The report's `load_kind` of a run at one load: "open", "closed" or "burst", judged from the
     requests' arrival times as the measurement judges it (steady_state.load_kind), not from the request
     rate, which a trace replayed at its own times leaves at inf."""
-    return {"load_kind": load_kind(workload.requests(seed), workload.max_concurrency)}
+    return {"load_kind": load_kind(requests, max_concurrency)}
 
 
 def print_report(
-    result: TrialResult, head: dict[str, Any], config: dict[str, Any], slos: Sequence[Slo], as_json: bool
+    result: TrialResult,
+    head: dict[str, Any],
+    config: dict[str, Any],
+    slos: Sequence[Slo],
+    as_json: bool,
+    offered: float | None = None,
 ) -> int:
-    """Print the result; 0 when it ran and every verdict passed, else 1 (the reason on stderr)."""
+    """Print the result; 0 when it ran and every verdict passed, else 1 (the reason on stderr).
+    `offered`: the requests' arrival rate, for the note on a concurrency cap that held them back."""
     if result.failure is not None:
         # Why, always on stderr: what follows (if anything) is the partial metrics of a failed run.
         print(f"autotune bench: {result.failure}: {result.message}", file=sys.stderr)
@@ -69,6 +76,9 @@ def print_report(
         }
     if slos:
         report["slo_verdicts"] = slo_verdicts(result, slos)
+    note = held_back_note(report, offered)
+    if note:  # stderr, as bench's JSON has no place for notes
+        print(f"autotune bench: note: {note}", file=sys.stderr)
     if as_json:
         print(json_text(report, indent=2, default=str))
     else:

@@ -225,6 +225,7 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
     """Open the study (one driver: store/lease.py), run the tuner, write the results whatever happens.
     `stops`: the stop signals noted so far; checked at each phase boundary (a stop's own
     KeyboardInterrupt can be swallowed by a finalizer: core/interrupts.py)."""
+    from autotune.commands.client_cap import capped_run_note
     from autotune.commands.run_guide import finish_guided, make_guided
     from autotune.core.atomic import remove_stale_temps
     from autotune.core.errors import RunFailure
@@ -260,7 +261,12 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
         progress = None if args.quiet else Progress()
         _announce(args, s, executor.describe(), study)
         per_replica = _per_replica_note(s)
-        for line in (per_replica, s.gpus_note, moved_note(baseline, settings.baseline_moved)):
+        for line in (
+            per_replica,
+            s.gpus_note,
+            moved_note(baseline, settings.baseline_moved),
+            capped_run_note(s.workload),
+        ):
             if line:
                 print(f"autotune: {line}", file=sys.stderr)
         estimate = run_estimate(args, s, executor.capacity, study)
