@@ -166,6 +166,13 @@ def judged(
     return verdict, unmet, unsure if verdict == FAIL else ()
 
 
+def keeps_up(result: TrialResult, rate: float, saturation: float | None) -> bool:
+    """Whether one completed window at `rate` passes the search's rule on keeping up (`_load_miss`, no
+    SLO): at or below the `saturation` throughput a backlog that grew past the count's allowance still
+    passes unless the window served under GROSS_SHORTFALL of its arrivals."""
+    return KEEPING_UP not in _load_miss(result, (), MIN_SERVED, rate, saturation)
+
+
 def _load_miss(
     result: TrialResult, slos: Sequence[Slo], min_served: float, rate: float | None, saturation: float | None
 ) -> tuple[str, ...]:
