@@ -15,7 +15,7 @@ import optuna
 import pytest
 import yaml
 from cli import autotune
-from test_bad_inputs import assert_rejected
+from errors import assert_rejected
 from test_study import build_run, ok
 
 from autotune.cli import main

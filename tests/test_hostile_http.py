@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_bad_inputs import assert_rejected
+from errors import assert_rejected
 
 from autotune.sim_server.server import SimServerProcess, start_sim_server
 

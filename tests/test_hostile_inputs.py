@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_bad_inputs import HF_CONFIG, assert_rejected, materialize, space
+from errors import assert_rejected, materialize
+from test_bad_inputs import HF_CONFIG, space
 
 WORKLOAD = "num_requests: 4\nprompt_len: 64\noutput_len: 8\n"
 PARAM = "  max_num_seqs: {type: int, low: 16, high: 64}"

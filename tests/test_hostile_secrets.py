@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_bad_inputs import assert_rejected
+from errors import assert_rejected
 
 from autotune.cli import main
 from autotune.core.secrets import masked
