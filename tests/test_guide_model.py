@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from test_guided import SPACE
+from guided_runs import SPACE
 
 from autotune.calibrate.fit import candidates
 from autotune.catalog.gpus import get_gpu

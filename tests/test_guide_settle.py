@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from test_guided import SPACE as GUIDED_SPACE
+from guided_runs import SPACE as GUIDED_SPACE
 
 from autotune.backends.sim import SimBackend
 from autotune.measure.slo import parse_slos

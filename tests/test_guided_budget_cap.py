@@ -8,8 +8,8 @@ from pathlib import Path
 
 import optuna
 from cli import autotune
+from guided_runs import REALITY, SPACE
 from optuna.trial import TrialState
-from test_guided import REALITY, SPACE
 
 from autotune.tune.guide_budget import Budget, Observation
 
