@@ -8,7 +8,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from test_capacity import CONFIG, QUICK, WORKLOAD, _ran, _window
+from test_capacity import CONFIG, QUICK, WORKLOAD
+from test_probe_verdicts import _ran, _window
 from test_study import OBJECTIVES, build_run
 
 from autotune.backends.sim import SimBackend
