@@ -310,13 +310,19 @@ def _fixed_load_steadiness(records: Sequence[RequestRecord], last_send: float) -
     """A run without warm-up: the count's verdict from two request lifetimes in, once the batch has
     filled, and after its first MIN_WARMUP_REQUESTS sends, whose lifetimes give `steadiness` the filling
     to expect; the queue's (`queue_trend`) from those sends on. Either one that did not keep up decides;
-    with no count verdict (the window too short) and a queue that kept up, none."""
+    with no count verdict (the window too short) and a queue that kept up, none. A window that served
+    at least what it was offered kept up whatever the count's line says (its growth is then the one of
+    its ends)."""
     sends = sorted(r.start_time for r in records)
     if len(sends) < MIN_WARMUP_REQUESTS:
         return None
     first = sends[MIN_WARMUP_REQUESTS - 1]
     window = Window(max(WARMUP_RESIDENCES * lifetime(records), first), last_send)
     count = _judged(records, window) if window.length >= 0.5 * last_send else None
+    if count is not None and not count.kept_up and count.served_rate >= count.offered_rate:
+        # the window's ends contradict its line: it finished as many requests as were sent, so the
+        # server held no more at its end than at its start, and the line rose on a fluctuation
+        count = dataclasses.replace(count, backlog_growth=1 - count.served_rate / count.offered_rate)
     if count is not None and count.allowed_growth > QUEUE_MIN_GROWTH:
         # the count's noise excuses no more backlog than the queue's witness judges on its own: a
         # quarter of the arrivals unserved is an overload whatever bursts the arrivals had
