@@ -319,14 +319,14 @@ def _fixed_load_steadiness(records: Sequence[RequestRecord], last_send: float) -
     first = sends[MIN_WARMUP_REQUESTS - 1]
     window = Window(max(WARMUP_RESIDENCES * lifetime(records), first), last_send)
     count = _judged(records, window) if window.length >= 0.5 * last_send else None
-    if count is not None and not count.kept_up and count.served_rate >= count.offered_rate:
-        # the window's ends contradict its line: it finished as many requests as were sent, so the
-        # server held no more at its end than at its start, and the line rose on a fluctuation
-        count = dataclasses.replace(count, backlog_growth=1 - count.served_rate / count.offered_rate)
     if count is not None and count.allowed_growth > QUEUE_MIN_GROWTH:
         # the count's noise excuses no more backlog than the queue's witness judges on its own: a
         # quarter of the arrivals unserved is an overload whatever bursts the arrivals had
         count = dataclasses.replace(count, allowed_growth=QUEUE_MIN_GROWTH)
+    if count is not None and not count.kept_up and count.served_rate >= count.offered_rate:
+        # the window's ends contradict its line: it finished as many requests as were sent, so the
+        # server held no more at its end than at its start, and the line rose on a fluctuation
+        count = dataclasses.replace(count, backlog_growth=1 - count.served_rate / count.offered_rate)
     queue = queue_trend(records, window if count is not None else Window(first, last_send))
     if queue is not None and not queue.kept_up and (count is None or count.kept_up):
         return queue
