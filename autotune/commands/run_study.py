@@ -13,8 +13,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported when a run starts (`--help` stays quick)
+    from autotune.measure.slo import Slo
+    from autotune.sim.calibration import Calibration
+    from autotune.tune.objectives import ObjectiveSet
+    from autotune.tune.space import SearchSpace
+    from autotune.tune.study import StudySettings
+    from autotune.workloads.spec import WorkloadSpec
 
 DEFAULT_SPACE = "vllm"  # --space's default, search_spaces/vllm.yaml: the one space a name leaves out
 GUIDED = "guided"
@@ -22,13 +31,13 @@ GUIDED = "guided"
 
 def study_settings(
     args: argparse.Namespace,
-    space: Any,
-    goals: tuple[Any, Any],
-    workload: Any,
-    calibration: Any,
+    space: SearchSpace,
+    goals: tuple[ObjectiveSet, Sequence[Slo]],
+    workload: WorkloadSpec,
+    calibration: Calibration,
     guided: bool,
     moved: dict[str, Any],
-) -> Any:
+) -> StudySettings:
     """What the study records (`goals`: the objectives and the SLOs; `moved`: the baseline's moved
     defaults, SearchSpace.moved_defaults). Known before anything starts, so that a --resume of a study
     under its earlier default name is compared as any --resume is (study_name)."""
@@ -64,7 +73,9 @@ def storage_of(args: argparse.Namespace, name: str) -> str:
     return absolute(args.storage) if args.storage else sqlite_url(Path(args.runs_dir) / name)
 
 
-def study_name(args: argparse.Namespace, space: Any, workload: Any, settings: Any) -> str:
+def study_name(
+    args: argparse.Namespace, space: SearchSpace, workload: WorkloadSpec, settings: StudySettings
+) -> str:
     """The study this run opens when --study is not given (`settings`: study_settings's).
 
     A --resume whose name finds no study resumes the one an earlier autotune named without the space
@@ -89,7 +100,7 @@ def study_name(args: argparse.Namespace, space: Any, workload: Any, settings: An
     return earlier
 
 
-def variant(args: argparse.Namespace, workload: Any, guided: bool) -> list[str]:
+def variant(args: argparse.Namespace, workload: WorkloadSpec, guided: bool) -> list[str]:
     """What a default name adds past model, GPU and workload: a load other than capacity, objectives
     other than the default, a search space other than the default (its file's name) and a guided run."""
     space = Path(args.space).stem
@@ -100,7 +111,7 @@ def variant(args: argparse.Namespace, workload: Any, guided: bool) -> list[str]:
     ]
 
 
-def _earlier_variant(args: argparse.Namespace, workload: Any) -> list[str]:
+def _earlier_variant(args: argparse.Namespace, workload: WorkloadSpec) -> list[str]:
     """What a default name added before the space and the guide: the load and the objectives."""
     load = [workload.load] if workload.load != "capacity" else []
     return load + ([Path(args.objectives).stem] if args.objectives != "default" else [])
