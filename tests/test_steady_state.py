@@ -180,3 +180,20 @@ def test_a_noisy_fixed_load_window_that_served_what_it_was_offered_is_not_failed
     assert main(["bench", "--workload", str(spec), "--json"]) == 0
     verdict = json.loads(capsys.readouterr().out)["load_verdict"]
     assert verdict["kept_up"] is True and verdict["served_rate"] >= verdict["offered_rate"]
+
+
+def test_a_gross_overload_is_judged_by_its_queue_however_scattered_its_waits(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Decode-heavy lengths at 2.5x what the default config sustains: the waits grow to 30 s (43 % of the
+    arrivals unserved by their trend), but their scatter allowed 55 %, and the count had no window
+    (two stretched lifetimes past the run): "not judged". A quarter is all the queue allows."""
+    spec = tmp_path / "dec250.yaml"
+    spec.write_text(
+        "name: dec250\nnum_requests: 1000\nrequest_rate: 30.75\n"
+        "prompt_len: {dist: uniform, mean: 200, range_ratio: 0.5}\n"
+        "output_len: {dist: uniform, mean: 1000, range_ratio: 0.5}\n"
+    )
+    assert main(["bench", "--workload", str(spec), "--json"]) == 1
+    verdict = json.loads(capsys.readouterr().out)["load_verdict"]
+    assert verdict["kept_up"] is False and verdict["backlog_allowed"] == 0.25
