@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.commands.bench_report import arrivals, print_report
+from autotune.commands.bench_report import print_report
 from autotune.commands.client_cap import offered_rate
 from autotune.commands.options import (
     SERVER_OPTIONS,
@@ -30,6 +30,7 @@ from autotune.core import values
 from autotune.core.config import ENGINE_FLAGS, OTHER_VLLM_FLAGS, EngineConfig, check_flags, parse_value
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import arg, positive_seconds, refuse_unless, refuse_unused
+from autotune.measure.steady_state import load_kind
 from autotune.sim.calibration import calibration_option
 from autotune.sim.noise import noise_model
 
@@ -158,7 +159,9 @@ def run(args: argparse.Namespace) -> int:
     offered = None
     if not args.capacity:  # a capacity search picks its own loads
         requests = workload.requests(args.seed)
-        head |= arrivals(requests, workload.max_concurrency)
+        # from the arrival times, as the measurement judges it: a trace replayed at its own times is an
+        # open loop though its request_rate is inf
+        head["load_kind"] = load_kind(requests, workload.max_concurrency)
         offered = offered_rate(requests)
     return print_report(result, head, config, slos, args.json, offered)
 

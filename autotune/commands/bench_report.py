@@ -16,9 +16,7 @@ from autotune.core.json_out import json_text
 from autotune.measure.capacity_report import CapacityReport
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
-from autotune.measure.steady_state import load_kind
 from autotune.trial.capacity import SATURATION_MARGIN
-from autotune.workloads.spec import Request
 
 THROUGHPUTS = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
 SIMULATED_NOTE = "simulated: these figures come from autotune's simulated engine; confirm them on a GPU"
@@ -27,13 +25,6 @@ TOO_SHORT = (
     "the run is too short to tell: too few requests in the window judged, which starts after the warm-up "
     "or else two request lifetimes in"
 )
-
-
-def arrivals(requests: Sequence[Request], max_concurrency: int | None) -> dict[str, Any]:
-    """The report's `load_kind` of a run at one load: "open", "closed" or "burst", judged from the
-    requests' arrival times as the measurement judges it (steady_state.load_kind), not from the request
-    rate, which a trace replayed at its own times leaves at inf."""
-    return {"load_kind": load_kind(requests, max_concurrency)}
 
 
 def print_report(

@@ -41,25 +41,20 @@ def front_table(out: Outcome, limit: int = 15) -> str:
         return "Pareto front: empty (no feasible trial)."
     extra = _extra_columns(out)
     headers = ["", "trial", *out.objective_names, "vs baseline", *extra, "config"]
-    rows = []
-    for r in out.front[:limit]:
-        mark = "*" if out.best and r.number == out.best.number else ""
-        values = [_fmt(v) for v in r.values or []]
-        cells = [f(r) for f in extra.values()]
-        rows.append([mark, f"#{r.number}", *values, _gain_text(out.change(r)), *cells, _params_text(r)])
+
+    def row(r: TrialRecord, mark: str, gain: str, shown: bool = True) -> list[str]:
+        values = [_fmt(v) if shown else "-" for v in r.values or []]
+        return [mark, f"#{r.number}", *values, gain, *[f(r) for f in extra.values()], _params_text(r)]
+
+    best = out.best.number if out.best else None
+    rows = [row(r, "*" if r.number == best else "", _gain_text(out.change(r))) for r in out.front[:limit]]
     pick = off_front(out, out.front[:limit])
     if pick is not None:  # listed after the front, marked: the row the verdict names is never missing
-        gain = "baseline (kept)" if pick.baseline else _gain_text(out.change(pick))
-        values = [_fmt(v) for v in pick.values or []]
-        rows.append(
-            ["*", f"#{pick.number}", *values, gain, *[f(pick) for f in extra.values()], _params_text(pick)]
-        )
+        rows.append(row(pick, "*", "baseline (kept)" if pick.baseline else _gain_text(out.change(pick))))
     base = out.baseline
     listed = [*out.front[:limit], *([pick] if pick is not None else [])]
     if base and base.values and all(r.number != base.number for r in listed):
-        values = [_fmt(v) if base.measured else "-" for v in base.values]
-        cells = [f(base) for f in extra.values()]
-        rows.append(["", f"#{base.number}", *values, f"baseline ({base.status})", *cells, _params_text(base)])
+        rows.append(row(base, "", f"baseline ({base.status})", shown=base.measured))
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
     lines = [
         "  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()

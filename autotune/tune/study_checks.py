@@ -27,7 +27,7 @@ def default_study_name(model: str, gpu: str, workload: str, slos: Sequence[str] 
     """A readable study name, e.g. "llama-3.1-8b-instruct-h100-chat-ttft-p99-2s".
 
     The SLOs are part of it (and, from `autotune run`, a load other than capacity, objectives other
-    than the default, a search space other than the default and a guided run: commands/run_name.py): a
+    than the default, a search space other than the default and a guided run: commands/run_study.py): a
     study keeps them, so another SLO on the same model, GPU and workload is another study, not a
     refused --resume. A name past MAX_NAME_CHARS (a long local model path) is
     cut and ends with a hash of the whole, so two such names stay apart.
