@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +28,20 @@ def records(rate: float, service_rate: float, seconds: float, lifetime: float = 
             )
         )
     return out
+
+
+DECODE_HEAVY = (
+    "prompt_len: {dist: uniform, mean: 200, range_ratio: 0.5}\n"
+    "output_len: {dist: uniform, mean: 1000, range_ratio: 0.5}\n"
+)
+
+
+def bench_file(folder: Path, capsys: pytest.CaptureFixture[str], text: str, *args: str) -> tuple[int, dict]:
+    """`autotune bench --json` on a workload file holding `text`: its exit code and its report."""
+    spec = folder / "workload.yaml"
+    spec.write_text(text)
+    code = main(["bench", "--workload", str(spec), *args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
 
 
 def test_a_server_below_its_capacity_keeps_up() -> None:
@@ -101,10 +116,9 @@ def test_a_short_trace_replay_on_an_idle_server_is_not_judged(
     """The conv trace's first 50 rows, 4x faster (~9 req/s on an H100 with 3 % of its KV cache used):
     judged from its 9 warm-up lifetimes (0.6 s, later ones 1.7 s) it "did not keep up", and a fixed-load
     `run` on it found no feasible config. Too few sends to tell, now."""
-    spec = tmp_path / "short.yaml"
-    spec.write_text("name: short\nnum_requests: 50\ntrace: {name: conv, arrivals: trace, time_scale: 4}\n")
-    assert main(["bench", "--workload", str(spec), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    text = "name: short\nnum_requests: 50\ntrace: {name: conv, arrivals: trace, time_scale: 4}\n"
+    code, report = bench_file(tmp_path, capsys, text)
+    assert code == 0
     assert "load_verdict" not in report and report["completed"] == 50
 
 
@@ -135,13 +149,10 @@ def test_a_bursty_trace_replay_overload_is_not_excused_by_its_noise(
     """The code trace's bursts at 20 req/s on average (above the 15 req/s the default config sustains
     with its lengths): the count grew by 43 % of the arrivals, within the 60 % its noise allowed ("yes");
     a quarter is the most any noise excuses."""
-    spec = tmp_path / "code20.yaml"
-    spec.write_text(
-        "name: code20\nnum_requests: 2000\nrequest_rate: 20\n"
-        "trace: {name: code, arrivals: trace, max_len: 8192}\n"
-    )
-    assert main(["bench", "--workload", str(spec), "--json"]) == 1
-    verdict = json.loads(capsys.readouterr().out)["load_verdict"]
+    text = "num_requests: 2000\nrequest_rate: 20\ntrace: {name: code, arrivals: trace, max_len: 8192}\n"
+    code, report = bench_file(tmp_path, capsys, text)
+    assert code == 1
+    verdict = report["load_verdict"]
     assert verdict["kept_up"] is False and verdict["backlog_growth"] > verdict["backlog_allowed"] == 0.25
 
 
@@ -152,14 +163,11 @@ def test_a_fixed_load_window_that_served_what_it_was_offered_kept_up(
     KV cache): the count's line rose by 3.4 % of the arrivals, 2 % allowed, while the window served 8.76
     of its 8.45 req/s ("did not keep up"). Its ends say it held fewer requests at its end than at its
     start: kept up, its growth the ends' own."""
-    spec = tmp_path / "dec70.yaml"
-    spec.write_text(
-        "name: dec70\nnum_requests: 600\nrequest_rate: 8.61\n"
-        "prompt_len: {dist: uniform, mean: 200, range_ratio: 0.5}\n"
-        "output_len: {dist: uniform, mean: 1000, range_ratio: 0.5}\n"
+    code, report = bench_file(
+        tmp_path, capsys, "num_requests: 600\nrequest_rate: 8.61\n" + DECODE_HEAVY, "--seed", "1"
     )
-    assert main(["bench", "--workload", str(spec), "--seed", "1", "--json"]) == 0
-    verdict = json.loads(capsys.readouterr().out)["load_verdict"]
+    assert code == 0
+    verdict = report["load_verdict"]
     assert verdict["kept_up"] is True and verdict["served_rate"] >= verdict["offered_rate"]
     assert verdict["backlog_growth"] == pytest.approx(
         1 - verdict["served_rate"] / verdict["offered_rate"], abs=1e-3
@@ -171,14 +179,14 @@ def test_a_noisy_fixed_load_window_that_served_what_it_was_offered_is_not_failed
 ) -> None:
     """100 long bursty prompts at 60 % of capacity: the count's line rose by 28 % of the arrivals, its
     noise allowed 74 %, capped at 25 %: "did not keep up" though the window served 5.70 of 5.06 req/s."""
-    spec = tmp_path / "pre60.yaml"
-    spec.write_text(
-        "name: pre60\nnum_requests: 100\nrequest_rate: 4.68\nburstiness: 0.3\n"
+    text = (
+        "num_requests: 100\nrequest_rate: 4.68\nburstiness: 0.3\n"
         "prompt_len: {dist: uniform, mean: 4000, range_ratio: 0.5}\n"
         "output_len: {dist: uniform, mean: 100, range_ratio: 0.5}\n"
     )
-    assert main(["bench", "--workload", str(spec), "--json"]) == 0
-    verdict = json.loads(capsys.readouterr().out)["load_verdict"]
+    code, report = bench_file(tmp_path, capsys, text)
+    assert code == 0
+    verdict = report["load_verdict"]
     assert verdict["kept_up"] is True and verdict["served_rate"] >= verdict["offered_rate"]
 
 
@@ -188,12 +196,7 @@ def test_a_gross_overload_is_judged_by_its_queue_however_scattered_its_waits(
     """Decode-heavy lengths at 2.5x what the default config sustains: the waits grow to 30 s (43 % of the
     arrivals unserved by their trend), but their scatter allowed 55 %, and the count had no window
     (two stretched lifetimes past the run): "not judged". A quarter is all the queue allows."""
-    spec = tmp_path / "dec250.yaml"
-    spec.write_text(
-        "name: dec250\nnum_requests: 1000\nrequest_rate: 30.75\n"
-        "prompt_len: {dist: uniform, mean: 200, range_ratio: 0.5}\n"
-        "output_len: {dist: uniform, mean: 1000, range_ratio: 0.5}\n"
-    )
-    assert main(["bench", "--workload", str(spec), "--json"]) == 1
-    verdict = json.loads(capsys.readouterr().out)["load_verdict"]
+    code, report = bench_file(tmp_path, capsys, "num_requests: 1000\nrequest_rate: 30.75\n" + DECODE_HEAVY)
+    assert code == 1
+    verdict = report["load_verdict"]
     assert verdict["kept_up"] is False and verdict["backlog_allowed"] == 0.25
