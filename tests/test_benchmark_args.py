@@ -38,6 +38,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("sample_efficiency.py", ["--strategies", "nosuch"], "invalid choice: 'nosuch'"),
     ("calibration_recovery.py", ["--gpu", "nosuch"], "unknown GPU 'nosuch'"),
     ("estimate_accuracy.py", ["--only", "nosuchword"], "no scenario name contains 'nosuchword'"),
+    ("fixed_load_verdicts.py", ["--seeds", "0"], "--seeds: must be at least 1"),
 ]
 if importlib.util.find_spec("torch") is None:
     CASES.append(("gpu_step_check.py", ["--measure", "out.json"], "--measure needs PyTorch"))

@@ -23,7 +23,8 @@ SIMULATED_NOTE = "simulated: these figures come from autotune's simulated engine
 # Why a fixed-rate run has no verdict on keeping up (autotune/measure/steady_state.py `measure_window`).
 TOO_SHORT = (
     "the run is too short to tell: too few requests in the window judged, which starts after the warm-up "
-    "or else two request lifetimes in"
+    "or else two request lifetimes in, or a backlog that grew within that window's noise but too far "
+    "into it to call kept up"
 )
 
 
