@@ -88,3 +88,25 @@ def test_a_noisy_backend_re_measures_the_top_configs_and_gives_the_gain_an_inter
     # resuming does not run the repeats again
     assert run(tmp_path, "noisy", space, load, *args, "--resume") == 0
     assert study_of(tmp_path, "noisy").user_attrs["remeasured"] == remeasured
+
+
+def test_a_fixed_load_too_short_to_judge_says_so_beside_its_recommendation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """400 chat requests at 40 req/s, twice what vLLM's defaults serve on an H100: their 1,024 sequences
+    admit the whole overload, so TTFT meets 2 s while the run ends 16 s after its last arrival, and the
+    10 s of arrivals are too short to judge. The recommendation said nothing of it; a closed loop, which
+    has no verdict to give, still says nothing."""
+    lengths = (
+        "prompt_len: {dist: lognormal, mean: 1000, sigma: 0.8, min: 16, max: 6000}\n"
+        "output_len: {dist: lognormal, mean: 250, sigma: 0.7, min: 8, max: 1024}\n"
+    )
+    _, load = write(tmp_path, "name: over\nnum_requests: 400\nrequest_rate: 40\nload: fixed\n" + lengths)
+    assert run(tmp_path, "over", Path("small"), load, "--n-trials", "1", "--quiet") == 0
+    note = "Not judged: whether trial #0 keeps up with the fixed load's arrivals"
+    assert note in capsys.readouterr().out
+    best = json.loads((tmp_path / "runs" / "over" / "best.json").read_text())
+    assert best["trial"] == 0 and any(flag.startswith(note) for flag in best["flags_to_know"])
+    load.write_text(load.read_text().replace("name: over", "name: closed") + "max_concurrency: 8\n")
+    assert run(tmp_path, "closed", Path("small"), load, "--n-trials", "1", "--quiet") == 0
+    assert "Not judged" not in capsys.readouterr().out

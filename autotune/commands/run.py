@@ -253,10 +253,12 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
     lease = Lease(study, driver=driver).start()
     remove_stale_temps(s.run_dir)  # a killed run's half-written results: this run is the folder's only writer
     dashboard, note, context, guide = None, None, {}, None
+    kind = _load_kind(s.workload, args.seed)
     try:
         RunInfo(study=s.study_name, storage=for_run_file(s.storage, s.run_dir), directory=s.run_dir).save(
             {**settings.to_dict(), "space": s.space.source, "load": s.workload.load, **_image(args)}
             | {"simulated": s.backend.simulated, "gpus": len(s.gpu_ids)}
+            | kind
         )
         progress = None if args.quiet else Progress()
         _announce(args, s, executor.describe(), study)
@@ -282,6 +284,7 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
         dashboard = _start_dashboard(s.storage) if args.dashboard else None
         context = {**settings.to_dict(), "load": s.workload.load, "simulated": s.backend.simulated}
         context |= {"gpus": len(s.gpu_ids)}
+        context |= kind
         note = StudyNote(study, context, search=guide)  # a guided run's section: live from its search
         tuner = Tuner(
             study,
@@ -362,6 +365,16 @@ def _per_replica_note(s: _Setup) -> str | None:
 def _image(args: argparse.Namespace) -> dict[str, str]:
     """The image a docker run tuned with, for `autotune export` to deploy the same one."""
     return {"image": args.image} if args.backend == "docker" else {}
+
+
+def _load_kind(workload: WorkloadSpec, seed: int) -> dict[str, str]:
+    """A fixed load's kind (open, closed, burst), for the results to say when an open loop was too short
+    to judge (outputs/outcome.py `unjudged_note`); {} for a capacity load."""
+    from autotune.measure.steady_state import load_kind
+
+    if workload.load != "fixed":
+        return {}
+    return {"load_kind": load_kind(workload.requests(seed), workload.max_concurrency)}
 
 
 def _load_text(s: _Setup) -> str:

@@ -168,7 +168,7 @@ def note_markdown(name: str, out: Any, guide: dict[str, Any] | None = None) -> s
     lines += [out.progress_note()] if out.progress_note() else []
     if out.decision.gain is not None and out.decision.gain.percent() not in out.verdict():
         lines.append(f"Gain: {out.gain_text()}")
-    lines += [f"**{note}**" for note in out.noise_notes()]
+    lines += [f"**{note}**" for note in out.measurement_notes()]
     if out.best is not None:
         from autotune.outputs.export import command_lines
 

@@ -250,10 +250,26 @@ class Outcome:
             "it on the deployment (autotune bench --url ... --capacity) before you switch."
         )
 
-    def noise_notes(self) -> list[str]:
-        """What the measurement's noise leaves open about the recommendation (`spread_note`, `once_note`),
-        for the summary, the flags and the dashboard's note alike."""
-        return [note for note in (self.spread_note(), self.once_note()) if note]
+    def unjudged_note(self) -> str:
+        """One sentence when a fixed open-loop load was too short to judge whether the recommended config
+        keeps up: it is feasible on its SLOs alone, which an overload that a short run hides meets too
+        ("" otherwise)."""
+        best = self.best
+        if best is None or best.capacity is not None or best.kept_up is not None:
+            return ""
+        if self.context.get("load_kind") != "open":  # a closed loop or a burst has no verdict to give
+            return ""
+        return (
+            f"Not judged: whether trial #{best.number} keeps up with the fixed load's arrivals (the run is "
+            f"too short to tell), so its SLO verdicts hold for {best.metrics.get('completed', 'these')} "
+            "requests only: more requests in the workload would judge it."
+        )
+
+    def measurement_notes(self) -> list[str]:
+        """What the measurement leaves open about the recommendation (`spread_note`, `once_note`,
+        `unjudged_note`), for the summary, the flags and the dashboard's note alike."""
+        notes = (self.spread_note(), self.once_note(), self.unjudged_note())
+        return [note for note in notes if note]
 
     def remeasured(self) -> list[tuple[TrialRecord, list[float]]]:
         """The re-measured trials with their primary objective's runs (the first, then the repeats), best
@@ -297,7 +313,7 @@ class Outcome:
                 out.append(f"capacity measured to within {resolution:.1%}")
             if self.best.kept_up is False:
                 out.append("at the fixed load the recommended config did not keep up with the arrivals")
-        out += self.noise_notes()
+        out += self.measurement_notes()
         return out
 
 

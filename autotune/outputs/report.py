@@ -92,7 +92,7 @@ def summary_text(out: Outcome) -> str:
             parts.append(f"  {capacity[0].upper()}{capacity[1:]}.")
     if out.sizing is not None:
         parts.append(f"  for {out.sizing.text()}")
-    parts += [f"  {note}" for note in out.noise_notes()]
+    parts += [f"  {note}" for note in out.measurement_notes()]
     if out.simulated:
         parts.append(f"  {SIMULATED_NOTE[0].upper()}{SIMULATED_NOTE[1:]}.")
     return "\n".join(parts)
