@@ -357,6 +357,12 @@ def test_bad_workload_yaml(tmp_path: Path, text: str, expected: str):
         (['{"prompt": "a", "output_len": 1e30}'], "p.jsonl:1: output_len must be <= 2,147,483,647"),
         (['{"prompt": 5}'], "prompt must be a string"),
         ([""], "no rows"),
+        # an OpenAI request body's output cap, once silently replaced by the workload's default length
+        (
+            ['{"prompt_len": 100, "max_tokens": 500}'],
+            "p.jsonl:1: max_tokens is not read: name the length output_len",
+        ),
+        (['{"input_tokens": 100, "output_len": 5}'], "input_tokens is not read: name the length prompt_len"),
     ],
 )
 def test_bad_jsonl(tmp_path: Path, lines: list[str], expected: str):

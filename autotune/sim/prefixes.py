@@ -15,7 +15,8 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from autotune.workloads.spec import CHARS_PER_TOKEN, Request
+from autotune.workloads.jsonl import CHARS_PER_TOKEN
+from autotune.workloads.spec import Request
 
 PREFIX_GROUPS = 4096  # prefix groups remembered (LRU)
 

@@ -3,7 +3,7 @@ without a tokenizer, and which requests share a prompt prefix.
 
 What the simulation cannot know, and what it does instead:
   - Text prompts have no tokenizer: their length is estimated at ~4 characters per token
-    (`autotune.workloads.spec.CHARS_PER_TOKEN`), plus a few template tokens per chat message. Token-id
+    (`autotune.workloads.jsonl.CHARS_PER_TOKEN`), plus a few template tokens per chat message. Token-id
     prompts (completions) have their exact length.
   - The model never emits EOS on its own before `max_tokens`: with `max_tokens` set, the output is
     exactly `max_tokens` long (finish_reason "length") with or without `ignore_eos`. Completions
@@ -26,7 +26,7 @@ from typing import Any
 
 from autotune.sim.prefixes import PrefixIndex, text_index
 from autotune.sim_server.sampling import engine_problem, min_tokens, sampling_problem
-from autotune.workloads.spec import CHARS_PER_TOKEN
+from autotune.workloads.jsonl import CHARS_PER_TOKEN
 
 DEFAULT_OUTPUT_TOKENS = 256  # simulated answer length when a request sets no max_tokens
 CHAT_TOKENS_PER_MESSAGE = 5  # role header and end-of-turn tokens of a typical chat template

@@ -4,8 +4,8 @@ A `WorkloadSpec` says where the lengths come from (synthetic distributions, the 
 traces, or a JSONL file), how requests arrive (all at once, Poisson/gamma at a rate exactly like
 `vllm bench serve`, trace timestamps), an optional client-side concurrency cap, and an optional shared
 prefix for prefix-caching workloads. `requests(seed)` turns it into the same list every time for the
-same seed. Traces: workloads/traces.py; reading a YAML file: workloads/files.py (its schema is
-documented at the top of workloads/chat.yaml).
+same seed. Traces: workloads/traces.py; JSONL files: workloads/jsonl.py; reading a YAML file:
+workloads/files.py (its schema is documented at the top of workloads/chat.yaml).
 """
 
 from __future__ import annotations
@@ -21,14 +21,12 @@ from typing import Any
 import numpy as np
 
 from autotune.core.errors import AutotuneError
-from autotune.core.inputs import MAX_DATA_BYTES, parse_json, read_text
-from autotune.core.values import token_count
+from autotune.workloads.jsonl import read_jsonl
 from autotune.workloads.lengths import LengthDist, stratified_uniforms
 from autotune.workloads.traces import TraceSource
 
 LOADS = ("fixed", "capacity")
 MAX_REQUESTS = 1_000_000  # requests per load: a few hundred MB of records, minutes of simulation
-CHARS_PER_TOKEN = 4  # text prompts without a tokenizer: ~4 characters per token (English BPE rule of thumb)
 
 # Independent random streams, so that changing the rate keeps the same lengths and vice versa.
 _PROMPT_STREAM, _OUTPUT_STREAM, _ARRIVAL_STREAM, _PREFIX_STREAM, _TRACE_STREAM = range(5)
@@ -307,41 +305,6 @@ def rate_arrivals(n: int, request_rate: float, burstiness: float, rng: np.random
         gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
     times = np.cumsum(gaps)
     return times * (n / request_rate) / times[-1] if times[-1] > 0 else times
-
-
-def read_jsonl(path: Path, needs_output_len: bool = False) -> list[tuple[int, int | None, str | None]]:
-    """Rows of (prompt_len, output_len or None, prompt text or None) from a JSONL file.
-
-    A row is {"prompt": text, "output_len": n?} or {"prompt_len": n, "output_len": n?}; other keys are
-    ignored. A text prompt's length is estimated as ceil(characters / 4) unless the row gives prompt_len.
-    `needs_output_len` (the workload has no default): a row without one is an error, whether or not
-    this load reaches it (a capacity probe with more requests would).
-    """
-    lines = read_text(path, "JSONL file", MAX_DATA_BYTES).splitlines()
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        row = parse_json(line, where)
-        if not isinstance(row, dict):
-            raise AutotuneError(f"{where}: each line must be a JSON object")
-        text = row.get("prompt")
-        if text is not None and not isinstance(text, str):
-            raise AutotuneError(f"{where}: prompt must be a string")
-        if "prompt_len" in row:
-            prompt_len = token_count(row["prompt_len"], f"{where}: prompt_len")
-        elif text is not None:
-            prompt_len = max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
-        else:
-            raise AutotuneError(f"{where}: a row needs prompt (text) or prompt_len (tokens)")
-        output_len = token_count(row["output_len"], f"{where}: output_len") if "output_len" in row else None
-        if output_len is None and needs_output_len:
-            raise AutotuneError(f"{where}: a row has no output_len and the workload sets no output_len")
-        rows.append((prompt_len, output_len, text))
-    if not rows:
-        raise AutotuneError(f"JSONL file {path} has no rows")
-    return rows
 
 
 def prompt_token_ids(request: Request, vocab_size: int = 32000, salt: int = 0) -> list[int]:
