@@ -4,6 +4,7 @@ running, and the options and trials it refuses in one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -21,6 +22,7 @@ from test_study import build_run, ok
 
 from autotune.cli import main
 from autotune.core.config import EngineConfig
+from autotune.measure.load_report import LoadReport, SteadyState
 from autotune.outputs.export import RunInfo, load_run, parse_command
 from autotune.store.lease import LEASE_KEY, Driver
 
@@ -232,3 +234,15 @@ def test_a_run_still_running_exports_its_best_so_far_with_a_note(
     study._storage.set_study_system_attr(study._study_id, LEASE_KEY, dict(driver.__dict__, renewed=0.0))
     assert main(["export", str(tmp_path / "run"), "--format", "docker"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_exporting_a_trial_that_fell_behind_its_load_warns_with_that_reason(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Its latencies met the SLOs, so the warning said "violates the SLOs" where trials.csv said "did not
+    keep up"."""
+    behind = SteadyState(40.0, 15.5, 0.6, 0.02, 0.0, kept_up=False)
+    slow = dataclasses.replace(ok(5000, 900, 30), load=LoadReport(steady=behind))
+    build_run(tmp_path / "run", [({"max_num_seqs": 256}, ok(5000, 900, 30)), ({"max_num_seqs": 64}, slow)])
+    assert main(["export", str(tmp_path / "run"), "--trial", "1"]) == 0
+    assert "warning: trial 1 is not feasible (did not keep up)" in capfd.readouterr().err

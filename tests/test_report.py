@@ -51,7 +51,7 @@ def test_outcome_shows_the_gain_and_says_what_to_know(tmp_path: Path) -> None:
     recs = records(three_trials(tmp_path / "a"))
     infeasible_base = outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
     assert infeasible_base.best is not None and infeasible_base.best.number == 1
-    assert "vLLM's default config is infeasible here (violates the SLOs)" in infeasible_base.flags()
+    assert "vLLM's default config is infeasible here (violates SLO)" in infeasible_base.flags()
 
     gain = build_run(
         tmp_path / "b",

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if not chosen.feasible:
-        reason = chosen.failure or "violates the SLOs"
+        reason = chosen.status  # its failure, an SLO, or not keeping up: as trials.csv says it
         print(f"autotune export: warning: trial {chosen.number} is not feasible ({reason})", file=sys.stderr)
     replicas, why = replica_count(args.replicas, args.format, info, chosen)
     options = export.ExportOptions(

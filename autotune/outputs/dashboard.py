@@ -155,7 +155,7 @@ def note_markdown(name: str, out: Any, guide: dict[str, Any] | None = None) -> s
         vs = f" ({change * 100:+.1f}% vs the baseline #{base.number})" if change is not None and base else ""
         lines += [f"**Best feasible so far:** trial #{top.number}, {unit} {value}{vs}", ""]
     if base is not None and base.values:
-        status = "feasible" if base.feasible else base.failure or "violates the SLOs"
+        status = base.status
         base_values = ", ".join(
             f"{n} {fmt_number(v) if base.measured else '-'}"
             for n, v in zip(out.objective_names, base.values, strict=False)

@@ -294,7 +294,7 @@ class Outcome:
         if self.baseline is not None and label != "vLLM's defaults":
             out.append(moved_note(self.baseline.config, moved_defaults(self.baseline)) or label)
         if self.baseline is not None and not self.baseline.feasible:
-            why = self.baseline.failure or "violates the SLOs"
+            why = self.baseline.status
             what = "vLLM's default config is" if label == "vLLM's defaults" else f"{label} are"
             out.append(f"{what} infeasible here ({why})")
         gain, candidate = self.decision.gain, self.decision.candidate
