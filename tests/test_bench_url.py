@@ -76,11 +76,13 @@ def test_bench_url_reports_the_servers_config_its_kv_usage_and_a_verdict_per_slo
 
 def test_bench_url_says_when_the_server_is_a_time_scaled_sim_server(tmp_path: Path) -> None:
     """A sim-server with --time-scale 20 serves 20x faster than the GPU it simulates: bench measures
-    wall-clock time, so its figures are 20x too good, and it says so (calibrate --url rescales)."""
+    wall-clock time, so its figures are 20x too good, and it says so (calibrate --url rescales). Its URL
+    is given as an OpenAI client's base URL, ending in /v1 (it was "GET /v1/v1/models answered 404")."""
     (tmp_path / "check.yaml").write_text(WORKLOAD)
     with start_sim_server([MODEL, "--time-scale", "20"]) as server:
         # --rate 8, not the file's 50: a 2-core machine busy with other tests keeps up with it
-        done = bench(tmp_path, "--url", server.base_url, "--workload", "check.yaml", "--rate", "8", "--json")
+        url = f"{server.base_url}/v1/"
+        done = bench(tmp_path, "--url", url, "--workload", "check.yaml", "--rate", "8", "--json")
     assert done.returncode == 0, done.stderr
     assert (
         f"{server.base_url} is autotune sim-server at --time-scale 20: its latencies and rates" in done.stderr

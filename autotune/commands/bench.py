@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_backend_option(parser, default=None)  # None: an explicit --backend (even sim) is refused with --url
     parser.add_argument(
         "--url",
-        type=arg(values.url),
+        type=arg(values.server_url),
         help="benchmark the OpenAI-compatible server already running there (nothing is launched; the "
         "options that launch one, --backend, --set, --space, --serve-cmd, --image, --startup-timeout, "
         "--noise and --sim-calibration, do not apply)",

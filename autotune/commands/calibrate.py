@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.commands.options import DEFAULT_SERVE_CMD
+from autotune.core import values
 from autotune.core.errors import AutotuneError
-from autotune.core.inputs import given_flags, nearest_existing, refuse_unless, refuse_unused
+from autotune.core.inputs import arg, given_flags, nearest_existing, refuse_unless, refuse_unused
 from autotune.sim.calibration import add_calibration_argument
 
 if TYPE_CHECKING:
@@ -79,7 +80,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--points", metavar="FILE", help="measured points (benchmarks/fidelity_points.yaml's format)"
     )
-    source.add_argument("--url", help="run the designed set on this running OpenAI-compatible server")
+    source.add_argument(
+        "--url",
+        type=arg(values.server_url),
+        help="run the designed set on this running OpenAI-compatible server",
+    )
     source.add_argument(
         "--backend", choices=("vllm", "docker"), help="launch the configs the designed set needs"
     )

@@ -127,6 +127,12 @@ def url(value: Any, what: str) -> str:
     return checked
 
 
+def server_url(value: Any, what: str) -> str:
+    """A running server's base URL (`url`), the endpoints' paths (/v1/models, /health, /metrics) to be
+    appended: an OpenAI client's base URL, which ends in /v1, is taken without it."""
+    return url(value, what).rstrip("/").removesuffix("/v1")
+
+
 def file_name(value: Any, what: str) -> str:
     """A name that becomes a folder: letters, digits, '-', '_' and '.', at most MAX_NAME_CHARS."""
     checked = text(value, what)
