@@ -277,6 +277,29 @@ def test_a_baseline_that_crashed_before_anything_completed_shows_nothing_as_meas
     assert best["verdict"] == verdict
 
 
+def test_a_baseline_cut_short_mid_run_is_not_compared_with(tmp_path: Path) -> None:
+    """Its server was killed after 35 of 41 requests: the partial run's throughput, a fraction of what it
+    served, made the recommendation "+27.5% vs the defaults". A failed run's figures are not a
+    measurement of the config: the verdict says it failed, and no "vs baseline" is given."""
+    import dataclasses
+
+    from autotune.core.errors import FailureKind
+
+    cut = dataclasses.replace(ok(3900, 40, 9), failure=FailureKind.REQUESTS_FAILED)
+    cut.message = "6 of 41 requests failed: server disconnected"
+    study = build_run(
+        tmp_path,
+        [({"max_num_seqs": 1024, "baseline": True}, cut), ({"max_num_seqs": 256}, ok(4970, 45.53, 9))],
+    )
+    out = outcome(records(study), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    report.write_all(tmp_path, out)
+    verdict = out.verdict()
+    assert "(trial #0) failed: requests_failed (6 of 41 requests failed" in verdict, verdict
+    assert "vs the defaults" not in verdict and "+27" not in verdict
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["trial"] == 1 and best["gain_vs_baseline"] is None
+
+
 def test_best_json_and_the_dashboard_note_speak_of_latencies_only_when_there_are_some(tmp_path: Path) -> None:
     """Throughput alone: no latency breaks ties or is told for a failed config; the default objectives'
     texts are unchanged."""

@@ -76,7 +76,7 @@ class Outcome:
         verdict's "vs the defaults" does, so one column reads the same under any objective."""
         if self.baseline is None or not self.baseline.values or not record.values:
             return None
-        if not (self.baseline.measured and record.measured):  # placeholders, not measurements
+        if not (_whole(self.baseline) and _whole(record)):
             return None
         base = self.baseline.values[0]
         return record.values[0] / base - 1 if base else None
@@ -94,7 +94,7 @@ class Outcome:
         best, base = self.decision.candidate, self.baseline
         if best is None or base is None or not base.values or best.number == base.number:
             return text
-        if not base.measured:  # a failure before any request completed: its values are placeholders
+        if not _whole(base):
             return text
         changes = ", ".join(
             f"{name} {_change(new, old)}"
@@ -315,6 +315,12 @@ class Outcome:
                 out.append("at the fixed load the recommended config did not keep up with the arrivals")
         out += self.measurement_notes()
         return out
+
+
+def _whole(record: TrialRecord) -> bool:
+    """Whether a trial's values are a whole measurement, to compare with: not a failure's, whose values
+    are placeholders or a run cut short (a server killed mid-run served a fraction of its load)."""
+    return record.failure is None
 
 
 def outcome(
