@@ -162,3 +162,17 @@ def test_resume_in_a_runs_folder_names_its_run_folders(tmp_path: Path) -> None:
     with pytest.raises(AutotuneError, match=r"in .*/runs/ \(it holds llama-a100-chat, llama-h100-chat\)"):
         check_resumable("llama-a100-80gb-chat", missing, runs)
     assert not (runs / "llama-a100-80gb-chat").exists()
+
+
+def test_a_resumed_sampler_continues_rather_than_replays_its_draws(tmp_path: Path) -> None:
+    """Random search over the small space, 5 trials, then resumed to 10: re-seeded as at the start, the
+    sampler re-proposed 4 of the 5 configs the study had measured (duplicates, answered for nothing)."""
+    from autotune.cli import main
+
+    args = ["run", "--space", "small", "--sampler", "random", "--runs-dir", str(tmp_path), "--quiet"]
+    assert main([*args, "--study", "r", "--n-trials", "5"]) == 0
+    assert main([*args, "--study", "r", "--n-trials", "10", "--resume"]) == 0
+    storage = sqlite_url(tmp_path / "r")
+    trials = optuna.load_study(study_name="r", storage=storage).trials
+    duplicates = [t.number for t in trials if t.user_attrs.get("duplicate_of") is not None]
+    assert len(trials) >= 10 and len(duplicates) <= 1, duplicates

@@ -201,8 +201,11 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     from autotune.core.errors import RunFailure
     from autotune.core.interrupts import sigterm_as_ctrl_c
     from autotune.store.storage import storage_error
-    from autotune.tune.samplers import make_sampler
+    from autotune.tune.samplers import fallback_note, make_sampler
 
+    note = fallback_note(args.sampler)
+    if note:
+        print(f"autotune: {note}", file=sys.stderr)
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
 
     executor, session = open_executor(args, s)  # Ray's start (if any) first: it has its SIGTERM handler
@@ -237,6 +240,7 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
     from autotune.tune.front import moved_note
     from autotune.tune.progress import Progress
     from autotune.tune.run_records import TunerOptions
+    from autotune.tune.samplers import continued_seed, make_sampler
     from autotune.tune.screen import describe, make_screen
     from autotune.tune.study_open import start_study
     from autotune.tune.tuner import Tuner
@@ -250,6 +254,9 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
     first = baseline if s.guide_calibration is None else None
     driver = new_driver()
     study = start_study(s.study_name, s.storage, settings, sampler, args.resume, first, s.run_dir, driver)
+    if args.resume and study.trials:
+        seed = continued_seed(args.seed, len(study.trials))
+        study.sampler = make_sampler(args.sampler, s.space.grid(), seed, args.n_trials)
     lease = Lease(study, driver=driver).start()
     remove_stale_temps(s.run_dir)  # a killed run's half-written results: this run is the folder's only writer
     dashboard, note, context, guide = None, None, {}, None

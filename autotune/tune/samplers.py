@@ -7,7 +7,6 @@ ask/tell loop with a trial budget (autotune/tune/tuner.py asks, the study tells)
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -77,6 +76,24 @@ def missing_gp_dependency() -> str | None:
     return None
 
 
+def fallback_note(name: str) -> str | None:
+    """What `make_sampler` uses instead of `name` when a dependency is missing, in words (None: `name`)."""
+    missing = missing_gp_dependency() if name == "gp" else None
+    if missing is None:
+        return None
+    return (
+        f"the gp sampler needs PyTorch and SciPy (pip install torch scipy), {missing} is missing; using "
+        "tpe instead"
+    )
+
+
+def continued_seed(seed: int | None, held: int) -> int | None:
+    """The sampler's seed for a study that already holds `held` trials: a resumed run continues past the
+    draws its earlier runs made instead of replaying them (a random sampler re-proposed 4 of the 5 configs
+    it had measured, each a duplicate); still reproducible for one seed and one study."""
+    return None if seed is None else (seed + held) % 2**32
+
+
 def make_sampler(
     name: str, grid: Mapping[str, list[Any]], seed: int | None, n_trials: int
 ) -> optuna.samplers.BaseSampler:
@@ -86,13 +103,7 @@ def make_sampler(
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if name == "gp":
-        missing = missing_gp_dependency()
-        if missing:
-            print(
-                f"autotune: the gp sampler needs PyTorch and SciPy (pip install torch scipy), {missing} is "
-                "missing; using tpe instead",
-                file=sys.stderr,
-            )
+        if missing_gp_dependency():  # said once by the run (`fallback_note`)
             return make_sampler("tpe", grid, seed, n_trials)
         return optuna.samplers.GPSampler(seed=seed)
     if name == "nsga2":
