@@ -330,12 +330,13 @@ def test_yaml_file_with_relative_jsonl(tmp_path: Path):
         ("num_requests: 100000\ntrace: conv\n", "fewer than num_requests"),
         (
             "num_requests: 10\ntrace: {name: conv, max_len: 5}\n",
-            "the trace has 0 requests after 0s with prompt + output of at most max_len=5 tokens, fewer than "
-            "num_requests=10",
+            "the trace has 0 requests after 0s with prompt and output of 1 token or more, prompt + output of "
+            "at most max_len=5 tokens, fewer than num_requests=10",
         ),
         (
             "num_requests: 10\nrequest_rate: 1\ntrace: {name: conv, arrivals: rate, max_len: 5}\n",
-            "the trace has no rows after 0s with prompt + output of at most max_len=5 tokens",
+            "the trace has no rows after 0s with prompt and output of 1 token or more, prompt + output of "
+            "at most max_len=5 tokens",
         ),
         ("num_requests: 10\njsonl: missing.jsonl\n", "cannot read JSONL"),
     ],

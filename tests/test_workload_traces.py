@@ -158,3 +158,12 @@ def test_a_trace_token_count_beyond_any_context_is_one_line(tmp_path: Path):
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,100000000000000000000,10\n")
     spec = WorkloadSpec(name="t", num_requests=1, trace=TraceSource(str(path)))
     assert "has a token count above 2,147,483,647" in one_line_error(spec.requests)
+
+
+def test_a_negative_trace_token_count_names_its_line(tmp_path: Path):
+    """A corrupt row was dropped as a 0-token one is, and the error that followed blamed the trace's
+    length ("the trace has 1 requests after 0s, fewer than num_requests=2")."""
+    path = tmp_path / "t.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,9,3\n\n1,-1,2\n")
+    spec = WorkloadSpec(name="t", num_requests=2, trace=TraceSource(str(path)))
+    assert one_line_error(spec.requests) == f"trace {path}:4: a negative token count"

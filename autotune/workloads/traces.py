@@ -93,6 +93,10 @@ class TraceSource:
             raise AutotuneError(f"trace {self.path} has a token count above {MAX_TOKENS:,}") from None
         if not table:
             raise AutotuneError(f"trace {self.path} has no rows")
+        negative = np.flatnonzero((prompt < 0) | (output < 0))
+        if negative.size:  # a corrupt row, not a request to leave out (as a 0-token one is)
+            line = [i for i, row in enumerate(rows) if row][int(negative[0]) + 1] + 1
+            raise AutotuneError(f"trace {self.path}:{line}: a negative token count")
         seconds = _seconds(self.path, [t.strip() for t, _, _ in table], rows)
         order = np.argsort(seconds, kind="stable")
         keep = (prompt[order] >= 1) & (output[order] >= 1)
@@ -102,9 +106,10 @@ class TraceSource:
 
     def kept(self) -> str:
         """The rows read() keeps from `start` on, for an error that finds too few: e.g. "after 0s with
-        prompt + output of at most max_len=5 tokens" (a filter must be named, or it looks like the trace)."""
-        length = f" with prompt + output of at most max_len={self.max_len} tokens" if self.max_len else ""
-        return f"after {self.start:g}s{length}"
+        prompt and output of 1 token or more, prompt + output of at most max_len=5 tokens" (a filter must
+        be named, or it looks like the trace)."""
+        length = f", prompt + output of at most max_len={self.max_len} tokens" if self.max_len else ""
+        return f"after {self.start:g}s with prompt and output of 1 token or more{length}"
 
     def describe(self) -> str:
         """E.g. "Azure conv trace x2"."""
