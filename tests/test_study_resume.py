@@ -151,6 +151,10 @@ def test_resume_refuses_a_study_the_storage_lacks_and_knows_a_gpu_by_its_catalog
         assert open_study("a", storage, settings(gpu=spelling), sampler, resume=True).study_name == "a"
     with pytest.raises(AutotuneError, match="was run with gpu 'A100', not 'H100'"):
         open_study("a", storage, settings(gpu="H100"), sampler, resume=True)
+    # every setting that differs, in the one line: it named only the first
+    both = "was run with gpu 'A100', not 'H100'; workload 'chat', not 'azure_conv'"
+    with pytest.raises(AutotuneError, match=both):
+        open_study("a", storage, settings(gpu="H100", workload="azure_conv"), sampler, resume=True)
 
 
 def test_resume_in_a_runs_folder_names_its_run_folders(tmp_path: Path) -> None:

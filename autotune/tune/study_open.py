@@ -171,13 +171,15 @@ def check_resume(study: optuna.Study, settings: StudySettings) -> None:
         )
     # Studies from before the load was recorded have none (or an empty one): nothing to compare.
     recorded = [key for key in ("slos", "model", "gpu", "workload", "backend") if key in stored]
-    for key in recorded + (["load"] if stored.get("load") else []):
-        if not _same_setting(key, stored[key], getattr(settings, key)):
-            raise SettingsDiffer(
-                study.study_name,
-                f"was run with {key} {stored[key]!r}, not {getattr(settings, key)!r}",
-                "resume with the same settings or pick another --study",
-            )
+    keys = recorded + (["load"] if stored.get("load") else [])
+    # every one that differs, in one line: a user who changed two should not learn of them one by one
+    differ = [k for k in keys if not _same_setting(k, stored[k], getattr(settings, k))]
+    if differ:
+        raise SettingsDiffer(
+            study.study_name,
+            "was run with " + "; ".join(f"{k} {stored[k]!r}, not {getattr(settings, k)!r}" for k in differ),
+            "resume with the same settings or pick another --study",
+        )
     _check_same_workload(study.study_name, stored, settings)
     _check_same_seed(study.study_name, stored.get("seed"), settings.seed)
     _check_still_guided(study.study_name, stored, settings)
