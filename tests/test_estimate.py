@@ -151,6 +151,7 @@ def test_a_budgeted_guided_estimate_counts_what_the_budget_affords_at_the_budget
     assert f"Per trial {per}, the baseline's" in text
     assert f"a trial costs about {per} (the estimate above)" in budget_text(1.0, estimate.trial_gpu_s)
     assert "at most 9 trials" in budget_text(1.0, estimate.trial_gpu_s)
+    assert "at most 1 trial;" in budget_text(0.2, estimate.trial_gpu_s)  # not "1 trials"
 
 
 def test_the_budget_line_without_gpu_hours_says_when_the_run_stops() -> None:

@@ -150,6 +150,9 @@ def test_cost_view_and_sizing(tmp_path: Path) -> None:
     # 4 GPUs x $2/h for 35 req/s x 480 tokens x 3600 s = 60.48 Mtok/h
     assert abs(size.usd_per_mtok - 8.0 / 60.48) < 1e-9
     assert "4 replicas at most (measured at a fixed load" in size.text()
+    one = sizing(best, target_rate=5.0, gpu_price=2.0)  # "1 replicas ... x 1 GPU = 1 GPUs"
+    assert one is not None and "5 req/s: 1 replica at most (measured" in one.text()
+    assert " x 1 GPU = 1 GPU (one replica" in one.text()
     # a replica of TP 2 x PP 2 takes four GPUs: 16 for the same four replicas
     wide = TrialRecord(**{**best.__dict__, "config": {**best.config, "tensor_parallel_size": 2}})
     wide.config["pipeline_parallel_size"] = 2

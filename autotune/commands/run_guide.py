@@ -206,7 +206,9 @@ def budget_text(budget_h: float | None, trial_gpu_s: float | None, left_h: float
             f"{budget} affords no trial: one costs about {trial_gpu_s / 3600:.2f} GPU-h (the estimate "
             "above), so nothing will launch; a larger --gpu-hours affords one"
         )
-    most = f", at most {math.floor(left_h * 3600 / trial_gpu_s)} trials" if trial_gpu_s else ""
+    most = (
+        f", at most {values.counted(math.floor(left_h * 3600 / trial_gpu_s), 'trial')}" if trial_gpu_s else ""
+    )
     return (
         f"{budget}{most}{'; ' + per if per else ''}, re-measuring the top included; it "
         "stops earlier when the guide predicts nothing better is left"

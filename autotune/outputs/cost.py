@@ -107,8 +107,9 @@ class Sizing:
         sim = " (simulated: confirm the rate on a GPU)" if self.simulated else ""
         price = f"; ${self.usd_per_mtok:,.2f} per million output tokens{sim}" if self.usd_per_mtok else sim
         return (
-            f"{self.target_rate:g} req/s: {self.replicas} replicas{bound} x {self.gpus // self.replicas} "
-            f"GPU = {self.gpus} GPUs (one replica serves {self.per_replica_rate:.2f} req/s within the SLOs)"
+            f"{self.target_rate:g} req/s: {counted(self.replicas, 'replica')}{bound} x "
+            f"{counted(self.gpus // self.replicas, 'GPU')} = {counted(self.gpus, 'GPU')} (one replica serves "
+            f"{self.per_replica_rate:.2f} req/s within the SLOs)"
             f"{price}."
         )
 
