@@ -10,7 +10,7 @@ The margin a gain must clear:
 - with repeats (real backends, or the simulator with `--noise`): the top candidates and the baseline
   are re-measured with other seeds (the tuner stores them in the study's `remeasured` attr); the gain
   is the mean of the paired ratios and its interval their lowest and highest; it counts when even the
-  lowest clears the capacity resolution;
+  lowest clears the capacity resolution (TIE_TOLERANCE at a fixed load);
 - without: the gain counts when it clears the resolution of both measurements (their capacity
   brackets do not overlap), or TIE_TOLERANCE at a fixed load (deterministic: equal is equal); a latency
   objective is one value at each trial's capacity, so its gain has no interval, only that margin.
@@ -302,6 +302,7 @@ def measure_gain(
 ) -> Gain:
     """The candidate's gain over the baseline and whether it clears the measurement's margin."""
     resolution = max(resolution_of(candidate), resolution_of(base), 0.0)
+    margin = resolution or TIE_TOLERANCE  # a fixed load has no bracket: equal within 1 % is equal
     first = _improvement(candidate.values[0], base.values[0], maximize)  # type: ignore[index]
     # Paired by seed: the first measurements (the run's seed), then each repeat both have.
     cand_runs = remeasured.get(str(candidate.number), {})
@@ -317,8 +318,8 @@ def measure_gain(
             mean,
             min(pairs),
             max(pairs),
-            resolution,
-            min(pairs) > 1 + resolution,
+            margin,
+            min(pairs) > 1 + margin,
             f"{len(pairs)} paired runs",
             maximize,
         )
@@ -330,9 +331,7 @@ def measure_gain(
         # Capacity brackets: the candidate's true value is in [value, value x (1 + its resolution)].
         high = first * (1 + resolution_of(candidate))
         return Gain(metric, first, low, high, resolution, low > 1, "capacity brackets")
-    return Gain(
-        metric, first, first, first, TIE_TOLERANCE, first > 1 + TIE_TOLERANCE, "one run each", maximize
-    )
+    return Gain(metric, first, first, first, margin, first > 1 + margin, "one run each", maximize)
 
 
 def resolution_of(record: TrialRecord) -> float:
