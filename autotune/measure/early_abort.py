@@ -181,7 +181,11 @@ class SloGuard:
         if not percentile_lower_bound_exceeds(n_total, q, limit, over, min_over, max_under):
             return None
         unit = _UNIT[slo.metric]
-        reason = f"{slo.key} cannot be met: {over} of {n_total} {unit} already over {slo.limit_ms:g} ms"
+        # in flight, not finished: the run's metrics never show them (a server that stopped answering)
+        waiting = f", {len(over_bounds)} of them still in flight" if over_bounds else ""
+        reason = (
+            f"{slo.key} cannot be met: {over} of {n_total} {unit} already over {slo.limit_ms:g} ms{waiting}"
+        )
         needed = _violations_needed(n_total, q)
         if over >= needed:
             return f"{reason} (>= {needed} lose it for certain)"
