@@ -76,15 +76,21 @@ def test_a_real_backend_run_prints_the_simulated_studys_estimate_first(folder: P
 
 
 def test_a_simulated_run_says_its_gpu_hours_as_time_on_the_users_gpus(tmp_path: Path) -> None:
-    study = build_run(tmp_path, [({"max_num_seqs": 256, "baseline": True}, ok(4000, 1500, 20))])
-    recs = records(study)
-    recs[0].gpu_seconds = 8 * 3600.0  # 8 GPU-hours
+    outcomes = [({"max_num_seqs": 256, "baseline": True}, ok(4000, 1500, 20))]
+    outcomes += [({"max_num_seqs": seqs}, ok(4000, 1500, 20)) for seqs in (64, 128, 512)]
+    recs = records(build_run(tmp_path, outcomes))
+    for rec in recs:
+        rec.gpu_seconds = 2 * 3600.0  # 8 GPU-hours in all
     names, maximize = OBJECTIVES.names, [o.maximize for o in OBJECTIVES.objectives]
     context = {"simulated": True, "gpu": "H100"}
     on_four = outcome(recs, names, maximize, [], {**context, "gpus": 4}).cost.text()
     assert "simulated GPU time spent 8.00 GPU-h (on real H100 GPUs: about 2h00m on 4 GPUs)" in on_four
     alone = outcome(recs, names, maximize, [], context).cost.text()
     assert "(on real H100 GPUs: about 8h00m on 1 GPU; --gpus N: on N)" in alone
+    # one trial of 8 h takes 8 h however many GPUs wait beside it (it said "about 2h00m on 4 GPUs")
+    recs[0].gpu_seconds, recs[1:] = 8 * 3600.0, []
+    on_four = outcome(recs, names, maximize, [], {**context, "gpus": 4}).cost.text()
+    assert "(on real H100 GPUs: about 8h00m on 4 GPUs)" in on_four
     real = outcome(recs, names, maximize, [], {"simulated": False, "gpus": 4}).cost.text()
     assert "on real" not in real  # a real run's hours were spent on its GPUs: nothing to translate
     # Without --gpus, as many GPUs as its widest trial took: one GPU cannot run a TP=4 trial.
@@ -133,6 +139,16 @@ def test_the_per_trial_figures_add_up_to_the_trials_gpu_hours() -> None:
                         r"baseline, (\S+) on average for the others", text)  # fmt: skip
     assert printed, text
     assert float(printed[1]) == pytest.approx((_seconds(printed[2]) + _seconds(printed[3])) / 3600, abs=0.006)
+
+
+def test_a_run_takes_no_less_time_than_its_longest_trial_on_its_own_gpus() -> None:
+    """One 2m51s trial on a run given two GPUs was "about 1m25s on 2 GPU(s)": half a trial's time."""
+    one = RunEstimate(171.0, 171.0, 1, 0, 2, SAMPLE, (171.0, 171.0))
+    assert "about 2m51s on 2 GPU(s)" in one.text()
+    four = RunEstimate(171.0, 171.0, 4, 0, 2, SAMPLE, (171.0, 171.0))  # two at a time: twice one's time
+    assert "about 5m42s on 2 GPU(s)" in four.text()
+    tp2 = RunEstimate(342.0, 342.0, 1, 0, 2, SAMPLE, (342.0, 342.0), replica_gpus=2)  # 2 GPUs for 2m51s
+    assert "about 2m51s on 2 GPU(s)" in tp2.text()
 
 
 def test_a_budgeted_guided_estimate_counts_what_the_budget_affords_at_the_budget_lines_trial_cost() -> None:

@@ -39,6 +39,7 @@ class CostView:
     gpu: str = ""  # their type
     repeats_h: float = 0.0  # of spent_h: re-measuring the top configs and the baseline
     widest: int = 1  # the most GPUs one trial took (core.config.gpus_per_replica)
+    longest_s: float = 0.0  # the longest one trial ran (its GPU time over its GPUs): no run is shorter
 
     def text(self) -> str:
         """One sentence for the run summary and the report."""
@@ -55,12 +56,14 @@ class CostView:
 
     def _on_real_gpus(self) -> str:
         """A simulated run's GPU-hours as time on the user's GPUs (its --gpus, else as many as its widest
-        trial took: one GPU cannot run a TP=4 trial)."""
+        trial took: one GPU cannot run a TP=4 trial), its trials packed onto them, and no shorter than its
+        longest trial."""
         if not self.simulated:
             return ""
         gpus, kind = max(1, self.gpus or self.widest), f" {self.gpu}" if self.gpu else ""
         hint = "" if self.gpus else "; --gpus N: on N"
-        on = f"about {clock(self.spent_h * 3600 / gpus)} on {counted(gpus, 'GPU')}"
+        wall = max(self.spent_h * 3600 / gpus, self.longest_s)  # trials in parallel, at best
+        on = f"about {clock(wall)} on {counted(gpus, 'GPU')}"
         return f" (on real{kind} GPUs: {on}{hint})"
 
 
@@ -86,6 +89,7 @@ def cost_view(
         gpu=gpu,
         repeats_h=repeats_s / 3600,
         widest=max((gpus_per_replica(r.config) for r in records if r.launched), default=1),
+        longest_s=max((r.gpu_seconds / gpus_per_replica(r.config) for r in records), default=0.0),
     )
 
 

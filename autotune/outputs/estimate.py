@@ -52,6 +52,7 @@ class RunEstimate:
     sampled: int  # configs simulated besides the baseline
     spread: tuple[float, float]  # the cheapest and dearest simulated trial (GPU-seconds)
     left: Left = Left()  # how the run picks and bounds them
+    replica_gpus: int = 1  # GPUs one trial takes (the baseline's, as the others' are not known yet)
 
     @property
     def trial_gpu_s(self) -> float:
@@ -77,8 +78,11 @@ class RunEstimate:
 
     @property
     def wall_hours(self) -> float:
-        """Hours on `gpus` GPUs kept busy (trials at once as they fit; the last ones may run alone)."""
-        return self.gpu_hours / max(1, self.gpus)
+        """Hours on `gpus` GPUs kept busy (trials at once as they fit), and no fewer than its longest trial
+        takes on its own GPUs: one trial on two GPUs takes its own time, not half of it."""
+        trials, repeats = self._runs()
+        longest = max([*trials, *repeats], default=0.0) / self.replica_gpus
+        return max(self.gpu_hours / max(1, self.gpus), longest / 3600)
 
     def _runs(self) -> tuple[list[float], list[float]]:
         """The GPU-seconds of each trial and each re-measurement still to run, in the order they run, as
@@ -177,7 +181,10 @@ def estimate_run(
     costs = [cost(c) for c in sample_configs(space, sample, seed, screen, max_position_embeddings)]
     per_trial = statistics.fmean(costs) if costs else base
     spread = (min([base, *costs]), max([base, *costs]))
-    return RunEstimate(base, per_trial, n_trials, repeats, max(1, gpus), len(costs), spread, left or Left())
+    replica = gpus_per_replica(baseline.params())
+    return RunEstimate(
+        base, per_trial, n_trials, repeats, max(1, gpus), len(costs), spread, left or Left(), replica
+    )
 
 
 def sample_configs(
