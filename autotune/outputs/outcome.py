@@ -298,7 +298,12 @@ class Outcome:
             what = "vLLM's default config is" if label == "vLLM's defaults" else f"{label} are"
             out.append(f"{what} infeasible here ({why})")
         gain, candidate = self.decision.gain, self.decision.candidate
-        if gain is not None and not gain.significant and candidate is not None:
+        if (
+            gain is not None
+            and not gain.significant
+            and candidate is not None
+            and self.decision.keeps_defaults
+        ):
             # named as the verdict names it: a tie rule's pick is not "the best config found"
             who = pick_name(
                 self.objective_names, candidate, self.records, self.maximize[0], self.repeats.values
