@@ -276,14 +276,20 @@ def test_an_unreachable_ray_address_fails_in_seconds_with_one_line(tmp_path: Pat
     assert time.monotonic() - start < 15
 
 
-def test_device_ids_on_a_cluster_are_refused_in_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("gpus", ["0,1", "0", "00"])
+def test_device_ids_on_a_cluster_are_refused_in_one_line(tmp_path: Path, gpus: str) -> None:
+    """Device ids, a lone 0 (device 0) included, name devices of this machine: refused before any join
+    (the address answers nothing, which would be the error otherwise)."""
+    from autotune.backends.server import free_port
+
     cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--backend", "vllm"]
-    cmd += ["--serve-cmd", f"{sys.executable} -m autotune.cli sim-server", "--ray-address", "auto"]
-    cmd += ["--gpus", "0,1"]
+    cmd += ["--serve-cmd", f"{sys.executable} -m autotune.cli sim-server"]
+    cmd += ["--ray-address", f"127.0.0.1:{free_port()}", "--gpus", gpus]
     done = subprocess.run(
         [*cmd, "--runs-dir", str(tmp_path)], capture_output=True, text=True, env=ENV, timeout=60
     )
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
-    assert "--gpus with device ids picks devices of this machine" in line and "give a count" in line
+    assert line.startswith(f"autotune run: error: --gpus {gpus} with --ray-address: "), line
+    assert "--gpus with device ids picks devices of this machine" in line and "give a count >= 1" in line
     assert not list(tmp_path.rglob("study.db"))

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 0:
         raise AutotuneError("--repeats must be at least 0")
     _refuse_ignored(args)
+    _refuse_device_ids_on_a_cluster(args)
     setup = _prepare(args)
     return _execute(args, setup)
 
@@ -55,6 +56,20 @@ def _refuse_ignored(args: argparse.Namespace) -> None:
         [("--trial-timeout", "trial_timeout", None)],
         "--backend vllm|docker, or --gpus/--ray-address: simulated trials on this host have no deadline",
     )
+
+
+def _refuse_device_ids_on_a_cluster(args: argparse.Namespace) -> None:
+    """--gpus with --ray-address is a count >= 1: device ids name devices of this machine (a lone 0 is
+    device 0, as CUDA_VISIBLE_DEVICES=0 is), and on a cluster Ray assigns the devices."""
+    from autotune.core.errors import AutotuneError
+
+    text = (args.gpus or "").strip()
+    if args.ray_address and args.gpus is not None and not (text.isdigit() and int(text) >= 1):
+        raise AutotuneError(
+            f"--gpus {args.gpus} with --ray-address: --gpus with device ids picks devices of this machine "
+            "(0 alone is device 0), and on a Ray cluster Ray assigns them: give a count >= 1 (--gpus 8), "
+            "the most GPUs in use at once"
+        )
 
 
 @dataclasses.dataclass

@@ -27,11 +27,6 @@ def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, Any]:
         if args.parallel == 1:
             return LocalExecutor(s.backend, s.workload, s.slos), None
         return ProcessExecutor(s.backend, s.workload, s.slos, in_flight=args.parallel), None
-    if args.ray_address and args.gpus and "," in args.gpus:
-        raise AutotuneError(
-            "--gpus with device ids picks devices of this machine; on a Ray cluster Ray assigns them: "
-            "give a count (--gpus 8), the most GPUs in use at once"
-        )
     uses_gpus = not sim or bool(s.gpu_ids)
     fake_gpus = None  # the simulator's GPUs are virtual: a local Ray cluster gets that many fake ones
     if s.backend.simulated and uses_gpus:

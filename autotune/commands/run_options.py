@@ -78,8 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_backend_option(where)
     where.add_argument(
         "--gpus",
-        help="GPUs to use: a count (4) or device ids (0,1,2,3; 0 alone is device 0); virtual ones for the "
-        "simulator (--backend sim, or --serve-cmd 'autotune sim-server')",
+        help="GPUs to use: a count (4) or device ids (0,1,2,3; 0 alone is device 0); with --ray-address a "
+        "count >= 1 only, the most in use at once; virtual ones for the simulator (--backend sim, or "
+        "--serve-cmd 'autotune sim-server')",
     )
     where.add_argument(
         "--parallel",
