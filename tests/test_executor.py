@@ -3,6 +3,7 @@ the in-process executor of small simulated runs; joining an unreachable cluster.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import subprocess
@@ -11,6 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,12 +20,14 @@ import ray.cloudpickle
 import ray.exceptions
 
 from autotune.backends.server import free_port
+from autotune.commands.run_executor import busy_gpus, open_executor
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, FailureKind
 from autotune.dispatch.executor import Executor
 from autotune.dispatch.gpus import parse_gpus
 from autotune.dispatch.local import LocalExecutor
 from autotune.dispatch.processes import ProcessExecutor
+from autotune.dispatch.protocol import free_slots
 from autotune.dispatch.ray_cluster import check_reachable, lost_node
 from autotune.measure.result import TrialResult
 from autotune.workloads.files import load_workload
@@ -157,6 +161,40 @@ def test_gpus_cap_the_trials_in_flight() -> None:
     executor.submit(0, EngineConfig(model="m"), 0, None)
     assert not executor.can_start()
     assert len(drain(executor, 1)[0].placement.gpu_ids) == 1
+
+
+@dataclass(frozen=True)
+class ServerSleep(SleepBackend):
+    """A real backend's stand-in (`open_executor` runs it on the cluster's GPUs): it sleeps."""
+
+    simulated: bool = False
+
+
+def gpu_run_executor(parallel: int | None) -> Executor:
+    """The executor `autotune run --backend vllm [--parallel N]` opens on the session's Ray."""
+    args = argparse.Namespace(backend="vllm", parallel=parallel, ray_address=None, trial_timeout=None)
+    setup = SimpleNamespace(backend=ServerSleep(0.3), workload=FIXED_LOAD, slos=[], gpu_ids=[])
+    executor, session = open_executor(args, setup)
+    assert session is None  # the session's Ray, reused
+    return executor
+
+
+def test_parallel_caps_the_trials_in_flight_on_gpus_too() -> None:
+    """--parallel 1 on GPUs: one trial at a time though two GPUs are free; without it, as GPUs allow."""
+    one = EngineConfig(model="m")
+    executor = gpu_run_executor(parallel=1)
+    assert executor.capacity == 2 and busy_gpus(executor) == 1
+    assert executor.describe().endswith("placed by Ray, at most 1 trial at a time")
+    executor.submit(0, one, 0, None)
+    assert not executor.can_start() and not executor.can_start(one) and free_slots(executor, one) == 0
+    drain(executor, 1)
+    assert executor.can_start(one) and free_slots(executor, one) == 1
+
+    executor = gpu_run_executor(parallel=None)
+    assert busy_gpus(executor) == 2 and "at most" not in executor.describe()
+    executor.submit(1, one, 0, None)
+    assert executor.can_start(one) and free_slots(executor, one) == 1
+    drain(executor, 1)
 
 
 def test_deadline_cancels_and_reports_a_timeout() -> None:

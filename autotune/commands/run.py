@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.n_trials < 1:
         raise AutotuneError("--n-trials must be at least 1")
-    if not 1 <= args.parallel <= MAX_PARALLEL:
+    if args.parallel is not None and not 1 <= args.parallel <= MAX_PARALLEL:
         raise AutotuneError(f"--parallel must be between 1 and {MAX_PARALLEL}")
     if args.repeats < 0:
         raise AutotuneError("--repeats must be at least 0")
@@ -244,6 +244,7 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
     `stops`: the stop signals noted so far; checked at each phase boundary (a stop's own
     KeyboardInterrupt can be swallowed by a finalizer: core/interrupts.py)."""
     from autotune.commands.client_cap import capped_run_note
+    from autotune.commands.run_executor import busy_gpus
     from autotune.commands.run_guide import finish_guided, make_guided
     from autotune.core.atomic import remove_stale_temps
     from autotune.core.errors import RunFailure
@@ -293,7 +294,7 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
         ):
             if line:
                 print(f"autotune: {line}", file=sys.stderr)
-        estimate = run_estimate(args, s, executor.capacity, study)
+        estimate = run_estimate(args, s, busy_gpus(executor), study)
         stops.check()
         guide = make_guided(args, s, estimate)  # None: not a guided run
         stops.check()

@@ -15,7 +15,9 @@ def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, Any]:
     """(executor, the RaySession to close, None without one) for the checked inputs `s` (run._Setup): a
     simulated run on this host runs its trials in process (--parallel 1) or on worker processes (no Ray
     start, no Ray notices); one with GPUs (virtual ones too) or --ray-address runs Ray tasks on a local
-    cluster or the one at --ray-address."""
+    cluster or the one at --ray-address. --parallel N: at most N trials at once, on GPUs too (default: as
+    many as the GPUs take; a simulated run's default is DEFAULT_PARALLEL)."""
+    from autotune.commands.run_options import DEFAULT_PARALLEL
     from autotune.core.errors import AutotuneError
     from autotune.dispatch.executor import Executor
     from autotune.dispatch.local import LocalExecutor
@@ -23,17 +25,18 @@ def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, Any]:
     from autotune.dispatch.ray_cluster import start_ray
 
     sim = args.backend == "sim"
+    parallel = args.parallel or DEFAULT_PARALLEL
     if sim and not s.gpu_ids and not args.ray_address:
-        if args.parallel == 1:
+        if parallel == 1:
             return LocalExecutor(s.backend, s.workload, s.slos), None
-        return ProcessExecutor(s.backend, s.workload, s.slos, in_flight=args.parallel), None
+        return ProcessExecutor(s.backend, s.workload, s.slos, in_flight=parallel), None
     uses_gpus = not sim or bool(s.gpu_ids)
     fake_gpus = None  # the simulator's GPUs are virtual: a local Ray cluster gets that many fake ones
     if s.backend.simulated and uses_gpus:
         fake_gpus = len(s.gpu_ids) or 1
     # A local cluster sees only the --gpus devices (a count N: devices 0..N-1), so Ray assigns those.
     devices = (s.gpu_ids or None) if uses_gpus else None
-    session = start_ray(args.ray_address, max(args.parallel, 1), fake_gpus, devices)
+    session = start_ray(args.ray_address, parallel, fake_gpus, devices)
     timeout = args.trial_timeout or (SIM_TRIAL_TIMEOUT_S if sim else REAL_TRIAL_TIMEOUT_S)
     if s.workload.load == "capacity":
         from autotune.trial.capacity import MAX_PROBES, MAX_WINDOWS
@@ -47,7 +50,8 @@ def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, Any]:
             s.slos,
             uses_gpus=uses_gpus,
             gpu_cap=len(s.gpu_ids) or None,
-            cpu_slots=args.parallel,
+            cpu_slots=parallel,
+            max_trials=args.parallel if uses_gpus else None,
             trial_timeout_s=timeout,
         )
         if uses_gpus and executor.capacity == 0:
@@ -57,3 +61,10 @@ def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, Any]:
             session.close()
         raise
     return executor, session
+
+
+def busy_gpus(executor: Any) -> int:
+    """The GPUs the run keeps busy at most, for its estimate: the executor's capacity, or, with
+    --parallel N on GPUs, N (a trial of one GPU each: a conservative count for larger ones)."""
+    cap = executor.max_trials
+    return executor.capacity if cap is None else min(executor.capacity, cap)

@@ -85,10 +85,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--parallel",
         type=int,
-        default=DEFAULT_PARALLEL,
-        help=f"sim: trials in flight at once (default {DEFAULT_PARALLEL}), on this host's cores (told in "
-        "the order they started, so a seeded run is reproducible; 1: in process) or on Ray with "
-        "--ray-address/--gpus",
+        help=f"the most trials in flight at once. sim: default {DEFAULT_PARALLEL}, on this host's cores "
+        "(told in the order they started, so a seeded run is reproducible; 1: in process) or on Ray with "
+        "--ray-address/--gpus; on GPUs (vllm, docker, or --gpus): default as many as the free GPUs take "
+        "(1: one trial at a time, e.g. so that no trial shares a node with another)",
     )
     where.add_argument("--ray-address", help="join an existing Ray cluster instead of starting one")
     where.add_argument(

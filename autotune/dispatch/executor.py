@@ -28,6 +28,7 @@ from typing import Any
 from autotune.backends.base import Backend
 from autotune.core.config import EngineConfig, gpus_per_replica, parallel_text
 from autotune.core.errors import AutotuneError, FailureKind
+from autotune.core.values import counted
 from autotune.dispatch.ray_cluster import (
     ClusterLost,
     Inventory,
@@ -71,7 +72,7 @@ class Job:
 
 class Executor:
     """Runs trials on Ray: on the cluster's GPUs (`uses_gpus`, at most `gpu_cap` at once), or on
-    `cpu_slots` simulator slots."""
+    `cpu_slots` simulator slots; never more than `max_trials` trials at once (None: no such cap)."""
 
     def __init__(
         self,
@@ -82,6 +83,7 @@ class Executor:
         uses_gpus: bool = False,
         gpu_cap: int | None = None,
         cpu_slots: int = 1,
+        max_trials: int | None = None,
         trial_timeout_s: float | None = None,
     ) -> None:
         import ray
@@ -93,6 +95,7 @@ class Executor:
         self.uses_gpus = uses_gpus
         self.trial_timeout_s = trial_timeout_s
         self._cap = gpu_cap if uses_gpus else max(1, cpu_slots)
+        self.max_trials = max_trials  # trials in flight at most (--parallel on GPUs), None: as GPUs allow
         self._used = 0
         self._jobs: dict[int, Job] = {}
         self._task = ray.remote(run_trial_task)
@@ -120,9 +123,10 @@ class Executor:
 
     def describe(self) -> str:
         """Where trials run, for the run's first line."""
+        at_most = f", at most {counted(self.max_trials, 'trial')} at a time" if self.max_trials else ""
         if not self.uses_gpus:
-            return f"{self.capacity} CPU slot(s) on Ray"
-        return f"{self.capacity} GPU(s) on {len(self._inventory.nodes)} Ray node(s), placed by Ray"
+            return f"{self.capacity} CPU slot(s) on Ray{at_most}"
+        return f"{self.capacity} GPU(s) on {len(self._inventory.nodes)} Ray node(s), placed by Ray{at_most}"
 
     def needs(self, config: EngineConfig) -> int:
         """Slots a config takes: its GPUs (TP x PP x DP) on GPUs, one CPU slot for the simulator."""
@@ -148,6 +152,8 @@ class Executor:
 
     def can_start(self, config: EngineConfig | None = None) -> bool:
         """Whether a trial (of this config, or of one slot) could start now."""
+        if self.max_trials is not None and len(self._jobs) >= self.max_trials:
+            return False
         need = self.needs(config) if config is not None else 1
         return need <= self.capacity - self._used
 

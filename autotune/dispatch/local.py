@@ -22,6 +22,7 @@ class LocalExecutor:
     """
 
     capacity = 1
+    max_trials: int | None = 1
 
     def __init__(self, backend: Backend, workload: WorkloadSpec, slos: Sequence[Slo]) -> None:
         self.backend = backend

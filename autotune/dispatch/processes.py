@@ -41,6 +41,7 @@ class ProcessExecutor(LocalExecutor):
     ) -> None:
         super().__init__(backend, workload, slos)
         self.capacity = max(1, in_flight)
+        self.max_trials = self.capacity
         self.processes = max(1, min(self.capacity, processes or usable_cpus()))
         self._pool: ProcessPoolExecutor | None = None
         self._jobs: dict[int, tuple[EngineConfig, Future[TrialResult]]] = {}  # in submission order

@@ -17,6 +17,7 @@ class TrialExecutor(Protocol):
     """What the tuner needs from an executor (module docstring)."""
 
     capacity: int
+    max_trials: int | None  # trials in flight at most, whatever their slots (None: as capacity allows)
 
     def needs(self, config: EngineConfig) -> int: ...  # noqa: D102
 
@@ -44,5 +45,7 @@ class TrialExecutor(Protocol):
 
 def free_slots(executor: TrialExecutor, config: EngineConfig) -> int:
     """How many trials of `config` could start now beside the executor's running ones."""
-    used = sum(executor.needs(running) for _, running in executor.in_flight())
-    return (executor.capacity - used) // executor.needs(config)
+    running = executor.in_flight()
+    used = sum(executor.needs(other) for _, other in running)
+    slots = (executor.capacity - used) // executor.needs(config)
+    return slots if executor.max_trials is None else min(slots, executor.max_trials - len(running))
