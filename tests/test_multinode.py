@@ -66,11 +66,17 @@ class Keeper:
 
 
 @contextlib.contextmanager
-def keeper(*gpus: int) -> Iterator[Keeper]:
-    """A cluster with one worker node per entry of `gpus` (its fake GPU count), always shut down."""
+def keeper(*gpus: int, env: dict[str, str] | None = None) -> Iterator[Keeper]:
+    """A cluster with one worker node per entry of `gpus` (its fake GPU count), always shut down; its
+    processes get `env` (default ENV)."""
     cmd = [sys.executable, str(KEEPER), *map(str, gpus)]
     proc = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env or ENV,
     )
     try:
         assert proc.stdout
@@ -293,3 +299,47 @@ def test_device_ids_on_a_cluster_are_refused_in_one_line(tmp_path: Path, gpus: s
     assert line.startswith(f"autotune run: error: --gpus {gpus} with --ray-address: "), line
     assert "--gpus with device ids picks devices of this machine" in line and "give a count >= 1" in line
     assert not list(tmp_path.rglob("study.db"))
+
+
+TOKEN = "0123456789abcdef" * 4  # the test cluster's own token: ~/.ray/auth_token is left alone
+NO_AUTH = {k: v for k, v in ENV.items() if not k.startswith("RAY_AUTH_")}
+FIX = "set RAY_AUTH_MODE=token, with the head's token (its ~/.ray/auth_token) in ~/.ray/auth_token here"
+
+
+def test_a_cluster_that_wants_rays_auth_token_is_told_in_one_line_at_once(tmp_path: Path) -> None:
+    """A head with token authentication (Ray 2.60's default once its machine has a token): a driver
+    without RAY_AUTH_MODE=token is told what to set, in one line and at once, without Ray's ~20 s of
+    retries and their log; with the mode and no token, it is told that; with both, it joins."""
+    with keeper(env=NO_AUTH | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN}) as cluster:
+        cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--runs-dir", str(tmp_path)]
+        cmd += ["--ray-address", cluster.address]
+        start = time.monotonic()
+        done = subprocess.run(cmd, capture_output=True, text=True, env=NO_AUTH, timeout=120)
+        assert time.monotonic() - start < 15
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().splitlines() == [
+            f"autotune run: error: cannot join the Ray cluster at {cluster.address}: the cluster requires "
+            f"Ray's auth token: {FIX}, or in RAY_AUTH_TOKEN or a file RAY_AUTH_TOKEN_PATH names "
+            "(docs/gpus.md)"
+        ], done.stderr
+        assert not list(tmp_path.rglob("study.db"))
+
+        no_token = NO_AUTH | {"RAY_AUTH_MODE": "token", "HOME": str(tmp_path)}  # no ~/.ray/auth_token
+        done = subprocess.run(cmd, capture_output=True, text=True, env=no_token, timeout=120)
+        assert done.returncode == 2, done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert "RAY_AUTH_MODE=token is set but this machine has no Ray auth token" in line, line
+
+        join = (
+            "import ray, sys; from autotune.dispatch.ray_cluster import start_ray; "
+            "session = start_ray(sys.argv[1], 1); print(ray.cluster_resources()['CPU']); session.close()"
+        )
+        token = NO_AUTH | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN}
+        done = subprocess.run(
+            [sys.executable, "-c", join, cluster.address],
+            capture_output=True,
+            text=True,
+            env=token,
+            timeout=120,
+        )
+        assert done.returncode == 0 and done.stdout.strip() == "1.0", done.stderr

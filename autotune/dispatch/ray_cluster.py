@@ -14,6 +14,8 @@ import logging
 import os
 import re
 import socket
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +26,12 @@ from autotune.dispatch.reaper import Reaper, start_reaper
 CONNECT_TIMEOUT_S = 3.0  # an unreachable --ray-address fails in this long, not after Ray's minutes of retries
 DEFAULT_GCS_PORT = 6379
 AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+AUTH_MODE_VAR = "RAY_AUTH_MODE"  # "token": this process sends Ray's auth token (ray.init with an address)
+TOKEN_FILE = "~/.ray/auth_token"  # where Ray keeps its token (else RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH)
+FILTER_DRAIN_S = 2.0  # how long a join waits for its stderr filter to pass on the last lines
+NO_TOKEN = "no authentication token"  # Ray's AuthenticationError in token mode without a token
+# Ray's words for a refused or missing token (its AuthenticationError, gRPC's status, its C++ log)
+_TOKEN_REFUSED = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError", NO_TOKEN)
 # "0": a cluster of this machine alone, as Ray runs on macOS and Windows: its node takes the loopback
 # address, so its GCS, raylets and workers listen on 127.0.0.1, not on every interface (Ray's
 # ray_constants.ENABLE_RAY_CLUSTER). A local cluster autotune starts has no other node to reach it.
@@ -157,11 +165,7 @@ def start_ray(
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
     common: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address:
-        check_reachable(address)
-        try:
-            ray.init(address=address, **common)
-        except Exception as exc:  # noqa: BLE001  (Ray raises ConnectionError, RuntimeError, ValueError...)
-            raise AutotuneError(f"cannot join the Ray cluster at {address}: {one_line(exc)}") from exc
+        join_ray(address, common)
         return RaySession()
     # Ray's notice that it enabled token authentication (its default) would land in the run's output.
     logging.getLogger(AUTH_LOGGER).setLevel(logging.ERROR)
@@ -176,6 +180,121 @@ def start_ray(
         with contextlib.suppress(Exception):  # a private helper of Ray's: without it, the token alone
             session.reaper.watch(ray._private.worker._global_node.get_session_dir_path())
     return session
+
+
+def join_ray(address: str, init_args: dict[str, Any]) -> None:
+    """ray.init(address) or one AutotuneError line; one that names the fix when the cluster wants Ray's
+    auth token (a head's default in Ray 2.60 once its machine has a token: docs/gpus.md).
+
+    Without the token, Ray's C++ client retries for ~20 s, a log line to stderr each time: those lines
+    are dropped, every other line of stderr passes (_token_retries_dropped). A process that sends no
+    token (RAY_AUTH_MODE is not `token`) asks an explicit host:port's GCS once first, so that a head that
+    wants one is told at once, not after the retries.
+    """
+    import ray
+
+    check_reachable(address)
+    try:
+        with _token_retries_dropped():
+            _ask_gcs_once(address)
+            ray.init(address=address, **init_args)
+    except Exception as exc:  # noqa: BLE001  (Ray raises ConnectionError, RuntimeError, ValueError...)
+        if _token_refused(exc):
+            raise AutotuneError(f"cannot join the Ray cluster at {address}: {_token_fix(exc)}") from None
+        raise AutotuneError(f"cannot join the Ray cluster at {address}: {one_line(exc)}") from exc
+
+
+def _sends_token() -> bool:
+    """Whether this process sends Ray's auth token when it joins a cluster (RAY_AUTH_MODE=token)."""
+    return os.environ.get(AUTH_MODE_VAR, "").lower() == "token"
+
+
+def _ask_gcs_once(address: str) -> None:
+    """Without RAY_AUTH_MODE=token, one request to the GCS at an explicit host:port (not `auto`, where
+    Ray may turn token mode on itself, nor ray://): Ray's AuthenticationError when it wants a token; any
+    other failure is left to ray.init, with its retries. (With token mode on and no token, Ray's client
+    aborts the process: ray.init checks that first.)"""
+    if _sends_token() or address == "auto" or address.startswith("ray://"):
+        return
+    try:
+        from ray._raylet import GcsClient  # a private class of Ray's: if it moved, ray.init tells
+        from ray.exceptions import AuthenticationError
+    except ImportError:
+        return
+    try:
+        GcsClient(address=address, cluster_id=None)
+    except AuthenticationError:
+        raise
+    except Exception:  # noqa: BLE001  (not the token: ray.init retries and says what it is)
+        return
+
+
+def _token_refused(exc: BaseException) -> bool:
+    """Whether a join failed on Ray's token auth: the error or its causes say so (after its retries,
+    ray.init raises a ConnectionError from a RuntimeError that quotes the last attempt's traceback)."""
+    from ray.exceptions import AuthenticationError
+
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, AuthenticationError) or any(m in str(seen) for m in _TOKEN_REFUSED):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _token_fix(exc: BaseException) -> str:
+    """What to set for a cluster with token auth, as this process stands (docs/gpus.md)."""
+    where = f"in {TOKEN_FILE} here, or in RAY_AUTH_TOKEN or a file RAY_AUTH_TOKEN_PATH names (docs/gpus.md)"
+    if not _sends_token():
+        return (
+            f"the cluster requires Ray's auth token: set {AUTH_MODE_VAR}=token, with the head's token (its "
+            f"{TOKEN_FILE}) {where}"
+        )
+    if NO_TOKEN in str(exc):
+        return f"{AUTH_MODE_VAR}=token is set but this machine has no Ray auth token: put the head's {where}"
+    return f"the cluster refused this machine's Ray auth token: put the head's {where}"
+
+
+# Reads stdin line by line, writes each line at once to stdout, but Ray's retry lines for a refused token.
+_FILTER = (
+    "import sys\n"
+    "for line in sys.stdin.buffer:\n"
+    "    if not (b'Unauthenticated' in line and b'InvalidAuthToken' in line):\n"
+    "        sys.stdout.buffer.write(line); sys.stdout.buffer.flush()\n"
+)
+
+
+@contextlib.contextmanager
+def _token_retries_dropped() -> Iterator[None]:
+    """Meanwhile, file descriptor 2 (Ray's C++ log, Python's stderr) goes through a child process that
+    drops Ray's retry lines for a refused token and passes every other line on at once: a child, so that
+    what Ray writes before it aborts this process still reaches the terminal."""
+    sys.stderr.flush()
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-S", "-c", _FILTER],
+            stdin=subprocess.PIPE,
+            stdout=2,
+            stderr=2,
+            start_new_session=True,  # Ctrl-C is the driver's to handle; this ends when its pipe closes
+        )
+    except OSError:  # no process to spare: Ray's lines stay as they are
+        yield
+        return
+    assert child.stdin is not None
+    saved = os.dup(2)
+    try:
+        os.dup2(child.stdin.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        child.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(FILTER_DRAIN_S)  # else it ends once the pipe's last writer closes it
 
 
 @contextlib.contextmanager
