@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import socket
-import subprocess
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +27,6 @@ DEFAULT_GCS_PORT = 6379
 AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 AUTH_MODE_VAR = "RAY_AUTH_MODE"  # "token": this process sends Ray's auth token (ray.init with an address)
 TOKEN_FILE = "~/.ray/auth_token"  # where Ray keeps its token (else RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH)
-FILTER_DRAIN_S = 2.0  # how long a join waits for its stderr filter to pass on the last lines
 NO_TOKEN = "no authentication token"  # Ray's AuthenticationError in token mode without a token
 # Ray's words for a refused or missing token (its AuthenticationError, gRPC's status, its C++ log)
 _TOKEN_REFUSED = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError", NO_TOKEN)
@@ -186,18 +184,16 @@ def join_ray(address: str, init_args: dict[str, Any]) -> None:
     """ray.init(address) or one AutotuneError line; one that names the fix when the cluster wants Ray's
     auth token (a head's default in Ray 2.60 once its machine has a token: docs/gpus.md).
 
-    Without the token, Ray's C++ client retries for ~20 s, a log line to stderr each time: those lines
-    are dropped, every other line of stderr passes (_token_retries_dropped). A process that sends no
-    token (RAY_AUTH_MODE is not `token`) asks an explicit host:port's GCS once first, so that a head that
-    wants one is told at once, not after the retries.
+    Without the token, Ray's C++ client retries for ~20 s, a log line to stderr each time: a process
+    that sends no token (RAY_AUTH_MODE is not `token`) asks an explicit host:port's GCS once first, so
+    that a head that wants one is told at once, not after the retries.
     """
     import ray
 
     check_reachable(address)
     try:
-        with _token_retries_dropped():
-            _ask_gcs_once(address)
-            ray.init(address=address, **init_args)
+        _ask_gcs_once(address)
+        ray.init(address=address, **init_args)
     except Exception as exc:  # noqa: BLE001  (Ray raises ConnectionError, RuntimeError, ValueError...)
         if _token_refused(exc):
             raise AutotuneError(f"cannot join the Ray cluster at {address}: {_token_fix(exc)}") from None
@@ -222,11 +218,26 @@ def _ask_gcs_once(address: str) -> None:
     except ImportError:
         return
     try:
-        GcsClient(address=address, cluster_id=None)
+        with _stderr_dropped():  # its C++ client logs the refusal before it raises it
+            GcsClient(address=address, cluster_id=None)
     except AuthenticationError:
         raise
     except Exception:  # noqa: BLE001  (not the token: ray.init retries and says what it is)
         return
+
+
+@contextlib.contextmanager
+def _stderr_dropped() -> Iterator[None]:
+    """File descriptor 2 (where Ray's C++ code logs) goes to /dev/null meanwhile."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def _token_refused(exc: BaseException) -> bool:
@@ -255,46 +266,6 @@ def _token_fix(exc: BaseException) -> str:
     if NO_TOKEN in str(exc):
         return f"{AUTH_MODE_VAR}=token is set but this machine has no Ray auth token: put the head's {where}"
     return f"the cluster refused this machine's Ray auth token: put the head's {where}"
-
-
-# Reads stdin line by line, writes each line at once to stdout, but Ray's retry lines for a refused token.
-_FILTER = (
-    "import sys\n"
-    "for line in sys.stdin.buffer:\n"
-    "    if not (b'Unauthenticated' in line and b'InvalidAuthToken' in line):\n"
-    "        sys.stdout.buffer.write(line); sys.stdout.buffer.flush()\n"
-)
-
-
-@contextlib.contextmanager
-def _token_retries_dropped() -> Iterator[None]:
-    """Meanwhile, file descriptor 2 (Ray's C++ log, Python's stderr) goes through a child process that
-    drops Ray's retry lines for a refused token and passes every other line on at once: a child, so that
-    what Ray writes before it aborts this process still reaches the terminal."""
-    sys.stderr.flush()
-    try:
-        child = subprocess.Popen(
-            [sys.executable, "-S", "-c", _FILTER],
-            stdin=subprocess.PIPE,
-            stdout=2,
-            stderr=2,
-            start_new_session=True,  # Ctrl-C is the driver's to handle; this ends when its pipe closes
-        )
-    except OSError:  # no process to spare: Ray's lines stay as they are
-        yield
-        return
-    assert child.stdin is not None
-    saved = os.dup(2)
-    try:
-        os.dup2(child.stdin.fileno(), 2)
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        child.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(FILTER_DRAIN_S)  # else it ends once the pipe's last writer closes it
 
 
 @contextlib.contextmanager
