@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -327,3 +328,28 @@ def test_a_crash_whose_error_names_no_node_is_told_with_the_lost_node_it_ran_on(
     assert result.placement is not None and result.placement.node_id == node_id
     assert f"(Ray node {node_id[:8]}) was lost mid-trial" in result.message
     executor.cancel_all()
+
+
+def test_a_killed_worker_or_a_timeout_keeps_its_gpu_time_and_where_it_ran(tmp_path: Path) -> None:
+    """A trial whose worker was SIGKILLed (the OOM killer) or that passed its deadline returns nothing:
+    it is charged the time it held its GPUs and keeps the node and devices its task told at its start."""
+    executor = Executor(SleepBackend(60.0, meet=str(tmp_path), meet_count=1), FIXED_LOAD, [], uses_gpus=True)
+    submitted = time.monotonic()
+    executor.submit(0, EngineConfig(model="m", tensor_parallel_size=2), 0, None)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.iterdir()) and time.monotonic() < deadline:  # the task is in its trial
+        time.sleep(0.05)
+    (worker,) = (int(p.name) for p in tmp_path.iterdir())
+    assert executor.placements()[0].gpu_ids == (0, 1)  # what an interrupt now would keep
+    os.kill(worker, signal.SIGKILL)
+    held = time.monotonic() - submitted
+    crashed = drain(executor, 1)[0]
+    assert crashed.failure == FailureKind.CRASHED and crashed.gpu_seconds >= held  # per GPU
+    assert crashed.placement is not None and crashed.placement.gpu_ids == (0, 1)
+    assert crashed.placement.node_id == ray.get_runtime_context().get_node_id()
+
+    executor = Executor(SleepBackend(60.0), FIXED_LOAD, [], uses_gpus=True, trial_timeout_s=1.5)
+    executor.submit(1, EngineConfig(model="m"), 0, None)
+    late = drain(executor, 1, limit_s=30)[1]
+    assert late.failure == FailureKind.BENCHMARK_TIMEOUT and late.gpu_seconds >= 1.5
+    assert late.placement is not None and len(late.placement.gpu_ids or ()) == 1

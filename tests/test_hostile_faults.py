@@ -352,7 +352,8 @@ os.execv(sys.executable, [sys.executable, "-m", "autotune.cli", *sys.argv[1:], *
 def test_a_stopped_trial_or_repeat_keeps_the_gpu_time_it_held(phase: str, tmp_path: Path) -> None:
     """SIGTERM while the second server starts (a real server per run): the second trial, or the top
     config's re-measurement, measured nothing, and the time its server held the GPU is kept as spent
-    (the trial's `gpu_seconds`, with the config it was launched with; the repeats' spend). SIGKILL
+    (the trial's `gpu_seconds`, with the config it was launched with and where it ran; the repeats'
+    spend). SIGKILL
     instead (`killed...`): nothing runs to record it, so the resume does, up to the dead driver's last
     lease renewal."""
     killed, repeat = phase.startswith("killed"), phase.endswith("repeat")
@@ -396,3 +397,5 @@ def test_a_stopped_trial_or_repeat_keeps_the_gpu_time_it_held(phase: str, tmp_pa
     # from its launch to the signal; killed, to the last renewal before it (every 5 s: one in the 8 s)
     assert 2 <= cut[0].user_attrs["gpu_seconds"] <= held + 1
     assert cut[0].user_attrs["config"]["max_model_len"] == 8192  # as launched: it exports as it ran
+    if not killed:  # where it held its GPU, as its Ray task told at its start (trials.csv shows it)
+        assert cut[0].user_attrs["gpu_ids"] == [0] and cut[0].user_attrs["node_ip"], cut[0].user_attrs

@@ -220,6 +220,8 @@ def test_ray_places_trials_survives_a_lost_node_stops_with_the_cluster_and_resum
     assert crashed and all("was lost mid-trial" in t.user_attrs["message"] for t in crashed), crashed
     assert {t.user_attrs["node_id"] for t in crashed} == {lost["node_id"]}
     assert f"(Ray node {lost['node_id'][:8]})" in crashed[0].user_attrs["message"]  # the node is named
+    for t in crashed:  # charged the time its server held the node's GPUs, on the devices it had there
+        assert t.user_attrs["gpu_seconds"] > 0 and t.user_attrs["gpu_ids"], t.user_attrs
 
     too_big = [t for t in every if t.params.get("tensor_parallel_size") == 4]
     assert too_big and all(t.user_attrs["launched"] is False for t in too_big)  # told before launch

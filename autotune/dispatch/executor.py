@@ -11,7 +11,9 @@ no Ray at all (autotune/dispatch/local.py).
 
 Faults: a trial past its deadline is cancelled (forced) and becomes a benchmark_timeout failure; a task
 that dies becomes a crash, and one whose node died names the node and takes the node's GPUs out of the
-count. When the cluster's head stops answering, or no GPU is left, `wait` raises ClusterLost: the run
+count. A trial cut short so (or past its deadline, or by Ctrl-C) is charged the time it held its GPUs
+and keeps the node and devices its task told at its start (trial/placement_board.py). When the cluster's
+head stops answering, or no GPU is left, `wait` raises ClusterLost: the run
 stops, and what finished is in the study.
 """
 
@@ -40,6 +42,7 @@ from autotune.dispatch.ray_cluster import (
 from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
+from autotune.trial import placement_board
 from autotune.trial.task import SearchPlan, land, run_trial_task
 from autotune.workloads.spec import WorkloadSpec
 
@@ -52,6 +55,7 @@ LOST_AFTER_MISSES = 2  # consecutive unanswered checks before the cluster counts
 # How long a crash whose error names no node waits for Ray to mark one of its possible nodes dead
 # (Ray's default detection: 5 missed health checks 3 s apart).
 NAME_LOST_NODE_S = 20.0
+STORE_CHECK_S = 1.0  # how long a probe of the head vouches for its key-value store (_store_answers)
 HEAD_GONE = "its head at {head} stopped answering"
 NO_GPU_LEFT = "every node with GPUs was lost"
 
@@ -106,6 +110,7 @@ class Executor:
         self._misses = 0
         self._lost = ""  # why the cluster counts as gone ("" while it is there)
         self._node_lost: set[int] = set()  # trials of this wait() whose node died
+        self._store_checked = (-math.inf, False)  # when the head was last probed before using its store
         if uses_gpus:
             self._inventory.refresh()
             if gpu_cap is not None and gpu_cap > self._inventory.total:
@@ -220,6 +225,14 @@ class Executor:
             done = [(number, result) for number, result in done if number not in self._node_lost]
         return done
 
+    def placements(self) -> dict[int, Placement]:
+        """Where the running trials were placed, as their tasks told it (those not started yet left out;
+        nothing once the cluster is gone)."""
+        if not self._store_answers():
+            return {}
+        found = {n: placement_board.announced(job.ref) for n, job in self._jobs.items()}
+        return {n: placement for n, placement in found.items() if placement is not None}
+
     def cancel_all(self) -> list[int]:
         """Cancel every running trial (Ctrl-C, or the cluster lost); returns their numbers."""
         numbers = list(self._jobs)
@@ -272,31 +285,53 @@ class Executor:
         return self._lost
 
     def _collect(self, job: Job) -> TrialResult:
-        self._release(job)
         try:
             output = self._ray.get(job.ref)
         except Exception as exc:  # noqa: BLE001  (the worker died: OOM-killed, cancelled, crashed)
             if job.cancel_asked is not None:
-                return self._timeout_result(job)
-            return self._crash_result(job, exc)
-        return land(output, job.trial_dir)
+                result = self._timeout_result(job)
+            else:
+                result = self._crash_result(job, exc)
+        else:
+            result = land(output, job.trial_dir)
+        self._release(job)  # after the results above: releasing forgets the placement its task told
+        return result
 
     def _crash_result(self, job: Job, exc: BaseException) -> TrialResult:
-        """A task that died; when its node died, the node is named and its GPUs leave the count."""
+        """A task that died, charged the time it held its GPUs, where it ran; when its node died, the
+        node is named and its GPUs leave the count."""
         node = lost_node(exc)
         if node is None:
-            return TrialResult(config=job.config, failure=FailureKind.CRASHED, message=_one_line(exc))
+            result = TrialResult(config=job.config, failure=FailureKind.CRASHED, message=_one_line(exc))
+            return self._cut_short(job, result)
         if not node.node_id:
             node = self._name_lost_node(job) or node
         self._node_lost.add(job.number)
         message = f"{node.describe()} was lost mid-trial (its Ray node died); the run goes on without it"
-        placement = None
+        result = TrialResult(config=job.config, failure=FailureKind.CRASHED, message=message)
         if node.node_id:  # else the inventory drops it once Ray marks it dead
             self._inventory.drop(node.node_id)
-            placement = Placement(node.node_id, node.ip, gpu_ids=None)  # its devices died with it
-        return TrialResult(
-            config=job.config, failure=FailureKind.CRASHED, message=message, placement=placement
-        )
+            result.placement = Placement(node.node_id, node.ip, gpu_ids=None)  # unless its task told more
+        return self._cut_short(job, result)
+
+    def _cut_short(self, job: Job, result: TrialResult, charged: bool | None = None) -> TrialResult:
+        """A trial that ended without a result (crashed, lost, past its deadline): the time it held its
+        GPUs is spent (a server per trial holds them from its start: --gpu-hours and the summary count
+        it; `charged` None: only then), and its placement is the one its task told, when it had started
+        and the cluster's store answers."""
+        if charged or (charged is None and self.backend.runs_servers):  # a simulation held no real GPU
+            result.benchmark_s = time.monotonic() - job.started
+        told = placement_board.announced(job.ref) if self._store_answers() else None
+        result.placement = told or result.placement
+        return result
+
+    def _store_answers(self) -> bool:
+        """Whether the cluster's key-value store (on its head) may be asked: a call to a dead head would
+        hang the driver. The head's answer is reused for a second (several trials end at once)."""
+        now = time.monotonic()
+        if now - self._store_checked[0] > STORE_CHECK_S:
+            self._store_checked = (now, self._head_answers())
+        return not self._lost and self._store_checked[1]
 
     def _name_lost_node(self, job: Job) -> LostNode | None:
         """The node a crash came from when Ray's error did not say (LocalRayletDiedError): the one node,
@@ -315,8 +350,7 @@ class Executor:
     def _timeout_result(self, job: Job) -> TrialResult:
         message = f"trial exceeded its deadline of {self.trial_timeout_s:g} s and was cancelled"
         result = TrialResult(config=job.config, failure=FailureKind.BENCHMARK_TIMEOUT, message=message)
-        result.benchmark_s = time.monotonic() - job.started
-        return result
+        return self._cut_short(job, result, charged=True)  # on every backend, as it always was
 
     def _expire(self) -> list[tuple[int, TrialResult]]:
         if not self.trial_timeout_s or math.isinf(self.trial_timeout_s):
@@ -335,8 +369,8 @@ class Executor:
             if self._ray.wait([job.ref], timeout=0)[0]:
                 continue  # it ended after the polite cancel: collected (as a timeout) by wait()
             self._cancel(job.ref, force=True)
-            self._release(job)
             expired.append((job.number, self._timeout_result(job)))
+            self._release(job)
         return expired
 
     def _cancel(self, ref: Any, force: bool) -> None:
@@ -366,6 +400,8 @@ class Executor:
     def _release(self, job: Job) -> None:
         if self._jobs.pop(job.number, None) is not None:
             self._used -= job.slots
+            if self._store_answers():
+                placement_board.forget(job.ref)
 
 
 def _driver_node() -> str | None:

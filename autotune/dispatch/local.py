@@ -7,6 +7,7 @@ from pathlib import Path
 
 from autotune.backends.base import Backend
 from autotune.core.config import EngineConfig
+from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.trial.task import SearchPlan, evaluate_trial
@@ -77,6 +78,10 @@ class LocalExecutor:
         finally:
             self._job = None
         return [(number, result)]
+
+    def placements(self) -> dict[int, Placement]:
+        """None: a trial here runs in this process, on no Ray node."""
+        return {}
 
     def cancel_all(self) -> list[int]:
         """Drop the trial not yet run."""

@@ -22,6 +22,7 @@ from autotune.core.config import EngineConfig
 from autotune.core.errors import FailureKind
 from autotune.core.procs import end_workers, usable_cpus, worker_pool
 from autotune.dispatch.local import LocalExecutor
+from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.trial.task import SearchPlan, evaluate_trial
@@ -91,6 +92,10 @@ class ProcessExecutor(LocalExecutor):
             return []
         del self._jobs[number]
         return [(number, _outcome(config, future))]
+
+    def placements(self) -> dict[int, Placement]:
+        """None: a trial here runs in a worker process of this host, on no Ray node."""
+        return {}
 
     def cancel_all(self) -> list[int]:
         """Drop every trial in flight and end the workers (a simulation cannot be interrupted)."""

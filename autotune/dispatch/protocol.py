@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Protocol
 
 from autotune.core.config import EngineConfig
+from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.trial.task import SearchPlan
 
@@ -39,6 +40,8 @@ class TrialExecutor(Protocol):
     ) -> None: ...  # noqa: D102
 
     def wait(self, timeout: float) -> list[tuple[int, TrialResult]]: ...  # noqa: D102
+
+    def placements(self) -> dict[int, Placement]: ...  # noqa: D102
 
     def cancel_all(self) -> list[int]: ...  # noqa: D102
 

@@ -22,6 +22,7 @@ from autotune.core.errors import FailureKind
 from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
+from autotune.trial.placement_board import announce
 from autotune.workloads.spec import WorkloadSpec
 
 MAX_SHIPPED_BYTES = 16 << 20  # per file: the tail of a huge server log is the part that explains a failure
@@ -86,6 +87,7 @@ def run_trial_task(
 ) -> TaskOutput:
     """The body of a trial's Ray task (see the module docstring)."""
     placement = current_placement(uses_gpus)
+    announce(placement)  # should this task never return, the driver still knows where it ran
     started = time.time()
     files: dict[str, bytes] = {}
     if trial_dir is None or placement.node_id == driver_node:

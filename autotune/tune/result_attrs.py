@@ -61,6 +61,11 @@ def placement_attr(placement: Placement) -> dict[str, Any]:
     return out
 
 
+def placement_attrs(placement: Placement) -> dict[str, Any]:
+    """The `PLACEMENT_ATTRS` a trial carries itself (what trials.csv shows)."""
+    return {k: v for k, v in placement_attr(placement).items() if k in PLACEMENT_ATTRS}
+
+
 def _server_attr(server: ServerReport) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if server.image is not None:

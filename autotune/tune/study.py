@@ -28,7 +28,7 @@ from autotune.measure.result import TrialResult
 from autotune.measure.server_report import ServerReport
 from autotune.measure.slo import Slo
 from autotune.tune.objectives import ObjectiveSet, constraints, failed_values, is_feasible
-from autotune.tune.result_attrs import INFO_ATTR, info_attr, parse_info
+from autotune.tune.result_attrs import INFO_ATTR, info_attr, parse_info, placement_attrs
 from autotune.tune.space import plain_params
 
 LOG_TAIL_CHARS = 2000
@@ -160,9 +160,14 @@ def has_baseline(study: optuna.Study) -> bool:
     return any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False, states=alive))
 
 
-def fail_stale_trials(study: optuna.Study, held_gpu_s: Mapping[int, float] | None = None) -> int:
+def fail_stale_trials(
+    study: optuna.Study,
+    held_gpu_s: Mapping[int, float] | None = None,
+    placements: Mapping[int, Placement] | None = None,
+) -> int:
     """Mark this driver's RUNNING trials FAIL (an interrupted run: their results were never told), each
-    with the GPU seconds it held (`held_gpu_s` by trial number; 0 when unknown).
+    with the GPU seconds it held (`held_gpu_s` by trial number; 0 when unknown) and where it ran
+    (`placements`, when known).
 
     Every RUNNING trial is this driver's: a study has one driver at a time (autotune.store.lease).
     """
@@ -171,6 +176,9 @@ def fail_stale_trials(study: optuna.Study, held_gpu_s: Mapping[int, float] | Non
         study._storage.set_trial_user_attr(trial._trial_id, "failure", "interrupted")
         held = (held_gpu_s or {}).get(trial.number, 0.0)
         study._storage.set_trial_user_attr(trial._trial_id, "gpu_seconds", round(held, 3))
+        where = (placements or {}).get(trial.number)
+        for name, value in (placement_attrs(where) if where is not None else {}).items():
+            study._storage.set_trial_user_attr(trial._trial_id, name, value)
         study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
     return len(stale)
 

@@ -38,7 +38,7 @@ from autotune.tune.halt import FirstFailures
 from autotune.tune.objectives import ObjectiveSet, metric_unit
 from autotune.tune.progress import Progress, running_params
 from autotune.tune.remeasure import StoredRepeats, remeasure
-from autotune.tune.result_attrs import PLACEMENT_ATTRS, placement_attr
+from autotune.tune.result_attrs import placement_attrs
 from autotune.tune.run_records import RunSummary, TunerOptions
 from autotune.tune.samplers import sampler_exhausted
 from autotune.tune.screen import MemoryScreen, Screening
@@ -330,9 +330,8 @@ class Tuner:
     def _finish(self, number: int, result: TrialResult) -> None:
         pending = self._running.pop(number)
         if result.placement is not None:  # where it ran: Ray placed it (node, devices)
-            for name, value in placement_attr(result.placement).items():
-                if name in PLACEMENT_ATTRS:
-                    pending.trial.set_user_attr(name, value)
+            for name, value in placement_attrs(result.placement).items():
+                pending.trial.set_user_attr(name, value)
         self._submitted.pop(number, None)
         frozen = self._tell(pending.trial, result, pending.key)
         self._halt = self._halt or self._first_failures.record(frozen)
@@ -373,8 +372,9 @@ class Tuner:
         All of the study's RUNNING trials are this run's, including one the interrupt caught between
         `ask` and the bookkeeping, or in the middle of its `tell`.
         """
+        placements = self.executor.placements()  # before the cancel, which forgets them
         self.executor.cancel_all()
-        fail_stale_trials(self.study, self._held_gpu_seconds())
+        fail_stale_trials(self.study, self._held_gpu_seconds(), placements)
         self._running.clear()
         self._queued.clear()
 
