@@ -9,7 +9,7 @@ from pathlib import Path
 import optuna
 from cli import autotune
 from test_recommendation import capacity as bracketed
-from test_study import OBJECTIVES, build_run, ok
+from test_study import OBJECTIVES, SLOS, build_run, ok
 
 from autotune.measure.capacity_report import CapacityReport, ProbeSummary
 from autotune.outputs import report, report_html
@@ -408,3 +408,29 @@ def test_the_failures_line_counts_the_benchmarks_early_abort_stopped(tmp_path: P
     assert "<h2>Failures</h2><p>None: every config started; early abort stopped 1 benchmark once" in html
     assert "finished its benchmark" not in html
     assert "by early abort (1 trial)" in out.cost.text()  # the run summary's line
+
+
+def test_a_duplicate_ran_nowhere_so_trials_csv_gives_it_no_placement(tmp_path: Path) -> None:
+    """A duplicate is told an earlier trial's result without launching anything: it copies that trial's
+    measurements, not the node and devices the earlier trial ran on."""
+    import csv
+
+    from autotune.measure.placement import Placement
+    from autotune.tune.result_attrs import placement_attrs
+    from autotune.tune.study import config_key, tell_duplicate, tell_result
+
+    measured = ok(4000, 1500, 20)
+    measured.placement = Placement("ab12", "10.0.0.5", (0, 1), ran_at=(1.0, 2.0))
+    study = build_run(tmp_path, [])
+    trial = study.ask()
+    for name, value in placement_attrs(measured.placement).items():  # as the tuner records it
+        trial.set_user_attr(name, value)
+    tell_result(study, trial, measured, OBJECTIVES, SLOS, config_key(measured.config))
+    tell_duplicate(study, study.ask(), study.trials[0])
+    recs = records(study)
+    assert recs[0].placement is not None and recs[1].placement is None
+    assert "ran_at" not in recs[1].info  # nor when the earlier trial ran
+    report.write_all(tmp_path, outcome(recs, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"]))
+    with (tmp_path / "trials.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["node_ip"], r["gpu_ids"]) for r in rows] == [("10.0.0.5", "0,1"), ("", "")]

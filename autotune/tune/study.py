@@ -28,7 +28,7 @@ from autotune.measure.result import TrialResult
 from autotune.measure.server_report import ServerReport
 from autotune.measure.slo import Slo
 from autotune.tune.objectives import ObjectiveSet, constraints, failed_values, is_feasible
-from autotune.tune.result_attrs import INFO_ATTR, info_attr, parse_info, placement_attrs
+from autotune.tune.result_attrs import INFO_ATTR, PLACEMENT_ATTRS, info_attr, parse_info, placement_attrs
 from autotune.tune.space import plain_params
 
 LOG_TAIL_CHARS = 2000
@@ -273,11 +273,14 @@ def _worst_measured(study: optuna.Study, objectives: ObjectiveSet) -> dict[str, 
 
 
 def tell_duplicate(study: optuna.Study, trial: optuna.Trial, original: FrozenTrial) -> FrozenTrial:
-    """Tell a config already measured: the same values, constraints and attrs, plus `duplicate_of`."""
+    """Tell a config already measured: the same values, constraints and attrs, plus `duplicate_of`; not
+    where and when the original ran (a duplicate is launched nowhere)."""
     for name, value in original.constraints.items():
         trial.set_constraint(name, value)
     for name, value in original.user_attrs.items():
-        if name not in ("baseline", "duplicate_of"):
+        if name == INFO_ATTR:
+            value = {k: v for k, v in value.items() if k not in (*PLACEMENT_ATTRS, "ran_at")}
+        if name not in ("baseline", "duplicate_of", *PLACEMENT_ATTRS):
             trial.set_user_attr(name, value)
     trial.set_user_attr("duplicate_of", original.number)
     trial.set_user_attr("gpu_seconds", 0.0)
