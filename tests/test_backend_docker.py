@@ -8,6 +8,7 @@ Without an engine (or without a static busybox to build the image) these tests s
 from __future__ import annotations
 
 import _thread
+import csv
 import math
 import os
 import pickle
@@ -30,6 +31,7 @@ from autotune.backends.docker import (
     docker_client,
     reap_orphans,
 )
+from autotune.cli import main
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, FailureKind
 from autotune.core.procs import pid_alive
@@ -45,6 +47,8 @@ WORKLOAD = WorkloadSpec(
     prompt_len=LengthDist("fixed", 64),
     output_len=LengthDist("fixed", 8),
 )
+
+TINY_YAML = "name: tiny\nnum_requests: 8\nrequest_rate: inf\nprompt_len: 64\noutput_len: 8\n"
 
 
 @pytest.fixture(scope="session")
@@ -132,6 +136,29 @@ def test_invalid_config_in_a_container_is_classified(docker, sim_image: str, tmp
         "max_num_batched_tokens (256) must be greater than or equal to max_num_seqs"
     )
     assert result.startup_s < 10.0
+    assert _autotune_containers(docker) == []
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_an_engine_that_cannot_give_gpus_halts_the_run_naming_the_toolkit(
+    docker, sim_image: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each trial's container asks for its GPU and the engine refuses it alike, naming the container:
+    the run halts after three (exit 1) with the refusal and what to install."""
+    if "nvidia" in docker.info().get("Runtimes", {}):
+        pytest.skip("this engine has the NVIDIA runtime: it can give containers GPUs")
+    (tmp_path / "tiny.yaml").write_text(TINY_YAML)
+    args = ["run", "--space", "small", "--workload", str(tmp_path / "tiny.yaml"), "--guide", "none"]
+    args += ["--backend", "docker", "--image", sim_image, "--gpus", "1", "--n-trials", "6", "--quiet"]
+    assert main([*args, "--runs-dir", str(tmp_path), "--study", "no-gpu"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("autotune run: error: halted: the first 3 configs launched all failed alike")
+    assert (
+        'could not select device driver "" with capabilities: [[gpu]]' in err
+        and "NVIDIA Container Toolkit" in err
+    )
+    with open(tmp_path / "no-gpu" / "trials.csv") as f:
+        assert len(list(csv.DictReader(f))) == 3
     assert _autotune_containers(docker) == []
 
 

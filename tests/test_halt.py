@@ -54,3 +54,15 @@ def test_failures_a_config_causes_itself_or_that_differ_never_halt() -> None:
     assert outcome(differ) == [None] * 5
     after_a_success = [told(None), *[told("crashed", "server exited with code 1") for _ in range(4)]]
     assert outcome(after_a_success) == [None] * 5  # one server worked: the setup can serve
+
+
+def test_messages_that_differ_only_by_a_container_id_are_alike() -> None:
+    """Docker names the container in its refusal: each trial's own id, the same broken setup."""
+
+    def refused(container_id: str) -> FrozenTrial:
+        url = f"http+docker://localhost/v1.41/containers/{container_id}/start"
+        return told("error", f"server failed: 500 Server Error for {url}: could not select device driver")
+
+    ids = ["089e7e739fd1e7be4a8370e7b78ac5d3", "fb84260a8e4564f77807bfb49641d488", "5d0c93a1b2e4"]
+    reason = outcome([refused(i) for i in ids])[-1]
+    assert reason is not None and "could not select device driver" in reason

@@ -42,6 +42,14 @@ PASSED_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLI
 LOG_FETCH_LINES = 2000  # lines fetched from the engine while the container runs
 ENGINE_LOST_EXIT_CODE = 125  # Docker's own exit status for "the daemon failed" (docker run)
 REAPED_STATES = ("exited", "dead")
+# The engine's answer when a container asks for GPUs and no runtime can give them: the same for every
+# config, so the run halts on it (tune/halt.py) and the message says what to fix.
+NO_GPU_DRIVER = "could not select device driver"
+NO_GPU_DRIVER_HINT = (
+    "the NVIDIA Container Toolkit is not installed or Docker is not configured for it (`docker run "
+    "--gpus all ...` fails the same way): install it, run `nvidia-ctk runtime configure --runtime=docker` "
+    "and restart Docker"
+)
 
 
 def docker_client() -> Any:
@@ -140,7 +148,7 @@ class DockerBackend(Backend):
             inside_port = port if self.network_host else CONTAINER_PORT
             container = client.containers.create(self.image, self.command(config, inside_port), **options)
         except docker.errors.APIError as exc:
-            raise LaunchError(_first_line(exc)) from exc
+            raise _launch_error(exc) from exc
         scrubbing = ({**os.environ, **(self.env or {})}, secret_args(self.command(config, port)))
         api_key = server_api_key(self.command(config, inside_port), options["environment"])
         handle = _Container(
@@ -150,7 +158,7 @@ class DockerBackend(Backend):
             container.start()
         except docker.errors.APIError as exc:
             handle.stop()
-            raise LaunchError(_first_line(exc)) from exc
+            raise _launch_error(exc) from exc
         return handle
 
     def _run_options(self, gpu_ids: Sequence[int | str], port: int) -> dict[str, Any]:
@@ -298,6 +306,21 @@ def _engine_errors() -> tuple[type[BaseException], ...]:
     import requests
 
     return (docker.errors.DockerException, requests.exceptions.RequestException)
+
+
+def _launch_error(exc: Any) -> LaunchError:
+    """The engine's refusal to create or start a container, as the engine words it.
+
+    The SDK's own text leads with the request's URL, which holds the container's id: every trial's
+    message would differ and the run would not halt on a refusal that fails them all alike.
+    """
+    explanation = str(exc.explanation or "").strip()
+    if not explanation:
+        return LaunchError(_first_line(exc))
+    message = f"Docker error: {explanation.splitlines()[0]}"
+    if NO_GPU_DRIVER in explanation:
+        message += f": {NO_GPU_DRIVER_HINT}"
+    return LaunchError(message)
 
 
 def _first_line(exc: BaseException) -> str:

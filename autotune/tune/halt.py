@@ -8,6 +8,7 @@ after each trial told and halts the run (autotune/tune/tuner.py).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from optuna.trial import FrozenTrial, TrialState
@@ -32,6 +33,16 @@ _CONFIG_FAILURES = frozenset(
 )
 
 
+# An id a launch names in its message (a container's, an image's digest): each trial's own, so two
+# messages that differ only by one still say the same thing of the setup.
+_IDS = re.compile(r"\b[0-9a-f]{12,}\b", re.IGNORECASE)
+
+
+def _alike_key(failure: str, message: str) -> tuple[str, str]:
+    """What two failures must share to count as alike: their kind and their message but for ids."""
+    return failure, _IDS.sub("<id>", message)
+
+
 @dataclass
 class FirstFailures:
     """The failures of a run's first launched trials, while they are all alike."""
@@ -48,7 +59,7 @@ class FirstFailures:
             return None  # unlaunched, answered from another trial, or cut short: no word on the setup
         failure, message = attrs.get("failure"), str(attrs.get("message") or "")
         alike = bool(failure and message) and failure not in _CONFIG_FAILURES
-        if not alike or (self.seen and self.seen[0] != (failure, message)):
+        if not alike or (self.seen and _alike_key(*self.seen[0]) != _alike_key(failure, message)):
             self.varied = True
             return None
         self.seen.append((failure, message))
