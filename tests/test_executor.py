@@ -16,11 +16,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import optuna
 import pytest
 import ray.cloudpickle
 import ray.exceptions
+from optuna.trial import TrialState
 
+from autotune.backends.docker import EngineLost
 from autotune.backends.server import free_port
+from autotune.backends.sim import SimBackend
 from autotune.commands.run_executor import busy_gpus, open_executor
 from autotune.core.config import EngineConfig
 from autotune.core.errors import AutotuneError, FailureKind
@@ -31,6 +35,12 @@ from autotune.dispatch.processes import ProcessExecutor
 from autotune.dispatch.protocol import free_slots
 from autotune.dispatch.ray_cluster import check_reachable, lost_node
 from autotune.measure.result import TrialResult
+from autotune.tune.objectives import load_objectives
+from autotune.tune.run_records import TunerOptions
+from autotune.tune.space import space_from_dict
+from autotune.tune.study import StudySettings
+from autotune.tune.study_open import sqlite_url, start_study
+from autotune.tune.tuner import Tuner
 from autotune.workloads.files import load_workload
 
 # Ray workers cannot import this test module: ship its classes by value.
@@ -98,6 +108,8 @@ class SleepBackend:
         return False
 
 
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+OBJECTIVES = load_objectives("default")
 FIXED_LOAD = dataclasses.replace(load_workload("chat"), load="fixed")  # the sleeping backend ignores it
 
 
@@ -353,3 +365,65 @@ def test_a_killed_worker_or_a_timeout_keeps_its_gpu_time_and_where_it_ran(tmp_pa
     late = drain(executor, 1, limit_s=30)[1]
     assert late.failure == FailureKind.BENCHMARK_TIMEOUT and late.gpu_seconds >= 1.5
     assert late.placement is not None and len(late.placement.gpu_ids or ()) == 1
+
+
+class LosesItsEngine(SimBackend):
+    """The simulator, until `after` trials ran (counted in `folder`): then each trial finds its Docker
+    engine gone, as DockerBackend raises it."""
+
+    def __init__(self, folder: Path, after: int) -> None:
+        super().__init__("H100")
+        self.folder, self.after = folder, after
+
+    def evaluate(self, config: EngineConfig, workload: Any, *args: Any, **kwargs: Any) -> TrialResult:
+        if len(list(self.folder.iterdir())) >= self.after:
+            raise EngineLost("the Docker engine stopped answering mid-trial: gone")
+        (self.folder / str(time.monotonic_ns())).touch()
+        return super().evaluate(config, workload, *args, **kwargs)
+
+
+def test_a_trial_that_finds_its_engine_gone_is_not_a_result_and_the_next_wait_raises(
+    tmp_path: Path,
+) -> None:
+    executor = Executor(LosesItsEngine(tmp_path, after=0), FIXED_LOAD, [], cpu_slots=2)
+    executor.submit(0, EngineConfig(model="m"), 0, None)
+    deadline = time.monotonic() + 30
+    while executor.in_flight() and time.monotonic() < deadline:
+        assert executor.wait(0.2) == []  # not the config's failure: no result to tell
+    assert not executor.in_flight() and not executor.can_start()  # nothing more starts
+    with pytest.raises(EngineLost, match="^the Docker engine stopped answering mid-trial: gone$"):
+        executor.wait(0.2)
+
+
+def test_an_engine_lost_mid_run_stops_the_run_in_one_line_its_finished_trials_kept(tmp_path: Path) -> None:
+    from autotune.commands.run_end import run_tuner
+
+    (tmp_path / "runs").mkdir()
+    space = space_from_dict(
+        {
+            "fixed": {"model": MODEL, "gpu": "H100", "max_model_len": 8192},
+            "params": {"max_num_seqs": {"type": "int", "low": 8, "high": 1024}},
+        }
+    )
+    settings = StudySettings(
+        objectives=OBJECTIVES.names,
+        directions=OBJECTIVES.directions,
+        slos=[],
+        model=MODEL,
+        gpu="H100",
+        workload="chat",
+        backend="docker",
+    )
+    sampler = optuna.samplers.RandomSampler(seed=0)
+    study = start_study("lost", sqlite_url(tmp_path), settings, sampler, False, {"max_num_seqs": 256})
+    workload = dataclasses.replace(load_workload("chat"), num_requests=20, load="fixed")
+    executor = Executor(LosesItsEngine(tmp_path / "runs", after=2), workload, [], cpu_slots=1)
+    tuner = Tuner(study, space, OBJECTIVES, [], executor, TunerOptions(n_trials=6, run_dir=tmp_path))
+    with pytest.raises(EngineLost) as lost:
+        run_tuner(tuner, study, tmp_path)
+    assert str(lost.value).startswith(
+        "the Docker engine stopped answering mid-trial: gone; 2 finished trials"
+    )
+    assert str(lost.value).endswith("the same command with --resume continues")
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert states == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.FAIL]  # the third: unmeasured

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from autotune.backends.server import (
 )
 from autotune.core.api_keys import SERVER_KEY_VAR, server_api_key
 from autotune.core.config import DEFAULT_IMAGE, EngineConfig
-from autotune.core.errors import AutotuneError
+from autotune.core.errors import AutotuneError, FailureKind, SetupLost
 from autotune.core.procs import pid_alive
 from autotune.core.secrets import scrub, scrub_args, secret_args
 from autotune.measure.server_report import ServerReport
@@ -42,6 +43,12 @@ PASSED_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLI
 LOG_FETCH_LINES = 2000  # lines fetched from the engine while the container runs
 ENGINE_LOST_EXIT_CODE = 125  # Docker's own exit status for "the daemon failed" (docker run)
 REAPED_STATES = ("exited", "dead")
+# A stopping engine first stops its containers (their servers crash, maybe with exit code 0), then
+# answers for a moment more: so long a crashed trial's engine is watched before the crash counts as
+# the config's.
+ENGINE_SUSPECTS = (FailureKind.CRASHED,)
+ENGINE_GONE_WITHIN_S = 5.0
+ENGINE_POLL_S = 0.2
 # The engine's answer when a container asks for GPUs and no runtime can give them: the same for every
 # config, so the run halts on it (tune/halt.py) and the message says what to fix.
 NO_GPU_DRIVER = "could not select device driver"
@@ -52,15 +59,26 @@ NO_GPU_DRIVER_HINT = (
 )
 
 
+class EngineUnreachable(AutotuneError):
+    """The Docker engine does not answer (a usage error before a run: no engine to run on)."""
+
+
+class EngineLost(SetupLost):
+    """The Docker engine stopped answering mid-run: no later trial can start, and the trials it cut
+    short are not their configs' failures, so the run stops (a resume continues)."""
+
+    what = "the Docker engine"
+
+
 def docker_client() -> Any:
-    """A Docker SDK client for the local engine; AutotuneError when it is not reachable."""
+    """A Docker SDK client for the local engine; EngineUnreachable when it is not reachable."""
     try:
         import docker
 
         client = docker.from_env(version="auto", timeout=30)
         client.ping()
     except Exception as exc:  # the SDK raises DockerException, requests' errors or FileNotFoundError
-        raise AutotuneError(f"Docker engine not reachable: {_first_line(exc)}") from exc
+        raise EngineUnreachable(f"Docker engine not reachable: {_first_line(exc)}") from exc
     return client
 
 
@@ -108,8 +126,15 @@ class DockerBackend(Backend):
     def session(
         self, config: EngineConfig, gpu_ids: Sequence[int] = (), trial_dir: Path | None = None
     ) -> Iterator[ServerSession]:
-        """A container for `config`, for one or more measurements (see autotune.backends.server)."""
-        client = self.preflight()
+        """A container for `config`, for one or more measurements (see autotune.backends.server).
+
+        EngineLost when the engine does not answer at the start, or after the server failed: the run's
+        preflight found it there, so it was lost mid-run and the failure is not the config's.
+        """
+        try:
+            client = self.preflight()
+        except EngineUnreachable as exc:
+            raise EngineLost(str(exc)) from None
         try:
             reap_orphans(client)  # containers of dead owners, or of an earlier trial the engine lost
 
@@ -122,6 +147,8 @@ class DockerBackend(Backend):
             secrets = secret_args(command)
             with server_session(launch, config, self._limits, trial_dir, report, env, secrets) as session:
                 yield session
+            if session.failure in ENGINE_SUSPECTS:
+                _check_engine(client)
         finally:
             client.close()
 
@@ -141,24 +168,21 @@ class DockerBackend(Backend):
     def _launch(
         self, client: Any, config: EngineConfig, port: int, gpu_ids: Sequence[int | str], log_path: Path
     ) -> _Container:
-        import docker
-
         options = self._run_options(gpu_ids, port)
-        try:
-            inside_port = port if self.network_host else CONTAINER_PORT
+        inside_port = port if self.network_host else CONTAINER_PORT
+        with _engine_answers():
             container = client.containers.create(self.image, self.command(config, inside_port), **options)
-        except docker.errors.APIError as exc:
-            raise _launch_error(exc) from exc
         scrubbing = ({**os.environ, **(self.env or {})}, secret_args(self.command(config, port)))
         api_key = server_api_key(self.command(config, inside_port), options["environment"])
         handle = _Container(
             container, f"http://127.0.0.1:{port}", log_path, self.stop_grace_s, scrubbing, api_key
         )
         try:
-            container.start()
-        except docker.errors.APIError as exc:
+            with _engine_answers():
+                container.start()
+        except (LaunchError, EngineLost):
             handle.stop()
-            raise _launch_error(exc) from exc
+            raise
         return handle
 
     def _run_options(self, gpu_ids: Sequence[int | str], port: int) -> dict[str, Any]:
@@ -300,12 +324,40 @@ def reap_orphans(client: Any = None) -> int:
     return removed
 
 
+def _check_engine(client: Any) -> None:
+    """EngineLost when the engine stops answering within ENGINE_GONE_WITHIN_S (after a failed server:
+    the engine stopping may be what failed it)."""
+    deadline = time.monotonic() + ENGINE_GONE_WITHIN_S
+    while True:
+        try:
+            client.ping()
+        except _engine_errors() as exc:
+            raise EngineLost(f"the Docker engine stopped answering mid-trial: {_first_line(exc)}") from None
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(ENGINE_POLL_S)
+
+
 def _engine_errors() -> tuple[type[BaseException], ...]:
     """What the SDK raises when the engine does not answer (refused socket, daemon restarting)."""
     import docker
     import requests
 
     return (docker.errors.DockerException, requests.exceptions.RequestException)
+
+
+@contextlib.contextmanager
+def _engine_answers() -> Iterator[None]:
+    """Around an SDK call at launch: the engine's refusal is a LaunchError (the trial's failure), no
+    answer at all is EngineLost (the run's: the engine answered at the run's start)."""
+    import docker
+
+    try:
+        yield
+    except docker.errors.APIError as exc:
+        raise _launch_error(exc) from exc
+    except _engine_errors() as exc:
+        raise EngineLost(f"the Docker engine stopped answering mid-trial: {_first_line(exc)}") from exc
 
 
 def _launch_error(exc: Any) -> LaunchError:

@@ -125,6 +125,11 @@ class ServerSession:
         return self._failure is None
 
     @property
+    def failure(self) -> FailureKind | None:
+        """Why the server failed to start, died or hung (None while it serves)."""
+        return self._failure.failure if self._failure is not None else None
+
+    @property
     def base_url(self) -> str | None:
         """Where the running server answers (for clients of its own, e.g. autotune calibrate); None
         once it failed."""

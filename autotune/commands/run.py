@@ -247,8 +247,7 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
     from autotune.commands.run_executor import busy_gpus
     from autotune.commands.run_guide import finish_guided, make_guided
     from autotune.core.atomic import remove_stale_temps
-    from autotune.core.errors import RunFailure
-    from autotune.dispatch.ray_cluster import ClusterLost
+    from autotune.core.errors import RunFailure, SetupLost
     from autotune.outputs.dashboard import StudyNote
     from autotune.outputs.export import RunInfo
     from autotune.store.lease import Lease, new_driver
@@ -334,8 +333,8 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
         stops.check()  # one that came between the checks and the loop's own handler
         finish_guided(guide, study, s.run_dir, summary.ended_by())
     except RunFailure as exc:
-        if isinstance(exc, ClusterLost):  # the storage is fine: the results are written as after Ctrl-C
-            stopped = (guide, "the Ray cluster was lost")
+        if isinstance(exc, SetupLost):  # the storage is fine: the results are written as after Ctrl-C
+            stopped = (guide, f"{exc.what} was lost")
             run_end.write_results(study, s, args, context, note, lease, dashboard, stopped)
             raise
         # The storage failed: reading it back for the results would wait on it again. --resume writes them.

@@ -11,18 +11,15 @@ from typing import Any
 
 
 def run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
-    """tuner.run(); a lost cluster or a storage fault ends in one line that says how to continue (an
+    """tuner.run(); a lost cluster or engine or a storage fault ends in one line that says how to go on (an
     interrupt's line: `interrupted`, wherever in the run it came)."""
-    from autotune.core.errors import RunFailure
-    from autotune.dispatch.ray_cluster import ClusterLost
+    from autotune.core.errors import RunFailure, SetupLost
     from autotune.store.storage import storage_error
 
     try:
         return tuner.run()
-    except ClusterLost as exc:  # the tuner already marked the interrupted trials FAIL
-        raise ClusterLost(
-            f"{exc}; {kept(study, run_dir)}; {RESUME_HINT} (against a new cluster: --ray-address)"
-        ) from None
+    except SetupLost as exc:  # the tuner already marked the interrupted trials FAIL
+        raise type(exc)(f"{exc}; {kept(study, run_dir)}; {RESUME_HINT}{exc.resume_note}") from None
     except (*STORAGE_ERRORS(), OSError) as exc:
         tuner.executor.cancel_all()
         raise RunFailure(

@@ -36,6 +36,18 @@ class RunFailure(AutotuneError):
     exit_code = 1
 
 
+class SetupLost(RunFailure):
+    """What every trial runs on went away mid-run (the Ray cluster, the Docker engine).
+
+    No later trial could run, and the trials it cut short did nothing wrong: the run stops as after
+    Ctrl-C (those trials marked FAIL, the finished ones kept, the results written) and a resume
+    continues. Raised by a trial, it ends the run instead of becoming the trial's failure.
+    """
+
+    what = "the setup"  # what was lost, in a guided search's stop note ("... was lost")
+    resume_note = ""  # after the resume hint: how a resume reaches a new one
+
+
 class FailureKind(StrEnum):
     """Why a trial produced no usable benchmark. The tuner tells each as a constraint violation."""
 

@@ -14,7 +14,8 @@ that dies becomes a crash, and one whose node died names the node and takes the 
 count. A trial cut short so (or past its deadline, or by Ctrl-C) is charged the time it held its GPUs
 and keeps the node and devices its task told at its start (trial/placement_board.py). When the cluster's
 head stops answering, or no GPU is left, `wait` raises ClusterLost: the run
-stops, and what finished is in the study.
+stops, and what finished is in the study. So does a trial that raised SetupLost (its Docker engine gone):
+`wait` raises it once the trials that finished beside it are returned.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 from autotune.backends.base import Backend
 from autotune.core.config import EngineConfig, gpus_per_replica, parallel_text
-from autotune.core.errors import AutotuneError, FailureKind
+from autotune.core.errors import AutotuneError, FailureKind, SetupLost
 from autotune.core.values import counted
 from autotune.dispatch.ray_cluster import (
     ClusterLost,
@@ -111,6 +112,7 @@ class Executor:
         self._lost = ""  # why the cluster counts as gone ("" while it is there)
         self._node_lost: set[int] = set()  # trials of this wait() whose node died
         self._store_checked = (-math.inf, False)  # when the head was last probed before using its store
+        self._setup_lost: SetupLost | None = None  # what a trial found gone (its engine): the run stops
         if uses_gpus:
             self._inventory.refresh()
             if gpu_cap is not None and gpu_cap > self._inventory.total:
@@ -156,11 +158,12 @@ class Executor:
         return self.misfit(config) is None
 
     def can_start(self, config: EngineConfig | None = None) -> bool:
-        """Whether a trial (of this config, or of one slot) could start now."""
+        """Whether a trial (of this config, or of one slot) could start now (none once a trial found its
+        setup gone: the next `wait` stops the run)."""
         if self.max_trials is not None and len(self._jobs) >= self.max_trials:
             return False
         need = self.needs(config) if config is not None else 1
-        return need <= self.capacity - self._used
+        return self._setup_lost is None and need <= self.capacity - self._used
 
     def in_flight(self) -> list[tuple[int, EngineConfig]]:
         """(trial number, config) of the running trials."""
@@ -200,10 +203,13 @@ class Executor:
     def wait(self, timeout: float) -> list[tuple[int, TrialResult]]:
         """Results of the trials that finished (or timed out) within `timeout` seconds.
 
-        Raises ClusterLost when the cluster's head stopped answering, or no GPU is left for a trial.
+        Raises ClusterLost when the cluster's head stopped answering, or no GPU is left for a trial;
+        the SetupLost a trial raised, at the call after the one that returned the trials beside it.
         """
         if self._lost:
             raise ClusterLost(self._lost)
+        if self._setup_lost is not None:
+            raise self._setup_lost
         self._watch()
         done = self._expire()
         if not self._jobs:
@@ -217,7 +223,9 @@ class Executor:
         self._node_lost.clear()
         for ref in ready:
             job = refs[ref]
-            done.append((job.number, self._collect(job)))
+            result = self._collect(job)
+            if result is not None:  # None: the trial found its setup gone, its config did nothing wrong
+                done.append((job.number, result))
         if self._node_lost and (self._no_gpu_left() or not self._head_answers()):
             # Not one node but the whole cluster went: those trials were interrupted, their configs did
             # nothing wrong. Left untold, the run's stop marks them FAIL; the others are told now.
@@ -284,10 +292,16 @@ class Executor:
         self._lost = f"the Ray cluster is gone: {why.format(head=f'{host}:{port}')}"
         return self._lost
 
-    def _collect(self, job: Job) -> TrialResult:
+    def _collect(self, job: Job) -> TrialResult | None:
+        """A finished trial's result; None when it raised SetupLost (kept for `wait` to raise)."""
         try:
             output = self._ray.get(job.ref)
         except Exception as exc:  # noqa: BLE001  (the worker died: OOM-killed, cancelled, crashed)
+            cause = getattr(exc, "cause", exc)  # a task's own exception, as Ray wraps it
+            if isinstance(cause, SetupLost):
+                self._setup_lost = self._setup_lost or type(cause)(str(cause))
+                self._release(job)
+                return None
             if job.cancel_asked is not None:
                 result = self._timeout_result(job)
             else:

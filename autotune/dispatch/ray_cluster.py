@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.core.errors import AutotuneError, RunFailure, one_line
+from autotune.core.errors import AutotuneError, SetupLost, one_line
 from autotune.dispatch.reaper import Reaper, start_reaper
 
 CONNECT_TIMEOUT_S = 3.0  # an unreachable --ray-address fails in this long, not after Ray's minutes of retries
@@ -37,8 +37,11 @@ SINGLE_MACHINE_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 _NODE_DIED = re.compile(r"Node IP: (?P<ip>[^,\s]+), node ID: (?P<id>[0-9a-f]+)")
 
 
-class ClusterLost(RunFailure):
+class ClusterLost(SetupLost):
     """The Ray cluster is gone (its head unreachable) or has no GPU left: the run cannot go on (exit 1)."""
+
+    what = "the Ray cluster"
+    resume_note = " (against a new cluster: --ray-address)"
 
 
 @dataclass(frozen=True)

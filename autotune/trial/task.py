@@ -18,7 +18,7 @@ from pathlib import Path
 
 from autotune.backends.base import Backend
 from autotune.core.config import EngineConfig
-from autotune.core.errors import FailureKind
+from autotune.core.errors import FailureKind, SetupLost
 from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
@@ -60,7 +60,8 @@ def evaluate_trial(
 ) -> TrialResult:
     """One trial: a benchmark at the workload's load, or a capacity search as `plan` asks.
 
-    A backend bug must not end the study: any exception becomes an `error` failure with its message.
+    A backend bug must not end the study: any exception becomes an `error` failure with its message,
+    but SetupLost (the engine gone: no later trial can run either), which the driver stops the run on.
     """
     try:
         if workload.load == "capacity":
@@ -70,6 +71,8 @@ def evaluate_trial(
             search = CapacitySearch(hint_rate=plan.hint_rate, max_gpu_s=plan.max_gpu_s)
             return find_capacity(backend, config, workload, slos, seed, gpu_ids, trial_dir, search)  # type: ignore[arg-type]
         return backend.evaluate(config, workload, slos, seed, gpu_ids, trial_dir)  # type: ignore[arg-type]
+    except SetupLost:
+        raise
     except Exception as exc:  # noqa: BLE001
         return TrialResult(config=config, failure=FailureKind.ERROR, message=f"{type(exc).__name__}: {exc}")
 

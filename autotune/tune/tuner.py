@@ -26,10 +26,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.config import EngineConfig, gpus_per_replica
-from autotune.core.errors import FailureKind
+from autotune.core.errors import FailureKind, SetupLost
 from autotune.core.interrupts import on_stop
 from autotune.dispatch.protocol import TrialExecutor, free_slots
-from autotune.dispatch.ray_cluster import ClusterLost
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
 from autotune.trial.live import read_probe
@@ -122,7 +121,7 @@ class Tuner:
                 self._load_existing()  # inside: a stop while the study is read is a flag, never swallowed
                 timed_out = self._loop(start)
                 repeated = 0 if timed_out else self._remeasure()
-        except (KeyboardInterrupt, ClusterLost):  # the cluster gone: stop like Ctrl-C, finished trials kept
+        except (KeyboardInterrupt, SetupLost):  # the cluster or engine gone: stop like Ctrl-C, trials kept
             self._abandon()
             raise
         finally:
