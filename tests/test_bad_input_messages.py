@@ -235,3 +235,20 @@ def test_an_export_tag_must_be_a_docker_tag(
         ["export", "{tmp}", "--format", "docker", f"--tag={tag}"], {}, tmp_path, capfd, monkeypatch
     )
     assert "argument --tag:" in line and "is not a Docker image tag" in line
+
+
+@pytest.mark.parametrize("command", ["run", "bench", "calibrate"])
+@pytest.mark.parametrize("image", ["", "UPPER:1", "a b"])
+def test_a_launched_image_must_be_a_docker_reference(
+    command: str,
+    image: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Refused before anything starts, as `export --image` refuses it: the engine would answer late
+    with a traceback ('') or a bare 400 Bad Request (upper case)."""
+    line = assert_rejected(
+        [command, "--backend", "docker", f"--image={image}"], {}, tmp_path, capfd, monkeypatch
+    )
+    assert "argument --image:" in line and f"{image!r} is not a Docker image reference" in line

@@ -27,6 +27,7 @@ from autotune.commands.options import DEFAULT_SERVE_CMD
 from autotune.core import values
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import arg, given_flags, nearest_existing, refuse_unless, refuse_unused
+from autotune.outputs.images import image_reference
 from autotune.sim.calibration import add_calibration_argument
 
 if TYPE_CHECKING:
@@ -106,7 +107,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gpus", help="--backend: device ids (0,1) or a count; two or more add a TP=2 config"
     )
     server.add_argument("--serve-cmd", default=DEFAULT_SERVE_CMD, help="--backend vllm: the server command")
-    server.add_argument("--image", default=LATEST_IMAGE, help="--backend docker: the image")
+    server.add_argument(
+        "--image", default=LATEST_IMAGE, type=arg(image_reference), help="--backend docker: the image"
+    )
     server.add_argument(
         "--gpu-minutes", type=float, default=DEFAULT_GPU_MINUTES,
         help=f"a cap on the designed set's GPU time, as predicted (default {DEFAULT_GPU_MINUTES:g}; one "

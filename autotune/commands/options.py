@@ -16,6 +16,7 @@ from autotune.core import values
 from autotune.core.config import DEFAULT_IMAGE
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import ChoiceOption, add_startup_timeout, arg, serve_command
+from autotune.outputs.images import image_reference
 from autotune.sim.calibration import add_calibration_argument
 from autotune.sim.noise import add_noise_argument
 
@@ -89,6 +90,7 @@ def add_server_options(parser: Parser) -> None:
     parser.add_argument(
         "--image",
         default=DEFAULT_IMAGE,
+        type=arg(image_reference),  # checked before anything starts: '' or UPPER:1 the engine refuses late
         help=f"docker backend: the image (default {DEFAULT_IMAGE}, the vLLM release autotune follows)",
     )
     add_noise_argument(parser)
