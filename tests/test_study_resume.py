@@ -180,3 +180,21 @@ def test_a_resumed_sampler_continues_rather_than_replays_its_draws(tmp_path: Pat
     trials = optuna.load_study(study_name="r", storage=storage).trials
     duplicates = [t.number for t in trials if t.user_attrs.get("duplicate_of") is not None]
     assert len(trials) >= 10 and len(duplicates) <= 1, duplicates
+
+
+def test_a_resumed_docker_study_keeps_its_image(tmp_path: Path) -> None:
+    """Trials measured on one image and then another would be one front (and `export` would deploy the
+    second for all): refused, as another backend is. A study from before the image was recorded resumes."""
+    storage, sampler = sqlite_url(tmp_path), optuna.samplers.RandomSampler()
+    docker = settings(backend="docker", image="vllm/vllm-openai:v0.10.2")
+    open_study("d", storage, docker, sampler, resume=False)
+    newer = dataclasses.replace(docker, image="vllm/vllm-openai:v0.11.0")
+    with pytest.raises(
+        AutotuneError,
+        match=re.escape("was run with image 'vllm/vllm-openai:v0.10.2', not 'vllm/vllm-openai:v0.11.0'"),
+    ):
+        open_study("d", storage, newer, sampler, resume=True)
+    assert open_study("d", storage, docker, sampler, resume=True).study_name == "d"
+    open_study("old", storage, settings(backend="docker"), sampler, resume=False)  # no image recorded
+    assert open_study("old", storage, newer, sampler, resume=True).study_name == "old"
+    assert "image" not in settings().to_dict()  # a run of another backend records none

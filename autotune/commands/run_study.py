@@ -62,6 +62,7 @@ def study_settings(
         gpu_hours=args.gpu_hours,
         seed=args.seed,
         baseline_moved=moved,
+        image=args.image if args.backend == "docker" else "",
     )
 
 

@@ -60,14 +60,20 @@ class StudySettings:
     # vLLM's own defaults of the tuned flags the space does not allow (SearchSpace.moved_defaults): the
     # baseline trial took the nearest allowed values instead (empty: none moved, or not recorded).
     baseline_moved: dict[str, Any] = field(default_factory=dict)
+    # The docker backend's --image: what the trials ran, and what `export` deploys (empty: another
+    # backend, or not recorded).
+    image: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form, stored as a study user attr."""
-        return {
+        """JSON-able form, stored as a study user attr (an image only where there is one)."""
+        data = {
             **self.__dict__,
             "sim_calibration": dict(self.sim_calibration),
             "baseline_moved": dict(self.baseline_moved),
         }
+        if not self.image:
+            del data["image"]
+        return data
 
 
 @dataclass

@@ -171,7 +171,7 @@ def check_resume(study: optuna.Study, settings: StudySettings) -> None:
         )
     # Studies from before the load was recorded have none (or an empty one): nothing to compare.
     recorded = [key for key in ("slos", "model", "gpu", "workload", "backend") if key in stored]
-    keys = recorded + (["load"] if stored.get("load") else [])
+    keys = recorded + [key for key in ("load", "image") if stored.get(key)]
     # every one that differs, in one line: a user who changed two should not learn of them one by one
     differ = [k for k in keys if not _same_setting(k, stored[k], getattr(settings, k))]
     if differ:
