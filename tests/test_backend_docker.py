@@ -8,9 +8,7 @@ Without an engine (or without a static busybox to build the image) these tests s
 from __future__ import annotations
 
 import _thread
-import contextlib
 import csv
-import dataclasses
 import math
 import os
 import pickle
@@ -69,11 +67,6 @@ def docker() -> Iterator:
 @pytest.fixture(scope="session")
 def sim_image(docker) -> str:
     """The local test image (built once per session, in about a second)."""
-    return _build_image(docker)
-
-
-def _build_image(client) -> str:
-    """Build the test image on the engine of `client` (or skip without a static busybox)."""
     busybox = shutil.which("busybox")
     if busybox is None or not _is_static(Path(busybox)):
         pytest.skip("no static busybox to build the test image (apt-get install busybox-static)")
@@ -81,56 +74,8 @@ def _build_image(client) -> str:
         for item in DOCKER_DIR.iterdir():
             shutil.copy(item, context)
         shutil.copy(busybox, Path(context) / "busybox")
-        client.images.build(path=context, tag=IMAGE, buildargs={"PYTHON": sys.executable}, rm=True)
+        docker.images.build(path=context, tag=IMAGE, buildargs={"PYTHON": sys.executable}, rm=True)
     return IMAGE
-
-
-@pytest.fixture
-def own_engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[subprocess.Popen]:
-    """A Docker Engine of this test alone (its own socket, data, state and bridge; no iptables rules:
-    a trial uses the host's network), set as DOCKER_HOST; a test may stop it. Needs root, dockerd and
-    ip, else skips."""
-    if os.geteuid() != 0 or shutil.which("dockerd") is None or shutil.which("ip") is None:
-        pytest.skip("starting an engine of its own needs root, dockerd and ip")
-    root = Path(tempfile.mkdtemp(prefix="at-engine-", dir="/tmp"))  # short: containerd's socket path
-    host = f"unix://{root}/docker.sock"
-    args = ["dockerd", "--host", host, "--data-root", f"{root}/data", "--exec-root", f"{root}/exec"]
-    args += ["--pidfile", f"{root}/dockerd.pid", "--iptables=false", "--ip6tables=false"]
-    # A bridge of its own: `--bridge none` would delete docker0, the other engine's.
-    with _own_bridge() as bridge, open(root / "dockerd.log", "w") as log:
-        engine = subprocess.Popen([*args, "--bridge", bridge], stdout=log, stderr=subprocess.STDOUT)
-        monkeypatch.setenv("DOCKER_HOST", host)
-        try:
-            _wait_for_engine(engine)
-            yield engine
-        finally:
-            engine.terminate()
-            engine.wait(60)
-            for netns in (root / "exec" / "netns").glob("*"):  # mounted: rmtree cannot remove it
-                subprocess.run(["umount", str(netns)], check=False)
-            shutil.rmtree(root, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _own_bridge() -> Iterator[str]:
-    """A bridge interface for an engine of a test's own (TEST-NET-2 addresses), deleted after."""
-    name = f"atbr{os.getpid() % 100000}"
-    subprocess.run(["ip", "link", "add", name, "type", "bridge"], check=True)
-    try:
-        subprocess.run(["ip", "addr", "add", "198.51.100.1/24", "dev", name], check=True)
-        yield name
-    finally:
-        subprocess.run(["ip", "link", "delete", name], check=False)
-
-
-def _wait_for_engine(engine: subprocess.Popen, limit_s: float = 30.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while engine.poll() is None and time.monotonic() < deadline:
-        with contextlib.suppress(AutotuneError):
-            docker_client().close()
-            return
-        time.sleep(0.2)
-    pytest.skip("an engine of its own did not start")
 
 
 def _is_static(path: Path) -> bool:
@@ -309,24 +254,3 @@ def test_an_engine_unreachable_at_a_trials_start_stops_the_run(monkeypatch: pyte
     assert not isinstance(before_the_run.value, SetupLost)
     with pytest.raises(EngineLost, match="^Docker engine not reachable: "):
         evaluate_trial(backend, CONFIG, WORKLOAD, [], 0, (), None)
-
-
-def test_an_engine_stopped_mid_trial_stops_the_run(own_engine: subprocess.Popen, tmp_path: Path) -> None:
-    """A stopping engine stops its containers first (the server may exit 0) and answers a moment more:
-    the trial is not recorded as the config's crash but ends the run as EngineLost."""
-    client = docker_client()
-    _build_image(client)
-    slow = dataclasses.replace(WORKLOAD, num_requests=400, request_rate=20.0)
-
-    def stop_engine_once_serving() -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not client.containers.list(filters={"status": "running"}):
-            time.sleep(0.1)
-        time.sleep(1.5)  # past startup, into the benchmark
-        own_engine.terminate()
-
-    stopper = threading.Thread(target=stop_engine_once_serving, daemon=True)
-    stopper.start()
-    with pytest.raises(EngineLost, match="^the Docker engine stopped answering mid-trial: "):
-        _backend(IMAGE, network_host=True).evaluate(CONFIG, slow, trial_dir=tmp_path)
-    stopper.join()
