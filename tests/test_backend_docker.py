@@ -111,7 +111,9 @@ def test_trial_in_a_container_over_real_http(
     assert result.benchmark.completed == 8 and result.benchmark.total_output_tokens == 8 * 8
     assert result.benchmark.server["num_gpu_blocks"] > 0
     assert "--load-format dummy" in " ".join(result.server.command)
-    assert (tmp_path / "server.log").stat().st_size > 0  # the container's logs were captured
+    first, *rest = (tmp_path / "server.log").read_text().splitlines()
+    assert rest  # the container's logs were captured, after the line that says what was launched
+    assert first.startswith(f"# autotune: docker run {sim_image} --model ") and "--load-format dummy" in first
     assert _autotune_containers(docker) == []
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import Backend
+from autotune.backends.failures import LOG_HEADER
 from autotune.backends.server import (
     LaunchError,
     ServerSession,
@@ -177,6 +178,12 @@ class DockerBackend(Backend):
         handle = _Container(
             container, f"http://127.0.0.1:{port}", log_path, self.stop_grace_s, scrubbing, api_key
         )
+        # The first line of the log, as a `vllm serve` trial's (backends/process.py): the image, the
+        # devices it was given and its command, secrets masked.
+        devices = f"--gpus device={','.join(str(g) for g in gpu_ids)} " if gpu_ids else ""
+        command = " ".join(scrub_args(self.command(config, inside_port)))
+        handle.header = f"{LOG_HEADER}docker run {devices}{self.image} {command}\n"
+        log_path.write_text(handle.header)
         try:
             with _engine_answers():
                 container.start()
@@ -242,6 +249,7 @@ class _Container:
         self.grace_s = grace_s
         self._stopped = False
         self.engine_lost = ""  # why the Docker engine stopped answering mid-trial, once it did
+        self.header = ""  # the log's first line: what was launched (LOG_HEADER)
         self.api_key = api_key  # the key its command or environment requires
 
     def exit_code(self) -> int | None:
@@ -286,7 +294,7 @@ class _Container:
             # cannot stop it (reap_orphans removes it at the next start).
             with contextlib.suppress(docker.errors.APIError, *_engine_errors()):
                 self.container.stop(timeout=int(self.grace_s))
-            self.log_path.write_text(scrub(self._fetch_logs(), *self.scrubbing))
+            self.log_path.write_text(self.header + scrub(self._fetch_logs(), *self.scrubbing))
         finally:
             with contextlib.suppress(docker.errors.APIError, *_engine_errors()):
                 self.container.remove(force=True)
