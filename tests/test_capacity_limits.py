@@ -18,7 +18,8 @@ from autotune.measure.evidence import FAIL, UNSURE, Criterion
 from autotune.measure.metrics import RequestRecord, compute_metrics
 from autotune.measure.slo import parse_slos
 from autotune.outputs import report
-from autotune.outputs.outcome import capacity_text, limited_by, outcome
+from autotune.outputs.capacity_words import capacity_text, limited_by
+from autotune.outputs.outcome import outcome
 from autotune.outputs.plots import _PROBE_LATENCIES, probe_points
 from autotune.trial.capacity import _limited_by, find_capacity
 from autotune.trial.probe import Probe, judge_probes

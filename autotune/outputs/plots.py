@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.core.atomic import atomic_path
 from autotune.measure.capacity_report import ProbeSummary
 from autotune.measure.slo import Slo, parse_slos
-from autotune.outputs.outcome import limited_by
+from autotune.outputs.capacity_words import limited_by
 from autotune.tune.objectives import metric_label
 from autotune.tune.study import TrialRecord
 

@@ -20,9 +20,10 @@ from autotune.core.atomic import atomic_write_text
 from autotune.core.config import gpus_per_replica
 from autotune.core.json_out import json_text
 from autotune.core.values import counted, fmt_number
+from autotune.outputs.capacity_words import capacity_text, limited_by
 from autotune.outputs.export import render, serve_flags
 from autotune.outputs.guide_view import read_guide
-from autotune.outputs.outcome import SIMULATED_NOTE, Outcome, capacity_text, limited_by
+from autotune.outputs.outcome import SIMULATED_NOTE, Outcome
 from autotune.outputs.plots import plot_pairs, plot_probes
 from autotune.outputs.report_html import off_front, off_front_note, write_html
 from autotune.tune.front import defaults_label

@@ -19,10 +19,11 @@ from typing import Any
 
 from autotune.core.atomic import atomic_write_text
 from autotune.core.config import gpus_per_replica
-from autotune.core.values import counted
+from autotune.core.values import counted, fmt_number
+from autotune.outputs.capacity_words import capacity_text, limited_by
 from autotune.outputs.export import render
 from autotune.outputs.guide_view import guide_html
-from autotune.outputs.outcome import Outcome, capacity_text, fmt_number, limited_by
+from autotune.outputs.outcome import Outcome
 from autotune.tune.front import defaults_label, moved_defaults
 from autotune.tune.objectives import metric_label
 from autotune.tune.progress import short_params
