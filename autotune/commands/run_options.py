@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from autotune.commands.options import (
+    SERVER_OPTIONS,
     add_backend_option,
     add_config_options,
     add_seed_option,
@@ -117,3 +118,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dashboard", action="store_true", help="serve optuna-dashboard during the run")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """The options' values and combinations a run refuses before anything starts (one line, exit 2):
+    counts out of range, options the run would ignore, device ids on a Ray cluster."""
+    from autotune.core.errors import AutotuneError
+
+    if args.n_trials < 1:
+        raise AutotuneError("--n-trials must be at least 1")
+    if args.parallel is not None and not 1 <= args.parallel <= MAX_PARALLEL:
+        raise AutotuneError(f"--parallel must be between 1 and {MAX_PARALLEL}")
+    if args.repeats < 0:
+        raise AutotuneError("--repeats must be at least 0")
+    _refuse_ignored(args)
+    _refuse_device_ids_on_a_cluster(args)
+
+
+def _refuse_ignored(args: argparse.Namespace) -> None:
+    """Options the run would ignore are errors: another backend's, and --trial-timeout where no
+    executor enforces it (simulated trials on this host, in process or on worker processes)."""
+    from autotune.core.inputs import refuse_unless, refuse_unused
+
+    refuse_unused(args, "--backend", SERVER_OPTIONS)
+    on_ray = args.backend != "sim" or bool(args.gpus or args.ray_address)
+    refuse_unless(
+        on_ray,
+        args,
+        [("--trial-timeout", "trial_timeout", None)],
+        "--backend vllm|docker, or --gpus/--ray-address: simulated trials on this host have no deadline",
+    )
+
+
+def _refuse_device_ids_on_a_cluster(args: argparse.Namespace) -> None:
+    """--gpus with --ray-address is a count >= 1: device ids name devices of this machine (a lone 0 is
+    device 0, as CUDA_VISIBLE_DEVICES=0 is), and on a cluster Ray assigns the devices."""
+    from autotune.core.errors import AutotuneError
+
+    text = (args.gpus or "").strip()
+    if args.ray_address and args.gpus is not None and not (text.isdigit() and int(text) >= 1):
+        raise AutotuneError(
+            f"--gpus {args.gpus} with --ray-address: --gpus with device ids picks devices of this machine "
+            "(0 alone is device 0), and on a Ray cluster Ray assigns them: give a count >= 1 (--gpus 8), "
+            "the most GPUs in use at once"
+        )
