@@ -74,11 +74,16 @@ def test_concurrency_cap_is_respected() -> None:
 
 
 def test_chat_endpoint_and_text_prompts() -> None:
+    """A text prompt's length is the server's count (its usage record: the chat template's tokens too),
+    not the client's estimate without a tokenizer, for the run's input tokens as the server counts them."""
     requests = [Request(0, 30, 5), Request(1, 10, 4, prompt="Tell me about paged attention.")]
-    with start_sim_server([MODEL]) as proc:
+    with start_sim_server([MODEL, "--debug-timings"]) as proc:
         result = run_load_sync(proc.base_url, MODEL, requests, endpoint=CHAT)
+        rows = {int(r["id"]): r for r in httpx.get(proc.base_url + "/debug/requests").json()["requests"]}
     assert [r.success for r in result.records] == [True, True]
     assert sorted(r.output_len for r in result.records) == [4, 5]
+    counted = {rid: record.prompt_len for rid, record in zip(result.request_ids, result.records, strict=True)}
+    assert counted == {rid: rows[rid]["prompt_tokens"] for rid in (0, 1)} and counted[1] != 10
 
 
 def test_a_server_that_dies_gives_failed_records_not_lost_ones() -> None:

@@ -195,6 +195,8 @@ async def _stream_request(run: _Run, rid: int, request: Request, http_request: h
         record.itl = events.itl
         record.latency = stream.last_token - stream.start  # type: ignore[operator]
         record.output_len = events.usage_tokens if events.usage_tokens is not None else stream.tokens
+        if events.usage_prompt is not None:  # the server's count: a text prompt's length is our estimate
+            record.prompt_len = events.usage_prompt
     except asyncio.CancelledError:
         run.in_flight.pop(rid, None)
         raise
@@ -218,6 +220,7 @@ class _EventClock:
         self.record = record
         self.itl: list[float] = []
         self.usage_tokens: int | None = None
+        self.usage_prompt: int | None = None
         self.buffer = b""
 
     def feed(self, now: float, raw: bytes) -> None:
@@ -240,6 +243,7 @@ class _EventClock:
                 stream.tokens += 1
             elif usage := chunk.get("usage"):  # type: ignore[possibly-undefined]
                 self.usage_tokens = usage.get("completion_tokens")
+                self.usage_prompt = usage.get("prompt_tokens")
 
 
 class _HttpError(Exception):
