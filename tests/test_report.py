@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -11,6 +12,7 @@ from test_recommendation import capacity as bracketed
 from test_study import OBJECTIVES, SLOS, build_run, ok
 
 from autotune.measure.capacity_report import CapacityReport, ProbeSummary
+from autotune.measure.load_report import LoadReport, SteadyState
 from autotune.outputs import report, report_html
 from autotune.outputs.cost import cost_view, sizing
 from autotune.outputs.dashboard import note_markdown
@@ -158,6 +160,16 @@ def test_cost_view_and_sizing(tmp_path: Path) -> None:
     size = sizing(wide, target_rate=35.0, gpu_price=2.0)
     assert size is not None and (size.replicas, size.gpus) == (4, 16)
     assert abs(size.usd_per_mtok - 32.0 / 60.48) < 1e-9
+    # kept up with 12 req/s offered: one replica serves at least that, though its 10 req/s of completions
+    # over the run count the drain after the last arrival (it sized 35 req/s at 4 replicas, not 3)
+    kept = SteadyState(12.0, 11.6, 0.0, 0.02, 0.0, kept_up=True)
+    held = TrialRecord(**{**best.__dict__, "load": LoadReport(steady=kept)})
+    size = sizing(held, target_rate=35.0)
+    assert size is not None and (size.per_replica_rate, size.replicas) == (12.0, 3)
+    behind = TrialRecord(
+        **{**best.__dict__, "load": LoadReport(steady=dataclasses.replace(kept, kept_up=False))}
+    )
+    assert sizing(behind, target_rate=35.0).replicas == 4  # its completions, as before
 
 
 def test_numbers_are_written_for_people() -> None:

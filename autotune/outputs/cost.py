@@ -123,9 +123,13 @@ def sizing(
 ) -> Sizing | None:
     """Replicas and GPUs to serve `target_rate` req/s with the recommended trial; None without a rate
     (`simulated`: its rate comes from the simulated engine, and the sizing says so)."""
-    # a capacity trial's rate is its capacity (0: no rate passed, nothing to size); else its fixed load's
+    # a capacity trial's rate is its capacity (0: no rate passed, nothing to size); else its fixed load's:
+    # the rate offered when it kept up (completions over the run's duration count its drain as idle time)
     known = best.capacity is not None
     rate = best.capacity.rate if known else float(best.metrics.get("request_throughput") or 0.0)
+    steady = best.load.steady if best.load is not None else None
+    if not known and steady is not None and steady.kept_up:
+        rate = max(rate, steady.offered_rate)
     if rate <= 0 or target_rate <= 0:
         return None
     replicas = math.ceil(target_rate / rate)
