@@ -150,3 +150,14 @@ def test_an_engine_lost_mid_run_stops_the_run_in_one_line_its_finished_trials_ke
     assert str(lost.value).endswith("the same command with --resume continues")
     states = [t.state for t in study.get_trials(deepcopy=False)]
     assert states == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.FAIL]  # the third: unmeasured
+
+
+def test_a_store_that_never_answers_holds_the_driver_two_seconds_at_most() -> None:
+    """A head that dies between the driver's probe and its read of a trial's placement never answers:
+    Ray retried for a minute, and a run whose cluster was stopped took 59 s to stop, not seconds."""
+    from autotune.trial import placement_board
+
+    start = time.monotonic()
+    assert placement_board._bounded(lambda: time.sleep(60)) is None
+    assert time.monotonic() - start < placement_board.STORE_TIMEOUT_S + 2
+    assert placement_board._bounded(lambda: "told") == "told"

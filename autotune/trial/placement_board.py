@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from autotune.measure.placement import Placement
 
 NAMESPACE = "autotune"
+STORE_TIMEOUT_S = 2.0  # the driver's wait for the store, which a head dying meanwhile never answers
 _PREFIX = "placement/"
 
 
@@ -45,8 +48,8 @@ def announced(ref: Any) -> Placement | None:
     it had not started, or the store did not answer)."""
     from ray.experimental import internal_kv
 
+    text = _bounded(lambda: internal_kv._internal_kv_get(_key(ref), namespace=NAMESPACE))
     with contextlib.suppress(Exception):
-        text = internal_kv._internal_kv_get(_key(ref), namespace=NAMESPACE)
         if text:
             told = json.loads(text)
             gpu_ids = told.get("gpu_ids")
@@ -63,8 +66,23 @@ def forget(ref: Any) -> None:
     """On the driver, once the trial is told: drop its entry (a long-lived cluster keeps its store)."""
     from ray.experimental import internal_kv
 
-    with contextlib.suppress(Exception):
-        internal_kv._internal_kv_del(_key(ref), namespace=NAMESPACE)
+    _bounded(lambda: internal_kv._internal_kv_del(_key(ref), namespace=NAMESPACE))
+
+
+def _bounded(call: Callable[[], Any]) -> Any:
+    """`call()`'s result within STORE_TIMEOUT_S, else None (an error too). The driver asks the store
+    only while the head answers, but a head that dies in between would hold it for Ray's retries (a
+    minute, past the run's stop): the call waits in a daemon thread, which does not hold the exit."""
+    box: list[Any] = []
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            box.append(call())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(STORE_TIMEOUT_S)
+    return box[0] if box else None
 
 
 def _key(ref: Any) -> str:
