@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import _thread
 import csv
+import dataclasses
 import math
 import os
 import pickle
@@ -114,6 +115,19 @@ def test_trial_in_a_container_over_real_http(
     first, *rest = (tmp_path / "server.log").read_text().splitlines()
     assert rest  # the container's logs were captured, after the line that says what was launched
     assert first.startswith(f"# autotune: docker run {sim_image} --model ") and "--load-format dummy" in first
+    assert _autotune_containers(docker) == []
+
+
+def test_a_saturation_sized_burst_reaches_the_container_past_dockers_port_proxy(
+    docker, sim_image: str, tmp_path: Path
+) -> None:
+    """4,096 requests at once, the size of vLLM's defaults' saturation burst (4 x 1,024 sequences):
+    through the published port's proxy (docker-proxy) every one failed ("peer closed connection"), and
+    the defaults' trial with it; at the container's own address all are served."""
+    burst = dataclasses.replace(WORKLOAD, num_requests=4096)
+    result = _backend(sim_image).evaluate(CONFIG, burst, trial_dir=tmp_path)
+    assert result.ok, (result.failure, result.message)
+    assert result.benchmark.completed == 4096
     assert _autotune_containers(docker) == []
 
 
