@@ -69,8 +69,8 @@ def test_a_killed_worker_or_a_timeout_keeps_its_gpu_time_and_where_it_ran(tmp_pa
     """A trial whose worker was SIGKILLed (the OOM killer) or that passed its deadline returns nothing:
     it is charged the time it held its GPUs and keeps the node and devices its task told at its start."""
     executor = Executor(SleepBackend(60.0, meet=str(tmp_path), meet_count=1), FIXED_LOAD, [], uses_gpus=True)
-    submitted = time.monotonic()
     executor.submit(0, EngineConfig(model="m", tensor_parallel_size=2), 0, None)
+    submitted = time.monotonic()  # after submit, which starts the trial's clock: held is a lower bound
     deadline = time.monotonic() + 60
     while not list(tmp_path.iterdir()) and time.monotonic() < deadline:  # the task is in its trial
         time.sleep(0.05)
