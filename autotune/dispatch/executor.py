@@ -32,14 +32,8 @@ from autotune.backends.base import Backend
 from autotune.core.config import EngineConfig, gpus_per_replica, parallel_text
 from autotune.core.errors import AutotuneError, FailureKind, SetupLost
 from autotune.core.values import counted
-from autotune.dispatch.ray_cluster import (
-    ClusterLost,
-    Inventory,
-    LostNode,
-    gcs_address,
-    lost_node,
-    tcp_reachable,
-)
+from autotune.dispatch.head_watch import HEAD_GONE, NO_GPU_LEFT, HeadWatch
+from autotune.dispatch.ray_cluster import ClusterLost, Inventory, LostNode, lost_node
 from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
@@ -51,14 +45,9 @@ __all__ = ["ClusterLost", "Executor"]
 
 CANCEL_GRACE_S = 5.0  # a polite cancel first (backends tear their server down), then a forced one
 REAP_WAIT_S = 2.0  # after a forced cancel, how long the killed trial's container may take to be an orphan
-WATCH_EVERY_S = 2.0  # how often the driver checks that the cluster's head answers and re-reads its nodes
-LOST_AFTER_MISSES = 2  # consecutive unanswered checks before the cluster counts as gone
 # How long a crash whose error names no node waits for Ray to mark one of its possible nodes dead
 # (Ray's default detection: 5 missed health checks 3 s apart).
 NAME_LOST_NODE_S = 20.0
-STORE_CHECK_S = 1.0  # how long a probe of the head vouches for its key-value store (_store_answers)
-HEAD_GONE = "its head at {head} stopped answering"
-NO_GPU_LEFT = "every node with GPUs was lost"
 
 
 @dataclass
@@ -106,12 +95,8 @@ class Executor:
         self._task = ray.remote(run_trial_task)
         self._inventory = Inventory()
         self._driver_node = _driver_node()
-        self._gcs = gcs_address()
-        self._last_watch = time.monotonic()
-        self._misses = 0
-        self._lost = ""  # why the cluster counts as gone ("" while it is there)
+        self._head = HeadWatch()
         self._node_lost: set[int] = set()  # trials of this wait() whose node died
-        self._store_checked = (-math.inf, False)  # when the head was last probed before using its store
         self._setup_lost: SetupLost | None = None  # what a trial found gone (its engine): the run stops
         if uses_gpus:
             self._inventory.refresh()
@@ -206,15 +191,15 @@ class Executor:
         Raises ClusterLost when the cluster's head stopped answering, or no GPU is left for a trial;
         the SetupLost a trial raised, at the call after the one that returned the trials beside it.
         """
-        if self._lost:
-            raise ClusterLost(self._lost)
+        if self._head.lost:
+            raise ClusterLost(self._head.lost)
         if self._setup_lost is not None:
             raise self._setup_lost
         self._watch()
         done = self._expire()
         if not self._jobs:
             if self._no_gpu_left():
-                raise ClusterLost(self._lose(NO_GPU_LEFT))
+                raise ClusterLost(self._head.lose(NO_GPU_LEFT))
             return done
         refs = {job.ref: job for job in self._jobs.values()}
         ready, _ = self._ray.wait(list(refs), num_returns=1, timeout=0 if done else timeout)
@@ -226,17 +211,17 @@ class Executor:
             result = self._collect(job)
             if result is not None:  # None: the trial found its setup gone, its config did nothing wrong
                 done.append((job.number, result))
-        if self._node_lost and (self._no_gpu_left() or not self._head_answers()):
+        if self._node_lost and (self._no_gpu_left() or not self._head.answers()):
             # Not one node but the whole cluster went: those trials were interrupted, their configs did
             # nothing wrong. Left untold, the run's stop marks them FAIL; the others are told now.
-            self._lose(NO_GPU_LEFT if self._no_gpu_left() else HEAD_GONE)
+            self._head.lose(NO_GPU_LEFT if self._no_gpu_left() else HEAD_GONE)
             done = [(number, result) for number, result in done if number not in self._node_lost]
         return done
 
     def placements(self) -> dict[int, Placement]:
         """Where the running trials were placed, as their tasks told it (those not started yet left out;
         nothing once the cluster is gone)."""
-        if not self._store_answers():
+        if not self._head.store_answers():
             return {}
         found = {n: placement_board.announced(job.ref) for n, job in self._jobs.items()}
         return {n: placement for n, placement in found.items() if placement is not None}
@@ -244,7 +229,7 @@ class Executor:
     def cancel_all(self) -> list[int]:
         """Cancel every running trial (Ctrl-C, or the cluster lost); returns their numbers."""
         numbers = list(self._jobs)
-        if self._lost:  # nothing to ask a cluster that is gone
+        if self._head.lost:  # nothing to ask a cluster that is gone
             self._jobs.clear()
             self._used = 0
             return numbers
@@ -265,32 +250,12 @@ class Executor:
         return numbers
 
     def _watch(self) -> None:
-        """Every WATCH_EVERY_S: is the head still there (else ClusterLost), and which nodes are live."""
-        now = time.monotonic()
-        if self._gcs is None or now - self._last_watch < WATCH_EVERY_S:
-            return
-        self._last_watch = now
-        if self._head_answers():
-            self._misses = 0
-            if self.uses_gpus:
-                self._inventory.refresh()
-            return
-        self._misses += 1
-        if self._misses >= LOST_AFTER_MISSES:
-            raise ClusterLost(self._lose(HEAD_GONE))
-
-    def _head_answers(self) -> bool:
-        """Whether the cluster's head (its GCS) accepts a connection (True when its address is unknown)."""
-        return self._gcs is None or tcp_reachable(*self._gcs, timeout_s=WATCH_EVERY_S / 2)
+        """Now and then: is the head still there (else ClusterLost), and which nodes are live."""
+        if self._head.due() and self._head.check() and self.uses_gpus:
+            self._inventory.refresh()  # only of a head that answers: a dead one would hang the call
 
     def _no_gpu_left(self) -> bool:
         return self.uses_gpus and self.capacity == 0
-
-    def _lose(self, why: str) -> str:
-        """Mark the cluster gone; returns the one line that says so."""
-        host, port = self._gcs or ("?", 0)
-        self._lost = f"the Ray cluster is gone: {why.format(head=f'{host}:{port}')}"
-        return self._lost
 
     def _collect(self, job: Job) -> TrialResult | None:
         """A finished trial's result; None when it raised SetupLost (kept for `wait` to raise)."""
@@ -335,24 +300,16 @@ class Executor:
         and the cluster's store answers."""
         if charged or (charged is None and self.backend.runs_servers):  # a simulation held no real GPU
             result.benchmark_s = time.monotonic() - job.started
-        told = placement_board.announced(job.ref) if self._store_answers() else None
+        told = placement_board.announced(job.ref) if self._head.store_answers() else None
         result.placement = told or result.placement
         return result
-
-    def _store_answers(self) -> bool:
-        """Whether the cluster's key-value store (on its head) may be asked: a call to a dead head would
-        hang the driver. The head's answer is reused for a second (several trials end at once)."""
-        now = time.monotonic()
-        if now - self._store_checked[0] > STORE_CHECK_S:
-            self._store_checked = (now, self._head_answers())
-        return not self._lost and self._store_checked[1]
 
     def _name_lost_node(self, job: Job) -> LostNode | None:
         """The node a crash came from when Ray's error did not say (LocalRayletDiedError): the one node,
         of those the trial could have run on, that is lost, once Ray's health checks mark it (while the
         head answers; None when none or several)."""
         deadline = time.monotonic() + NAME_LOST_NODE_S
-        while job.nodes and self._head_answers():
+        while job.nodes and self._head.answers():
             dead = self._inventory.dead_among(job.nodes)
             if len(dead) == 1:
                 return dead[0]
@@ -414,7 +371,7 @@ class Executor:
     def _release(self, job: Job) -> None:
         if self._jobs.pop(job.number, None) is not None:
             self._used -= job.slots
-            if self._store_answers():
+            if self._head.store_answers():
                 placement_board.forget(job.ref)
 
 
