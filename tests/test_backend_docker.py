@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune.backends.docker import (
+from autotune.backends.docker import DockerBackend
+from autotune.backends.docker_engine import (
     LABEL_OWNER_PID,
     LABEL_TRIAL,
-    DockerBackend,
     EngineLost,
     docker_client,
     reap_orphans,

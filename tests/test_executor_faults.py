@@ -18,7 +18,7 @@ import ray.exceptions
 from optuna.trial import TrialState
 from test_executor import FIXED_LOAD, MODEL, OBJECTIVES, SleepBackend, drain
 
-from autotune.backends.docker import EngineLost
+from autotune.backends.docker_engine import EngineLost
 from autotune.backends.sim import SimBackend
 from autotune.core.config import EngineConfig
 from autotune.core.errors import FailureKind

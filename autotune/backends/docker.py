@@ -3,7 +3,8 @@
 The container gets the GPUs Ray assigned the trial (ids of the node it runs on) as device requests,
 the Hugging Face cache as a volume, host IPC (or a shm size), and its port 8000 published on 127.0.0.1
 only. Every container carries the labels `autotune.trial` and `autotune.owner_pid` (+ host), so
-`reap_orphans()` can remove the ones whose owner died (a force-cancelled Ray worker cannot run its `finally`).
+`reap_orphans()` (docker_engine.py) can remove the ones whose owner died (a force-cancelled Ray
+worker cannot run its `finally`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +19,19 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import Backend
+from autotune.backends.docker_engine import (
+    LABEL_OWNER_HOST,
+    LABEL_OWNER_PID,
+    LABEL_TRIAL,
+    EngineLost,
+    EngineUnreachable,
+    check_engine,
+    docker_client,
+    engine_answers,
+    engine_errors,
+    first_line,
+    reap_orphans,
+)
 from autotune.backends.failures import LOG_HEADER
 from autotune.backends.server import (
     LaunchError,
@@ -28,60 +41,20 @@ from autotune.backends.server import (
 )
 from autotune.core.api_keys import SERVER_KEY_VAR, server_api_key
 from autotune.core.config import DEFAULT_IMAGE, EngineConfig
-from autotune.core.errors import AutotuneError, FailureKind, SetupLost
-from autotune.core.procs import pid_alive
+from autotune.core.errors import AutotuneError, FailureKind
 from autotune.core.secrets import scrub, scrub_args, secret_args
 from autotune.measure.server_report import ServerReport
 
 CONTAINER_PORT = 8000
 DIRECT_CHECK_S = 1.0  # how long the container's own address may take to accept or refuse a connection
 CONTAINER_HF_CACHE = "/root/.cache/huggingface"
-LABEL_TRIAL = "autotune.trial"
-LABEL_OWNER_PID = "autotune.owner_pid"
-LABEL_OWNER_HOST = "autotune.owner_host"
 # Variables of this process the container gets (by the SDK's environment, never on a command line):
 # VLLM_API_KEY makes the server require the key the load generator sends (autotune.core.api_keys).
 PASSED_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE", SERVER_KEY_VAR)
 LOG_FETCH_LINES = 2000  # lines fetched from the engine while the container runs
 ENGINE_LOST_EXIT_CODE = 125  # Docker's own exit status for "the daemon failed" (docker run)
-REAPED_STATES = ("exited", "dead")
-# A stopping engine first stops its containers (their servers crash, maybe with exit code 0), then
-# answers for a moment more: so long a crashed trial's engine is watched before the crash counts as
-# the config's.
+# A failed server's engine is checked (check_engine): the engine stopping may be what failed it.
 ENGINE_SUSPECTS = (FailureKind.CRASHED,)
-ENGINE_GONE_WITHIN_S = 5.0
-ENGINE_POLL_S = 0.2
-# The engine's answer when a container asks for GPUs and no runtime can give them: the same for every
-# config, so the run halts on it (tune/halt.py) and the message says what to fix.
-NO_GPU_DRIVER = "could not select device driver"
-NO_GPU_DRIVER_HINT = (
-    "the NVIDIA Container Toolkit is not installed or Docker is not configured for it (`docker run "
-    "--gpus all ...` fails the same way): install it, run `nvidia-ctk runtime configure --runtime=docker` "
-    "and restart Docker"
-)
-
-
-class EngineUnreachable(AutotuneError):
-    """The Docker engine does not answer (a usage error before a run: no engine to run on)."""
-
-
-class EngineLost(SetupLost):
-    """The Docker engine stopped answering mid-run: no later trial can start, and the trials it cut
-    short are not their configs' failures, so the run stops (a resume continues)."""
-
-    what = "the Docker engine"
-
-
-def docker_client() -> Any:
-    """A Docker SDK client for the local engine; EngineUnreachable when it is not reachable."""
-    try:
-        import docker
-
-        client = docker.from_env(version="auto", timeout=30)
-        client.ping()
-    except Exception as exc:  # the SDK raises DockerException, requests' errors or FileNotFoundError
-        raise EngineUnreachable(f"Docker engine not reachable: {_first_line(exc)}") from exc
-    return client
 
 
 @dataclass(frozen=True)
@@ -150,7 +123,7 @@ class DockerBackend(Backend):
             with server_session(launch, config, self._limits, trial_dir, report, env, secrets) as session:
                 yield session
             if session.failure in ENGINE_SUSPECTS:
-                _check_engine(client)
+                check_engine(client)
         finally:
             client.close()
 
@@ -172,7 +145,7 @@ class DockerBackend(Backend):
     ) -> _Container:
         options = self._run_options(gpu_ids, port)
         inside_port = port if self.network_host else CONTAINER_PORT
-        with _engine_answers():
+        with engine_answers():
             container = client.containers.create(self.image, self.command(config, inside_port), **options)
         scrubbing = ({**os.environ, **(self.env or {})}, secret_args(self.command(config, port)))
         api_key = server_api_key(self.command(config, inside_port), options["environment"])
@@ -186,7 +159,7 @@ class DockerBackend(Backend):
         handle.header = f"{LOG_HEADER}docker run {devices}{self.image} {command}\n"
         log_path.write_text(handle.header)
         try:
-            with _engine_answers():
+            with engine_answers():
                 container.start()
         except (LaunchError, EngineLost):
             handle.stop()
@@ -239,7 +212,7 @@ def _direct_url(container: Any) -> str | None:
     then bypasses the published port's proxy (docker-proxy), which dropped every request of a 4,096-request
     burst (vLLM's defaults' saturation run) that the container's own address served in full. Reached
     means a connection is accepted or refused at once: the server is not listening yet."""
-    with contextlib.suppress(*_engine_errors(), KeyError, TypeError):
+    with contextlib.suppress(*engine_errors(), KeyError, TypeError):
         container.reload()
         networks = container.attrs["NetworkSettings"]["Networks"].values()
         address = next((n["IPAddress"] for n in networks if n.get("IPAddress")), None)
@@ -284,10 +257,10 @@ class _Container:
             self.container.reload()
         except docker.errors.NotFound:
             return -9  # removed behind our back: as good as killed
-        except _engine_errors() as exc:
+        except engine_errors() as exc:
             # The daemon went away (restart, crash): the trial is lost; its container is reaped at the
             # next session's start (reap_orphans), if the daemon kept it.
-            self.engine_lost = _first_line(exc)
+            self.engine_lost = first_line(exc)
             return ENGINE_LOST_EXIT_CODE
         if self.container.status in ("exited", "dead"):
             return int(self.container.attrs["State"]["ExitCode"])
@@ -305,7 +278,7 @@ class _Container:
     def _fetch_logs(self, tail: int | str = "all") -> str:
         try:
             return self.container.logs(stdout=True, stderr=True, tail=tail).decode("utf-8", errors="replace")
-        except _engine_errors():
+        except engine_errors():
             return ""
 
     def stop(self) -> None:
@@ -317,97 +290,10 @@ class _Container:
         try:
             # Already gone or exited: remove(force=True) below settles it; an engine that is gone
             # cannot stop it (reap_orphans removes it at the next start).
-            with contextlib.suppress(docker.errors.APIError, *_engine_errors()):
+            with contextlib.suppress(docker.errors.APIError, *engine_errors()):
                 self.container.stop(timeout=int(self.grace_s))
             self.log_path.write_text(self.header + scrub(self._fetch_logs(), *self.scrubbing))
         finally:
-            with contextlib.suppress(docker.errors.APIError, *_engine_errors()):
+            with contextlib.suppress(docker.errors.APIError, *engine_errors()):
                 self.container.remove(force=True)
             self._stopped = True
-
-
-def reap_orphans(client: Any = None) -> int:
-    """Remove autotune containers on this host whose owner process is dead; returns how many.
-
-    The executor calls this after force-cancelling a trial (the killed worker could not stop its
-    container), and each session at its start: also this process's own exited containers, which a
-    trial whose Docker engine was lost mid-run could not remove. Containers of live owners (other
-    running studies) are left alone.
-    """
-    import docker
-
-    client = client or docker_client()
-    removed = 0
-    host = socket.gethostname()
-    for container in client.containers.list(all=True, filters={"label": LABEL_OWNER_PID}):
-        labels = container.labels
-        if labels.get(LABEL_OWNER_HOST, host) != host:
-            continue
-        owner = labels.get(LABEL_OWNER_PID, "")
-        # This process's own containers are running trials unless they already exited: one whose
-        # stop failed (the engine was lost mid-trial) is left over.
-        mine_and_done = owner == str(os.getpid()) and container.status in REAPED_STATES
-        if pid_alive(owner) and not mine_and_done:
-            continue
-        try:
-            container.remove(force=True)
-            removed += 1
-        except docker.errors.APIError:
-            pass  # removed concurrently
-    return removed
-
-
-def _check_engine(client: Any) -> None:
-    """EngineLost when the engine stops answering within ENGINE_GONE_WITHIN_S (after a failed server:
-    the engine stopping may be what failed it)."""
-    deadline = time.monotonic() + ENGINE_GONE_WITHIN_S
-    while True:
-        try:
-            client.ping()
-        except _engine_errors() as exc:
-            raise EngineLost(f"the Docker engine stopped answering mid-trial: {_first_line(exc)}") from None
-        if time.monotonic() >= deadline:
-            return
-        time.sleep(ENGINE_POLL_S)
-
-
-def _engine_errors() -> tuple[type[BaseException], ...]:
-    """What the SDK raises when the engine does not answer (refused socket, daemon restarting)."""
-    import docker
-    import requests
-
-    return (docker.errors.DockerException, requests.exceptions.RequestException)
-
-
-@contextlib.contextmanager
-def _engine_answers() -> Iterator[None]:
-    """Around an SDK call at launch: the engine's refusal is a LaunchError (the trial's failure), no
-    answer at all is EngineLost (the run's: the engine answered at the run's start)."""
-    import docker
-
-    try:
-        yield
-    except docker.errors.APIError as exc:
-        raise _launch_error(exc) from exc
-    except _engine_errors() as exc:
-        raise EngineLost(f"the Docker engine stopped answering mid-trial: {_first_line(exc)}") from exc
-
-
-def _launch_error(exc: Any) -> LaunchError:
-    """The engine's refusal to create or start a container, as the engine words it.
-
-    The SDK's own text leads with the request's URL, which holds the container's id: every trial's
-    message would differ and the run would not halt on a refusal that fails them all alike.
-    """
-    explanation = str(exc.explanation or "").strip()
-    if not explanation:
-        return LaunchError(_first_line(exc))
-    message = f"Docker error: {explanation.splitlines()[0]}"
-    if NO_GPU_DRIVER in explanation:
-        message += f": {NO_GPU_DRIVER_HINT}"
-    return LaunchError(message)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]

@@ -355,7 +355,8 @@ class Executor:
 
         (A `vllm` server process needs nothing: it dies with the worker, see PR_SET_PDEATHSIG.)
         """
-        from autotune.backends.docker import DockerBackend, reap_orphans
+        from autotune.backends.docker import DockerBackend
+        from autotune.backends.docker_engine import reap_orphans
 
         if not isinstance(self.backend, DockerBackend):
             return
