@@ -10,7 +10,13 @@ import pytest
 
 from autotune.cli import main
 from autotune.measure.metrics import RequestRecord
-from autotune.measure.steady_state import Window, measure_window, plan_window, steadiness
+from autotune.measure.steady_state import (
+    Window,
+    _fixed_load_steadiness,
+    measure_window,
+    plan_window,
+    steadiness,
+)
 
 
 def records(rate: float, service_rate: float, seconds: float, lifetime: float = 2.0, seed: int = 0) -> list:
@@ -120,6 +126,35 @@ def test_a_short_trace_replay_on_an_idle_server_is_not_judged(
     code, report = bench_file(tmp_path, capsys, text)
     assert code == 0
     assert "load_verdict" not in report and report["completed"] == 50
+
+
+def test_a_fixed_load_whose_outputs_grow_over_the_run_kept_up_on_an_infinite_server() -> None:
+    """Every request served at once (no queue), its outputs growing from 50 to 300 tokens over the run:
+    the requests in the server grow with them. Judged from the warm-up's lifetimes (short outputs) that
+    read as a backlog; each request's lifetime follows its own length."""
+    rng = np.random.default_rng(0)
+    starts = np.cumsum(rng.exponential(1 / 10, 600))
+    lengths = np.linspace(50, 300, len(starts)).astype(int)
+    served = [
+        RequestRecord(
+            prompt_len=100, output_len=int(n), start_time=float(t), ttft=0.05, latency=0.05 + 0.02 * n
+        )
+        for t, n in zip(starts, lengths, strict=True)
+    ]
+    steady = _fixed_load_steadiness(served, float(starts[-1]))
+    assert steady is not None and steady.kept_up
+
+
+def test_a_trace_replay_at_half_its_capacity_is_not_failed_by_its_growing_outputs(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The conv trace's first 200 rows at 8 req/s, half what an H100 serves of them (p99 TTFT 0.16 s):
+    their outputs triple over the run (97 tokens in the first 8 s, 297 in the last 8), and the fixed-load
+    verdict read "NO" (backlog +39.9 % of arrivals, 25 % allowed)."""
+    text = "name: conv\nnum_requests: 200\nrequest_rate: 8\ntrace: {name: conv, arrivals: trace}\n"
+    code, report = bench_file(tmp_path, capsys, text)
+    assert code == 0 and report["completed"] == 200
+    assert report.get("load_verdict", {}).get("kept_up") is not False
 
 
 def test_an_overload_too_short_for_the_count_is_judged_by_its_queue() -> None:

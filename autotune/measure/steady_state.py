@@ -14,7 +14,8 @@ that does not adds (offered - served) x window of them. That needs the batch to 
 window starts, which is what the warm-up is for: `plan_window` derives it and the window from the
 config's own request lifetime; what the longest requests still add after it is expected, and
 subtracted (`steadiness`). A fixed-load run has no warm-up, so its window starts two lifetimes in
-(measured from its own records) and after its first MIN_WARMUP_REQUESTS sends; a run shorter than that
+(measured from its own records) and after its first MIN_WARMUP_REQUESTS sends, and what its filling
+expects follows each request's own output length (a trace's stretch drifts); a run shorter than that
 cannot tell from the count, nor can a window with a single arrival. Its queue can: the trend of the
 wait before the first token shows a backlog with no lifetimes to estimate (`queue_trend`), and a
 fixed-load run that did not keep up by either is judged so.
@@ -129,7 +130,7 @@ class Steadiness:
         )
 
 
-def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
+def steadiness(records: Sequence[RequestRecord], window: Window, by_length: bool = False) -> Steadiness:
     """The steadiness of `records` over `window` (times on the run's clock).
 
     The growth is the trend of the requests in the server over the window beyond what filling adds (a
@@ -141,7 +142,8 @@ def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
     still joining (on the chat mix at 90-95 % of saturation, by 0.3-1.2 % of the window's arrivals).
     Subtracting that expectation, request by request, also takes out the noise of the Poisson arrivals.
     At most MAX_FILLING of the arrivals is credited: an overloaded server's warm-up lifetimes already
-    hold its queue, and a filling computed from them would pass any backlog as filling.
+    hold its queue, and a filling computed from them would pass any backlog as filling. `by_length`: each
+    request's lifetime follows its own output length (`_filled_by_length`), for runs whose lengths drift.
 
     What is allowed: MAX_BACKLOG_GROWTH, or NOISE_SIGMAS standard errors of that trend when the window
     is too short to tell less (a capacity probe judges keeping up with its own rules as well, see
@@ -156,8 +158,11 @@ def steadiness(records: Sequence[RequestRecord], window: Window) -> Steadiness:
     counts = np.array([np.count_nonzero((starts <= t) & (ends > t)) for t in times], dtype=float)
     # Lifetimes of the warm-up's requests: those of the window would make an overload's growth look
     # like filling (its latencies grow with the backlog, and so would the expected count).
-    lifetimes = np.sort([r.latency for r in records if r.success and r.start_time < window.start])
-    filled = _filled_counts(starts, lifetimes, times)
+    warm = [r for r in records if r.success and r.start_time < window.start]
+    if by_length:
+        filled = _filled_by_length(starts, np.array([r.output_len for r in records]), warm, times)
+    else:
+        filled = _filled_counts(starts, np.sort([r.latency for r in warm]), times)
     filling = float(filled[-1] - filled[0]) / sent
     if filling > MAX_FILLING:  # credit the capped share: scale the expected curve's rise down to it
         filled = filled[0] + (filled - filled[0]) * (MAX_FILLING / filling)
@@ -223,6 +228,32 @@ def _filled_counts(starts: np.ndarray, lifetimes: np.ndarray, times: np.ndarray)
     for k, t in enumerate(times):
         ages = t - starts[starts <= t]
         out[k] = len(ages) - np.searchsorted(lifetimes, ages, side="right").sum() / len(lifetimes)
+    return out
+
+
+def _filled_by_length(
+    starts: np.ndarray, lengths: np.ndarray, warm: Sequence[RequestRecord], times: np.ndarray
+) -> np.ndarray:
+    """`_filled_counts` with each request's lifetime made of the warm-up's median first-token wait and its
+    own output length times a warm-up request's time per output token: a trace's stretch whose outputs
+    grow over the run (97 tokens in its first 8 s, 297 in its last 8, Azure's conversation trace)
+    fills a server that keeps up by more than the warm-up's lifetimes say."""
+    if not warm:
+        return np.zeros(len(times))
+    first_token = float(np.median([r.ttft for r in warm]))
+    per_token = np.sort([r.tpot for r in warm])
+    decodes = np.maximum(lengths - 1, 0)
+    out = np.empty(len(times))
+    for k, t in enumerate(times):
+        sent = starts <= t
+        decoding = t - starts[sent] - first_token  # time spent past the first token so far
+        tokens = decodes[sent]
+        # alive while first_token + tokens x per_token > age: a per-token time above decoding / tokens
+        # (a one-token output lives only until its first token)
+        bound = np.where(decoding < 0, -np.inf, np.inf)
+        np.divide(decoding, tokens, out=bound, where=tokens > 0)
+        alive = len(per_token) - np.searchsorted(per_token, bound, side="right")
+        out[k] = alive.sum() / len(per_token)
     return out
 
 
@@ -299,11 +330,11 @@ def measure_window(
     return metrics, LoadReport(steady=steady.stored(), slo_evidence=evidence)
 
 
-def _judged(records: Sequence[RequestRecord], window: Window) -> Steadiness | None:
+def _judged(records: Sequence[RequestRecord], window: Window, by_length: bool = False) -> Steadiness | None:
     """`steadiness` over the window, None when it has fewer than MIN_WINDOW_ARRIVALS arrivals."""
     if sum(window.start <= r.start_time <= window.end for r in records) < MIN_WINDOW_ARRIVALS:
         return None
-    return steadiness(records, window)
+    return steadiness(records, window, by_length)
 
 
 def _fixed_load_steadiness(records: Sequence[RequestRecord], last_send: float) -> Steadiness | None:
@@ -319,7 +350,7 @@ def _fixed_load_steadiness(records: Sequence[RequestRecord], last_send: float) -
         return None
     first = sends[MIN_WARMUP_REQUESTS - 1]
     window = Window(max(WARMUP_RESIDENCES * lifetime(records), first), last_send)
-    count = _judged(records, window) if window.length >= 0.5 * last_send else None
+    count = _judged(records, window, by_length=True) if window.length >= 0.5 * last_send else None
     if count is not None and count.allowed_growth > QUEUE_MIN_GROWTH:
         # the count's noise excuses no more backlog than the queue's witness judges on its own: a
         # quarter of the arrivals unserved is an overload whatever bursts the arrivals had
