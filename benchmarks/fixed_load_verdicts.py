@@ -8,7 +8,10 @@ and several seeds, and their verdicts are counted by load class: at most 90 % of
 wrong: "NO"), 1.1x or more (right: "NO"; wrong: "yes"; 1.2x for the decode-heavy mix, whose 1.1x a
 4,000-request run still finds within its noise), and the edge between (either is fair). The classes are
 checked first: a 4,000-request run at 0.95, 1.05, 1.1 and 1.2x each capacity, judged over its last three
-quarters of sends as a capacity probe's window is (`steadiness`).
+quarters of sends as a capacity probe's window is (`steadiness`). Two trace cases replay stretches of
+Azure's traces (their own bursts and length drift; the seed picks the stretch, TRACE_STEP_S apart) at
+light loads only, 0.3x and 0.5x the capacity of their rows: their bursts peak at well over their mean
+rate, so only a light load has one right answer ("yes").
 
     python benchmarks/fixed_load_verdicts.py [--seeds 3] [--processes 2]
 """
@@ -33,7 +36,11 @@ CASES = {  # name: (search space, flags, workload)
     "8B/H100 chat, max_num_seqs 16": ("vllm", {"max_num_seqs": 16}, "chat"),
     "70B/2xA100 chat": ("tp", {"tensor_parallel_size": 2}, "chat"),
     "70B/4xA100 chat": ("tp", {"tensor_parallel_size": 4}, "chat"),
+    "8B/H100 Azure conv trace": ("vllm", {}, "azure_conv"),
+    "8B/H100 Azure code trace": ("vllm", {}, "azure_code"),
 }
+TRACE_LOADS = (0.3, 0.5)  # shares of capacity a trace case is replayed at
+TRACE_STEP_S = 800.0  # seconds between the trace stretches of seeds 0, 1, 2, ...
 CHECKS = (0.95, 1.05, 1.1, 1.2)  # shares of capacity a long run checks
 LOADS = (0.3, 0.6, 0.8, 0.9, 0.95, 1.05, 1.1, 1.2, 1.5, 2.0)  # shares of capacity
 SIZES = (100, 300, 1000)
@@ -45,8 +52,22 @@ def _run(case: str, rate: float, requests: int, seed: int) -> list:
     space_name, flags, workload_name = CASES[case]
     space = load_space(space_name)
     workload = dataclasses.replace(load_workload(workload_name), load="fixed", num_requests=requests)
+    if _is_trace(case):
+        workload = dataclasses.replace(
+            workload, trace=dataclasses.replace(workload.trace, start=TRACE_STEP_S * seed)
+        )
     workload = workload.with_load(request_rate=rate, max_concurrency=None)
     return simulate(space.config(flags), space.gpu, workload.requests(seed)).records
+
+
+def _is_trace(case: str) -> bool:
+    """Whether the case replays a trace's own arrivals (and lengths) rather than Poisson ones."""
+    return load_workload(CASES[case][2]).trace is not None
+
+
+def _loads(case: str) -> tuple[float, ...]:
+    """The shares of capacity the case is run at."""
+    return TRACE_LOADS if _is_trace(case) else LOADS
 
 
 def capacity(case: str) -> float:
@@ -77,6 +98,8 @@ def long_run(case: str, rate: float) -> str:
 
 def load_class(case: str, share: float) -> str:
     """Which answer is right at `share` of the case's capacity."""
+    if _is_trace(case):
+        return "<= 0.5x, trace"
     if share <= 0.9:
         return "<= 0.9x"
     overload = 1.2 if "decode" in case else 1.1
@@ -92,7 +115,7 @@ def main() -> None:
     grid = [
         (c, share, n, seed)
         for c in CASES
-        for share in LOADS
+        for share in _loads(c)
         for n in SIZES
         for seed in range(1, args.seeds + 1)
     ]
@@ -101,11 +124,12 @@ def main() -> None:
         cases, shares, sizes, seeds = zip(*grid, strict=True)
         rates = [capacities[case] * share for case, share in zip(cases, shares, strict=True)]
         verdicts = list(pool.map(verdict, cases, rates, sizes, seeds))
-        checked = [(case, share) for case in CASES for share in CHECKS]
+        checked = [(case, share) for case in CASES for share in CHECKS if not _is_trace(case)]
         checks = list(pool.map(long_run, [c for c, _ in checked], [capacities[c] * f for c, f in checked]))
     for case, value in capacities.items():
         runs = [f"{f:g}x {run}" for (c, f), run in zip(checked, checks, strict=True) if c == case]
-        print(f"{case}: capacity {value:.3f} req/s; 4,000 requests at {'; '.join(runs)}")
+        long_runs = f"; 4,000 requests at {'; '.join(runs)}" if runs else ""
+        print(f"{case}: capacity {value:.3f} req/s{long_runs}")
     counts: dict[tuple[str, int], collections.Counter] = collections.defaultdict(collections.Counter)
     for (case, share, n, _), kept in zip(grid, verdicts, strict=True):
         counts[(load_class(case, share), n)][WORDS[kept]] += 1
