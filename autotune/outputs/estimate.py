@@ -16,6 +16,7 @@ configs and the baseline are measured again (autotune/tune/remeasure.py), each r
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import statistics
 from collections.abc import Sequence
@@ -64,12 +65,12 @@ class RunEstimate:
     @property
     def trials_gpu_h(self) -> float:
         """GPU-hours of the trials still to run (within the budget)."""
-        return sum(self._runs()[0]) / 3600
+        return sum(self._runs[0]) / 3600
 
     @property
     def repeats_gpu_h(self) -> float:
         """GPU-hours of the re-measurements still to run (within the budget), each a trial's cost."""
-        return sum(self._runs()[1]) / 3600
+        return sum(self._runs[1]) / 3600
 
     @property
     def gpu_hours(self) -> float:
@@ -80,13 +81,14 @@ class RunEstimate:
     def wall_hours(self) -> float:
         """Hours on `gpus` GPUs kept busy (trials at once as they fit), and no fewer than its longest trial
         takes on its own GPUs: one trial on two GPUs takes its own time, not half of it."""
-        trials, repeats = self._runs()
+        trials, repeats = self._runs
         longest = max([*trials, *repeats], default=0.0) / self.replica_gpus
         return max(self.gpu_hours / max(1, self.gpus), longest / 3600)
 
+    @functools.cached_property
     def _runs(self) -> tuple[list[float], list[float]]:
         """The GPU-seconds of each trial and each re-measurement still to run, in the order they run, as
-        many as the budget affords."""
+        many as the budget affords (computed once: the record is frozen)."""
         first = [self.baseline_gpu_s] if self.left.baseline and self.n_trials else []
         trials = first + [self.trial_gpu_s] * (self.n_trials - len(first))
         repeats = [self.trial_gpu_s] * self.repeats
@@ -98,7 +100,7 @@ class RunEstimate:
 
     def text(self) -> str:
         """What `autotune run` prints before it starts."""
-        trials, repeats = self._runs()
+        trials, repeats = self._runs
         if not trials and not repeats:
             return self._nothing_text()
         again = (
