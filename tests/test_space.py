@@ -91,6 +91,9 @@ def test_baseline_of_a_tuned_pass_through_flag_is_vllms_default_too(tmp_path: Pa
     [
         ({"max-num-seqs": {"type": "int", "low": 1, "high": 2}}, "unknown parameter 'max-num-seqs'"),
         ({"max_num_sequences": {"type": "int", "low": 1, "high": 2}}, "unknown parameter"),
+        # gone from vLLM 0.11: `vllm serve` exits "unrecognized arguments" on either
+        ({"num_scheduler_steps": {"type": "int", "low": 1, "high": 8}}, "removed with vLLM's V0 engine"),
+        ({"max_seq_len_to_capture": {"type": "int", "low": 1, "high": 8}}, "vllm-project/vllm#25543"),
         ({"max_num_seqs": {"type": "int", "low": 10, "high": 2}}, "greater than high"),
         ({"max_num_seqs": {"type": "int", "low": 1.5, "high": 2}}, "low must be an integer"),
         ({"max_num_seqs": {"type": "int", "low": 0, "high": 2, "log": True}}, "log range needs low > 0"),
@@ -142,6 +145,12 @@ def test_validity_rules_match_vllm_messages() -> None:
     ]
     no_chunk = ok.replace(enable_chunked_prefill=False, max_num_batched_tokens=4096)
     assert "is smaller than max_model_len (8192)" in violations(no_chunk)[0]
+    # vLLM checks a prefill cap longer than max_model_len only for concurrent partial prefills
+    assert violations(ok.replace(long_prefill_token_threshold=10000)) == []
+    concurrent = ok.replace(long_prefill_token_threshold=10000, max_num_partial_prefills=2)
+    assert violations(concurrent)[0] == (
+        "long_prefill_token_threshold (10000) cannot be greater than the max_model_len (8192)."
+    )
     # max_model_len from the model when the config leaves it unset; unknown model: rule skipped
     unset = no_chunk.replace(max_model_len=None)
     assert violations(unset, max_position_embeddings=131072)

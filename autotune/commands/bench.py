@@ -27,7 +27,14 @@ from autotune.commands.options import (
     launch_command,
 )
 from autotune.core import values
-from autotune.core.config import ENGINE_FLAGS, OTHER_VLLM_FLAGS, EngineConfig, check_flags, parse_value
+from autotune.core.config import (
+    ENGINE_FLAGS,
+    OTHER_VLLM_FLAGS,
+    EngineConfig,
+    check_flags,
+    parse_value,
+    removed_flag_note,
+)
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import arg, positive_seconds, refuse_unless, refuse_unused
 from autotune.measure.steady_state import load_kind
@@ -117,7 +124,8 @@ def parse_settings(settings: list[str]) -> dict[str, Any]:
         if not sep or not value:
             raise AutotuneError(f"bad --set {item!r}: expected NAME=VALUE, e.g. max_num_seqs=256")
         if name not in SETTABLE:
-            raise AutotuneError(f"unknown vLLM parameter {name!r}; known: {', '.join(SETTABLE)}")
+            why = removed_flag_note(name)
+            raise AutotuneError(f"unknown vLLM parameter {name!r}{why}; known: {', '.join(SETTABLE)}")
         if name in given:  # which value was meant cannot be guessed
             raise AutotuneError(f"--set {name} given twice ({given[name]} and {value}): keep one")
         given[name] = value

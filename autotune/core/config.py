@@ -184,7 +184,6 @@ OTHER_VLLM_FLAGS = frozenset(
         "max_long_partial_prefills",
         "long_prefill_token_threshold",
         "cuda_graph_sizes",
-        "max_seq_len_to_capture",
         "scheduling_policy",
         "async_scheduling",
         "pipeline_parallel_size",
@@ -192,7 +191,6 @@ OTHER_VLLM_FLAGS = frozenset(
         "enable_expert_parallel",
         "trust_remote_code",
         "disable_custom_all_reduce",
-        "num_scheduler_steps",
         "served_model_name",
         "tokenizer",
         "revision",
@@ -200,6 +198,20 @@ OTHER_VLLM_FLAGS = frozenset(
         "prefix_caching_hash_algo",
     }
 )
+# `vllm serve` flags vLLM 0.11 no longer takes (a command with one exits "unrecognized arguments"): a
+# space or --set naming one is told why autotune does not know it.
+REMOVED_VLLM_FLAGS = {
+    "num_scheduler_steps": "multi-step scheduling was removed with vLLM's V0 engine",
+    "max_seq_len_to_capture": "removed by vllm-project/vllm#25543; CUDA graphs follow cuda_graph_sizes",
+}
+
+
+def removed_flag_note(name: str) -> str:
+    """' (why vLLM no longer has it)' for a removed flag, '' for any other name."""
+    why = REMOVED_VLLM_FLAGS.get(name)
+    return f" ({why})" if why else ""
+
+
 # vLLM's defaults of those flags where it is one plain value (vllm/engine/arg_utils.py, EngineArgs): the
 # baseline trial ("vLLM's defaults") of a space that tunes them takes these. Where the default depends
 # on vLLM's version (async_scheduling, seed) the sampler picks the baseline's value.
@@ -267,10 +279,13 @@ def flag_problem(name: str, value: Any, cuda: bool = True) -> str | None:
 
 
 def long_prefill_problem(config: EngineConfig, max_model_len: int | None) -> str | None:
-    """vLLM's check of a prefill chunk cap longer than any request (`vllm/config/scheduler.py`), with its
+    """vLLM's check of a prefill chunk cap longer than any request (`vllm/config/scheduler.py`
+    `_verify_args`, made only with concurrent partial prefills: max_num_partial_prefills > 1), with its
     message; None when it passes (or `max_model_len` is unknown)."""
     threshold = config.extra.get(LONG_PREFILL)
-    if isinstance(threshold, int) and max_model_len and threshold > max_model_len:
+    partial = config.extra.get("max_num_partial_prefills", 1)
+    concurrent = isinstance(partial, int) and partial > 1
+    if concurrent and isinstance(threshold, int) and max_model_len and threshold > max_model_len:
         return (
             f"long_prefill_token_threshold ({threshold}) cannot be greater than the max_model_len "
             f"({max_model_len})."

@@ -12,7 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from autotune.core.config import ENGINE_FLAGS, OTHER_VLLM_FLAGS, POSITIVE_INT_FLAGS, flag_problem
+from autotune.core.config import (
+    ENGINE_FLAGS,
+    OTHER_VLLM_FLAGS,
+    POSITIVE_INT_FLAGS,
+    flag_problem,
+    removed_flag_note,
+)
 from autotune.core.errors import AutotuneError
 from autotune.core.values import shown
 from autotune.tune import space_steps as lattice
@@ -191,7 +197,7 @@ def check_flag(name: Any, source: str) -> None:
     if not isinstance(name, str):
         raise AutotuneError(f"search space {source}: {name!r} is not a flag name (vLLM flags are snake_case)")
     if name not in KNOWN_FLAGS:
-        hint = " (vLLM flags are snake_case)" if "-" in name else ""
+        hint = " (vLLM flags are snake_case)" if "-" in name else removed_flag_note(name)
         raise AutotuneError(
             f"search space {source}: unknown parameter {name!r}: not a vLLM flag autotune knows{hint}"
         )
