@@ -131,8 +131,19 @@ def test_validation_errors_look_like_vllm(server: SimServerProcess) -> None:
     assert response.status_code == 400
     body = response.json()["error"]  # vLLM >= 0.10.1 nests the error
     assert body["type"] == "BadRequestError" and body["code"] == 400 and body["param"] is None
-    assert body["message"].startswith("This model's maximum context length is 4096 tokens.")
-    assert "(4000 in the messages, 200 in the completion)" in body["message"]
+    assert body["message"] == (  # vLLM 0.10.2 on: the completion's budget is named, not the total
+        "'max_tokens' or 'max_completion_tokens' is too large: 200. This model's maximum context length is "
+        "4096 tokens and your request has 4000 input tokens (200 > 4096 - 4000)."
+    )
+    prompt = httpx.post(
+        server.base_url + "/v1/completions", json={"model": MODEL, "prompt": [5] * 4096, "max_tokens": 1}
+    )
+    assert prompt.status_code == 400 and prompt.json()["error"]["message"] == (
+        "This model's maximum context length is 4096 tokens. However, your request has 4096 input tokens. "
+        "Please reduce the length of the input messages."
+    )
+    negative = httpx.post(server.base_url + "/v1/completions", json={"model": MODEL, "prompt": [-1, 5]})
+    assert negative.json()["error"]["message"] == "Token id -1 is out of vocabulary"
     missing = httpx.post(server.base_url + "/v1/completions", json={"model": "nope", "prompt": "x"})
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "NotFoundError"
 

@@ -26,6 +26,7 @@ from autotune.catalog.models import ModelSpec, get_model
 from autotune.core.config import EngineConfig
 from autotune.measure.metrics import RequestRecord
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
+from autotune.sim.context import context_problem
 from autotune.sim.costs import CostModel
 from autotune.sim.decodes import DecodeEvents, Events
 from autotune.sim.flags import long_prefill_cap
@@ -203,13 +204,9 @@ class SimEngine(DecodeEvents):
 
     # -- internals -------------------------------------------------------------------------------
     def _enqueue(self, request: Request, send_time: float, chat: bool = False, choice: bool = False) -> None:
-        total = request.prompt_len + request.output_len
-        if total > self._max_len:
-            raise ValueError(
-                f"This model's maximum context length is {self._max_len} tokens. However, you requested "
-                f"{total} tokens ({request.prompt_len} in the messages, {request.output_len} in the "
-                "completion). Please reduce the length of the messages or completion."
-            )
+        too_long = context_problem(self._max_len, request.prompt_len, request.output_len)
+        if too_long is not None:
+            raise ValueError(too_long)
         r = EngineRequest(request, send_time, self._bs)
         last = self._last_added
         if choice and last is not None:  # taken in with the request it is a choice of

@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.sim.context import context_problem
 from autotune.sim.prefixes import PrefixIndex, text_index
 from autotune.sim_server.sampling import engine_problem, min_tokens, sampling_problem
 from autotune.workloads.jsonl import CHARS_PER_TOKEN
@@ -161,13 +162,9 @@ class RequestParser:
         room = self.max_model_len - prompt_tokens
         if max_tokens is not None and not isinstance(max_tokens, int):
             raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.")
-        requested = prompt_tokens + (max_tokens or 0)
-        if room < 1 or (max_tokens is not None and requested > self.max_model_len):
-            raise BadRequest(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{requested} tokens ({prompt_tokens} in the messages, {max_tokens or 0} in the completion). "
-                "Please reduce the length of the messages or completion."
-            )
+        too_long = context_problem(self.max_model_len, prompt_tokens, max_tokens)
+        if too_long is not None:
+            raise BadRequest(too_long)
         problem = sampling_problem(body, n, room if max_tokens is None else max_tokens)
         if problem is not None:
             raise BadRequest(problem)
@@ -206,8 +203,8 @@ class RequestParser:
             return estimate_text_tokens(prompt), self._text_prefixes.match_text(prompt)
         # Only ints (bools are ints) pass; JSON has no other int types. map/set: C speed on long prompts.
         if isinstance(prompt, list) and prompt and set(map(type, prompt)) <= _INT_TYPES:
-            top = max(prompt)
-            if top >= self.vocab_size or min(prompt) < 0:
-                raise BadRequest(f"Token id {top} is out of vocabulary")
+            low, top = min(prompt), max(prompt)
+            if top >= self.vocab_size or low < 0:
+                raise BadRequest(f"Token id {low if low < 0 else top} is out of vocabulary")
             return len(prompt), self._token_prefixes.match(prompt)
         raise BadRequest("prompt must be a non-empty string or a list of token ids (one prompt per request)")
