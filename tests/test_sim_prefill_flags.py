@@ -72,10 +72,14 @@ def test_prompts_within_the_cap_run_exactly_as_without_it() -> None:
 
 
 def test_a_cap_past_max_model_len_is_refused_as_vllm_refuses_it() -> None:
+    """vLLM checks the cap against max_model_len only with concurrent partial prefills (which V1 then
+    refuses too); alone, a cap past every request caps nothing."""
     config = EngineConfig(model=LLAMA_8B, max_model_len=4096).replace(long_prefill_token_threshold=8192)
+    assert violations(config) == [] and SimBackend("H100").evaluate(config, TinyWorkload(2)).ok
+    concurrent = config.replace(max_num_partial_prefills=2)
     said = "long_prefill_token_threshold (8192) cannot be greater than the max_model_len (4096)."
-    assert violations(config) == [said]  # rejected before launch
-    result = SimBackend("H100").evaluate(config, TinyWorkload(2))
+    assert violations(concurrent)[0] == said  # rejected before launch
+    result = SimBackend("H100").evaluate(concurrent, TinyWorkload(2))
     assert not result.ok and said in result.message
     assert flag_problem("long_prefill_token_threshold", "512") is not None
     assert flag_problem("long_prefill_token_threshold", 512) is None
