@@ -141,13 +141,13 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], str]] = [
         "space-block-64-128",
         ["run", "--space", "{tmp}/s.yaml"],
         space("  block_size: {type: categorical, choices: [64, 128]}"),
-        "block_size=64: CUDA supports block sizes 1, 8, 16 and 32 only",
+        "block_size=64: vLLM starts on CUDA with block sizes 16 and 32 only",
     ),
     (
         "space-block-16-64",
         ["run", "--space", "{tmp}/s.yaml"],
         space(f"{PARAM}\n  block_size: {{type: categorical, choices: [16, 64]}}"),
-        "block_size=64: CUDA supports block sizes 1, 8, 16 and 32 only",
+        "block_size=64: vLLM starts on CUDA with block sizes 16 and 32 only",
     ),
     (
         "space-block-range-to-64",
@@ -155,19 +155,42 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes], str]] = [
         space("  block_size: {type: int, low: 16, high: 64, step: 16}"),
         "block_size=48: vLLM's block sizes are",
     ),
-    (  # 9..15 lie between two block sizes
-        "space-block-range-8-16",
+    (  # 17..31 lie between two block sizes
+        "space-block-range-16-32",
         ["run", "--space", "{tmp}/s.yaml"],
-        space("  block_size: {type: int, low: 8, high: 16}"),
-        "block_size=9: vLLM's block sizes are",
+        space("  block_size: {type: int, low: 16, high: 32}"),
+        "block_size=17: vLLM's block sizes are",
     ),
     (
         "space-block-fixed-128",
         ["run", "--space", "{tmp}/s.yaml"],
         space(PARAM, "  block_size: 128"),
-        "block_size=128: CUDA supports block sizes",
+        "block_size=128: vLLM starts on CUDA with block sizes",
     ),
-    ("set-block-64", ["bench", "--set", "block_size=64"], {}, "bad --set: block_size=64: CUDA supports"),
+    (
+        "set-block-64",
+        ["bench", "--set", "block_size=64"],
+        {},
+        "bad --set: block_size=64: vLLM starts on CUDA",
+    ),
+    (  # chunked prefill off and every budget below max_model_len: each suggestion was rejected, and the
+        # run ended "No feasible config" with exit 0
+        "space-every-config-breaks-a-rule",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space(
+            "  max_num_batched_tokens: {type: int, low: 512, high: 4096}",
+            "  max_model_len: 8192\n  enable_chunked_prefill: false",
+        ),
+        "every config of the space breaks vLLM's rule: max_num_batched_tokens (4096) is smaller than",
+    ),
+    # FlashAttention's pages: 8 passed vLLM's arguments and failed once the model had loaded
+    ("set-block-8", ["bench", "--set", "block_size=8"], {}, "bad --set: block_size=8: vLLM starts on CUDA"),
+    (
+        "space-block-8-16",
+        ["run", "--space", "{tmp}/s.yaml"],
+        space(f"{PARAM}\n  block_size: {{type: categorical, choices: [8, 16]}}"),
+        "block_size=8: vLLM starts on CUDA with block sizes 16 and 32 only",
+    ),
     (  # vllm bench serve's median and p50 are one statistic: two identical columns, as the SLOs refuse
         "objectives-median-and-p50",
         ["run", "--objectives", "{tmp}/o.yaml"],

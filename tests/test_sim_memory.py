@@ -131,6 +131,8 @@ def test_utilization_near_one_ooms_at_cuda_graph_capture_or_sampler_warmup() -> 
         ({"block_size": 12}, "argument --block-size: invalid choice: 12 (choose from 1, 8, 16, 32, 64, "
          "128, 256)"),
         ({"block_size": 64}, "Block size 64 is not supported on CUDA"),
+        # vLLM's arguments take 8; FlashAttention's KV cache layout refuses it once the cache is sized
+        ({"block_size": 8}, "Block size must be a multiple of 16."),
         ({"gpu_memory_utilization": 1.5}, "GPU memory utilization must be less than 1.0. Got 1.5."),
         ({"gpu_memory_utilization": 0.0}, "GPU memory utilization must be greater than 0. Got 0.0."),
         ({"kv_cache_dtype": "int4"}, "argument --kv-cache-dtype: invalid choice: 'int4'"),

@@ -70,7 +70,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.store.storage import check_sqlite_file, preflight_storage
     from autotune.store.urls import absolute
     from autotune.tune.objectives import check_goodput, load_objectives
-    from autotune.tune.screen import check_gpu_count, check_model_len, check_tensor_parallel
+    from autotune.tune.screen import check_gpu_count, check_model_len, check_rules, check_tensor_parallel
     from autotune.tune.space import load_space
     from autotune.tune.study_checks import check_not_driven, check_results_kept, check_resumable
     from autotune.workloads.files import load_workload
@@ -96,6 +96,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     # None: a real model outside the catalog, whose context length vLLM checks itself.
     max_pos = known_max_model_len(space.model, None, args.backend)
     check_model_len(space, None if _long_len_allowed(args) else max_pos)
+    check_rules(space, max_pos)
     check_fits(workload, args.seed, space.largest("max_model_len") or max_pos)
     check_gpus_text(args.gpus)
     check_tensor_parallel(space, calibration)

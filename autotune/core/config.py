@@ -234,9 +234,11 @@ MAX_FLAG_INT = 2**31 - 1
 # vLLM's --block-size and --kv-cache-dtype choices (vllm/config/cache.py, BlockSize and CacheDType;
 # the KV dtypes are those the simulator models: auto is the model's dtype, fp8 variants one byte).
 BLOCK_SIZE_CHOICES = (1, 8, 16, 32, 64, 128, 256)
-# Those CUDA takes (vllm/platforms/cuda.py: "Block size 64 is not supported on CUDA"): every GPU autotune
-# runs on is NVIDIA's, so a larger one fails every launch.
-CUDA_BLOCK_SIZES = (1, 8, 16, 32)
+# Those vLLM starts with on NVIDIA's GPUs, every GPU autotune runs on: CUDA takes at most 32
+# (vllm/platforms/cuda.py: "Block size 64 is not supported on CUDA"), and FlashAttention, the default
+# attention backend, multiples of 16 ("Block size must be a multiple of 16." once the KV cache is sized,
+# the model loaded: vllm/v1/attention/backends/flash_attn.py).
+CUDA_BLOCK_SIZES = (16, 32)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 _SCALARS = (str, int, float, bool)
 
@@ -255,7 +257,10 @@ def flag_problem(name: str, value: Any, cuda: bool = True) -> str | None:
         if name == "block_size" and value not in BLOCK_SIZE_CHOICES:
             return f"{shown}: vLLM's block sizes are {', '.join(map(str, BLOCK_SIZE_CHOICES))}"
         if name == "block_size" and cuda and value not in CUDA_BLOCK_SIZES:
-            return f"{shown}: CUDA supports block sizes 1, 8, 16 and 32 only"
+            return (
+                f"{shown}: vLLM starts on CUDA with block sizes 16 and 32 only (at most 32; FlashAttention: "
+                "'Block size must be a multiple of 16.')"
+            )
     elif name == "gpu_memory_utilization":
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not number or not math.isfinite(value) or not 0 < value <= 1:

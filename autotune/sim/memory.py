@@ -27,6 +27,7 @@ from autotune.sim.flags import enforce_eager
 
 MIB = 1024**2
 CUDA_MAX_BLOCK_SIZE = 32
+KERNEL_BLOCK_MULTIPLE = 16  # FlashAttention's pages hold a multiple of 16 tokens
 KV_DTYPE_BYTES = {dtype: 1 for dtype in KV_CACHE_DTYPES if dtype != "auto"}  # auto: the model's dtype
 MAX_CUDA_GRAPH_SIZE = 512
 
@@ -136,7 +137,7 @@ def validate_config(config: EngineConfig, model: ModelSpec, allow_long_max_model
     if config.block_size > CUDA_MAX_BLOCK_SIZE:
         raise EngineStartupError(
             f"Block size {config.block_size} is not supported on CUDA; "
-            f"the supported block sizes are 1, 8, 16 and 32.",
+            f"the supported block sizes are 1, 8, 16 and 32.",  # vLLM's words: FlashAttention refuses 1 and 8
             invalid,
         )
     assert config.max_model_len is not None and config.max_num_batched_tokens is not None
@@ -278,6 +279,10 @@ def plan_memory(
             "`max_model_len` when initializing the engine.",
             FailureKind.KV_CACHE_OOM.value,
         )
+    if config.block_size % KERNEL_BLOCK_MULTIPLE:
+        # the KV cache, once sized, takes the page layout of FlashAttention, vLLM's default attention
+        # backend on every GPU of the catalog (vllm/v1/attention/backends/flash_attn.py get_kv_cache_shape)
+        raise EngineStartupError("Block size must be a multiple of 16.", FailureKind.INVALID_CONFIG.value)
     sizes = () if enforce_eager(config) else cuda_graph_sizes(config.max_num_seqs)
     per_graph_layer = int(cal.cuda_graph_mib_per_layer * MIB)
     pool = graph_pool_bytes(model, tp, largest_graph(sizes), cal) if sizes else 0

@@ -22,7 +22,7 @@ from autotune.core.errors import AutotuneError, EngineStartupError, FailureKind
 from autotune.measure.result import TrialResult
 from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.memory import MemoryPlan, least_budget_bytes, plan_memory, validate_config
-from autotune.tune.space import SearchSpace
+from autotune.tune.space import SearchSpace, violations
 
 PREFIX = "predicted by the memory model: "
 # the flags whose smallest value needs the least memory to start (the KV of one request, activations)
@@ -180,6 +180,28 @@ def check_model_len(space: SearchSpace, max_position_embeddings: int | None) -> 
         f"(max_position_embeddings {max_position_embeddings}): vLLM refuses to start every config of the "
         f"space; lower max_model_len to {max_position_embeddings} or less"
     )
+
+
+# The scheduler rules' most lenient value of each flag they read: a config breaking a rule there breaks
+# it everywhere in the space (each rule asks for a larger budget, fewer sequences, chunked prefill on or
+# a shorter max_model_len).
+LENIENT = {
+    "max_num_batched_tokens": max,
+    "max_num_seqs": min,
+    "enable_chunked_prefill": max,
+    "max_model_len": min,
+}
+
+
+def check_rules(space: SearchSpace, max_position_embeddings: int | None) -> None:
+    """A space whose every config breaks one of vLLM's scheduler rules (`violations`) is one clear
+    AutotuneError, not a run whose every suggestion is rejected before launch: its most lenient corner
+    (LENIENT) breaks it."""
+    values = space.flag_values()
+    corner = {name: pick(values[name]) for name, pick in LENIENT.items() if name in values}
+    broken = violations(space.config(corner), max_position_embeddings)
+    if broken:
+        raise AutotuneError(f"every config of the space breaks vLLM's rule: {broken[0]}")
 
 
 def check_gpu_count(space: SearchSpace, gpus: int) -> str | None:
