@@ -91,6 +91,21 @@ def test_export_cli_recommended_and_chosen_trial(tmp_path: Path, capsys: pytest.
     assert "run folder not found" in capsys.readouterr().err
 
 
+def test_a_damaged_study_database_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """4 KiB of garbage inside study.db: `run` said "the storage failed" in one line, export printed an
+    89-line traceback (optuna's StorageInternalError, from reading the trials)."""
+    run_dir = tmp_path / "run"
+    build_run(run_dir, [({"max_num_seqs": 1024, "baseline": True}, ok(4000, 1500, 20))])
+    db = run_dir / "study.db"
+    with db.open("r+b") as f:
+        f.seek(db.stat().st_size // 2)
+        f.write(b"\xff" * 4096)
+    assert main(["export", str(run_dir), "--format", "cmd"]) == 1
+    err = capsys.readouterr().err.strip()
+    said = "autotune export: error: the storage failed: DatabaseError: database disk image is malformed"
+    assert err == said
+
+
 @pytest.mark.parametrize(
     ("fmt", "option"),
     [("helm", "--tag"), ("docker", "--image"), ("k8s", "--secret"), ("helm", "--secret-key")],

@@ -79,11 +79,12 @@ def run(args: argparse.Namespace) -> int:
     """Print the export on stdout (a simulated run's note with it, or on stderr for `flags`)."""
     import optuna
 
-    from autotune.core.errors import AutotuneError
+    from autotune.commands.run_end import STORAGE_ERRORS
+    from autotune.core.errors import AutotuneError, RunFailure
     from autotune.core.inputs import refuse_unused
     from autotune.outputs import export
     from autotune.outputs.outcome import SIMULATED_NOTE, is_simulated
-    from autotune.store.storage import open_study
+    from autotune.store.storage import open_study, storage_error
     from autotune.store.urls import run_storage
     from autotune.tune.recommendation import decide
     from autotune.tune.remeasure import StoredRepeats
@@ -94,7 +95,10 @@ def run(args: argparse.Namespace) -> int:
     image = deployed_image(args.image, args.tag, info.meta.get("image"))
     storage = run_storage(info)
     study = open_study(info.study, storage)
-    recs = records(study)
+    try:
+        recs = records(study)
+    except STORAGE_ERRORS() as exc:  # a damaged database: one line, as `run` says it
+        raise RunFailure(f"the storage failed: {storage_error(exc)}") from None
     if args.trial is not None:
         chosen = next((r for r in recs if r.number == args.trial), None)
         if chosen is None:
