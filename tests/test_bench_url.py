@@ -10,7 +10,10 @@ the capacity search a trial runs, against the live server, with a line per measu
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 from cli import autotune
@@ -110,3 +113,32 @@ def test_bench_url_capacity_searches_the_running_server(tmp_path: Path) -> None:
     assert report["slo_verdicts"][0]["met"] is True
     # progress: the saturation burst and each probe, as they ran
     assert "saturation:" in done.stderr and done.stderr.count("probe at") == sum(p["windows"] for p in probes)
+
+
+def test_sigterm_stops_bench_as_ctrl_c_does(tmp_path: Path) -> None:
+    """SIGTERM (a service manager, `timeout`) to `bench --url` mid-run: it said nothing and exited 143,
+    where `run` says "interrupted" and exits 130 (the CLI's promise for both)."""
+    (tmp_path / "long.yaml").write_text(WORKLOAD.replace("num_requests: 24", "num_requests: 2000"))
+    with start_sim_server([MODEL]) as server:
+        command = [sys.executable, "-m", "autotune.cli", "bench", "--url", server.base_url]
+        command += ["--workload", "long.yaml", "--rate", "20"]  # 100 s of arrivals
+        proc = subprocess.Popen(
+            command, cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        deadline = time.monotonic() + 60
+        while not _metric_total(server.base_url) and time.monotonic() < deadline:
+            time.sleep(0.2)  # until the load reaches the server
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "autotune bench: interrupted"
+
+
+def _metric_total(base_url: str) -> float:
+    """Requests the server has taken in (vllm:prompt_tokens_total > 0 once one was)."""
+    import httpx
+
+    text = httpx.get(base_url + "/metrics").text
+    return sum(
+        float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:prompt_tokens_total")
+    )

@@ -137,6 +137,7 @@ def parse_settings(settings: list[str]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark (or the capacity search) and print it; exit 1 when the config fails, a verdict
     fails or no rate passed."""
+    from autotune.core.interrupts import sigterm_as_ctrl_c
     from autotune.measure.slo import parse_slos
     from autotune.workloads.files import load_workload
 
@@ -155,13 +156,14 @@ def run(args: argparse.Namespace) -> int:
         load_workload(args.workload), load="capacity" if args.capacity else "fixed"
     )
     workload = workload.with_load(request_rate=args.rate, max_concurrency=args.concurrency)
-    if args.url:
-        from autotune.commands.bench_url import bench_url
+    with sigterm_as_ctrl_c():  # SIGTERM stops it as Ctrl-C does: its server torn down, "interrupted", 130
+        if args.url:
+            from autotune.commands.bench_url import bench_url
 
-        result, head, config = bench_url(args, workload, slos)
-    else:
-        args.backend = args.backend or "sim"  # left unset by default so that --url can refuse an explicit one
-        result, head, config = _bench_launched(args, workload, slos)
+            result, head, config = bench_url(args, workload, slos)
+        else:
+            args.backend = args.backend or "sim"  # unset by default so that --url can refuse an explicit one
+            result, head, config = _bench_launched(args, workload, slos)
     head |= {"workload": workload.name, "num_prompts": workload.num_requests}
     head |= {"request_rate": workload.request_rate, "max_concurrency": workload.max_concurrency}
     offered = None
