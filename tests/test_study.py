@@ -266,6 +266,43 @@ def test_ctrl_c_stops_the_tuner_at_its_next_step(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("ray_cluster")
+def test_a_second_ctrl_c_during_the_cancel_leaves_no_trial_running(tmp_path: Path) -> None:
+    """Ctrl-C twice, the second while the running trials are cancelled (a grace of seconds): the study
+    kept them RUNNING, and the dashboard showed them running until a resume."""
+    space = space_from_dict(
+        {
+            "fixed": {"model": MODEL, "gpu": "H100", "max_model_len": 8192},
+            "params": {"max_num_seqs": {"type": "int", "low": 8, "high": 1024}},
+        }
+    )
+    study = start_study(
+        "c2", sqlite_url(tmp_path), settings(), optuna.samplers.RandomSampler(seed=0), False, {}
+    )
+
+    class CtrlCAgainWhileCancelling(Executor):
+        def cancel_all(self) -> list[int]:
+            signal.raise_signal(signal.SIGINT)
+            return super().cancel_all()
+
+    class Progress:
+        def show(self, state: ProgressState) -> None:
+            if state.done >= 1 and state.running and not hasattr(self, "sent"):
+                self.sent = True
+                signal.raise_signal(signal.SIGINT)
+
+        def close(self) -> None:
+            pass
+
+    workload = dataclasses.replace(load_workload("chat"), num_requests=60, load="fixed")
+    executor = CtrlCAgainWhileCancelling(SimBackend("H100"), workload, SLOS, cpu_slots=2)
+    tuner = Tuner(study, space, OBJECTIVES, SLOS, executor, TunerOptions(n_trials=100), progress=Progress())  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt):
+        tuner.run()
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert TrialState.FAIL in states and TrialState.RUNNING not in states
+
+
+@pytest.mark.usefixtures("ray_cluster")
 def test_dedupe_rejects_and_resume(tmp_path: Path, tiny_space) -> None:
     storage = sqlite_url(tmp_path)
     sampler = optuna.samplers.RandomSampler(seed=1)

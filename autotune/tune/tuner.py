@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.config import EngineConfig, gpus_per_replica
 from autotune.core.errors import FailureKind, SetupLost
-from autotune.core.interrupts import on_stop
+from autotune.core.interrupts import deferred_ctrl_c, on_stop
 from autotune.dispatch.protocol import TrialExecutor, free_slots
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
@@ -366,14 +366,16 @@ class Tuner:
         self._told = 0
 
     def _abandon(self) -> None:
-        """Ctrl-C: cancel what runs and mark every untold trial FAIL (it was never measured).
+        """Ctrl-C: mark every untold trial FAIL (it was never measured), then cancel what runs.
 
         All of the study's RUNNING trials are this run's, including one the interrupt caught between
-        `ask` and the bookkeeping, or in the middle of its `tell`.
+        `ask` and the bookkeeping, or in the middle of its `tell`. They are marked first, a stop during
+        it held until it is done: a second Ctrl-C during the cancel's grace had left them RUNNING.
         """
-        placements = self.executor.placements()  # before the cancel, which forgets them
+        with deferred_ctrl_c():
+            placements = self.executor.placements()  # before the cancel, which forgets them
+            fail_stale_trials(self.study, self._held_gpu_seconds(), placements)
         self.executor.cancel_all()
-        fail_stale_trials(self.study, self._held_gpu_seconds(), placements)
         self._running.clear()
         self._queued.clear()
 
