@@ -166,8 +166,8 @@ def test_a_budgeted_guided_estimate_counts_what_the_budget_affords_at_the_budget
     per = f"{clock(392.0)} of GPU time"
     assert f"Per trial {per}, the baseline's" in text
     assert f"a trial costs about {per} (the estimate above)" in budget_text(1.0, estimate.trial_gpu_s)
-    assert "at most 9 trials" in budget_text(1.0, estimate.trial_gpu_s)
-    assert "at most 1 trial;" in budget_text(0.2, estimate.trial_gpu_s)  # not "1 trials"
+    assert "about 9 trials as dear" in budget_text(1.0, estimate.trial_gpu_s)
+    assert "about 1 trial as dear;" in budget_text(0.2, estimate.trial_gpu_s)  # not "1 trials"
 
 
 def test_the_budget_line_without_gpu_hours_says_when_the_run_stops() -> None:
@@ -183,8 +183,22 @@ def test_the_guides_budget_line_counts_what_a_resumed_study_spent() -> None:
     beside the estimate's "affords no trial"; half of it left affords half the trials."""
     spent = budget_text(0.5, 392.0, left_h=0.0)
     assert spent.startswith("budget 0.5 GPU-h (0.00 GPU-h left after what the study spent) affords no trial")
-    assert "at most 2 trials" in budget_text(0.5, 392.0, left_h=0.25)
-    assert "at most 4 trials" in budget_text(0.5, 392.0) == budget_text(0.5, 392.0, left_h=0.5)
+    assert "about 2 trials as dear" in budget_text(0.5, 392.0, left_h=0.25)
+    assert "about 4 trials as dear" in budget_text(0.5, 392.0) == budget_text(0.5, 392.0, left_h=0.5)
+
+
+def test_a_guided_estimate_charges_picks_as_the_budget_does_and_leaves_out_unaffordable_defaults() -> None:
+    """Under an ITL SLO vLLM's defaults' search cost 0.73 GPU-h, the guide's first pick's 0.17: a 0.5
+    GPU-h budget "afforded no trial", and the run launched none. Its picks are charged their own cost, the
+    defaults run second when the budget affords them after the first pick (else a pick instead)."""
+    left = Left(guided=True, budget_s=1800.0)
+    estimate = RunEstimate(2628.0, 693.0, 12, 0, 1, SAMPLE, (600.0, 2628.0), left).charged(612.0)
+    assert estimate.trial_gpu_s == 612.0
+    text = estimate.text()
+    assert text.startswith("estimate: about 0.34 GPU-hours for 2 trials, all that the budget's 0.50"), text
+    assert "what the budget charges the guide's first pick (the baseline's 43m48s" in text
+    roomy = RunEstimate(2628.0, 693.0, 3, 0, 1, SAMPLE, (600.0, 2628.0), Left(guided=True)).charged(612.0)
+    assert roomy.trials_gpu_h == pytest.approx((612.0 + 2628.0 + 612.0) / 3600)
 
 
 def test_a_resumed_estimate_counts_only_what_is_left() -> None:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import optuna
+import pytest
 from cli import autotune
 from guided_runs import REALITY, SPACE
 from optuna.trial import TrialState
@@ -96,6 +97,17 @@ def test_the_budget_shares_what_is_left_and_waits_for_the_running_trials_caps() 
     cut = Observation(1, "b", {}, 100.0, None, 1500.0, searched=False, interrupted=True)
     assert budget.next_cost_s([*measured, cut], 200.0) == 1500.0  # not 900 x 100 / 200
     assert budget.next_cost_s(measured, 200.0) == 450.0
+
+
+def test_before_any_cost_is_known_a_pick_is_charged_the_estimate_scaled_to_its_predicted_value() -> None:
+    """The pre-run estimate is vLLM's defaults' search: under an ITL SLO theirs cost 0.73 GPU-h for a
+    predicted 608 tok/s, the guide's first pick's 0.17 for 2,618, and a 0.5 GPU-h budget launched
+    nothing. A pick is charged the estimate scaled by the two predictions; unpredicted, the estimate."""
+    budget = Budget(gpu_hours=0.5, first_trial_gpu_s=2628.0, first_trial_value=608.3)
+    assert budget.next_cost_s([], 2618.4) == pytest.approx(2628.0 * 608.3 / 2618.4)
+    assert budget.stop([], 2618.4, 0) is None
+    assert budget.next_cost_s([], None) == 2628.0 and budget.stop([], None, 0) is not None
+    assert Budget(gpu_hours=0.5, first_trial_gpu_s=2628.0).next_cost_s([], 2618.4) == 2628.0
 
 
 def test_a_budget_the_study_spent_already_is_why_the_run_stops() -> None:

@@ -258,7 +258,7 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
                 print(f"autotune: {line}", file=sys.stderr)
         estimate = run_estimate(args, s, busy_gpus(executor), study)
         stops.check()
-        guide = make_guided(args, s, estimate)  # None: not a guided run
+        guide = make_guided(args, s, estimate, study)  # None: not a guided run
         stops.check()
         screen = (
             None if args.no_screen else make_screen(s.space.model, s.space.gpu, calibration=s.calibration)

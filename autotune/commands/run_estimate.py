@@ -12,7 +12,8 @@ from typing import Any
 def run_estimate(args: argparse.Namespace, s: Any, gpus: int, study: Any) -> Any:
     """The pre-run estimate on a real backend, of what `study` still lacks. A simulated run needs none,
     unless a guided run's budget must charge its first trial: then from the guide's calibration (the
-    backend's plays the reality, which the guide must not read)."""
+    backend's plays the reality, which the guide must not read). A guided run's is printed once its guide
+    says what the budget charges a pick (run_guide.make_guided)."""
     if args.backend != "sim":
         return print_estimate(args, s, gpus, s.calibration, study)
     if s.guide_calibration is not None and args.gpu_hours is not None:
@@ -22,8 +23,8 @@ def run_estimate(args: argparse.Namespace, s: Any, gpus: int, study: Any) -> Any
 
 def print_estimate(args: argparse.Namespace, s: Any, gpus: int, calibration: Any, study: Any) -> Any:
     """Print the estimate of the run set up in `s` (run._Setup) on `gpus` GPUs, simulated with
-    `calibration`, for what `study` still lacks, and return it; a line saying why not (and None) when it
-    cannot be made. It never stops the run."""
+    `calibration`, for what `study` still lacks, and return it (a guided run's: unprinted, see
+    run_estimate); a line saying why not (and None) when it cannot be made. It never stops the run."""
     from autotune.outputs.estimate import SAMPLE, Left, estimate_run, remeasure_trials
     from autotune.tune.screen import make_screen
 
@@ -48,7 +49,7 @@ def print_estimate(args: argparse.Namespace, s: Any, gpus: int, calibration: Any
         estimate = None
     if estimate is None:
         print("autotune: no estimate (the model or GPU is not in the simulator's catalogs)", file=sys.stderr)
-    else:
+    elif not left.guided:
         print(f"autotune: {estimate.text()}", file=sys.stderr)
     return estimate
 

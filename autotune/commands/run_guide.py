@@ -103,10 +103,11 @@ def shared_calibration(args: argparse.Namespace, sim: Any, guide: Any) -> tuple[
     return sim, guide
 
 
-def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
-    """The guided search of the run set up in `s` (run._Setup): the guide's table of the whole space
-    (cached in <runs-dir>/guide/) and its prediction of vLLM's defaults; None when the run is not
-    guided. `estimate`: the pre-run estimate (its trial's GPU time is the first trial's charge)."""
+def make_guided(args: argparse.Namespace, s: Any, estimate: Any, study: Any) -> Any:
+    """The guided search of the run set up in `s` (run._Setup) on `study`: the guide's table of the whole
+    space (cached in <runs-dir>/guide/) and its prediction of vLLM's defaults; None when the run is not
+    guided. `estimate`: the pre-run estimate (its baseline's GPU time, scaled to a pick's predicted rate,
+    is what the budget charges a pick before any trial's cost is known); printed here, so charged."""
     from autotune.core.procs import usable_cpus
     from autotune.tune.guide import predict_points, predict_space
     from autotune.tune.guide_check import replayer
@@ -161,9 +162,13 @@ def make_guided(args: argparse.Namespace, s: Any, estimate: Any) -> Any:
         f"{len(search.candidates):,} meet the SLOs{best}",
         file=sys.stderr,
     )
+    first = search.raw(ranked[0]) if ranked else None  # the guide's first pick: its best predicted
+    charge_s = search.budget.next_cost_s(search.observations(study), first)
+    if estimate is not None:
+        print(f"autotune: {estimate.charged(charge_s).text()}", file=sys.stderr)
     left_s = estimate.left.budget_s if estimate is not None else None
     left_h = None if left_s is None else left_s / 3600
-    print(f"autotune: guide: {budget_text(args.gpu_hours, first_trial_gpu_s, left_h)}", file=sys.stderr)
+    print(f"autotune: guide: {budget_text(args.gpu_hours, charge_s or None, left_h)}", file=sys.stderr)
     return search
 
 
@@ -207,7 +212,9 @@ def budget_text(budget_h: float | None, trial_gpu_s: float | None, left_h: float
             "above), so nothing will launch; a larger --gpu-hours affords one"
         )
     most = (
-        f", at most {values.counted(math.floor(left_h * 3600 / trial_gpu_s), 'trial')}" if trial_gpu_s else ""
+        f", about {values.counted(math.floor(left_h * 3600 / trial_gpu_s), 'trial')} as dear"
+        if trial_gpu_s
+        else ""
     )
     return (
         f"{budget}{most}{'; ' + per if per else ''}, re-measuring the top included; it "

@@ -16,6 +16,7 @@ configs and the baseline are measured again (autotune/tune/remeasure.py), each r
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import itertools
 import statistics
@@ -38,6 +39,7 @@ class Left:
     guided: bool = False  # the guide picks them, not the sampler
     baseline: bool = True  # the baseline is among them (False: measured before a resume)
     budget_s: float | None = None  # GPU-seconds --gpu-hours has left (None: no budget)
+    pick_gpu_s: float | None = None  # what the guided run's budget charges its next pick (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,13 @@ class RunEstimate:
 
     @property
     def trial_gpu_s(self) -> float:
-        """A trial's GPU-seconds besides the baseline's. A guided trial is charged the baseline's: the guide
-        measures configs predicted to serve about as fast or faster, and a capacity search's GPU time goes
-        as 1 / capacity; the sampler's trials cost the sample's mean."""
-        return self.baseline_gpu_s if self.left.guided else self.sample_gpu_s
+        """A trial's GPU-seconds besides the baseline's: a guided trial's is what the run's budget charges
+        the guide's next pick (tune/guide_budget.py: the baseline's, scaled to the pick's predicted rate,
+        as a capacity search's GPU time goes as 1 / capacity; the baseline's until it is known); the
+        sampler's trials cost the sample's mean."""
+        if self.left.guided:
+            return self.left.pick_gpu_s or self.baseline_gpu_s
+        return self.sample_gpu_s
 
     @property
     def trials_gpu_h(self) -> float:
@@ -89,14 +94,33 @@ class RunEstimate:
     def _runs(self) -> tuple[list[float], list[float]]:
         """The GPU-seconds of each trial and each re-measurement still to run, in the order they run, as
         many as the budget affords (computed once: the record is frozen)."""
-        first = [self.baseline_gpu_s] if self.left.baseline and self.n_trials else []
-        trials = first + [self.trial_gpu_s] * (self.n_trials - len(first))
+        with_baseline = bool(self.left.baseline and self.n_trials)
+        if self.left.guided:
+            trials = self._guided_trials(with_baseline)
+        else:
+            first = [self.baseline_gpu_s] if with_baseline else []
+            trials = first + [self.trial_gpu_s] * (self.n_trials - len(first))
         repeats = [self.trial_gpu_s] * self.repeats
         if self.left.budget_s is None:
             return trials, repeats
         runs = list(itertools.accumulate(trials + repeats))
         afforded = bisect.bisect_right(runs, self.left.budget_s)
         return trials[:afforded], repeats[: max(0, afforded - len(trials))]
+
+    def _guided_trials(self, with_baseline: bool) -> list[float]:
+        """A guided run's trials in order: the guide's first pick, then vLLM's defaults when the budget
+        affords them after it (tune/guided.py leaves them out otherwise, and picks another config), then
+        its other picks."""
+        picks = [self.trial_gpu_s] * self.n_trials
+        budget = self.left.budget_s
+        fits = budget is None or self.trial_gpu_s + self.baseline_gpu_s <= budget
+        if with_baseline and self.n_trials >= 2 and fits:
+            return [picks[0], self.baseline_gpu_s, *picks[2:]]
+        return picks
+
+    def charged(self, pick_gpu_s: float) -> RunEstimate:
+        """This estimate with a guided run's trials charged `pick_gpu_s` each (its budget's charge)."""
+        return dataclasses.replace(self, left=dataclasses.replace(self.left, pick_gpu_s=pick_gpu_s))
 
     def text(self) -> str:
         """What `autotune run` prints before it starts."""
@@ -119,8 +143,13 @@ class RunEstimate:
 
     def _per_trial_text(self) -> str:
         """Each trial's GPU time, as the totals count it."""
+        if self.left.guided and self.left.pick_gpu_s:
+            return (
+                f"{clock(self.trial_gpu_s)} of GPU time, what the budget charges the guide's first pick (the "
+                f"baseline's {clock(self.baseline_gpu_s)} scaled to its predicted rate)"
+            )
         if self.left.guided:
-            return f"{clock(self.trial_gpu_s)} of GPU time, the baseline's (the guide picks configs as fast)"
+            return f"{clock(self.trial_gpu_s)} of GPU time, the baseline's"
         average = f"{clock(self.trial_gpu_s)} on average"
         if not (self.left.baseline and self.n_trials):  # resumed after the baseline: the others alone
             return f"{clock(self.trial_gpu_s)} of GPU time on average"

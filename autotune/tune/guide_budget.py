@@ -3,9 +3,11 @@
 A trial's cost is known only once it ran, so the next is charged the dearest trial so far, scaled to its
 predicted rate when the objective is a throughput (a capacity search's windows hold a set number of
 requests, so its GPU time goes as 1 / capacity: a 70B config at half the defaults' rate costs twice their
-search). Before any trial served load the charge is at least the pre-run estimate: a config that failed
-to start cost its startup only. Trials still running are charged as the next, or as the caps the run
-gave them (tune/tuner.py, below).
+search). Before any trial served load the charge is the pre-run estimate (vLLM's defaults' search on the
+simulator), scaled so to the next config's predicted value against the defaults' predicted one: under
+an ITL SLO the defaults' search cost 4x the guide's first pick's, and a budget of 3 such picks launched
+none. A config that failed to start cost its startup only. Trials still running are charged as the
+next, or as the caps the run gave them (tune/tuner.py, below).
 
 The charge decides whether a trial starts; the cap bounds what it spends: each trial's capacity search
 gets a share of what is left (`trial_cap_s`) and stops before a window that would pass it, so a search
@@ -57,21 +59,27 @@ class Budget:
     """The spend limit and how a trial is charged against it (module docstring)."""
 
     gpu_hours: float | None = None  # None: no limit
-    first_trial_gpu_s: float | None = None  # the pre-run estimate of a trial's cost
+    first_trial_gpu_s: float | None = None  # the pre-run estimate of a trial's cost (vLLM's defaults')
     maximize: bool = True  # the objective is a throughput (its cost scales with 1 / value)
+    first_trial_value: float | None = None  # the objective the estimated trial is predicted to reach
 
     def next_cost_s(self, observed: Sequence[Observation], value: float | None) -> float:
         """What the next trial (predicted objective `value`; None: not predicted) is charged, in GPU
         seconds: the dearest so far, scaled to `value` for a throughput; until a trial served load, at
-        least the pre-run estimate. A trial cut short (Ctrl-C, or its cap) spent a part of a trial's
-        cost: at least that much."""
+        least the pre-run estimate, scaled so too. A trial cut short (Ctrl-C, or its cap) spent a part of a
+        trial's cost: at least that much."""
         costs = [o.gpu_s for o in observed if o.gpu_s > 0]
-        if self.maximize and value is not None and value > 0:
-            scaled = [o.gpu_s * o.measured / value for o in observed if o.gpu_s > 0 and o.measured]
+        per = value if self.maximize and value is not None and value > 0 else None  # what costs scale by
+        if per is not None:
+            scaled = [o.gpu_s * o.measured / per for o in observed if o.gpu_s > 0 and o.measured]
             if scaled:
                 return max([*scaled, *(o.gpu_s for o in observed if o.interrupted)])
-        searched = any(o.searched for o in observed)
-        return max([*costs, 0.0 if searched else (self.first_trial_gpu_s or 0.0)])
+        if any(o.searched for o in observed):
+            return max([*costs, 0.0])
+        estimate = self.first_trial_gpu_s or 0.0
+        if per is not None and self.first_trial_value:
+            estimate *= self.first_trial_value / per
+        return max([*costs, estimate])
 
     def trials_left(
         self,

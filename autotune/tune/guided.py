@@ -80,9 +80,12 @@ class GuidedSearch(GuideBelief):
         """`baseline`: vLLM's default params, which the search enqueues after its first pick (None: the
         study holds them already, or the run compares with nothing)."""
         super().__init__(table, space, objective, options, extra)
-        self.budget = Budget(options.gpu_hours, options.first_trial_gpu_s, objective.maximize)
         self.refit = refit  # None: the guide keeps its calibration, the residual model alone corrects it
         self.baseline = dict(baseline) if baseline is not None else None
+        # the pre-run estimate is vLLM's defaults' search: a pick is charged it scaled by their predictions
+        self.budget = Budget(
+            options.gpu_hours, options.first_trial_gpu_s, objective.maximize, self._defaults_value()
+        )
         self.stop_reason: str | None = None
         # The stop holds but trials still run: start nothing more, and decide once their measurements
         # are in (one may move the guide's speed, and with it the bound)
