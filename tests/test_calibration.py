@@ -116,6 +116,9 @@ class _Tiny:
         ("step_base_s: -1.0e-3\n", "step_base_s = -0.001 is outside its range"),
         ("bw_eff: [0.5\n", "malformed YAML in calibration file"),
         ("- 0.5\n", "expected a mapping of constant: value, got list"),
+        # a truncated fitted file ran on the built-in constants without a word
+        ("", "names no constant (an empty file"),
+        ("# fitted by hand\n", "names no constant (an empty file"),
         (None, "calibration file not found"),
     ],
 )

@@ -207,9 +207,12 @@ def check_value(info: FieldInfo, value: Any, where: str = "") -> float:
 
 
 def calibration_from_mapping(data: Any, where: str, base: Calibration | None = None) -> Calibration:
-    """`base` (default: built-in) with the constants `data` names; one AutotuneError line per problem."""
-    if data is None:
-        data = {}
+    """`base` (default: built-in) with the constants `data` names; one AutotuneError line per problem.
+    An empty file is one: a truncated fitted file would run on the built-in constants without a word."""
+    if data is None or data == {}:
+        raise AutotuneError(
+            f"{where}: names no constant (an empty file; autotune calibrate --print-defaults lists them)"
+        )
     if not isinstance(data, Mapping):
         raise AutotuneError(f"{where}: expected a mapping of constant: value, got {type(data).__name__}")
     known = {info.name: info for info in calibration_fields()}
