@@ -232,6 +232,8 @@ def test_trials_still_running_count_against_the_budget(folder: Path) -> None:
         (["--guide", "none", "--gpu-hours", "1"], "needs a guided run"),
         (["--guide-top", "-1"], "--guide-top: value must be >= 0"),
         (["--guide", "none", "--guide-top", "4"], "needs a guided run"),
+        # it said "workload chat is at fixed load: pass --load capacity" of a workload at capacity load
+        (["--load", "fixed"], "--guide sim needs capacity load; --load fixed asks for another"),
     ],
 )
 def test_bad_guide_inputs_give_one_line_exit_2_and_write_nothing(

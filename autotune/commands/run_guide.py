@@ -70,6 +70,8 @@ def check_guide_options(args: argparse.Namespace, workload: Any, unmodelled: str
                 raise AutotuneError(f"{option} needs a guided run (--guide sim)")
         return None
     if workload.load != "capacity":
+        if args.guide == "sim" and getattr(args, "load", None) == workload.load:
+            raise AutotuneError(f"--guide sim needs capacity load; --load {workload.load} asks for another")
         if args.guide == "sim":
             raise AutotuneError(
                 f"--guide sim needs capacity load (workload {workload.name} is at {workload.load} load): "
