@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import optuna
+import pytest
 from test_recommendation import capacity as bracketed
 from test_study import OBJECTIVES, SLOS, build_run, ok
 
@@ -360,3 +361,24 @@ def test_a_duplicate_ran_nowhere_so_trials_csv_gives_it_no_placement(tmp_path: P
     with (tmp_path / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [(r["node_ip"], r["gpu_ids"]) for r in rows] == [("10.0.0.5", "0,1"), ("", "")]
+
+
+def test_results_written_again_are_one_runs_set_never_two_runs_mixed(tmp_path: Path) -> None:
+    """A resume whose report.html could not be written (a folder of that name) left trials.csv and
+    pareto.csv of 8 trials beside best.json and best.sh of 6; a later set without a recommendation left
+    the earlier best.sh. Now the earlier set goes first, and a blocked name stops the write untouched."""
+    folder = tmp_path / "run"
+    best = outcome(records(three_trials(folder)), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"])
+    report.write_all(folder, best)
+    assert (folder / "best.sh").exists()
+    failed = records(build_run(tmp_path / "other", [({"max_num_seqs": 8, "baseline": True}, None)]))
+    report.write_all(folder, outcome(failed, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"]))
+    assert not (folder / "best.sh").exists() and (folder / "trials.csv").read_text().count("\n") == 2
+    report.write_all(folder, best)
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.suffix != ".db"}
+    (folder / "report.html").unlink()
+    (folder / "report.html").mkdir()
+    with pytest.raises(IsADirectoryError):
+        report.write_all(folder, outcome(failed, OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"]))
+    after = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.suffix != ".db"}
+    assert after == {name: data for name, data in before.items() if name != "report.html"}

@@ -9,6 +9,7 @@ unless its gain over vLLM's defaults, the baseline trial, is within the measurem
 from __future__ import annotations
 
 import dataclasses
+import errno
 import shlex
 import statistics
 from pathlib import Path
@@ -32,6 +33,7 @@ from autotune.tune.recommendation import latencies_break_ties, runs_of, tie_brea
 from autotune.tune.study import TrialRecord
 
 SUMMARY_METRICS = ("request_throughput", "p99_tpot_ms", "p99_e2el_ms", "num_preemptions", "capacity_rate")
+RESULT_FILES = ("trials.csv", "pareto.csv", "best.json", "best.sh", "pareto.png", "probes.png", "report.html")
 
 
 def front_table(out: Outcome, limit: int = 15) -> str:
@@ -100,10 +102,15 @@ def summary_text(out: Outcome) -> str:
 
 
 def write_all(run_dir: Path, out: Outcome) -> list[Path]:
-    """Write every result file into the run folder; returns their paths."""
+    """Write every result file into the run folder; returns their paths.
+
+    One run's set, never two runs' mixed: an earlier write's files go first, so a write cut short (a
+    full disk, a kill) leaves files missing, never stale ones beside new ones (a resume's trials.csv had
+    8 trials beside the best.sh of 6). Each file is written whole (atomic_write_text)."""
     import pandas as pd
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    _clear_previous(run_dir)
     rows = [_row(r, out) for r in out.records]
     frame = pd.DataFrame(rows)
     for name in _integer_columns(rows):
@@ -123,6 +130,17 @@ def write_all(run_dir: Path, out: Outcome) -> list[Path]:
         paths.append(probes)
     paths.append(write_html(run_dir / "report.html", out))
     return paths
+
+
+def _clear_previous(run_dir: Path) -> None:
+    """Remove the result files an earlier write left (none when one of their names is not a file: the
+    write then fails before it changes anything)."""
+    paths = [run_dir / name for name in RESULT_FILES]
+    blocked = next((p for p in paths if p.exists() and not p.is_file()), None)
+    if blocked is not None:
+        raise IsADirectoryError(errno.EISDIR, "a result file's name is taken by a folder", str(blocked))
+    for path in paths:
+        path.unlink(missing_ok=True)
 
 
 def _row(r: TrialRecord, out: Outcome) -> dict[str, Any]:
