@@ -253,6 +253,7 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes]]] = [
     ("workload-load-bogus", ["run", "--workload", "{tmp}/w.yaml"], {"w.yaml": WORKLOAD + "load: bogus\n"}),
     # -- more options --------------------------------------------------------------------------------
     ("n-trials-negative", ["run", "--n-trials", "-1"], {}),
+    ("n-trials-huge", ["run", "--n-trials", "99999999999999999999999"], {}),  # it ran as "0/9999..."
     ("n-trials-abc", ["run", "--n-trials", "abc"], {}),
     ("load-bogus", ["run", "--load", "bogus"], {}),
     ("sampler-bogus", ["run", "--sampler", "bogus"], {}),

@@ -21,6 +21,9 @@ MAX_GPU_PRICE = 1000.0  # $ per GPU-hour
 DEFAULT_TRIALS = 50
 LOADS = ("workload", "fixed", "capacity")
 MAX_PARALLEL = 256  # CPU slots for simulated trials: more than any host has cores
+# Configs a run may measure: a million is years of GPU time, and a count past it is a typo (a run shown
+# as "0/99999999999999999999999")
+MAX_TRIALS = 1_000_000
 # Simulated trials in flight: a fixed number, not the host's cores, so that a seeded run proposes the same
 # configs on any machine. Two halve the default run's wall time on two cores; TPE's constant liar keeps
 # the two apart (see the run's docs in docs/simulator.md, "Speed").
@@ -125,8 +128,8 @@ def check_options(args: argparse.Namespace) -> None:
     counts out of range, options the run would ignore, device ids on a Ray cluster."""
     from autotune.core.errors import AutotuneError
 
-    if args.n_trials < 1:
-        raise AutotuneError("--n-trials must be at least 1")
+    if not 1 <= args.n_trials <= MAX_TRIALS:
+        raise AutotuneError(f"--n-trials must be between 1 and {MAX_TRIALS:,}")
     if args.parallel is not None and not 1 <= args.parallel <= MAX_PARALLEL:
         raise AutotuneError(f"--parallel must be between 1 and {MAX_PARALLEL}")
     if args.repeats < 0:
