@@ -91,6 +91,16 @@ def test_export_cli_recommended_and_chosen_trial(tmp_path: Path, capsys: pytest.
     assert "run folder not found" in capsys.readouterr().err
 
 
+def test_a_study_with_no_finished_trial_says_so(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It said "no feasible trial to recommend; pass --trial N", and no trial could be passed."""
+    study = build_run(tmp_path / "run", [])
+    study.ask()  # running
+    line = assert_rejected(["export", "{tmp}/run"], {}, tmp_path, capfd, monkeypatch)
+    assert line.endswith("has no finished trial yet: nothing to export"), line
+
+
 def test_a_damaged_study_database_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """4 KiB of garbage inside study.db: `run` said "the storage failed" in one line, export printed an
     89-line traceback (optuna's StorageInternalError, from reading the trials)."""

@@ -108,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         maximize = [d == optuna.study.StudyDirection.MAXIMIZE for d in study.directions]
         names = study.metric_names or [f"objective {i}" for i in range(len(maximize))]
         chosen = decide(recs, maximize, names, StoredRepeats.of(study).values).trial
+        if chosen is None and not recs:
+            raise AutotuneError(f"{args.run_dir} has no finished trial yet: nothing to export")
         if chosen is None:
             raise AutotuneError(f"{args.run_dir} has no feasible trial to recommend; pass --trial N")
     running = still_running(study)
