@@ -125,18 +125,27 @@ def test_sim_server_refuses_bad_limits(name: str, extra: list[str], tmp_path: Pa
 
 
 class _NotOpenAI(http.server.BaseHTTPRequestHandler):
-    """A web server that is not an OpenAI-compatible one: 404 on every path, in HTML."""
+    """A web server that is not an OpenAI-compatible one: 404 on every path, in HTML (a page: 200)."""
 
     def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+        if self.server.page:  # type: ignore[attr-defined]
+            body = b"<html><body>a web page</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         self.send_error(404)
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         return
 
 
-@pytest.fixture
-def not_openai() -> Iterator[str]:
+@pytest.fixture(params=[False, True], ids=["404", "page"])
+def not_openai(request: pytest.FixtureRequest) -> Iterator[str]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotOpenAI)
+    server.page = request.param  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}"
@@ -148,7 +157,8 @@ def test_bench_url_of_a_server_that_is_not_openai_is_one_line(
     not_openai: str, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     line = assert_rejected(["bench", "--url", not_openai], {}, tmp_path, capfd, monkeypatch)
-    assert "no OpenAI-compatible server" in line and "404" in line
+    # a page said the JSON parser's "Expecting value: line 1 column 1 (char 0)"
+    assert "no OpenAI-compatible server" in line and ("404" in line or "text/html, not JSON" in line), line
 
 
 @pytest.mark.usefixtures("ray_cluster")

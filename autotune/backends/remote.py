@@ -88,8 +88,13 @@ def served_models(base_url: str) -> list[Mapping[str, Any]]:
                 f"{response.status_code} {response.reason_phrase}"
             )
         data = response.json()
-    except (httpx.HTTPError, ValueError) as exc:
+    except httpx.HTTPError as exc:
         raise AutotuneError(f"no OpenAI-compatible server at {where}: {one_line(exc)}") from None
+    except ValueError:  # the JSON parser's own words ("Expecting value: line 1 column 1") say nothing
+        kind = response.headers.get("content-type", "no content type")
+        raise AutotuneError(
+            f"no OpenAI-compatible server at {where}: GET /v1/models answered {kind}, not JSON"
+        ) from None
     models = data.get("data") if isinstance(data, Mapping) else None
     if not isinstance(models, list):
         raise AutotuneError(f"no OpenAI-compatible server at {where}: /v1/models is not a model list")
