@@ -267,7 +267,7 @@ def not_openai() -> Iterator[str]:
         (["--url", "{not_openai}", "--gpu", "H100"], "is not an OpenAI-compatible server"),
         (["--url", "http://127.0.0.1:{port}"], "--gpu: which GPU the server runs on"),
         (["--backend", "vllm", "--gpu", "H100"], "--backend needs --model"),
-        ([], "give one of --points FILE, --url URL or --backend"),
+        ([], "give exactly one of --points FILE, --url URL or --backend"),
         (["--points", "{missing}", "--gpu-minutes", "0"], "--gpu-minutes must be in (0, 600]"),
     ],
 )

@@ -95,7 +95,7 @@ def test_the_dashboard_gives_a_guided_runs_trials_the_prediction_of_guide_json(t
         return {"trial": trial, "predicted": predicted, "raw": predicted, "measured": measured, "by": by}
 
     rows = [row(0, 4828.4, 4828.0, "best predicted"), row(1, 4722.5, 4757.0, "vLLM's defaults")]
-    data = {"gpu_hours": 0.23, "budget_gpu_hours": 2.0, "stop_reason": "n-trials", "trials": rows}
+    data = {"gpu_hours": 0.23, "budget_gpu_hours": 2.0, "stop_reason": "--n-trials reached", "trials": rows}
     (tmp_path / GUIDE_FILE).write_text(json.dumps(data))
 
     _write_note(load_run(tmp_path))  # what `autotune dashboard RUN` shows

@@ -43,7 +43,7 @@ def test_a_guided_run_ended_by_n_trials_says_so_and_lists_every_file_it_wrote(tw
     """guide.json's stop_reason is what the summary says (it was null), and the closing "Results:"
     line names the guide's files too."""
     guide = json.loads((two_trials / "runs/g/guide.json").read_text())
-    assert guide["stop_reason"] == "n-trials"
+    assert guide["stop_reason"] == "--n-trials reached"  # it said "stopped: n-trials"
     results = (two_trials / "summary.txt").read_text().splitlines()[-1]
     assert results.startswith("Results: runs/g/ (") and "report.html" in results
     assert all(f", {name}" in results for name in ("guide.json", "guide.png", "calibration.yaml"))

@@ -168,7 +168,7 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     sources = [name for name in ("points", "url", "backend") if getattr(args, name)]
     if len(sources) != 1:
         raise AutotuneError(
-            "give one of --points FILE, --url URL or --backend vllm|docker (or --print-defaults)"
+            "give exactly one of --points FILE, --url URL or --backend vllm|docker (or --print-defaults)"
         )
     if not 0 < args.gpu_minutes <= 600:
         raise AutotuneError(f"--gpu-minutes must be in (0, 600], got {args.gpu_minutes:g}")

@@ -195,7 +195,7 @@ def spend_text(data: dict[str, Any]) -> str:
     of = f" of the {budget:g} budgeted" if budget else ""
     repeats = data.get("remeasure_gpu_hours") or 0.0
     within = f" ({repeats:.2f} of them re-measuring the top)" if repeats else ""
-    why = data.get("stop_reason") or "n-trials"
+    why = data.get("stop_reason") or "--n-trials reached"
     return f"{data.get('gpu_hours', 0.0):.2f} GPU-h spent{of}{within}; stopped: {why}"
 
 

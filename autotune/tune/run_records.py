@@ -42,5 +42,5 @@ class RunSummary:
         if self.halted or self.stop_reason:
             return str(self.halted or self.stop_reason)
         if self.timed_out:
-            return "timeout"
-        return "the sampler converged" if self.converged else "n-trials"
+            return "--timeout reached"
+        return "the sampler converged" if self.converged else "--n-trials reached"
