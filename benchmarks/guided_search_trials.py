@@ -5,7 +5,7 @@ hint) so that reruns and strategies that measure the same config pay once.
 
 Ground truth: the same search on seeds no strategy uses (their mean), noise off unless asked, over the
 union of every config any strategy measured and the reality's own top TRUTH_TOP by its fast estimate
-(the exhaustive grid costs ~0.5-2 CPU-s a config x 1,470 configs x 11 realities: hours on this machine).
+(the exhaustive grid costs ~0.5-2 CPU-s a config x 980 configs x 11 realities: hours on this machine).
 """
 
 from __future__ import annotations
