@@ -196,7 +196,7 @@ def test_a_guided_estimate_charges_picks_as_the_budget_does_and_leaves_out_unaff
     assert estimate.trial_gpu_s == 612.0
     text = estimate.text()
     assert text.startswith("estimate: about 0.34 GPU-hours for 2 trials, all that the budget's 0.50"), text
-    assert "what the budget charges the guide's first pick (the baseline's 43m48s" in text
+    assert "the guide's next pick (scaled to its predicted rate; the baseline's 43m48s)" in text
     roomy = RunEstimate(2628.0, 693.0, 3, 0, 1, SAMPLE, (600.0, 2628.0), Left(guided=True)).charged(612.0)
     assert roomy.trials_gpu_h == pytest.approx((612.0 + 2628.0 + 612.0) / 3600)
 

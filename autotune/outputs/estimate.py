@@ -145,8 +145,8 @@ class RunEstimate:
         """Each trial's GPU time, as the totals count it."""
         if self.left.guided and self.left.pick_gpu_s:
             return (
-                f"{clock(self.trial_gpu_s)} of GPU time, what the budget charges the guide's first pick (the "
-                f"baseline's {clock(self.baseline_gpu_s)} scaled to its predicted rate)"
+                f"{clock(self.trial_gpu_s)} of GPU time, what the budget charges the guide's next pick "
+                f"(scaled to its predicted rate; the baseline's {clock(self.baseline_gpu_s)})"
             )
         if self.left.guided:
             return f"{clock(self.trial_gpu_s)} of GPU time, the baseline's"
