@@ -131,7 +131,9 @@ def test_sigterm_stops_bench_as_ctrl_c_does(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1] == "autotune bench: interrupted"
+    # one line: a stop raised inside the load's event loop had also printed "Task exception was never
+    # retrieved" and its traceback, at times
+    assert err.strip() == "autotune bench: interrupted", err
 
 
 def _metric_total(base_url: str) -> float:

@@ -137,7 +137,7 @@ def parse_settings(settings: list[str]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark (or the capacity search) and print it; exit 1 when the config fails, a verdict
     fails or no rate passed."""
-    from autotune.core.interrupts import sigterm_as_ctrl_c
+    from autotune.core.interrupts import stops_as_sigint
     from autotune.measure.slo import parse_slos
     from autotune.workloads.files import load_workload
 
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         load_workload(args.workload), load="capacity" if args.capacity else "fixed"
     )
     workload = workload.with_load(request_rate=args.rate, max_concurrency=args.concurrency)
-    with sigterm_as_ctrl_c():  # SIGTERM stops it as Ctrl-C does: its server torn down, "interrupted", 130
+    with stops_as_sigint():  # SIGTERM stops it as Ctrl-C does: its server torn down, "interrupted", 130
         if args.url:
             from autotune.commands.bench_url import bench_url
 

@@ -71,6 +71,22 @@ class StopRecord:
 
 
 @contextlib.contextmanager
+def stops_as_sigint() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP are delivered as SIGINT, to whatever handles Ctrl-C then
+    (Python's KeyboardInterrupt, or asyncio.run's cancel of its main task: a KeyboardInterrupt raised
+    inside a running task instead leaves "Task exception was never retrieved" and its traceback on
+    stderr). With Ctrl-C ignored they raise KeyboardInterrupt themselves."""
+
+    def forward() -> None:
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            raise KeyboardInterrupt
+        signal.raise_signal(signal.SIGINT)
+
+    with on_stop(forward, ctrl_c=False):
+        yield
+
+
+@contextlib.contextmanager
 def sigterm_as_ctrl_c() -> Iterator[StopRecord]:
     """While the block runs, Ctrl-C (unless ignored), SIGTERM and SIGHUP raise KeyboardInterrupt and are
     noted in the StopRecord yielded: the block calls its `check` at phase boundaries, and a block that
