@@ -79,12 +79,11 @@ def run(args: argparse.Namespace) -> int:
     """Print the export on stdout (a simulated run's note with it, or on stderr for `flags`)."""
     import optuna
 
-    from autotune.commands.run_end import STORAGE_ERRORS
     from autotune.core.errors import AutotuneError, RunFailure
     from autotune.core.inputs import refuse_unused
     from autotune.outputs import export
     from autotune.outputs.outcome import SIMULATED_NOTE, is_simulated
-    from autotune.store.storage import open_study, storage_error
+    from autotune.store.storage import STORAGE_ERRORS, open_study, storage_error
     from autotune.store.urls import run_storage
     from autotune.tune.recommendation import decide
     from autotune.tune.remeasure import StoredRepeats

@@ -178,7 +178,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
     from autotune.commands.run_executor import open_executor
     from autotune.core.errors import RunFailure
     from autotune.core.interrupts import sigterm_as_ctrl_c
-    from autotune.store.storage import storage_error
+    from autotune.store.storage import STORAGE_ERRORS, storage_error
     from autotune.tune.samplers import fallback_note, make_sampler
 
     note = fallback_note(args.sampler)
@@ -191,7 +191,7 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         with sigterm_as_ctrl_c() as stops:
             try:
                 return _tune(args, s, sampler, executor, stops)
-            except run_end.STORAGE_ERRORS() as exc:  # opening the study, taking its lease: before any trial
+            except STORAGE_ERRORS() as exc:  # opening the study, taking its lease: before any trial
                 raise RunFailure(
                     f"the storage failed: {storage_error(exc)}; once fixed, {run_end.RESUME_HINT}"
                 ) from None

@@ -14,7 +14,7 @@ def run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
     """tuner.run(); a lost cluster or engine or a storage fault ends in one line that says how to go on (an
     interrupt's line: `interrupted`, wherever in the run it came)."""
     from autotune.core.errors import RunFailure, SetupLost
-    from autotune.store.storage import storage_error
+    from autotune.store.storage import STORAGE_ERRORS, storage_error
 
     try:
         return tuner.run()
@@ -34,14 +34,6 @@ def interrupted(study: Any, run_dir: Path) -> None:
     """The line after Ctrl-C or SIGTERM, before the first trial (the study exists: a rerun needs
     --resume) or after the last as much as mid-run."""
     print(f"autotune run: {kept(study, run_dir)}; {RESUME_HINT}", file=sys.stderr)
-
-
-def STORAGE_ERRORS() -> tuple[type[BaseException], ...]:  # noqa: N802  (a constant, imported late)
-    """What a failing study storage raises (locked, full, corrupted, unreachable database)."""
-    import optuna
-    import sqlalchemy.exc
-
-    return (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
 
 
 def kept(study: Any, run_dir: Path) -> str:

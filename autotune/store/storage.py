@@ -63,6 +63,13 @@ def open_study(name: str, storage: str) -> optuna.Study:
         ) from None
 
 
+def STORAGE_ERRORS() -> tuple[type[BaseException], ...]:  # noqa: N802  (a constant, imported late)
+    """What a failing study storage raises (locked, full, corrupted, unreachable database)."""
+    import sqlalchemy.exc
+
+    return (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
+
+
 def storage_error(error: BaseException | None) -> str:
     """One line for a storage exception (SQLAlchemy's carry the SQL and a link on further lines).
 
