@@ -143,7 +143,7 @@ def test_an_engine_lost_mid_run_stops_the_run_in_one_line_its_finished_trials_ke
     executor = Executor(LosesItsEngine(tmp_path / "runs", after=2), workload, [], cpu_slots=1)
     tuner = Tuner(study, space, OBJECTIVES, [], executor, TunerOptions(n_trials=6, run_dir=tmp_path))
     with pytest.raises(EngineLost) as lost:
-        run_tuner(tuner, study, tmp_path)
+        run_tuner(tuner, study, tmp_path, sqlite_url(tmp_path))
     assert str(lost.value).startswith(
         "the Docker engine stopped answering mid-trial: gone; 2 finished trials"
     )

@@ -169,3 +169,31 @@ def test_a_resume_removes_the_temporary_files_a_killed_run_left(tmp_path: Path) 
     assert not [path for _, path in left if Path(path).exists()]
     assert all((run_dir / name).read_text() == "mine" for name in kept)
     assert (run_dir / ".y.abcdefgh.tmp").is_dir()
+
+
+def test_a_run_folder_removed_mid_run_is_not_said_to_keep_its_trials(tmp_path: Path) -> None:
+    """`rm -rf runs/<study>` while the run goes: SQLite refuses the next write to the deleted file, and
+    the run's one line says the trials went with it, not that they are kept for a --resume."""
+    import shutil
+
+    proc = _start(tmp_path, "gone", at_least=2)
+    shutil.rmtree(tmp_path / "gone")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    (line,) = _lines(err)
+    assert "study.db was removed during the run, and with it the study's finished trials" in line, line
+    assert "without --resume starts again" in line and "kept in" not in line, line
+
+
+def test_the_end_line_names_where_trials_are_kept(tmp_path: Path) -> None:
+    """The run folder when the study file is in it, else the file, else the URL without its password."""
+    from autotune.commands.run_end import kept
+    from autotune.tune.study_open import sqlite_url
+
+    study = optuna.create_study(storage=sqlite_url(tmp_path), study_name="s")
+    study.enqueue_trial({})
+    study.optimize(lambda t: 1.0, n_trials=1)
+    assert kept(study, tmp_path, sqlite_url(tmp_path)).startswith(f"1 finished trials kept in {tmp_path}/ (")
+    assert f"kept in {tmp_path}/study.db (" in kept(study, tmp_path / "elsewhere", sqlite_url(tmp_path))
+    url = "postgresql://me:hunter2@db.example/optuna"
+    assert kept(study, tmp_path, url).startswith("1 finished trials kept in postgresql://me:***@db.example")

@@ -292,7 +292,7 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
             guide=guide,
         )
         stops.check()  # the tuner's loop takes stops as a flag from here on
-        summary = run_end.run_tuner(tuner, study, s.run_dir)
+        summary = run_end.run_tuner(tuner, study, s.run_dir, s.storage)
         stops.check()  # one that came between the checks and the loop's own handler
         finish_guided(guide, study, s.run_dir, summary.ended_by())
     except RunFailure as exc:
@@ -309,7 +309,7 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
         if problem:
             print(f"autotune run: {problem}", file=sys.stderr)  # then the interrupt's own line
         if isinstance(exc, KeyboardInterrupt):
-            run_end.interrupted(study, s.run_dir)
+            run_end.interrupted(study, s.run_dir, s.storage)
         raise
     written, problem = run_end.write_results(study, s, args, context, note, lease, dashboard)
     if problem:
@@ -322,7 +322,7 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
 
 def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> None:
     slos = ", ".join(str(slo) for slo in s.slos) or "none"
-    # in the words of the line Ctrl-C left (run_end.kept): --n-trials counts the measured and unstarted
+    # in the words of the line Ctrl-C left (run_end.going_on): --n-trials counts the measured and unstarted
     before = run_end.told(study) if args.resume and study.trials else None
     resumed = f", {before.finished} finished before this resume: {before.kinds_text()}" if before else ""
     trials = counted(args.n_trials, "trial")

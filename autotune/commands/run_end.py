@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 
-def run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
+def run_tuner(tuner: Any, study: Any, run_dir: Path, storage: str) -> Any:
     """tuner.run(); a lost cluster or engine or a storage fault ends in one line that says how to go on (an
     interrupt's line: `interrupted`, wherever in the run it came)."""
     from autotune.core.errors import RunFailure, SetupLost
@@ -19,31 +19,62 @@ def run_tuner(tuner: Any, study: Any, run_dir: Path) -> Any:
     try:
         return tuner.run()
     except SetupLost as exc:  # the tuner already marked the interrupted trials FAIL
-        raise type(exc)(f"{exc}; {kept(study, run_dir)}; {RESUME_HINT}{exc.resume_note}") from None
+        raise type(exc)(
+            f"{exc}; {going_on(study, run_dir, storage, RESUME_HINT + exc.resume_note)}"
+        ) from None
     except (*STORAGE_ERRORS(), OSError) as exc:
         tuner.executor.cancel_all()
+        hint = f"once fixed, {RESUME_HINT}"
         raise RunFailure(
-            f"the run stopped: {storage_error(exc)}; {kept(study, run_dir)}; once fixed, {RESUME_HINT}"
+            f"the run stopped: {storage_error(exc)}; {going_on(study, run_dir, storage, hint)}"
         ) from None
 
 
 RESUME_HINT = "the same command with --resume continues"
 
 
-def interrupted(study: Any, run_dir: Path) -> None:
+def interrupted(study: Any, run_dir: Path, storage: str) -> None:
     """The line after Ctrl-C or SIGTERM, before the first trial (the study exists: a rerun needs
     --resume) or after the last as much as mid-run."""
-    print(f"autotune run: {kept(study, run_dir)}; {RESUME_HINT}", file=sys.stderr)
+    print(f"autotune run: {going_on(study, run_dir, storage, RESUME_HINT)}", file=sys.stderr)
 
 
-def kept(study: Any, run_dir: Path) -> str:
-    """'N finished trials kept in DIR/ (by kind, as a resume counts them: Tally.kinds_text)', or 'every
-    finished trial is kept in DIR/' when the study cannot say."""
+def going_on(study: Any, run_dir: Path, storage: str, hint: str) -> str:
+    """'N finished trials kept in WHERE (...); `hint`', or, when the study's SQLite file was removed
+    while the run went (the open database still answered from the deleted file), that its trials are
+    lost and how to start again."""
+    from autotune.store.urls import sqlite_path
+
+    path = sqlite_path(storage)
+    if path is not None and not path.exists():
+        return (
+            f"{path} was removed during the run, and with it the study's finished trials; "
+            "the same command without --resume starts again"
+        )
+    return f"{kept(study, run_dir, storage)}; {hint}"
+
+
+def kept(study: Any, run_dir: Path, storage: str) -> str:
+    """'N finished trials kept in WHERE (by kind, as a resume counts them: Tally.kinds_text)', or 'every
+    finished trial is kept in WHERE' when the study cannot say. WHERE: the run folder when the study's
+    SQLite file is in it, else that file, else the storage URL (its password masked)."""
+    where = _where(run_dir, storage)
     try:
         tally = told(study)
     except Exception:  # noqa: BLE001  (the storage is what failed)
-        return f"every finished trial is kept in {run_dir}/"
-    return f"{tally.finished} finished trials kept in {run_dir}/ ({tally.kinds_text()})"
+        return f"every finished trial is kept in {where}"
+    return f"{tally.finished} finished trials kept in {where} ({tally.kinds_text()})"
+
+
+def _where(run_dir: Path, storage: str) -> str:
+    """Where a study's trials are kept, in words."""
+    from autotune.core.secrets import masked
+    from autotune.store.urls import sqlite_path
+
+    path = sqlite_path(storage)
+    if path is None:
+        return masked(storage)
+    return f"{run_dir}/" if path.parent.resolve() == run_dir.resolve() else str(path)
 
 
 def told(study: Any) -> Any:
