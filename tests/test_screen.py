@@ -118,7 +118,7 @@ def test_invalid_flags_are_left_to_the_validity_rules() -> None:
     assert screen is not None
     assert screen.check(EngineConfig(model=LLAMA_70B, max_model_len=8192)) is not None
     # the same hopeless config with a block size vLLM rejects first: that is not a memory failure
-    assert screen.check(EngineConfig(model=LLAMA_70B, max_model_len=8192, block_size=64)) is None
+    assert screen.check(EngineConfig(model=LLAMA_70B, max_model_len=8192, block_size=12)) is None
 
 
 def test_unknown_model_or_gpu_skips_screening() -> None:

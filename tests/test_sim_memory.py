@@ -50,6 +50,15 @@ def test_kv_cache_follows_utilization_budget_dtype_and_tp() -> None:
     assert tp2.kv_cache_tokens > 2 * base.kv_cache_tokens  # half the KV per token and half the weights
 
 
+def test_block_sizes_64_and_128_start_with_the_same_kv_tokens_in_fewer_blocks() -> None:
+    """vLLM 0.11 starts them on CUDA (FlashAttention takes any multiple of 16; the CUDA platform has no
+    limit past it): the same KV memory in pages of 64 or 128 tokens."""
+    tokens = engine(max_model_len=8192).memory.kv_cache_tokens
+    for size in (64, 128):
+        memory = engine(max_model_len=8192, block_size=size).memory
+        assert memory.num_gpu_blocks == pytest.approx(tokens / size, abs=1)
+
+
 def test_vllm_defaults_are_resolved_per_gpu() -> None:
     h100 = engine().config
     assert (h100.max_num_seqs, h100.max_num_batched_tokens, h100.max_model_len) == (1024, 8192, 131072)
@@ -129,8 +138,8 @@ def test_utilization_near_one_ooms_at_cuda_graph_capture_or_sampler_warmup() -> 
         ({"tensor_parallel_size": 3}, "Total number of attention heads (32) must be divisible by tensor "
          "parallel size (3)."),
         ({"block_size": 12}, "argument --block-size: invalid choice: 12 (choose from 1, 8, 16, 32, 64, "
-         "128, 256)"),
-        ({"block_size": 64}, "Block size 64 is not supported on CUDA"),
+         "128)"),
+        ({"block_size": 256}, "argument --block-size: invalid choice: 256"),
         # vLLM's arguments take 8; FlashAttention's KV cache layout refuses it once the cache is sized
         ({"block_size": 8}, "Block size must be a multiple of 16."),
         ({"gpu_memory_utilization": 1.5}, "GPU memory utilization must be less than 1.0. Got 1.5."),

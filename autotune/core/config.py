@@ -233,12 +233,12 @@ OTHER_FLAG_DEFAULTS: dict[str, Any] = {
 MAX_FLAG_INT = 2**31 - 1
 # vLLM's --block-size and --kv-cache-dtype choices (vllm/config/cache.py, BlockSize and CacheDType;
 # the KV dtypes are those the simulator models: auto is the model's dtype, fp8 variants one byte).
-BLOCK_SIZE_CHOICES = (1, 8, 16, 32, 64, 128, 256)
-# Those vLLM starts with on NVIDIA's GPUs, every GPU autotune runs on: CUDA takes at most 32
-# (vllm/platforms/cuda.py: "Block size 64 is not supported on CUDA"), and FlashAttention, the default
-# attention backend, multiples of 16 ("Block size must be a multiple of 16." once the KV cache is sized,
-# the model loaded: vllm/v1/attention/backends/flash_attn.py).
-CUDA_BLOCK_SIZES = (16, 32)
+BLOCK_SIZE_CHOICES = (1, 8, 16, 32, 64, 128)
+# Those vLLM 0.11 starts with on NVIDIA's GPUs, every GPU autotune runs on: FlashAttention, its attention
+# backend there, takes multiples of 16 ("Block size must be a multiple of 16." once the KV cache is
+# sized, the model loaded: vllm/v1/attention/backends/flash_attn.py). vllm/platforms/cuda.py has no
+# upper limit (the "up to 32 on CUDA" of --block-size's help is older vLLM's).
+CUDA_BLOCK_SIZES = (16, 32, 64, 128)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 _SCALARS = (str, int, float, bool)
 
@@ -258,7 +258,7 @@ def flag_problem(name: str, value: Any, cuda: bool = True) -> str | None:
             return f"{shown}: vLLM's block sizes are {', '.join(map(str, BLOCK_SIZE_CHOICES))}"
         if name == "block_size" and cuda and value not in CUDA_BLOCK_SIZES:
             return (
-                f"{shown}: vLLM starts on CUDA with block sizes 16 and 32 only (at most 32; FlashAttention: "
+                f"{shown}: vLLM starts on CUDA with block sizes 16, 32, 64 and 128 only (FlashAttention: "
                 "'Block size must be a multiple of 16.')"
             )
     elif name == "gpu_memory_utilization":

@@ -26,7 +26,6 @@ from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.flags import enforce_eager
 
 MIB = 1024**2
-CUDA_MAX_BLOCK_SIZE = 32
 KERNEL_BLOCK_MULTIPLE = 16  # FlashAttention's pages hold a multiple of 16 tokens
 KV_DTYPE_BYTES = {dtype: 1 for dtype in KV_CACHE_DTYPES if dtype != "auto"}  # auto: the model's dtype
 MAX_CUDA_GRAPH_SIZE = 512
@@ -133,12 +132,6 @@ def validate_config(config: EngineConfig, model: ModelSpec, allow_long_max_model
         choices = ", ".join(str(b) for b in BLOCK_SIZE_CHOICES)
         raise EngineStartupError(
             f"argument --block-size: invalid choice: {config.block_size} (choose from {choices})", invalid
-        )
-    if config.block_size > CUDA_MAX_BLOCK_SIZE:
-        raise EngineStartupError(
-            f"Block size {config.block_size} is not supported on CUDA; "
-            f"the supported block sizes are 1, 8, 16 and 32.",  # vLLM's words: FlashAttention refuses 1 and 8
-            invalid,
         )
     assert config.max_model_len is not None and config.max_num_batched_tokens is not None
     assert config.max_num_seqs is not None
