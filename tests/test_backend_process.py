@@ -116,6 +116,18 @@ def test_ok_trial_over_real_http(tmp_path: Path) -> None:
     assert_cleaned_up(tmp_path)
 
 
+def test_a_config_with_served_model_names_is_measured_under_the_first(tmp_path: Path) -> None:
+    """`--served-model-name llama alias` (vLLM's nargs="+"): the server answers to either name and the
+    load asks for the first; before, the names went as one word "['llama', 'alias']" and every
+    request for the model's path got a 404."""
+    config = CONFIG.replace(served_model_name=["llama", "alias"])
+    result = backend().evaluate(config, WORKLOAD, trial_dir=tmp_path)
+    assert result.ok, (result.failure, result.message, result.log_tail)
+    assert result.benchmark.completed == NUM_REQUESTS
+    assert "--served-model-name llama alias" in (tmp_path / "server.log").read_text().splitlines()[0]
+    assert_cleaned_up(tmp_path)
+
+
 def test_session_measures_several_loads_on_one_server(tmp_path: Path) -> None:
     with backend().session(CONFIG, trial_dir=tmp_path) as session:
         port = trial_port(tmp_path)

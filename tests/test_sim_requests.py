@@ -122,3 +122,15 @@ def test_an_empty_model_name_is_the_served_model(server: SimServerProcess) -> No
     for model in ("", None):
         reply = _post(server, COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "model": model})
         assert reply.status_code == 200 and reply.json()["model"] == MODEL
+
+
+def test_several_served_names_are_each_served_and_listed() -> None:
+    """`--served-model-name a b`, as vLLM takes it: either name is served, the first is the one answers
+    carry, /v1/models lists both, and the model's path is no longer a name."""
+    with start_sim_server([MODEL, "--max-model-len", "1024", "--served-model-name", "a", "b"]) as proc:
+        listed = httpx.get(proc.base_url + "/v1/models", timeout=30).json()["data"]
+        assert [card["id"] for card in listed] == ["a", "b"] and listed[1]["root"] == MODEL
+        for name in ("a", "b"):
+            reply = _post(proc, COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "model": name})
+            assert reply.status_code == 200 and reply.json()["model"] == "a"
+        assert _post(proc, COMPLETIONS, {"prompt": "hi", "max_tokens": 2}).status_code == 404

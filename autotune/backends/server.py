@@ -155,7 +155,7 @@ class ServerSession:
             self._handle = self._launch(port, self._log_path)
         except LaunchError as exc:
             return ServerFailure(*classify(None, str(exc), STARTUP))
-        return _start(self._handle, self.config.model, self.limits.startup_timeout_s, next(self._salts))
+        return _start(self._handle, self.config.api_name, self.limits.startup_timeout_s, next(self._salts))
 
     def measure(self, workload: Workload, slos: Sequence[Slo] = (), seed: int = 0) -> TrialResult:
         """Run `workload` on the idle server; the first result carries the startup's GPU time."""
@@ -168,7 +168,7 @@ class ServerSession:
         busy = _wait_idle(handle, self.limits.idle_timeout_s)
         if busy is None:
             salt = next(self._salts)
-            measured = benchmark(handle, self.config.model, workload, slos, seed, self.limits, salt)
+            measured = benchmark(handle, self.config.api_name, workload, slos, seed, self.limits, salt)
         else:
             measured = Measurement(failure=busy)
         result = self._result(measured)

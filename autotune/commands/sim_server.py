@@ -65,7 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-parallel-size", "-tp", type=int)
     parser.add_argument("--max-model-len", type=human_readable_int)
     parser.add_argument("--kv-cache-dtype")
-    parser.add_argument("--served-model-name", help="the model name clients use (default: the model)")
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        help="the model names clients may use, as vLLM takes them (default: the model); responses carry "
+        "the first",
+    )
     # vLLM 0.11's yes/no flags are BooleanOptionalActions: a trial's config may say `--no-enforce-eager`
     parser.add_argument(
         "--enforce-eager", action=argparse.BooleanOptionalAction, help="no CUDA graphs (every step eager)"
@@ -174,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         gpu=gpu,
-        served_model_name=args.served_model_name,
+        served_model_names=tuple(args.served_model_name or ()),
         startup_delay_s=args.startup_delay,
         die_after=args.die_after,
         hang_after=args.hang_after,

@@ -33,6 +33,9 @@ BOOL_FLAGS = (
     "disable_custom_all_reduce",
     "calculate_kv_scales",
 )
+# Flags vLLM takes as one or more values (nargs="+" in vllm/engine/arg_utils.py: list-typed fields): a
+# list is written as separate arguments, `--served-model-name a b`, never as Python's "['a', 'b']".
+LIST_FLAGS = ("served_model_name", "cuda_graph_sizes")
 # A pass-through flag (`extra`) that the simulated engine's scheduler models (sim/flags.py).
 LONG_PREFILL = "long_prefill_token_threshold"
 PARTIAL_PREFILL_LIMITS = ("max_num_partial_prefills", "max_long_partial_prefills")  # V0 only
@@ -101,6 +104,14 @@ class EngineConfig:
         out.update(self.extra)
         return out
 
+    @property
+    def api_name(self) -> str:
+        """The model name clients send: vLLM's first `--served-model-name`, else the model."""
+        named = self.params().get("served_model_name")
+        if isinstance(named, (list, tuple)):
+            named = named[0] if named else None
+        return str(named) if named else self.model
+
     def to_args(self) -> list[str]:
         """`vllm serve` arguments (after `vllm serve`): the model, then one flag per set parameter."""
         args = [self.model]
@@ -108,6 +119,8 @@ class EngineConfig:
             flag = "--" + name.replace("_", "-")
             if isinstance(value, bool):
                 args.append(flag if value else "--no-" + flag[2:])
+            elif isinstance(value, (list, tuple)):
+                args += [flag, *(str(v) for v in value)]
             else:
                 args += [flag, str(value)]
         return args
@@ -145,6 +158,11 @@ class EngineConfig:
             elif inline:
                 values[name] = _parse_value(inline)
                 i += 1
+            elif name in LIST_FLAGS:  # every value up to the next flag
+                end = next((j for j in range(i + 1, len(args)) if args[j].startswith("--")), len(args))
+                taken = [_parse_value(a) for a in args[i + 1 : end]]
+                values[name] = taken[0] if len(taken) == 1 else taken
+                i = end
             elif i + 1 < len(args) and not args[i + 1].startswith("--"):
                 values[name] = _parse_value(args[i + 1])
                 i += 2

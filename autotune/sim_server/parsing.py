@@ -119,8 +119,8 @@ class ParsedRequest:
 class RequestParser:
     """Validates request bodies for one served model and assigns their shared-prefix groups."""
 
-    def __init__(self, model_name: str, max_model_len: int, vocab_size: int, block_size: int) -> None:
-        self.model_name = model_name
+    def __init__(self, names: tuple[str, ...], max_model_len: int, vocab_size: int, block_size: int) -> None:
+        self.names = names  # the served model's names: a request may give any of them
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         ids = itertools.count()
@@ -134,7 +134,7 @@ class RequestParser:
         model = body.get("model")
         # an empty or null name is the served model (vllm/entrypoints/openai/serving_engine.py
         # _is_model_supported)
-        if model and model != self.model_name:
+        if model and model not in self.names:
             raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
         n = body.get("n", 1)
         if n is None:

@@ -131,19 +131,22 @@ class SimRoutes:
         conn.respond(200)
 
     def models(self, conn: HttpConnection, _: HttpRequest) -> None:
-        """GET /v1/models: the one served model."""
+        """GET /v1/models: a card per served name (vllm/entrypoints/openai/serving_models.py)."""
         service = self.service
-        card = {
-            "id": service.model_name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "vllm",
-            "root": service.engine.config.model,
-            "parent": None,
-            "max_model_len": service.max_model_len,
-            "permission": [],
-        }
-        conn.respond_json(200, {"object": "list", "data": [card]})
+        cards = [
+            {
+                "id": name,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "vllm",
+                "root": service.engine.config.model,
+                "parent": None,
+                "max_model_len": service.max_model_len,
+                "permission": [],
+            }
+            for name in service.parser.names
+        ]
+        conn.respond_json(200, {"object": "list", "data": cards})
 
     def version(self, conn: HttpConnection, _: HttpRequest) -> None:
         """GET /version."""

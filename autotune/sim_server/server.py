@@ -67,7 +67,7 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
     from autotune.sim.engine import SimEngine
     from autotune.sim.memory import LONG_LEN_CAUTION, long_max_model_len
 
-    model_name = options.served_model_name or config.model
+    model_name = options.served_model_names[0] if options.served_model_names else config.model
     vllm_log("INFO", "api_server.py:1885", f"vLLM API server version {VLLM_VERSION}")
     vllm_log(
         "INFO",

@@ -49,7 +49,7 @@ class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     gpu: str = "H100"
-    served_model_name: str | None = None
+    served_model_names: tuple[str, ...] = ()  # vLLM's --served-model-name (the first is shown)
     startup_delay_s: float = 0.0
     die_after: int | None = None
     hang_after: int | None = None
@@ -101,7 +101,8 @@ class SimService:
         self.options = options
         self.model_name = model_name
         self.max_model_len = int(engine.config.max_model_len)
-        self.parser = RequestParser(model_name, self.max_model_len, vocab_size, engine.config.block_size)
+        names = options.served_model_names or (model_name,)
+        self.parser = RequestParser(names, self.max_model_len, vocab_size, engine.config.block_size)
         self.metrics = ServerMetrics(self.max_model_len)
         self.registry = metrics_registry(
             engine, self.metrics, model_name, engine.config.gpu_memory_utilization, options.time_scale
