@@ -61,8 +61,22 @@ def test_vllm_yaml_config_file() -> None:
     assert EngineConfig.from_args(args) == CONFIG
 
 
-def test_k8s_pod_spec_has_its_volumes_and_names_the_secret() -> None:
-    spec = yaml.safe_load(render(CONFIG, "k8s", options=ExportOptions(secret="my-hf", secret_key="tok")))
+def pod_spec(text: str) -> dict:
+    """The pod template's spec of a k8s export, checked to be a whole Deployment `kubectl apply` takes:
+    its selector matches the template's labels."""
+    deployment = yaml.safe_load(text)
+    assert deployment["apiVersion"] == "apps/v1" and deployment["kind"] == "Deployment"
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", deployment["metadata"]["name"])
+    spec = deployment["spec"]
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    return spec["template"]["spec"]
+
+
+def test_k8s_deployment_has_its_volumes_and_names_the_secret() -> None:
+    text = render(CONFIG, "k8s", options=ExportOptions(secret="my-hf", secret_key="tok"))
+    spec = pod_spec(text)
+    assert "kubectl create secret generic my-hf --from-literal=tok=$HF_TOKEN" in text
+    assert yaml.safe_load(text)["spec"]["replicas"] == 1
     (container,) = spec["containers"]
     assert container["image"] == "vllm/vllm-openai:v0.11.0"  # a pinned release, never latest
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
@@ -71,7 +85,7 @@ def test_k8s_pod_spec_has_its_volumes_and_names_the_secret() -> None:
         "key": "tok",
         "optional": True,
     }
-    # every mount has its volume in the same pod spec (a valid Deployment spec.template.spec)
+    # every mount has its volume in the same pod spec
     volumes = {v["name"] for v in spec["volumes"]}
     assert {m["name"] for m in container["volumeMounts"]} <= volumes and "dshm" in volumes
     args = container["args"]
@@ -87,7 +101,7 @@ def test_a_local_model_dir_is_mounted_in_docker_and_k8s(tmp_path: Path) -> None:
     assert docker_mounts(args) == [{"type": "bind", "source": str(model_dir), "target": "/models/my-llama"}]
     assert args[args.index("--model") + 1] == "/models/my-llama"
     assert args[args.index("--served-model-name") + 1] == str(model_dir)  # clients keep the tuned name
-    spec = yaml.safe_load(render(config, "k8s"))
+    spec = pod_spec(render(config, "k8s"))
     (volume,) = [v for v in spec["volumes"] if v["name"] == "model"]
     assert volume["hostPath"]["path"] == str(model_dir)
     mounts = spec["containers"][0]["volumeMounts"]
@@ -112,6 +126,8 @@ def test_helm_values_follow_the_production_stack_schema() -> None:
     assert (spec["repository"], spec["tag"]) == ("registry.local:5000/vllm/vllm-openai", "v0.11.0")
     assert spec["modelURL"] == CONFIG.model and spec["replicaCount"] == 3 and spec["requestGPU"] == 2
     assert spec["hf_token"] == {"secretName": "hf-token", "secretKey": "token"}
+    # the chart's secretKeyRef is not optional: the header says how to create the Secret it waits for
+    assert "kubectl create secret generic hf-token --from-literal=token=$HF_TOKEN" in render(CONFIG, "helm")
     vllm = spec["vllmConfig"]
     assert vllm["maxNumSeqs"] == 384 and vllm["tensorParallelSize"] == 2 and vllm["enablePrefixCaching"]
     # the flags the chart does not name (and an off switch) go verbatim to extraArgs: the same config
@@ -129,7 +145,7 @@ def test_a_pipeline_parallel_replica_asks_for_all_its_gpus() -> None:
     """TP 2 x PP 2 takes four GPUs (the trials' GPU time counts four too): docker, k8s and helm ask for 4."""
     config = CONFIG.replace(pipeline_parallel_size=2)
     assert shlex.split(render(config, "docker"))[:4] == ["docker", "run", "--gpus", "4"]
-    pod = yaml.safe_load(render(config, "k8s"))
+    pod = pod_spec(render(config, "k8s"))
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
     helm = yaml.safe_load(render(config, "helm"))
     assert helm["servingEngineSpec"]["modelSpec"][0]["requestGPU"] == 4
@@ -147,10 +163,27 @@ def test_a_served_model_name_of_the_space_is_the_one_every_format_serves(tmp_pat
     model_dir.mkdir()
     config = CONFIG.replace(model=str(model_dir), served_model_name="prod-llama")
     docker = shlex.split(render(config, "docker"))
-    pod = yaml.safe_load(render(config, "k8s"))["containers"][0]["args"]
+    pod = pod_spec(render(config, "k8s"))["containers"][0]["args"]
     (spec,) = yaml.safe_load(render(config, "helm"))["servingEngineSpec"]["modelSpec"]
     for args in (docker, pod, spec["vllmConfig"]["extraArgs"]):
         assert _served_names(args) == ["prod-llama"]
+
+
+def test_a_list_valued_flag_is_separate_arguments_in_every_format() -> None:
+    """vLLM takes `--served-model-name a b` and `--cuda-graph-sizes 1 2 4` (nargs="+"): a list was
+    written as Python's "['a', 'b']", one model named that, and clients asking for `a` got a 404."""
+    config = CONFIG.replace(served_model_name=["llama", "llama-alias"], cuda_graph_sizes=[1, 2, 4])
+    cmd = shlex.split(render(config, "cmd"))
+    at = cmd.index("--served-model-name")
+    assert cmd[at : at + 3] == ["--served-model-name", "llama", "llama-alias"]
+    at = cmd.index("--cuda-graph-sizes")
+    assert cmd[at : at + 4] == ["--cuda-graph-sizes", "1", "2", "4"]
+    assert parse_command(render(config, "cmd")) == config  # and back
+    assert config.api_name == "llama"  # what clients ask for: vLLM's first served name
+    container = pod_spec(render(config, "k8s"))["containers"][0]["args"]
+    (spec,) = yaml.safe_load(render(config, "helm"))["servingEngineSpec"]["modelSpec"]
+    for args in (shlex.split(render(config, "docker")), container, spec["vllmConfig"]["extraArgs"]):
+        assert "['llama', 'llama-alias']" not in args and "llama-alias" in args
 
 
 @pytest.mark.parametrize(
@@ -174,7 +207,7 @@ def test_a_local_model_path_with_colons_and_commas_mounts_everywhere(tmp_path: P
     target = "/models/llama-v2-q-"
     assert docker_mounts(docker) == [{"type": "bind", "source": str(model_dir), "target": target}]
     assert docker[docker.index("--model") + 1] == target
-    pod = yaml.safe_load(render(config, "k8s"))
+    pod = pod_spec(render(config, "k8s"))
     assert {"name": "model", "mountPath": target, "readOnly": True} in pod["containers"][0]["volumeMounts"]
     (spec,) = yaml.safe_load(render(config, "helm"))["servingEngineSpec"]["modelSpec"]
     assert spec["modelURL"] == target and spec["extraVolumeMounts"][0]["mountPath"] == target

@@ -79,7 +79,8 @@ def test_export_cli_recommended_and_chosen_trial(tmp_path: Path, capsys: pytest.
     )
     assert "not feasible" in captured.err
     assert main(["export", str(run_dir), "--format", "k8s", "--image", "vllm/vllm-openai:v0.11.0"]) == 0
-    assert yaml.safe_load(capsys.readouterr().out)["containers"][0]["image"] == "vllm/vllm-openai:v0.11.0"
+    pod = yaml.safe_load(capsys.readouterr().out)["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "vllm/vllm-openai:v0.11.0"
     # a docker run records its --image in run.json: the export deploys the image it was tuned with
     RunInfo(study="unit", storage=load_run(run_dir).storage, directory=run_dir).save(
         {"image": "my/vllm:tuned"}
@@ -162,14 +163,30 @@ def test_tag_retags_the_image_the_run_was_tuned_with(
         {"image": recorded} if recorded else {}
     )
     assert main(["export", str(run_dir), "--format", "k8s", "--tag", "v9"]) == 0
-    assert yaml.safe_load(capsys.readouterr().out)["containers"][0]["image"] == deployed
+    pod = yaml.safe_load(capsys.readouterr().out)["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == deployed
 
 
-def test_helm_replicas_follow_the_runs_sizing_unless_given(
+def test_a_damaged_image_in_run_json_stops_only_the_formats_that_deploy_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A run with --target-rate sizes its recommendation (best.json's "sizing"): Helm's replicaCount is
-    that many replicas of the exported trial (it was 1); --replicas wins; no target rate: 1."""
+    run_dir = tmp_path / "run"
+    build_run(run_dir, [({"max_num_seqs": 256}, ok(4000, 1500, 20))])
+    RunInfo(study="unit", storage=load_run(run_dir).storage, directory=run_dir).save({"image": "bad image"})
+    for fmt in ("flags", "cmd", "yaml"):
+        assert main(["export", str(run_dir), "--format", fmt]) == 0, capsys.readouterr().err
+        assert "--max-num-seqs" in capsys.readouterr().out.replace("max-num-seqs:", "--max-num-seqs")
+    for fmt in ("docker", "k8s", "helm"):
+        assert main(["export", str(run_dir), "--format", fmt]) == 2
+        assert "is not a Docker image reference" in capsys.readouterr().err
+
+
+def test_helm_and_k8s_replicas_follow_the_runs_sizing_unless_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run with --target-rate sizes its recommendation (best.json's "sizing"): Helm's replicaCount and
+    the Deployment's replicas are that many replicas of the exported trial; --replicas wins; no target
+    rate: 1."""
     run_dir = tmp_path / "run"
     build_run(run_dir, [({"max_num_seqs": 256}, ok(4000, 1500, 20))])  # 10 req/s a replica
 
@@ -185,8 +202,11 @@ def test_helm_replicas_follow_the_runs_sizing_unless_given(
     count, text = replica_count()
     assert count == 5 and "# replicaCount 5: the run's sizing for 45 req/s" in text
     assert replica_count("--replicas", "2")[0] == 2
-    assert main(["export", str(run_dir), "--format", "k8s"]) == 0  # a pod spec has no replica count
-    assert "replica" not in capsys.readouterr().out
+    assert main(["export", str(run_dir), "--format", "k8s"]) == 0
+    text = capsys.readouterr().out
+    assert yaml.safe_load(text)["spec"]["replicas"] == 5 and "# replicas 5: the run's sizing" in text
+    assert main(["export", str(run_dir), "--format", "k8s", "--replicas", "2"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["spec"]["replicas"] == 2
 
 
 @pytest.mark.parametrize(

@@ -92,8 +92,11 @@ def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.Captu
         ["--secret", "x\nmalicious: true"],
         ["--secret-key", "token\nmalicious: true"],
         ["--secret", "Bad_Name"],
+        ["--secret-key", ".."],
+        ["--secret-key", "..token"],
+        ["--secret-key", "."],
     ],
-    ids=["secret-newline", "key-newline", "secret-not-a-name"],
+    ids=["secret-newline", "key-newline", "secret-not-a-name", "key-dotdot", "key-dotdot-prefix", "key-dot"],
 )
 def test_export_refuses_a_secret_name_that_is_not_one(
     option: list[str], run_dir: Path, capfd: pytest.CaptureFixture[str]
@@ -114,7 +117,7 @@ def test_export_names_a_valid_secret_without_adding_keys(
         main(["export", str(run_dir), "--format", "k8s", "--secret", "hf.token-1", "--secret-key", "tok_en"])
         == 0
     )
-    spec = yaml.safe_load(capfd.readouterr().out)
+    spec = yaml.safe_load(capfd.readouterr().out)["spec"]["template"]["spec"]
     assert set(spec) == {"containers", "volumes"}
     ref = spec["containers"][0]["env"][0]["valueFrom"]["secretKeyRef"]
     assert ref == {"name": "hf.token-1", "key": "tok_en", "optional": True}

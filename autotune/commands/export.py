@@ -1,4 +1,5 @@
-"""`autotune export`: a tuned config as vllm serve flags, a command, docker run, a vLLM YAML or k8s args."""
+"""`autotune export`: a tuned config as vllm serve flags, a command, docker run, a vLLM YAML, a Kubernetes
+Deployment or production-stack Helm values."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ DEFAULT_TAG = f"v{VLLM_RELEASE}"
 DEFAULT_SECRET, DEFAULT_SECRET_KEY = "hf-token", "token"
 MAX_REPLICAS = 10_000  # a replicaCount past it is a typo (Kubernetes takes up to 2**31 - 1)
 CONTAINERS = ("docker", "k8s", "helm")
+REPLICATED = ("k8s", "helm")  # the formats that say how many replicas to run
 # The options only some formats use, as (flag, attribute, default, those formats): the others would
 # drop them unseen.
 FORMAT_OPTIONS: tuple[ChoiceOption, ...] = (
@@ -26,12 +28,12 @@ FORMAT_OPTIONS: tuple[ChoiceOption, ...] = (
     ("--image", "image", None, CONTAINERS),
     ("--secret", "secret", DEFAULT_SECRET, ("k8s", "helm")),
     ("--secret-key", "secret_key", DEFAULT_SECRET_KEY, ("k8s", "helm")),
-    ("--replicas", "replicas", None, ("helm",)),
+    ("--replicas", "replicas", None, REPLICATED),
 )
 
 HELP = (
-    "Print a run's recommended (or any) config as flags, a command, docker run, vLLM YAML, a k8s pod spec "
-    "or production-stack Helm values."
+    "Print a run's recommended (or any) config as flags, a command, docker run, vLLM YAML, a Kubernetes "
+    "Deployment or production-stack Helm values."
 )
 
 
@@ -71,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--replicas",
         type=arg(values.bounded_int, 1, MAX_REPLICAS),
-        help="helm: replicaCount (default: the replicas the run sized for its --target-rate, else 1)",
+        help="k8s, helm: replicas (default: the replicas the run sized for its --target-rate, else 1)",
     )
 
 
@@ -91,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
 
     refuse_unused(args, "--format", FORMAT_OPTIONS)
     info = export.load_run(args.run_dir)
-    image = deployed_image(args.image, args.tag, info.meta.get("image"))
+    # only the container formats read the run's image: a damaged one must not stop the others
+    uses_image = args.format in CONTAINERS
+    image = deployed_image(args.image, args.tag, info.meta.get("image")) if uses_image else ""
     storage = run_storage(info)
     study = open_study(info.study, storage)
     try:
@@ -177,12 +181,12 @@ def deployed_image(image: str | None, tag: str | None, recorded: str | None) -> 
 
 
 def replica_count(given: int | None, fmt: str, info: RunInfo, chosen: TrialRecord) -> tuple[int, str]:
-    """replicaCount and, when not given, where it came from: --replicas, else (helm) the replicas the run
-    sizes the chosen trial at for its --target-rate, else 1."""
+    """The replica count and, when not given, where it came from: --replicas, else (k8s, helm) the
+    replicas the run sizes the chosen trial at for its --target-rate, else 1."""
     from autotune.outputs.cost import sizing
     from autotune.outputs.export import target_rate
 
-    if given is not None or fmt != "helm":  # only helm writes it: a broken best.json fails helm alone
+    if given is not None or fmt not in REPLICATED:  # a broken best.json fails only the formats reading it
         return given or 1, ""
     rate = target_rate(info)
     sized = sizing(chosen, rate) if rate else None

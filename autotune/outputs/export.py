@@ -1,5 +1,5 @@
 """A tuned config in the forms users paste: flags, a `vllm serve` command, `docker run`, a vLLM YAML
-config file (`vllm serve --config`), a Kubernetes pod spec (containers + volumes), and values for the
+config file (`vllm serve --config`), a Kubernetes Deployment (`kubectl apply -f`), and values for the
 vLLM production stack's Helm chart.
 
 Secrets are referenced, never written: HF_TOKEN goes by name (`--env HF_TOKEN`, a secretKeyRef to a
@@ -122,8 +122,10 @@ def secret_name(value: str, what: str = "--secret") -> str:
 
 
 def secret_key(value: str, what: str = "--secret-key") -> str:
-    """A key of a Kubernetes Secret (letters, digits, '-', '_' and '.'); AutotuneError otherwise."""
-    if not _SECRET_KEY.fullmatch(value) or len(value) > K8S_NAME_CHARS:
+    """A key of a Kubernetes Secret (letters, digits, '-', '_' and '.'; not '.', nor starting with '..',
+    which Kubernetes' IsConfigMapKey refuses); AutotuneError otherwise."""
+    bad = value == "." or value.startswith("..")
+    if bad or not _SECRET_KEY.fullmatch(value) or len(value) > K8S_NAME_CHARS:
         raise AutotuneError(f"{what} {value!r} is not a Kubernetes Secret key (e.g. token)")
     return value
 
@@ -158,7 +160,7 @@ def render(
     if fmt == "yaml":
         return vllm_yaml(config)
     if fmt == "k8s":
-        return k8s_pod_spec(config, opts)
+        return k8s_deployment(config, opts)
     if fmt == "helm":
         return helm_values(config, opts)
     raise AutotuneError(f"unknown export format {fmt!r} (use {', '.join(FORMATS)})")
@@ -275,9 +277,9 @@ def vllm_yaml(config: EngineConfig) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def k8s_pod_spec(config: EngineConfig, options: ExportOptions = ExportOptions()) -> str:  # noqa: B008
-    """A pod spec fragment (a Deployment's `spec.template.spec`): `containers` and the `volumes` they
-    mount (shared memory for vLLM's workers, a local model directory as a hostPath)."""
+def k8s_deployment(config: EngineConfig, options: ExportOptions = ExportOptions()) -> str:  # noqa: B008
+    """A Deployment to `kubectl apply -f`: `options.replicas` pods of one vLLM container each, with the
+    volumes it mounts (shared memory for vLLM's workers, a local model directory as a hostPath)."""
     model_args, local = _container_model(config)
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}]
@@ -295,12 +297,34 @@ def k8s_pod_spec(config: EngineConfig, options: ExportOptions = ExportOptions())
         "readinessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 10},
         "volumeMounts": mounts,
     }
+    name = f"vllm-{helm_model_name(config.model)}"
+    labels = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": name}
+    pod = {"containers": [container], "volumes": volumes}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": max(1, options.replicas),
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
     head = (
-        f"# Pod spec fragment (Deployment spec.template.spec). HF_TOKEN comes from the Secret "
-        f"{options.secret!r} (key {options.secret_key!r}):\n"
+        f"# A Kubernetes Deployment. HF_TOKEN comes from the Secret {options.secret!r} (key "
+        f"{options.secret_key!r}):\n{_secret_line(options)}"
+        f"#   kubectl apply -f vllm.yaml && kubectl expose deployment {name} --port {PORT}\n"
+    )
+    if options.replicas_note:
+        head += f"# replicas {options.replicas}: {options.replicas_note}\n"
+    return head + yaml.safe_dump(deployment, sort_keys=False)
+
+
+def _secret_line(options: ExportOptions) -> str:
+    """The comment line that creates the Secret holding HF_TOKEN (its value from the user's shell)."""
+    return (
         f"#   kubectl create secret generic {options.secret} --from-literal={options.secret_key}=$HF_TOKEN\n"
     )
-    return head + yaml.safe_dump({"containers": [container], "volumes": volumes}, sort_keys=False)
 
 
 # vLLM flags the production stack's vllmConfig names (values.yaml of vllm-project/production-stack);
@@ -349,8 +373,11 @@ def helm_values(config: EngineConfig, options: ExportOptions = ExportOptions()) 
         spec["extraVolumes"] = [{"name": "model", "hostPath": {"path": str(local), "type": "Directory"}}]
         mount = {"name": "model", "mountPath": model_mount(local), "readOnly": True}
         spec["extraVolumeMounts"] = [mount]
+    # the chart refers to the Secret without `optional`: an engine pod waits for it until it exists
     head = (
-        "# values.yaml for the vLLM production stack (github.com/vllm-project/production-stack):\n"
+        "# values.yaml for the vLLM production stack (github.com/vllm-project/production-stack); HF_TOKEN\n"
+        f"# comes from the Secret {options.secret!r} (key {options.secret_key!r}), which must exist:\n"
+        f"{_secret_line(options)}"
         "#   helm repo add vllm https://vllm-project.github.io/production-stack\n"
         "#   helm install vllm vllm/vllm-stack -f values.yaml\n"
     )
