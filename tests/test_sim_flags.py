@@ -13,7 +13,7 @@ from cli import autotune
 from test_sim_backend import TinyWorkload
 
 from autotune.backends.sim import SimBackend
-from autotune.core.config import EngineConfig
+from autotune.core.config import BOOL_FLAGS, EngineConfig
 from autotune.sim.engine import SimEngine
 from autotune.sim.flags import unmodelled
 from autotune.sim_server.server import start_sim_server
@@ -129,6 +129,30 @@ def test_yes_no_flags_go_on_the_command_line_as_vllm_takes_them() -> None:
     assert EngineConfig.from_args(flags_first) == EngineConfig(model=LLAMA_8B).replace(
         enforce_eager=True, trust_remote_code=False
     )
+
+
+def test_sim_server_takes_every_flag_a_trial_may_pass_through() -> None:
+    """Each of OTHER_VLLM_FLAGS parses as `vllm serve` takes it (it was "unrecognized arguments" for
+    eleven of them: a trial with --scheduling-policy fcfs failed on `--serve-cmd "autotune sim-server"`
+    and ran in process); neutral values serve, others are refused as the in-process simulator does."""
+    from autotune.cli import build_parser
+    from autotune.core.config import OTHER_VLLM_FLAGS
+
+    sample = {"cuda_graph_sizes": [1, 2], "served_model_name": ["a", "b"], "scheduling_policy": "fcfs"}
+    sample |= {"prefix_caching_hash_algo": "sha256", "quantization": "fp8", "dtype": "auto"}
+    for name in sorted(OTHER_VLLM_FLAGS):
+        value = sample.get(name, True if name in BOOL_FLAGS else 1)
+        args = EngineConfig(model=LLAMA_8B).replace(**{name: value}).to_args()
+        parsed = build_parser().parse_args(["sim-server", *args])
+        assert getattr(parsed, name) in (value, str(value)), name
+    args = [LLAMA_8B, "-pp", "1", "-dp", "1", "--scheduling-policy", "fcfs", "--swap-space", "4"]
+    args += ["--no-async-scheduling", "--max-num-partial-prefills", "1", "--tokenizer", LLAMA_8B]
+    with start_sim_server([*args, "--max-model-len", "4096"]) as proc:
+        body = {"model": LLAMA_8B, "prompt": [1] * 8, "max_tokens": 2}
+        assert httpx.post(proc.base_url + "/v1/completions", json=body, timeout=30).status_code == 200
+    cmd = [sys.executable, "-m", "autotune.commands.sim_server", LLAMA_8B, "--pipeline-parallel-size", "2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "does not model pipeline_parallel_size=2" in done.stderr
 
 
 def test_sim_server_reads_human_readable_ints_as_vllm_serve() -> None:

@@ -11,6 +11,7 @@ import argparse
 import os
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from autotune.catalog import known_gpus_text, known_models_text
 from autotune.core import values
@@ -24,6 +25,28 @@ MAX_DELAY_S = 86_400.0  # a startup delay past a day is a typo
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30}
 _SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)([kmgKMG])")
+_SWITCH = {"action": argparse.BooleanOptionalAction, "default": None}  # vLLM 0.11's yes/no flags
+# The other `vllm serve` flags a trial's config may carry (core/config.py, OTHER_VLLM_FLAGS), typed as
+# vLLM 0.11 types them (vllm/engine/arg_utils.py): the engine serves each, or refuses it in one line, as
+# the in-process simulator does (sim/flags.py: a value it does not model; partial prefills at startup).
+PASSED_FLAGS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
+    (("--pipeline-parallel-size", "-pp"), {"type": int}),
+    (("--data-parallel-size", "-dp"), {"type": int}),
+    (("--quantization", "-q"), {}),
+    (("--swap-space",), {"type": float}),
+    (("--max-num-partial-prefills",), {"type": int}),
+    (("--max-long-partial-prefills",), {"type": int}),
+    (("--cuda-graph-sizes",), {"type": int, "nargs": "+"}),
+    (("--scheduling-policy",), {"choices": ("fcfs", "priority")}),
+    (("--prefix-caching-hash-algo",), {"choices": ("sha256", "sha256_cbor")}),
+    (("--tokenizer",), {}),
+    (("--revision",), {}),
+    (("--async-scheduling",), _SWITCH),
+    (("--enable-expert-parallel",), _SWITCH),
+    (("--disable-custom-all-reduce",), _SWITCH),
+    (("--calculate-kv-scales",), _SWITCH),
+)
+PASSED = tuple(flags[0][2:].replace("-", "_") for flags, _ in PASSED_FLAGS)
 
 
 def human_readable_int(text: str) -> int:
@@ -79,12 +102,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--long-prefill-token-threshold", type=int, default=0, metavar="N",
         help="the longest prefill chunk a request may take in a step (0: no cap)",
     )  # fmt: skip
+    passed = parser.add_argument_group("other vllm serve flags, served as the simulated engine models them")
+    for names, kwargs in PASSED_FLAGS:
+        passed.add_argument(*names, **kwargs)
     ignored = parser.add_argument_group("accepted for compatibility with vllm serve; ignored")
     for flag in ("--load-format", "--dtype", "--seed", "--download-dir", "--uvicorn-log-level"):
         ignored.add_argument(flag)
+    # nothing a client of the simulated engine sees depends on these
+    for flag in ("--generation-config", "--chat-template", "--tool-call-parser", "--root-path"):
+        ignored.add_argument(flag)
     ignored.add_argument("--trust-remote-code", action=argparse.BooleanOptionalAction)
-    for flag in ("--disable-log-requests", "--disable-log-stats"):
+    for flag in ("--disable-log-requests", "--disable-log-stats", "--disable-uvicorn-access-log"):
         ignored.add_argument(flag, action="store_true")
+    ignored.add_argument("--enable-auto-tool-choice", action="store_true")
     # vLLM's token for Hugging Face downloads (alone: the cached login's); the simulator downloads nothing
     ignored.add_argument("--hf-token", nargs="?", const=True, metavar="TOKEN")
     parser.add_argument(
@@ -169,7 +199,13 @@ def run(args: argparse.Namespace) -> int:
     if args.long_prefill_token_threshold:
         check_flags({LONG_PREFILL: args.long_prefill_token_threshold}, "bad flag")
         config = config.replace(**{LONG_PREFILL: args.long_prefill_token_threshold})
-    refused = refusal({"dtype": [args.dtype]}, "sim-server")  # the one ignored flag that would matter
+    passed = {name: getattr(args, name) for name in PASSED if getattr(args, name) is not None}
+    check_flags(passed, "bad flag", cuda=False)
+    config = config.replace(**passed)
+    # dtype: the one ignored flag that would matter
+    refused = refusal(
+        {name: [v] for name, v in {**config.params(), "dtype": args.dtype}.items()}, "sim-server"
+    )
     if refused:
         raise AutotuneError(refused)
     gpu = args.gpu or os.environ.get("AUTOTUNE_SIM_GPU") or DEFAULT_GPU
