@@ -38,7 +38,8 @@ def _exchange(server: SimServerProcess, data: bytes, settle_s: float = 0.3) -> b
 
 def _post(body: dict, extra: str = "") -> bytes:
     payload = json.dumps(body).encode()
-    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{extra}Content-Length: {len(payload)}\r\n\r\n"
+    head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head += f"{extra}Content-Length: {len(payload)}\r\n\r\n"
     return head.encode() + payload
 
 

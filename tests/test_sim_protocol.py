@@ -49,6 +49,24 @@ def test_continuous_usage_stats_on_every_chunk(server: SimServerProcess) -> None
     assert chunks[-1]["choices"] == []
 
 
+@pytest.mark.parametrize(
+    ("options", "usage_chunk", "per_chunk"),
+    [
+        ({}, True, False),  # StreamOptions.include_usage defaults to true
+        ({"continuous_usage_stats": True}, True, True),
+        ({"include_usage": False, "continuous_usage_stats": True}, False, False),
+        ({"include_usage": None}, False, False),
+    ],
+)
+def test_stream_options_default_as_vllm_reads_them(
+    server: SimServerProcess, options: dict, usage_chunk: bool, per_chunk: bool
+) -> None:
+    chunks = _stream(server, stream_options=options)
+    tokens = [c for c in chunks if c["choices"]]
+    assert (chunks[-1]["choices"] == []) == usage_chunk and len(tokens) == 3
+    assert all((c["usage"] is not None) == per_chunk for c in tokens)
+
+
 def test_bad_requests_answer_nested_json_errors(server: SimServerProcess) -> None:
     url = server.base_url + "/v1/completions"
     cold = httpx.post(url, json={"model": MODEL, "prompt": "x", "temperature": -1})

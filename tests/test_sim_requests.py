@@ -89,6 +89,17 @@ COMPLETIONS = "/v1/completions"
         (CHAT, {"logprobs": True, "top_logprobs": 21},
          "Requested sample logprobs of 21, which is greater than max allowed: 20"),
         (COMPLETIONS, {"best_of": 2}, "vLLM V1 does not yet support best_of."),
+        # the request model's own checks (protocol.py check_logprobs), before any other
+        (COMPLETIONS, {"logprobs": -1}, "`logprobs` must be a positive value."),
+        (CHAT, {"logprobs": True, "top_logprobs": -3}, "`top_logprobs` must be a positive value or -1."),
+        (CHAT, {"top_logprobs": 2}, "when using `top_logprobs`, `logprobs` must be set to true."),
+        (COMPLETIONS, {"prompt_logprobs": -5}, "`prompt_logprobs` must be a positive value or -1."),
+        (COMPLETIONS, {"prompt_logprobs": 1, "stream": True},
+         "`prompt_logprobs` are not available when `stream=True`."),
+        (COMPLETIONS, {"stop": ["x", ""]}, "stop cannot contain an empty string."),
+        (CHAT, {"stop": ""}, "stop cannot contain an empty string."),
+        (COMPLETIONS, {"n": 2, "temperature": 0}, "n must be 1 when using greedy sampling, got 2."),
+        (COMPLETIONS, {"suffix": "x"}, "suffix is not currently supported"),
     ],
 )  # fmt: skip
 def test_sampling_parameters_vllm_refuses_get_its_400(
@@ -134,3 +145,18 @@ def test_several_served_names_are_each_served_and_listed() -> None:
             reply = _post(proc, COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "model": name})
             assert reply.status_code == 200 and reply.json()["model"] == "a"
         assert _post(proc, COMPLETIONS, {"prompt": "hi", "max_tokens": 2}).status_code == 404
+
+
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded", "text/plain"])
+def test_a_body_that_is_not_declared_json_is_refused_as_vllm_refuses_it(
+    server: SimServerProcess, content_type: str | None
+) -> None:
+    """vLLM's validate_json_request: curl's default form type, or none, gets a 400 before the body is
+    read; a client that forgets the header fails there too, not only on real vLLM."""
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode()
+    headers = {"content-type": content_type} if content_type else {}
+    reply = httpx.post(server.base_url + COMPLETIONS, content=body, headers=headers, timeout=30)
+    assert reply.status_code == 400
+    assert "Only 'application/json' is allowed" in reply.json()["error"]["message"]
+    charset = {"content-type": "Application/JSON; charset=utf-8"}
+    assert httpx.post(server.base_url + COMPLETIONS, content=body, headers=charset, timeout=30).is_success

@@ -26,7 +26,7 @@ from typing import Any
 
 from autotune.sim.context import context_problem
 from autotune.sim.prefixes import PrefixIndex, text_index
-from autotune.sim_server.sampling import engine_problem, min_tokens, sampling_problem
+from autotune.sim_server.sampling import engine_problem, logprobs_problem, min_tokens, sampling_problem
 from autotune.workloads.jsonl import CHARS_PER_TOKEN
 
 DEFAULT_OUTPUT_TOKENS = 256  # simulated answer length when a request sets no max_tokens
@@ -68,11 +68,13 @@ def max_n() -> int:
         return DEFAULT_MAX_N
 
 
-def _stream_options(options: Any, stream: bool) -> dict[str, Any]:
-    """`stream_options` checked as vLLM's request model does (a 400, never a 500): an object of booleans
-    (or nulls), and only with `stream: true`."""
+def _stream_options(options: Any, stream: bool) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats) of `stream_options`, checked as vLLM's request model
+    does (a 400, never a 500): an object of booleans (or nulls), and only with `stream: true`. As vLLM's
+    StreamOptions, an object without `include_usage` asks for the usage (its default is true), and
+    continuous usage comes only with it (serving_completion.py, serving_chat.py)."""
     if options is None:
-        return {}
+        return False, False
     if not isinstance(options, dict):
         raise BadRequest(f"stream_options: Input should be a valid dictionary, got {type(options).__name__}")
     for key in ("include_usage", "continuous_usage_stats"):
@@ -80,7 +82,8 @@ def _stream_options(options: Any, stream: bool) -> dict[str, Any]:
             raise BadRequest(f"stream_options.{key}: Input should be a valid boolean")
     if options and not stream:
         raise BadRequest("Stream options can only be defined when `stream=True`.")
-    return options
+    include = options.get("include_usage", True) is True
+    return include, include and options.get("continuous_usage_stats") is True
 
 
 class BadRequest(Exception):
@@ -131,11 +134,16 @@ class RequestParser:
         """Validate a request body the way vLLM does; BadRequest otherwise."""
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
+        problem = logprobs_problem(body, chat)
+        if problem is not None:
+            raise BadRequest(problem)
         model = body.get("model")
         # an empty or null name is the served model (vllm/entrypoints/openai/serving_engine.py
         # _is_model_supported)
         if model and model not in self.names:
             raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
+        if not chat and body.get("suffix") is not None:  # vllm/entrypoints/openai/serving_completion.py
+            raise BadRequest("suffix is not currently supported")
         n = body.get("n", 1)
         if n is None:
             n = 1
@@ -178,7 +186,7 @@ class RequestParser:
         else:
             length, reason = max_tokens, "length"
         stream = bool(body.get("stream", False))
-        options = _stream_options(body.get("stream_options"), stream)
+        include_usage, continuous_usage = _stream_options(body.get("stream_options"), stream)
         problem = engine_problem(body, chat, self.vocab_size)
         if problem is not None:
             raise BadRequest(problem, in_stream=stream)
@@ -188,8 +196,8 @@ class RequestParser:
             max_tokens=length,
             finish_reason=reason,
             stream=stream,
-            include_usage=bool(options.get("include_usage", False)),
-            continuous_usage=bool(options.get("continuous_usage_stats", False)),
+            include_usage=include_usage,
+            continuous_usage=continuous_usage,
             chat=chat,
             n=n,
         )

@@ -82,6 +82,13 @@ class SimRoutes:
         """Validate, submit to the engine, and attach the response the engine loop will write to."""
         received = time.perf_counter()
         service = self.service
+        # vLLM's validate_json_request (vllm/entrypoints/openai/api_server.py): a form or text body is
+        # refused before it is read, whatever it holds
+        media_type = request.headers.get("content-type", "").lower().split(";", 1)[0].strip()
+        if media_type != "application/json":
+            message = "[\"Unsupported Media Type: Only 'application/json' is allowed\"]"
+            conn.respond_json(400, error_body(message, 400, "Bad Request"))
+            return
         try:
             body = json.loads(request.body)
         except ValueError as exc:

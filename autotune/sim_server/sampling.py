@@ -18,6 +18,7 @@ from typing import Any
 
 _PENALTY_RANGE = (-2.0, 2.0)
 MAX_LOGPROBS = 20  # vLLM's --max-logprobs default (ModelConfig.max_logprobs, vllm/config/model.py)
+GREEDY_BELOW = 1e-5  # a temperature below this samples greedily (_SAMPLING_EPS, vllm/sampling_params.py)
 
 
 def _given(body: dict[str, Any], key: str) -> int | float | None:
@@ -71,7 +72,42 @@ def sampling_problem(body: dict[str, Any], n: int, max_tokens: int) -> str | Non
         return f"min_tokens must be greater than or equal to 0, got {least}."
     if least > max_tokens:
         return f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {least}."
+    stop = body.get("stop")
+    if stop == "" or (isinstance(stop, list) and "" in stop):
+        return "stop cannot contain an empty string."
+    temperature = _given(body, "temperature")
+    if temperature is not None and temperature < GREEDY_BELOW and n > 1:  # greedy: every choice alike
+        return f"n must be 1 when using greedy sampling, got {n}."
     return None
+
+
+def logprobs_problem(body: dict[str, Any], chat: bool) -> str | None:
+    """The request model's own check of the logprobs fields (check_logprobs, vllm/entrypoints/openai/
+    protocol.py), which runs as the body is read, before any other check; None when it passes."""
+    prompt_logprobs = _given(body, "prompt_logprobs")
+    if prompt_logprobs is not None:
+        if body.get("stream") and (prompt_logprobs > 0 or prompt_logprobs == -1):
+            return "`prompt_logprobs` are not available when `stream=True`."
+        if prompt_logprobs < 0 and prompt_logprobs != -1:
+            return "`prompt_logprobs` must be a positive value or -1."
+    if not chat:
+        logprobs = _given(body, "logprobs")
+        return "`logprobs` must be a positive value." if logprobs is not None and logprobs < 0 else None
+    top_logprobs = _given(body, "top_logprobs")
+    if top_logprobs is not None:
+        if top_logprobs < 0 and top_logprobs != -1:
+            return "`top_logprobs` must be a positive value or -1."
+        if (top_logprobs == -1 or top_logprobs > 0) and not body.get("logprobs"):
+            return "when using `top_logprobs`, `logprobs` must be set to true."
+    return None
+
+
+def _logprobs(body: dict[str, Any], chat: bool) -> int | float | None:
+    """The sample logprobs a request asks for: a chat request's top_logprobs when it sets `logprobs`
+    (ChatCompletionRequest.to_sampling_params), a completion's `logprobs`."""
+    if chat:
+        return _given(body, "top_logprobs") if body.get("logprobs") else None
+    return _given(body, "logprobs")
 
 
 def engine_problem(body: dict[str, Any], chat: bool, vocab_size: int) -> str | None:
@@ -79,10 +115,7 @@ def engine_problem(body: dict[str, Any], chat: bool, vocab_size: int) -> str | N
     _validate_logprobs, then _validate_supported_sampling_params), None if it takes the request.
 
     vLLM meets these when the request reaches the engine: a streamed request's 200 response has begun."""
-    if chat:  # top_logprobs, asked for with `logprobs: true` (ChatCompletionRequest.to_sampling_params)
-        logprobs = _given(body, "top_logprobs") if body.get("logprobs") else None
-    else:
-        logprobs = _given(body, "logprobs")
+    logprobs = _logprobs(body, chat)
     if logprobs:
         requested = vocab_size if logprobs == -1 else logprobs
         if requested > MAX_LOGPROBS:
