@@ -56,7 +56,9 @@ def test_the_results_say_what_limits_each_config(tmp_path: Path) -> None:
     assert by_trial[0] == (TIGHT,)  # read back from the study as the search recorded it
 
     html = (tmp_path / "report.html").read_text()
-    assert "<th>limited by</th>" in html and f"<td>{TIGHT}</td>" in html
+    column = limited_by(next(r for r in out.records if r.number == 0))
+    assert column.startswith(TIGHT)  # "(not confirmed)" after it when the rate above was unsure
+    assert "<th>limited by</th>" in html and f"<td>{column}</td>" in html
     best = json.loads((tmp_path / "best.json").read_text())
     assert best["capacity"]["limited_by"] == list(out.best.capacity.limited_by)
     assert "limited by" in best["capacity"]["text"] and "p99_ttft_ms" in best["capacity"]["text"]
@@ -132,3 +134,25 @@ def test_a_rate_that_missed_one_slo_and_left_another_unsure_names_each_as_it_was
     probes = (low.summary(), old)
     record.capacity = dataclasses.replace(record.capacity, probes=probes, limited_by=tuple(slos))
     assert "limited by ttft_p99=1s and itl_p99=50ms: missed at 18.33 req/s;" in capacity_text(record, slos)
+
+
+def test_a_rate_only_too_close_to_call_is_not_confirmed_in_the_column_too(tmp_path: Path) -> None:
+    """The front table's "limited by" and the probe plot's legend say what the capacity line says: an
+    SLO left unsure at the rate above is "not confirmed", not missed (the column named it bare)."""
+    slos = ["ttft_p99=1s"]
+    itl = Criterion("itl_p99", -0.008, 0.001, 1000)
+    low = _probe(17.83, Criterion("ttft_p99", -0.008, 0.001, 1000), itl)
+    high = _probe(18.33, Criterion("ttft_p99", 0.0005, 0.001, 1000), itl)
+    judge_probes([low, high], parse_slos(slos), saturation=100.0)
+    assert (low.verdict, high.verdict) == ("pass", UNSURE)
+    result = find_capacity(SimBackend("H100"), CONFIG, WORKLOAD, parse_slos(TIGHT), search=QUICK)
+    result.capacity = dataclasses.replace(
+        result.capacity,
+        rate=17.83,
+        bracket=(17.83, 18.33),
+        probes=(low.summary(), high.summary()),
+        limited_by=_limited_by([low, high], low, 18.33),
+    )
+    (record,) = records(build_run(tmp_path, [({"max_num_seqs": 2, "baseline": True}, result)]))
+    assert "limited by ttft_p99=1s: not confirmed at 18.33 req/s" in capacity_text(record, slos)
+    assert limited_by(record) == "ttft_p99=1s (not confirmed)"

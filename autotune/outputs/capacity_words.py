@@ -4,16 +4,31 @@ their SLOs (the summary, best.json, the report's front table and probes.png)."""
 from __future__ import annotations
 
 from autotune.core.values import fmt_number
-from autotune.measure.capacity_report import KEEPING_UP
+from autotune.measure.capacity_report import KEEPING_UP, ProbeSummary
 from autotune.measure.evidence import UNSURE
 from autotune.tune.study import TrialRecord
 
 
 def limited_by(record: TrialRecord) -> str:
     """What limits a trial's capacity, in a few words ("" when it was not a capacity search, or its
-    study predates the record): the SLOs the rate above it missed, or keeping up."""
-    limits = record.capacity.limited_by if record.capacity is not None else None
-    return " and ".join(limits) if limits else ""
+    study predates the record): the SLOs the rate above it missed, "(not confirmed)" after them when
+    that rate was only too close to call (capacity_text's words), or keeping up."""
+    c = record.capacity
+    limits = c.limited_by if c is not None else None
+    if not limits:
+        return ""
+    above = _above(record)
+    unsure = limits != (KEEPING_UP,) and above is not None and above.verdict == UNSURE
+    return " and ".join(limits) + (" (not confirmed)" if unsure else "")
+
+
+def _above(record: TrialRecord) -> ProbeSummary | None:
+    """The probe at the top of a trial's capacity bracket: the rate above its capacity (None: no probe
+    failed above it)."""
+    c = record.capacity
+    if c is None or c.bracket is None:
+        return None
+    return next((p for p in c.probes if p.rate == c.bracket[1]), None)
 
 
 def capacity_text(record: TrialRecord, slos: list[str]) -> str:
@@ -26,7 +41,7 @@ def capacity_text(record: TrialRecord, slos: list[str]) -> str:
     if c.cut_by_budget:
         head += " or more (its search stopped at its share of --gpu-hours)"
     limits = c.limited_by or ()
-    above = next((p for p in c.probes if c.bracket is not None and p.rate == c.bracket[1]), None)
+    above = _above(record)
     if limits == (KEEPING_UP,):
         bound = (
             f"it fell behind at {above.rate:.2f} req/s"
