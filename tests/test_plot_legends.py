@@ -71,3 +71,17 @@ def test_the_guide_plots_band_names_the_capacity_searchs_target_not_a_trials_res
     (fig,) = figures
     band = [label for label in _legend(fig.axes[1]) if label.startswith("within")]
     assert band == ["within ±3% (the capacity search's target resolution)"]
+
+
+def test_the_guides_error_text_reads_as_its_plot_does() -> None:
+    """guide.png plots measured / predicted - 1 (below 0: the guide predicted too much); the report's
+    sentence beside it said "+53.4 %" (|log| error, predicted over measured) of points plotted at -35 %."""
+    from autotune.outputs.guide_view import error_text
+
+    rows = [
+        {"trial": t, "predicted": 101.0, "raw": 153.4, "measured": measured}
+        for t, measured in enumerate((99.0, 100.0, 100.0))
+    ]
+    text = error_text(rows)
+    assert "when each trial was chosen: median -1.0% (size 1.0%)" in text
+    assert "raw prediction: median -34.8% (size 34.8%)" in text

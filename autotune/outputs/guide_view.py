@@ -11,7 +11,7 @@ not choose).
 from __future__ import annotations
 
 import json
-import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -200,18 +200,20 @@ def spend_text(data: dict[str, Any]) -> str:
 
 
 def error_text(rows: Sequence[dict[str, Any]]) -> str:
-    """The median |log error| of the corrected and raw predictions, as percentages."""
+    """The corrected and raw predictions' errors as guide.png plots them (measured / predicted - 1):
+    the median and the median of their sizes."""
     pairs = [r for r in rows if r.get("measured") and r.get("predicted") and r.get("raw")]
     if not pairs:
         return ""
 
-    def median_error(key: str) -> float:
-        errors = sorted(abs(math.log(r[key] / r["measured"])) for r in pairs)
-        return math.expm1(errors[len(errors) // 2])
+    def errors(key: str) -> str:
+        values = [r["measured"] / r[key] - 1 for r in pairs]
+        sizes = [abs(v) for v in values]
+        return f"median {statistics.median(values):+.1%} (size {statistics.median(sizes):.1%})"
 
     return (
-        f"median error of the prediction when each trial was chosen: {median_error('predicted'):.1%} "
-        f"(the guide's raw prediction: {median_error('raw'):.1%})"
+        f"measured vs predicted when each trial was chosen: {errors('predicted')}; "
+        f"vs the guide's raw prediction: {errors('raw')}"
     )
 
 
