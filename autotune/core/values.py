@@ -34,7 +34,7 @@ def number(value: Any, what: str) -> float:
     except (TypeError, ValueError, OverflowError):
         raise AutotuneError(f"{what} must be a number, got {shown(value)}") from None
     if math.isnan(checked):
-        raise AutotuneError(f"{what} must be a number, got nan")
+        raise AutotuneError(f"{what} must be a number, got {shown(value)}")
     return checked
 
 
