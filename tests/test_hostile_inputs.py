@@ -24,7 +24,12 @@ MODEL_CONFIG = HF_CONFIG.replace(
 
 CASES: list[tuple[str, list[str], dict[str, str | bytes], str]] = [
     # -- numbers and text on the command line -------------------------------------------------------
-    ("gpu-price-nan", ["run", "--gpu-price", "nan"], {}, "argument --gpu-price: value must be a number, got 'nan'"),
+    (
+        "gpu-price-nan",
+        ["run", "--gpu-price", "nan"],
+        {},
+        "argument --gpu-price: value must be a number, got 'nan'",
+    ),
     (
         "gpu-price-inf",
         ["run", "--gpu-price", "inf"],
