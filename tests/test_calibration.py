@@ -291,9 +291,10 @@ def test_calibrate_bad_inputs_are_one_line_exit_2_nothing_written(
 def test_text_and_token_prompts_never_share_a_prefix_group() -> None:
     """The engine caches blocks by (prefix_id, i): a chat prompt and a token-id prompt must not get the
     same id, or one hits the other's cached blocks."""
-    parser = RequestParser(LLAMA_8B, 4096, 128256, 16)
-    tokens = parser.parse({"prompt": list(range(1000, 1100)), "max_tokens": 4}, chat=False).prefix[0]
-    text = parser.parse({"messages": [{"role": "user", "content": "x" * 400}]}, chat=True).prefix[0]
+    parser = RequestParser((LLAMA_8B,), 4096, 128256, 16)
+    (token_prompt,) = parser.parse({"prompt": list(range(1000, 1100)), "max_tokens": 4}, chat=False)
+    (chat,) = parser.parse({"messages": [{"role": "user", "content": "x" * 400}]}, chat=True)
+    tokens, text = token_prompt.prefix[0], chat.prefix[0]
     assert tokens is not None and text is not None and tokens != text
 
 

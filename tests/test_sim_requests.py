@@ -160,3 +160,37 @@ def test_a_body_that_is_not_declared_json_is_refused_as_vllm_refuses_it(
     assert "Only 'application/json' is allowed" in reply.json()["error"]["message"]
     charset = {"content-type": "Application/JSON; charset=utf-8"}
     assert httpx.post(server.base_url + COMPLETIONS, content=body, headers=charset, timeout=30).is_success
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_batch_of_prompts_is_one_request_each_in_one_response(
+    server: SimServerProcess, stream: bool
+) -> None:
+    """vLLM takes `prompt` as a list of strings or of token-id lists (clients such as lm-eval batch
+    so): one choice per prompt and n, index = prompt x n + choice, each prompt counted once in the
+    usage. It was a 400 here."""
+    body = {"prompt": [[1, 2, 3], [4, 5, 6, 7, 8]], "max_tokens": 3, "n": 2}
+    if not stream:
+        reply = _post(server, COMPLETIONS, body)
+        assert reply.status_code == 200, reply.text
+        answer = reply.json()
+        assert [c["index"] for c in answer["choices"]] == [0, 1, 2, 3]
+        assert answer["usage"] == {"prompt_tokens": 8, "total_tokens": 20, "completion_tokens": 12}
+    else:
+        body |= {"model": MODEL, "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", server.base_url + COMPLETIONS, json=body, timeout=30) as reply:
+            lines = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "[DONE]"
+        chunks = [json.loads(line) for line in lines[:-1]]
+        counts: dict[int, int] = {}
+        for chunk in chunks:
+            for choice in chunk["choices"]:
+                counts[choice["index"]] = counts.get(choice["index"], 0) + 1
+        assert counts == {0: 3, 1: 3, 2: 3, 3: 3} and len({c["id"] for c in chunks}) == 1
+        assert chunks[-1]["usage"]["prompt_tokens"] == 8
+    texts = _post(server, COMPLETIONS, {"prompt": ["a b", "c d", "e"], "max_tokens": 1}).json()["choices"]
+    assert len(texts) == 3
+    for mixed in (["a", [1]], [[1], "a"], []):
+        assert _post(server, COMPLETIONS, {"prompt": mixed}).status_code == 400
+    long_second = {"prompt": [[1], [7] * MAX_MODEL_LEN], "max_tokens": 1}  # one prompt too long: all refused
+    assert "maximum context length" in _post(server, COMPLETIONS, long_second).json()["error"]["message"]

@@ -86,6 +86,19 @@ def _stream_options(options: Any, stream: bool) -> tuple[bool, bool]:
     return include, include and options.get("continuous_usage_stats") is True
 
 
+PROMPT_TYPES = "prompt must be a string, a list of token ids, or a non-empty list of either"
+
+
+def _batch(prompt: Any) -> list[Any]:
+    """A completion's prompts: a list of strings or of token-id lists is a batch (CompletionRequest's
+    `prompt: list[int] | list[list[int]] | str | list[str]`, vllm/entrypoints/openai/protocol.py), any
+    other value one prompt (checked as one)."""
+    kinds = {type(p) for p in prompt} if isinstance(prompt, list) else set()
+    if kinds in ({str}, {list}):
+        return prompt
+    return [prompt]
+
+
 class BadRequest(Exception):
     """A request vLLM would reject with 400 (or `status`)."""
 
@@ -130,8 +143,10 @@ class RequestParser:
         self._token_prefixes = PrefixIndex(block_size, ids=ids)
         self._text_prefixes = text_index(block_size, ids=ids)
 
-    def parse(self, body: Any, chat: bool) -> ParsedRequest:
-        """Validate a request body the way vLLM does; BadRequest otherwise."""
+    def parse(self, body: Any, chat: bool) -> list[ParsedRequest]:
+        """Validate a request body the way vLLM does; BadRequest otherwise. One ParsedRequest per prompt:
+        a completion may carry a batch of them (a list of strings or of token-id lists), which vLLM
+        serves as one request each, their choices in order in one response."""
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
         problem = logprobs_problem(body, chat)
@@ -154,19 +169,25 @@ class RequestParser:
                 f"n must be at most {max_n()}, got {n}. To increase this limit, set the VLLM_MAX_N_SEQUENCES "
                 "environment variable."
             )
-        if chat:
-            try:
-                text, template = _chat_text(body.get("messages"))
-            except ValueError as exc:
-                raise BadRequest(str(exc)) from None
-            prompt_tokens = estimate_text_tokens(text) + template
-            prefix = self._text_prefixes.match_text(text)
-            # vLLM's `max_completion_tokens or max_tokens` (vllm/entrypoints/utils.py get_max_tokens): a
-            # null (or 0) max_completion_tokens falls back to max_tokens
-            max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        else:
-            prompt_tokens, prefix = self._parse_prompt(body.get("prompt"))
-            max_tokens = body.get("max_tokens", 16)  # vLLM's completions default, as OpenAI's
+        if not chat:
+            # vLLM's completions default, as OpenAI's
+            prompts = [self._parse_prompt(p) for p in _batch(body.get("prompt"))]
+            return [self._request(body, False, n, *prompt, body.get("max_tokens", 16)) for prompt in prompts]
+        try:
+            text, template = _chat_text(body.get("messages"))
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        prefix = self._text_prefixes.match_text(text)
+        # vLLM's `max_completion_tokens or max_tokens` (vllm/entrypoints/utils.py get_max_tokens): a null (or
+        # 0) max_completion_tokens falls back to max_tokens
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        return [self._request(body, True, n, estimate_text_tokens(text) + template, prefix, max_tokens)]
+
+    def _request(
+        self, body: dict[str, Any], chat: bool, n: int, prompt_tokens: int, prefix: tuple[int | None, int],
+        max_tokens: Any,
+    ) -> ParsedRequest:  # fmt: skip
+        """One prompt's request: its length limit and finish, checked as vLLM checks them."""
         room = self.max_model_len - prompt_tokens
         if max_tokens is not None and not isinstance(max_tokens, int):
             raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.")
@@ -203,8 +224,7 @@ class RequestParser:
         )
 
     def _parse_prompt(self, prompt: Any) -> tuple[int, tuple[int | None, int]]:
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]  # a batch of one
+        """One prompt's token count and prefix group."""
         if isinstance(prompt, str):
             if not prompt:
                 raise BadRequest("Prompt cannot be empty")
@@ -215,4 +235,4 @@ class RequestParser:
             if top >= self.vocab_size or low < 0:
                 raise BadRequest(f"Token id {low if low < 0 else top} is out of vocabulary")
             return len(prompt), self._token_prefixes.match(prompt)
-        raise BadRequest("prompt must be a non-empty string or a list of token ids (one prompt per request)")
+        raise BadRequest(PROMPT_TYPES)

@@ -98,7 +98,7 @@ class SimRoutes:
             conn.respond_json(400, error_body("Invalid JSON body: nested too deeply"))
             return
         try:
-            parsed = service.parse(body, chat)
+            batch = service.parse(body, chat)
         except BadRequest as exc:
             error = error_body(str(exc), exc.status, exc.kind)
             if exc.in_stream:
@@ -109,17 +109,24 @@ class SimRoutes:
             else:
                 conn.respond_json(exc.status, error)
             return
-        states = service.submit_choices(parsed, request.headers.get("x-request-id"), request.read_at)
-        first = states[0]
-        writers = [ChunkWriter(service.model_name, chat, first)]
-        for index, state in enumerate(states[1:], start=1):  # n > 1: choices share the id and time
+        # a batch's prompts: one request each, their choices in order (index = prompt x n + choice), the
+        # client's id suffixed by the prompt's position as vLLM's serving_completion.py does
+        rid = request.headers.get("x-request-id")
+        states = []
+        for i, parsed in enumerate(batch):
+            own = rid if rid is None or len(batch) == 1 else f"{rid}-{i}"
+            states += service.submit_choices(parsed, own, request.read_at)
+        first, parsed = states[0], batch[0]
+        response_id = None if rid is None or len(batch) == 1 else ("chatcmpl-" if chat else "cmpl-") + rid
+        writers = [ChunkWriter(service.model_name, chat, first, response_id=response_id)]
+        for index, state in enumerate(states[1:], start=1):  # choices share the id and time
             writers.append(
                 ChunkWriter(service.model_name, chat, state, index, writers[0].id, writers[0].created)
             )
         for state in states:
             state.received = received
             state.read = request.read_at
-        headers = {"x-request-id": first.rid}
+        headers = {"x-request-id": rid or first.rid}
         response: SseStream | PlainAnswer
         if parsed.stream:
             response = SseStream(service, conn, writers, parsed.include_usage, parsed.continuous_usage)

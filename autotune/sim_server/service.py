@@ -78,6 +78,7 @@ class Pending:
     prompt_tokens: int
     max_tokens: int
     finish_reason: str
+    further_choice: bool = False  # a further choice (n > 1) of its prompt: the usage counts the prompt once
     read: float = 0.0  # perf_counter when the server read the request's first bytes off the socket
     received: float = 0.0  # perf_counter when its HTTP handler started (the whole request was read)
     sent: float = 0.0  # its send time on the simulated clock: the engine's arrival_time for it
@@ -135,8 +136,9 @@ class SimService:
 
     # ---- requests
 
-    def parse(self, body: Any, chat: bool) -> ParsedRequest:
-        """Validate a request body the way vLLM does; BadRequest otherwise."""
+    def parse(self, body: Any, chat: bool) -> list[ParsedRequest]:
+        """Validate a request body the way vLLM does (one request per prompt of a batch); BadRequest
+        otherwise."""
         return self.parser.parse(body, chat)
 
     def submit(
@@ -181,6 +183,7 @@ class SimService:
             prompt_tokens=parsed.prompt_tokens,
             max_tokens=parsed.max_tokens,
             finish_reason=parsed.finish_reason,
+            further_choice=choice,
         )
         self.pending[key] = state
         self._wake.set()

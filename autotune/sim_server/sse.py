@@ -94,8 +94,10 @@ class ChunkWriter:
 
 
 def usage_of(states: Sequence[Pending]) -> dict[str, int]:
-    """OpenAI usage block of a response: the prompt once, the completion tokens of every choice."""
-    p, c = states[0].prompt_tokens, sum(s.tokens for s in states)
+    """OpenAI usage block of a response: each prompt once (a batch's several), the completion tokens of
+    every choice."""
+    p = sum(s.prompt_tokens for s in states if not s.further_choice)
+    c = sum(s.tokens for s in states)
     return {"prompt_tokens": p, "total_tokens": p + c, "completion_tokens": c}
 
 
