@@ -8,7 +8,7 @@ import httpx
 from test_study import build_run, ok
 
 from autotune.outputs.dashboard import start_dashboard
-from autotune.outputs.export import load_run
+from autotune.outputs.run_info import load_run
 
 
 def test_dashboard_serves_the_study_api(tmp_path: Path) -> None:

@@ -19,8 +19,8 @@ from autotune.backends.sim import SimBackend
 from autotune.core.config import EngineConfig
 from autotune.outputs import report
 from autotune.outputs.dashboard import StudyNote, start_dashboard
-from autotune.outputs.export import load_run
 from autotune.outputs.outcome import outcome
+from autotune.outputs.run_info import load_run
 from autotune.tune.study import records
 from autotune.workloads.files import load_workload
 

@@ -23,7 +23,8 @@ from test_study import build_run, ok
 from autotune.cli import main
 from autotune.core.config import EngineConfig
 from autotune.measure.load_report import LoadReport, SteadyState
-from autotune.outputs.export import RunInfo, load_run, parse_command
+from autotune.outputs.export import parse_command
+from autotune.outputs.run_info import RunInfo, load_run
 from autotune.store.lease import LEASE_KEY, Driver
 
 LOCAL_MODEL = {

@@ -19,7 +19,8 @@ from study_db import counted_trials
 
 from autotune.cli import main
 from autotune.commands.run_end import print_summary
-from autotune.outputs.export import load_run, parse_command
+from autotune.outputs.export import parse_command
+from autotune.outputs.run_info import load_run
 from autotune.store.urls import run_storage
 from autotune.tune.run_records import RunSummary
 from autotune.tune.tally import Tally

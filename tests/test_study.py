@@ -21,7 +21,7 @@ from autotune.dispatch.executor import Executor
 from autotune.measure.metrics import BenchmarkResult
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import parse_slos
-from autotune.outputs.export import RunInfo
+from autotune.outputs.run_info import RunInfo
 from autotune.tune.front import pareto_front, recommend
 from autotune.tune.objectives import FAILED_KEY, KEPT_UP_KEY, Objective, ObjectiveSet, load_objectives
 from autotune.tune.progress import ProgressState

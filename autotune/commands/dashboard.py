@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
     from autotune.core.errors import AutotuneError
     from autotune.outputs.dashboard import start_dashboard
-    from autotune.outputs.export import load_run
+    from autotune.outputs.run_info import load_run
     from autotune.store.urls import run_storage
 
     info = load_run(args.run_dir)

@@ -13,7 +13,7 @@ from autotune.core.inputs import ChoiceOption
 if TYPE_CHECKING:
     import optuna
 
-    from autotune.outputs.export import RunInfo
+    from autotune.outputs.run_info import RunInfo
     from autotune.tune.study import TrialRecord
 
 DEFAULT_TAG = f"v{VLLM_RELEASE}"
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
     from autotune.core.errors import AutotuneError, RunFailure
     from autotune.core.inputs import refuse_unused
-    from autotune.outputs import export
+    from autotune.outputs import export, run_info
     from autotune.outputs.outcome import SIMULATED_NOTE, is_simulated
     from autotune.store.storage import STORAGE_ERRORS, open_study, storage_error
     from autotune.store.urls import run_storage
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.tune.study import records
 
     refuse_unused(args, "--format", FORMAT_OPTIONS)
-    info = export.load_run(args.run_dir)
+    info = run_info.load_run(args.run_dir)
     # only the container formats read the run's image: a damaged one must not stop the others
     uses_image = args.format in CONTAINERS
     image = deployed_image(args.image, args.tag, info.meta.get("image")) if uses_image else ""
@@ -184,7 +184,7 @@ def replica_count(given: int | None, fmt: str, info: RunInfo, chosen: TrialRecor
     """The replica count and, when not given, where it came from: --replicas, else (k8s, helm) the
     replicas the run sizes the chosen trial at for its --target-rate, else 1."""
     from autotune.outputs.cost import sizing
-    from autotune.outputs.export import target_rate
+    from autotune.outputs.run_info import target_rate
 
     if given is not None or fmt not in REPLICATED:  # a broken best.json fails only the formats reading it
         return given or 1, ""

@@ -212,7 +212,7 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
     from autotune.core.atomic import remove_stale_temps
     from autotune.core.errors import RunFailure, SetupLost
     from autotune.outputs.dashboard import StudyNote
-    from autotune.outputs.export import RunInfo
+    from autotune.outputs.run_info import RunInfo
     from autotune.store.lease import Lease, new_driver
     from autotune.store.urls import for_run_file
     from autotune.tune.front import moved_note

@@ -56,7 +56,7 @@ def resolve(recorded: str, run_dir: Path) -> str:
 
 
 def run_storage(info: Any) -> str:
-    """The storage of a run folder (`autotune.outputs.export.RunInfo`), checked to exist when it is a file:
+    """The storage of a run folder (`autotune.outputs.run_info.RunInfo`), checked to exist when it is a file:
     opening a missing SQLite file would create an empty one."""
     from autotune.core.errors import AutotuneError
 
