@@ -23,7 +23,7 @@ from autotune.outputs.outcome import outcome
 from autotune.outputs.plots import _PROBE_LATENCIES, probe_points
 from autotune.trial.capacity import _limited_by, find_capacity
 from autotune.trial.probe import Probe, judge_probes
-from autotune.tune.study import records
+from autotune.tune.study import TrialRecord, records
 
 MAXIMIZE = [o.maximize for o in OBJECTIVES.objectives]
 TIGHT = "ttft_p99=300ms"  # binds below what the tiny config keeps up with (about 16 req/s)
@@ -107,6 +107,20 @@ def _probe(rate: float, ttft: Criterion, itl: Criterion) -> Probe:
     return Probe(rate, [window])
 
 
+def _bracketed(tmp_path: Path, low: Probe, high: Probe) -> TrialRecord:
+    """A trial whose capacity search ended between the probes `low` and `high`, read back from a study."""
+    result = find_capacity(SimBackend("H100"), CONFIG, WORKLOAD, parse_slos(TIGHT), search=QUICK)
+    result.capacity = dataclasses.replace(
+        result.capacity,
+        rate=low.rate,
+        bracket=(low.rate, high.rate),
+        probes=(low.summary(), high.summary()),
+        limited_by=_limited_by([low, high], low, high.rate),
+    )
+    (record,) = records(build_run(tmp_path, [({"max_num_seqs": 2, "baseline": True}, result)]))
+    return record
+
+
 def test_a_rate_that_missed_one_slo_and_left_another_unsure_names_each_as_it_was(tmp_path: Path) -> None:
     """At 18.33 req/s p99 ITL missed its limit with confidence while p99 TTFT was too close to call:
     the capacity is limited by the ITL SLO, missed there; the TTFT one was not confirmed, not missed."""
@@ -116,15 +130,7 @@ def test_a_rate_that_missed_one_slo_and_left_another_unsure_names_each_as_it_was
     high = _probe(18.33, Criterion("ttft_p99", -0.001, 0.001, 1000), Criterion("itl_p99", 0.02, 0.001, 1000))
     judge_probes([low, high], parse_slos(slos), saturation=100.0)
     assert (low.verdict, high.verdict, high.short_of) == ("pass", FAIL, tuple(slos))
-    result = find_capacity(SimBackend("H100"), CONFIG, WORKLOAD, parse_slos(TIGHT), search=QUICK)
-    result.capacity = dataclasses.replace(
-        result.capacity,
-        rate=17.83,
-        bracket=(17.83, 18.33),
-        probes=(low.summary(), high.summary()),
-        limited_by=_limited_by([low, high], low, 18.33),
-    )
-    (record,) = records(build_run(tmp_path, [({"max_num_seqs": 2, "baseline": True}, result)]))
+    record = _bracketed(tmp_path, low, high)
     text = capacity_text(record, slos)
     assert "limited by itl_p99=50ms: missed at 18.33 req/s (ttft_p99=1s not confirmed there);" in text
     assert limited_by(record) == "itl_p99=50ms"  # the front table's column, the probe plot's legend
@@ -145,14 +151,6 @@ def test_a_rate_only_too_close_to_call_is_not_confirmed_in_the_column_too(tmp_pa
     high = _probe(18.33, Criterion("ttft_p99", 0.0005, 0.001, 1000), itl)
     judge_probes([low, high], parse_slos(slos), saturation=100.0)
     assert (low.verdict, high.verdict) == ("pass", UNSURE)
-    result = find_capacity(SimBackend("H100"), CONFIG, WORKLOAD, parse_slos(TIGHT), search=QUICK)
-    result.capacity = dataclasses.replace(
-        result.capacity,
-        rate=17.83,
-        bracket=(17.83, 18.33),
-        probes=(low.summary(), high.summary()),
-        limited_by=_limited_by([low, high], low, 18.33),
-    )
-    (record,) = records(build_run(tmp_path, [({"max_num_seqs": 2, "baseline": True}, result)]))
+    record = _bracketed(tmp_path, low, high)
     assert "limited by ttft_p99=1s: not confirmed at 18.33 req/s" in capacity_text(record, slos)
     assert limited_by(record) == "ttft_p99=1s (not confirmed)"
