@@ -106,3 +106,19 @@ def test_the_dashboard_gives_a_guided_runs_trials_the_prediction_of_guide_json(t
     figures = get_plotly_graph_objects(study._storage.get_study_system_attrs(study._study_id))
     points = json.loads(figures[GUIDE_FIGURE_ID])["data"][-1]
     assert (points["text"], points["x"], points["y"]) == (["#0", "#1"], [4828.4, 4722.5], [4828.0, 4757.0])
+
+
+def test_while_the_defaults_are_measured_the_note_does_not_say_there_are_none(tmp_path: Path) -> None:
+    """A guided run measures its pick first and vLLM's defaults second: between them the note said "no
+    baseline trial in this study to compare with" of a study whose baseline was running."""
+    from optuna_dashboard import get_note
+
+    from autotune.outputs.dashboard import StudyNote
+
+    study = build_run(tmp_path, [({"max_num_seqs": 64}, ok(4000, 1500, 20))])
+    study.enqueue_trial({"max_num_seqs": 256}, user_attrs={"baseline": True})
+    running = study.ask()
+    StudyNote(study, {"slos": ["ttft_p99=2s"]}).update(force=True)
+    note = get_note(study)
+    assert f"vLLM's defaults (trial #{running.number}) are being measured" in note
+    assert "no baseline trial" not in note

@@ -118,7 +118,7 @@ class StudyNote:
         repeats = StoredRepeats.of(self.study)
         out = outcome(records(self.study), self.names, self.maximize, slos, self.context, repeats=repeats)
         guide = self.guide()
-        save_note(self.study, note_markdown(self.study.study_name, out, guide))
+        save_note(self.study, note_markdown(self.study.study_name, out, guide, _pending_baseline(self.study)))
         figures = {FIGURE_ID: pareto_figure(out), GUIDE_FIGURE_ID: guide_figure(guide, self.names[0])}
         for name, figure in figures.items():
             if figure is not None:
@@ -126,9 +126,20 @@ class StudyNote:
                 save_graph_object_json(self.study._storage, self.study._study_id, key, json.dumps(figure))
 
 
-def note_markdown(name: str, out: Any, guide: dict[str, Any] | None = None) -> str:
+def _pending_baseline(study: Any) -> int | None:
+    """The number of vLLM's defaults' trial while it waits or runs (a guided run measures them second)."""
+    from optuna.trial import TrialState
+
+    pending = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+    return next((t.number for t in pending if t.user_attrs.get("baseline")), None)
+
+
+def note_markdown(
+    name: str, out: Any, guide: dict[str, Any] | None = None, pending_baseline: int | None = None
+) -> str:
     """The study's note: what is tuned, how far the run is, what it recommends so far, what failed; in
-    a guided run (`guide`: guide.json's data) the guide's predicted vs measured per trial."""
+    a guided run (`guide`: guide.json's data) the guide's predicted vs measured per trial.
+    `pending_baseline`: the defaults' trial while it is measured (before it, nothing compares)."""
     from autotune.outputs.outcome import SIMULATED_NOTE
     from autotune.tune.front import defaults_label
 
@@ -164,7 +175,13 @@ def note_markdown(name: str, out: Any, guide: dict[str, Any] | None = None) -> s
             f"**Baseline ({defaults_label(base)}), trial #{base.number}:** {base_values} ({status})",
             "",
         ]
-    lines += ["### Recommendation", out.verdict()]
+    verdict = out.verdict()
+    if pending_baseline is not None and out.best is not None and (base is None or not base.values):
+        verdict = (
+            f"Recommended so far: trial #{out.best.number}; vLLM's defaults (trial #{pending_baseline}) are "
+            "being measured, and the recommendation compares with them once they are."
+        )
+    lines += ["### Recommendation", verdict]
     lines += [out.progress_note()] if out.progress_note() else []
     if out.decision.gain is not None and out.decision.gain.percent() not in out.verdict():
         lines.append(f"Gain: {out.gain_text()}")
