@@ -223,6 +223,28 @@ def test_v1_request_histograms_follow_each_finished_request(server: SimServerPro
     assert re.search(r'^vllm:iteration_tokens_total_bucket\{[^}]*le="16384.0"', after, re.MULTILINE)
 
 
+def test_the_request_parameter_histograms_count_each_request_once(server: SimServerProcess) -> None:
+    """vLLM's request_params_max_tokens (per choice), request_params_n and
+    request_max_num_generation_tokens (per request, once its last choice ended:
+    vllm/v1/engine/parallel_sampling.py), with its buckets (vllm/v1/metrics/loggers.py)."""
+    names = (
+        "vllm:request_params_max_tokens",
+        "vllm:request_params_n",
+        "vllm:request_max_num_generation_tokens",
+    )
+    before = _metrics(server)
+    body = {"model": MODEL, "prompt": [7] * 20, "max_tokens": 5, "ignore_eos": True, "n": 3}
+    httpx.post(server.base_url + "/v1/completions", json=body, timeout=10).raise_for_status()
+    after = _wait_idle(server, 10)
+
+    def delta(name: str) -> float:
+        return _metric(after, name) - _metric(before, name)
+
+    assert [delta(f"{name}_count") for name in names] == [3, 1, 1]
+    assert [delta(f"{name}_sum") for name in names] == [15, 3, 5]
+    assert re.search(r'^vllm:request_params_n_bucket\{[^}]*le="20.0"', after, re.MULTILINE)
+
+
 def test_ttft_and_e2e_metrics_count_from_the_requests_arrival_on_the_engines_clock() -> None:
     """vLLM's TTFT and e2e histograms run from the request's arrival_time to the step that produced the
     token (vllm/v1/metrics/stats.py IterationStats): here from its send time on the simulated clock,

@@ -33,6 +33,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+N_BUCKETS = (1, 2, 5, 10, 20)
 
 LABELS = ("engine", "model_name")
 TIME_SCALE_METRIC = "autotune:sim_time_scale"
@@ -54,6 +55,10 @@ _HISTOGRAMS = (  # vLLM's order; time_per_output_token is the deprecated name of
     ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens"),
     ("vllm:request_generation_tokens", "Number of generation tokens processed.", "generation_tokens"),
     ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", "iteration_tokens"),
+    ("vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.",
+     "max_generation_tokens"),
+    ("vllm:request_params_n", "Histogram of the n request parameter.", "params_n"),
+    ("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", "params_max_tokens"),
     ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
     ("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.DEPRECATED: Use "
      "vllm:inter_token_latency_seconds instead.", "itl"),
@@ -134,12 +139,16 @@ class ServerMetrics:
     iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_TOKEN_BUCKETS))
     prompt_tokens: Histogram = field(init=False)
     generation_tokens: Histogram = field(init=False)
+    # per request once all its choices ended: the most tokens a choice generated, and n
+    max_generation_tokens: Histogram = field(init=False)
+    params_n: Histogram = field(default_factory=lambda: Histogram(N_BUCKETS))
+    params_max_tokens: Histogram = field(init=False)  # per choice
     # Finished requests by reason; "abort" is the engine's count (stats.num_aborted).
     success: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0})
 
     def __post_init__(self) -> None:
-        self.prompt_tokens = Histogram(one_two_five_buckets(self.max_model_len))
-        self.generation_tokens = Histogram(one_two_five_buckets(self.max_model_len))
+        for name in ("prompt_tokens", "generation_tokens", "max_generation_tokens", "params_max_tokens"):
+            setattr(self, name, Histogram(one_two_five_buckets(self.max_model_len)))
 
 
 class SimCollector:

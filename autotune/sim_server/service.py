@@ -79,6 +79,7 @@ class Pending:
     max_tokens: int
     finish_reason: str
     further_choice: bool = False  # a further choice (n > 1) of its prompt: the usage counts the prompt once
+    choices: list[Pending] | None = None  # every choice of its request (shared), when n > 1
     read: float = 0.0  # perf_counter when the server read the request's first bytes off the socket
     received: float = 0.0  # perf_counter when its HTTP handler started (the whole request was read)
     sent: float = 0.0  # its send time on the simulated clock: the engine's arrival_time for it
@@ -202,7 +203,10 @@ class SimService:
             prefix = (-1 - next(self._choice_groups), parsed.prompt_tokens)
         shared = dataclasses.replace(parsed, prefix=prefix)
         first = self.submit(shared, rid, read_at)
-        return [first] + [self.submit(shared, first.rid, read_at, choice=True) for _ in range(parsed.n - 1)]
+        states = [first] + [self.submit(shared, first.rid, read_at, choice=True) for _ in range(parsed.n - 1)]
+        for state in states:
+            state.choices = states
+        return states
 
     def abort(self, states: Sequence[Pending]) -> None:
         """The client went away: drop its requests (every choice of it) from the engine in one pass, as
@@ -332,6 +336,12 @@ class SimService:
         metrics.request_tpot.observe(decode / (state.tokens - 1) if state.tokens > 1 else 0.0)
         metrics.prompt_tokens.observe(state.prompt_tokens)
         metrics.generation_tokens.observe(state.tokens)
+        metrics.params_max_tokens.observe(state.max_tokens)
+        # once the request's last choice ended (vllm/v1/engine/parallel_sampling.py)
+        choices = state.choices or [state]
+        if all(c.finished for c in choices):
+            metrics.max_generation_tokens.observe(max(c.tokens for c in choices))
+            metrics.params_n.observe(len(choices))
 
     # ---- responses
 
