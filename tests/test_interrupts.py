@@ -58,7 +58,9 @@ def _stop_inside_a_weakref_callback(sig: signal.Signals) -> None:
         pass
 
     doomed = Doomed()
-    weakref.finalize(doomed, os.kill, os.getpid(), sig)  # os.kill runs the handler before returning
+    # raise_signal sends it to this thread, whose handler runs before the callback returns; os.kill to
+    # the process could land on another thread (pytest-xdist has some) and be handled after it
+    weakref.finalize(doomed, signal.raise_signal, sig)
     del doomed
 
 

@@ -190,7 +190,7 @@ def test_a_stop_a_finalizer_swallowed_during_the_estimate_still_stops_the_run(
 
     def estimate_then_stop(*args: object) -> object:
         doomed = Doomed()
-        weakref.finalize(doomed, os.kill, os.getpid(), signal.SIGTERM)
+        weakref.finalize(doomed, signal.raise_signal, signal.SIGTERM)  # to this thread
         del doomed  # the callback runs here, and the handler's KeyboardInterrupt is lost
         return estimate(*args)
 
