@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.core.bundled import bundled_dir
 from autotune.core.config import gpus_per_replica
 from autotune.core.errors import AutotuneError, FailureKind
 from autotune.core.inputs import not_a_directory, read_yaml
@@ -30,7 +31,7 @@ from autotune.measure.metrics import GOODPUT_METRICS, LATENCY_METRICS, PERCENTIL
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo, goodput_bounds, parse_slos
 
-OBJECTIVES_DIR = Path(__file__).resolve().parents[2] / "objectives"
+OBJECTIVES_DIR = bundled_dir("objectives")
 DIRECTIONS = ("maximize", "minimize")
 FILE_KEYS = ("objectives", "slos", "description")
 FAILED_KEY = "config_failed"

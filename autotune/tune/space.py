@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from autotune.catalog.models import qualified_name
+from autotune.core.bundled import bundled_dir
 from autotune.core.config import (
     OTHER_FLAG_DEFAULTS,
     EngineConfig,
@@ -40,7 +41,7 @@ from autotune.core.errors import AutotuneError
 from autotune.core.inputs import not_a_directory, read_yaml
 from autotune.tune.space_param import Param, check_flag, check_value, read_param
 
-SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+SPACES_DIR = bundled_dir("search_spaces")
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DEFAULT_GPU = "H100"
 

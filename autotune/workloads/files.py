@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import autotune
+from autotune.core.bundled import bundled_dir
 from autotune.core.errors import AutotuneError
 from autotune.core.inputs import not_a_directory, read_yaml
 from autotune.core.values import MAX_TOKENS, bounded_int, finite_number, positive_int, rate, seed, token_count
@@ -37,12 +37,12 @@ def _resolve(path_or_name: str | Path) -> Path:
     path = Path(path_or_name)
     if path.is_file():
         return path
-    bundled_dir = Path(autotune.__file__).resolve().parents[1] / "workloads"
-    bundled = bundled_dir / f"{path_or_name}.yaml"
+    shipped = bundled_dir("workloads")
+    bundled = shipped / f"{path_or_name}.yaml"
     if path.parent == Path(".") and not path.suffix and bundled.is_file():
         return bundled
     not_a_directory(path, "workload")
-    names = ", ".join(sorted(p.stem for p in bundled_dir.glob("*.yaml")))
+    names = ", ".join(sorted(p.stem for p in shipped.glob("*.yaml")))
     raise AutotuneError(
         f"workload {str(path_or_name)!r} not found (a YAML file, or one of: {names or 'none'})"
     )
