@@ -136,6 +136,16 @@ def test_jsonl_token_counts_and_text(tmp_path: Path):
     assert requests[0].prompt is None and requests[1].prompt == "x" * 401  # text kept for the HTTP client
 
 
+def test_jsonl_texts_keep_unicode_line_separators(tmp_path: Path):
+    """JSON writers leave U+2028, U+2029 and U+0085 raw in strings (ensure_ascii=False); only \n ends a
+    JSON Lines record. A text's own tokenizer count (prompt_len) may stand beside it."""
+    path = tmp_path / "u.jsonl"
+    rows = [{"prompt": "para1\u2028para2\u0085x\u2029y", "output_len": 4}, {"prompt": "hé", "prompt_len": 3}]
+    path.write_text("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows), encoding="utf-8")
+    spec = WorkloadSpec(name="u", num_requests=2, jsonl=path, output_len=LengthDist("fixed", 9))
+    assert [(r.prompt, r.prompt_len) for r in spec.requests()] == [(rows[0]["prompt"], 4), ("hé", 3)]
+
+
 def test_jsonl_row_without_output_len_needs_a_default(tmp_path: Path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt_len": 100, "output_len": 20}\n{"prompt": "hello"}\n')
@@ -364,6 +374,9 @@ def test_bad_workload_yaml(tmp_path: Path, text: str, expected: str):
             "p.jsonl:1: max_tokens is not read: name the length output_len",
         ),
         (['{"input_tokens": 100, "output_len": 5}'], "input_tokens is not read: name the length prompt_len"),
+        # the server is sent the text: an empty one is refused there, and "hello" is never 500 tokens
+        (['{"prompt": "", "output_len": 3}'], "p.jsonl:1: prompt is empty"),
+        (['{"prompt": "hello", "prompt_len": 500}'], "prompt_len 500 is more tokens than its text's 5 bytes"),
     ],
 )
 def test_bad_jsonl(tmp_path: Path, lines: list[str], expected: str):

@@ -31,6 +31,21 @@ OTHER_LENGTH_KEYS = {
 }
 
 
+TEMPLATE_TOKENS = 16  # special tokens a server may add to a text (BOS, a chat template's headers)
+
+
+def _check_tokens_fit_text(prompt_len: int, text: str, where: str) -> None:
+    """A row's prompt_len stands for its text's token count (a tokenizer's, where the estimate is
+    rough), but a server is sent the text: a byte-level BPE token holds at least one UTF-8 byte, so more
+    tokens than bytes (plus a template's few) is a length the server never sees."""
+    size = len(text.encode())
+    if prompt_len > size + TEMPLATE_TOKENS:
+        raise AutotuneError(
+            f"{where}: prompt_len {prompt_len} is more tokens than its text's {size} bytes can hold: a "
+            "server is sent the text, so give prompt_len without a text, or the text it counts"
+        )
+
+
 def read_jsonl(path: Path, needs_output_len: bool = False) -> list[tuple[int, int | None, str | None]]:
     """Rows of (prompt_len, output_len or None, prompt text or None) from a JSONL file.
 
@@ -40,7 +55,9 @@ def read_jsonl(path: Path, needs_output_len: bool = False) -> list[tuple[int, in
     `needs_output_len` (the workload has no default): a row without one is an error, whether or not
     this load reaches it (a capacity probe with more requests would).
     """
-    lines = read_text(path, "JSONL file", MAX_DATA_BYTES).splitlines()
+    # JSON Lines ends records with \n alone: splitlines() would also cut a text at U+2028, U+0085, ...,
+    # which JSON writers (ensure_ascii=False) leave raw inside strings
+    lines = read_text(path, "JSONL file", MAX_DATA_BYTES).split("\n")
     rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -57,8 +74,12 @@ def read_jsonl(path: Path, needs_output_len: bool = False) -> list[tuple[int, in
         text = row.get("prompt")
         if text is not None and not isinstance(text, str):
             raise AutotuneError(f"{where}: prompt must be a string")
+        if text == "":
+            raise AutotuneError(f"{where}: prompt is empty (vLLM refuses an empty prompt)")
         if "prompt_len" in row:
             prompt_len = token_count(row["prompt_len"], f"{where}: prompt_len")
+            if text is not None:
+                _check_tokens_fit_text(prompt_len, text, where)
         elif text is not None:
             prompt_len = max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
         else:
