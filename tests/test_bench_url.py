@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 from cli import autotune
 from pytest import approx
 
@@ -90,6 +91,20 @@ def test_bench_url_says_when_the_server_is_a_time_scaled_sim_server(tmp_path: Pa
     assert (
         f"{server.base_url} is autotune sim-server at --time-scale 20: its latencies and rates" in done.stderr
     )
+
+
+def test_a_workload_longer_than_the_servers_context_is_refused_before_a_request(tmp_path: Path) -> None:
+    """The server's /v1/models says its max_model_len: a request past it would be answered 400 at any
+    load, so bench stops in one line before sending anything (it sent them all and printed a table of
+    zeros), as the in-process bench does."""
+    (tmp_path / "long.yaml").write_text(WORKLOAD.replace("mean: 64}", "mean: 5000}"))
+    with start_sim_server([MODEL, "--max-model-len", "4096", "--debug-timings"]) as server:
+        done = bench(tmp_path, "--url", server.base_url, "--workload", "long.yaml")
+        served = httpx.get(server.base_url + "/debug/requests", timeout=10).json()["requests"]
+    assert done.returncode == 2 and served == [], done.stderr
+    needs = "a request needs 5048 tokens (5000 prompt + 48 output), more than max_model_len 4096"
+    assert needs in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_bench_url_capacity_searches_the_running_server(tmp_path: Path) -> None:

@@ -55,6 +55,7 @@ def bench_url(
     from autotune.core.config import EngineConfig
     from autotune.core.secrets import masked
     from autotune.trial.capacity import find_capacity
+    from autotune.workloads.spec import check_fits
 
     refuse_launch_options(args)
     models = served_models(args.url)
@@ -72,6 +73,9 @@ def bench_url(
             "them (docs/simulator.md)",
             file=sys.stderr,
         )
+    # a request longer than the server's context is answered 400 whatever the load: say so before any
+    # is sent, as the in-process bench does
+    check_fits(workload, args.seed, served.values.get("max_model_len"))
     config = EngineConfig(model=model)
     if args.capacity:
         backend = Narrated(RemoteBackend(args.url))
