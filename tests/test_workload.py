@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 from errors import one_line_error
 
+from autotune.core.errors import AutotuneError
 from autotune.workloads.files import load_workload, spec_from_dict
 from autotune.workloads.lengths import LengthDist
 from autotune.workloads.spec import Request, WorkloadSpec, prompt_token_ids, rate_arrivals
@@ -64,7 +66,28 @@ def test_lognormal_length_mean_or_median(kind):
 
 
 def test_lengths_never_below_one():
-    assert lengths(LengthDist("normal", 5, std=50)).min() == 1
+    assert lengths(LengthDist("normal", 20, std=15)).min() == 1  # a tenth of the draws fall below 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        # sigma 50 puts nearly all the mass below one token: every length was 1
+        (dict(dist="lognormal", mean=100, sigma=50), "draws lengths with a mean of 1 tokens"),
+        (
+            dict(dist="fixed", mean=100, min=200),
+            "100 draws lengths with a mean of 200 tokens (whole, at least 200)",
+        ),
+        (dict(dist="normal", mean=5, std=50), "normal(5, std 50) draws lengths with a mean of"),
+        (
+            dict(dist="lognormal", median=500, sigma=1, max=100),
+            "a median of 100 tokens (whole, 1 to 100), not 500",
+        ),
+    ],
+)
+def test_a_spec_that_does_not_draw_what_it_says_is_refused(spec: dict, said: str):
+    with pytest.raises(AutotuneError, match=re.escape(said)):
+        LengthDist(**spec)
 
 
 def test_requests_reproducible_per_seed():

@@ -20,6 +20,8 @@ from autotune.core.values import MAX_TOKENS
 DISTS = ("fixed", "uniform", "normal", "lognormal")
 STRATA = 64  # lengths are stratified in blocks of this many requests (see stratified_uniforms)
 _U_CLAMP = 1e-12  # uniforms are kept this far from 0 and 1: the normal's quantiles there are finite
+CENTER_GRID = 256  # quantiles the drawn center is checked on
+CENTER_TOLERANCE = 1.5  # the drawn mean (or median) may differ from the stated one by this factor at most
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,24 @@ class LengthDist:
                 f"length bounds must satisfy 1 <= min <= max, got min={self.min} max={self.max}"
             )
         self._check_longest()
+        self._check_center()
+
+    def _check_center(self) -> None:
+        """Refuse a spec whose draws, rounded and clipped to [min, max], do not center where it says: a
+        lognormal whose sigma puts nearly all its mass below one token drew 1 for every request, a min
+        above the mean drew min."""
+        lengths = self._lengths((np.arange(CENTER_GRID) + 0.5) / CENTER_GRID)
+        by_median = self.dist == "lognormal" and self.median is not None
+        stated = self.median if by_median else self.mean
+        drawn = float(np.median(lengths) if by_median else lengths.mean())
+        assert stated is not None
+        if not stated / CENTER_TOLERANCE <= drawn <= stated * CENTER_TOLERANCE:
+            what = "median" if by_median else "mean"
+            bounds = f"{self.min} to {self.max}" if self.max is not None else f"at least {self.min}"
+            raise AutotuneError(
+                f"{self.describe()} draws lengths with a {what} of {drawn:.3g} tokens (whole, {bounds}), not "
+                f"{stated:g}: give it a smaller spread, or bounds around its {what}"
+            )
 
     def _check_longest(self) -> None:
         """Refuse lengths past MAX_TOKENS, given or drawable (a spread's far tail): checked on the
