@@ -80,7 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"a vLLM flag in snake_case (repeatable): {', '.join(SETTABLE)}",
     )
     load = parser.add_argument_group("the load (default: the workload file's)")
-    load.add_argument("--rate", type=arg(values.rate), help="requests per second (Poisson; inf: all at once)")
+    load.add_argument(
+        "--rate",
+        type=arg(values.rate),
+        help="requests per second (Poisson; inf: all at once); a trace replayed with its own timestamps "
+        "keeps their pattern, scaled to this mean rate (inf: as recorded)",
+    )
     load.add_argument(
         "--concurrency", type=arg(values.positive_int), help="requests in flight at most (client side)"
     )
