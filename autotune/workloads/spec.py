@@ -26,7 +26,9 @@ from autotune.workloads.lengths import LengthDist, stratified_uniforms
 from autotune.workloads.traces import TraceSource
 
 LOADS = ("fixed", "capacity")
-MAX_REQUESTS = 1_000_000  # requests per load: a few hundred MB of records, minutes of simulation
+# Requests per load: at ~200 output tokens a request, 100,000 took 0.8 GB and 12 s in `bench` (so 1M:
+# ~8 GB, minutes of simulation)
+MAX_REQUESTS = 1_000_000
 
 # Independent random streams, so that changing the rate keeps the same lengths and vice versa.
 _PROMPT_STREAM, _OUTPUT_STREAM, _ARRIVAL_STREAM, _PREFIX_STREAM, _TRACE_STREAM = range(5)
