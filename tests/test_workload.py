@@ -169,6 +169,13 @@ def test_jsonl_texts_keep_unicode_line_separators(tmp_path: Path):
     assert [(r.prompt, r.prompt_len) for r in spec.requests()] == [(rows[0]["prompt"], 4), ("hé", 3)]
 
 
+def test_a_jsonl_file_may_start_with_a_byte_order_mark(tmp_path: Path):
+    path = tmp_path / "bom.jsonl"
+    path.write_text('{"prompt_len": 7, "output_len": 2}\n', encoding="utf-8-sig")
+    spec = WorkloadSpec(name="b", num_requests=1, jsonl=path)
+    assert [(r.prompt_len, r.output_len) for r in spec.requests()] == [(7, 2)]
+
+
 def test_jsonl_row_without_output_len_needs_a_default(tmp_path: Path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt_len": 100, "output_len": 20}\n{"prompt": "hello"}\n')
@@ -400,6 +407,11 @@ def test_bad_workload_yaml(tmp_path: Path, text: str, expected: str):
         # the server is sent the text: an empty one is refused there, and "hello" is never 500 tokens
         (['{"prompt": "", "output_len": 3}'], "p.jsonl:1: prompt is empty"),
         (['{"prompt": "hello", "prompt_len": 500}'], "prompt_len 500 is more tokens than its text's 5 bytes"),
+        (['{"prompt_len": 100, "output_len": 5, "prompt_len": 200}'], "the key 'prompt_len' is given twice"),
+        (
+            ['{"prompt_len": 100, "timestamp": 1.5}'],
+            "timestamp is not read: a JSONL workload's requests arrive",
+        ),
     ],
 )
 def test_bad_jsonl(tmp_path: Path, lines: list[str], expected: str):

@@ -84,11 +84,26 @@ def test_a_capacity_search_samples_the_rows_a_trace_replay_covers():
     assert replay.burst(100).trace.rows == 500  # the saturation run samples the same stretch
 
 
-def test_bad_trace_csv(tmp_path: Path):
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("time,prompt,output\n1,2,3\n", "its header has no TIMESTAMP, ContextTokens, GeneratedTokens"),
+        ("", "its header has no TIMESTAMP"),  # it said "(list index out of range)"
+        (
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n0,9,3\n\n1,9\n",
+            "line 4: 2 fields, fewer than the header's 3",
+        ),
+        (
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n0,9,3\n1,9,lots\n",
+            "line 3: GeneratedTokens 'lots' is not a whole",
+        ),
+    ],
+)
+def test_bad_trace_csv(tmp_path: Path, text: str, said: str):
     path = tmp_path / "t.csv"
-    path.write_text("time,prompt,output\n1,2,3\n")
+    path.write_text(text)
     spec = WorkloadSpec(name="t", num_requests=1, trace=TraceSource(str(path)))
-    assert "TIMESTAMP,ContextTokens,GeneratedTokens" in one_line_error(spec.requests)
+    assert said in one_line_error(spec.requests)
 
 
 def write_trace(tmp_path: Path, stamps: list[str], encoding: str = "utf-8") -> WorkloadSpec:

@@ -183,10 +183,21 @@ def read_json(path: Path, what: str, max_bytes: int = MAX_CONFIG_BYTES) -> Any:
     return parse_json(read_text(path, what, max_bytes), f"{what} {path}")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once (json keeps the last of two silently; YAML files are
+    refused for it too: core/yaml_loader.py)."""
+    data = dict(pairs)
+    if len(data) < len(pairs):
+        twice = next(key for i, (key, _) in enumerate(pairs) if key in dict(pairs[:i]))
+        raise ValueError(f"the key {twice!r} is given twice")
+    return data
+
+
 def parse_json(text: str, where: str) -> Any:
-    """JSON text -> data; malformed, nested too deep or too large: one AutotuneError line."""
+    """JSON text -> data; malformed (a key given twice included), nested too deep or too large: one
+    AutotuneError line."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
     except ValueError as exc:
         raise AutotuneError(f"{where}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
     except RecursionError:

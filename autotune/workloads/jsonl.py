@@ -31,6 +31,8 @@ OTHER_LENGTH_KEYS = {
 }
 
 
+# Arrival times under common names: a row with one expects them replayed, which a JSONL workload does not
+ARRIVAL_KEYS = ("timestamp", "arrival_time", "TIMESTAMP")
 TEMPLATE_TOKENS = 16  # special tokens a server may add to a text (BOS, a chat template's headers)
 
 
@@ -57,7 +59,8 @@ def read_jsonl(path: Path, needs_output_len: bool = False) -> list[tuple[int, in
     """
     # JSON Lines ends records with \n alone: splitlines() would also cut a text at U+2028, U+0085, ...,
     # which JSON writers (ensure_ascii=False) leave raw inside strings
-    lines = read_text(path, "JSONL file", MAX_DATA_BYTES).split("\n")
+    # a byte order mark (Windows' "UTF-8 with BOM") is not part of the first record
+    lines = read_text(path, "JSONL file", MAX_DATA_BYTES).removeprefix("\ufeff").split("\n")
     rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -70,6 +73,12 @@ def read_jsonl(path: Path, needs_output_len: bool = False) -> list[tuple[int, in
         if other is not None:
             raise AutotuneError(
                 f"{where}: {other} is not read: name the length {OTHER_LENGTH_KEYS[other]} (tokens)"
+            )
+        stamp = next((key for key in ARRIVAL_KEYS if key in row), None)
+        if stamp is not None:
+            raise AutotuneError(
+                f"{where}: {stamp} is not read: a JSONL workload's requests arrive at its request_rate (a "
+                "trace: CSV replays its timestamps)"
             )
         text = row.get("prompt")
         if text is not None and not isinstance(text, str):

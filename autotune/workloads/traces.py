@@ -21,6 +21,7 @@ from autotune.core.values import MAX_TOKENS
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TRACES = ("conv", "code")  # the shipped Azure LLM inference traces (see data/AZURE_TRACE_README.md)
+COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")  # the Azure traces' header: a trace's
 # An ISO date, optionally with a time of day to the minute, second or a fraction of one (T or a space),
 # then optionally its zone: Z (UTC) or an offset from UTC (+01:00, -0530, +01)
 _ISO = re.compile(
@@ -79,16 +80,20 @@ class TraceSource:
             raise AutotuneError(f"cannot read trace {self.path}: {exc.strerror or exc}") from None
         except UnicodeDecodeError:
             raise AutotuneError(f"trace {self.path} is not a text CSV file") from None
+        missing = [name for name in COLUMNS if name not in (rows[0] if rows else [])]
+        if missing:
+            raise AutotuneError(
+                f"trace {self.path}: its header has no {', '.join(missing)} (a trace is "
+                f"{','.join(COLUMNS)} CSV)"
+            )
+        # csv.reader + column indexes: DictReader is 3x slower on the 19k-row conv trace
+        columns = [rows[0].index(name) for name in COLUMNS]
         try:
-            # csv.reader + column indexes: DictReader is 3x slower on the 19k-row conv trace
-            columns = [rows[0].index(name) for name in ("TIMESTAMP", "ContextTokens", "GeneratedTokens")]
             table = [[row[i] for i in columns] for row in rows[1:] if row]
             prompt = np.array([int(p) for _, p, _ in table], dtype=np.int64)
             output = np.array([int(o) for _, _, o in table], dtype=np.int64)
-        except (IndexError, ValueError, TypeError) as exc:
-            raise AutotuneError(
-                f"trace {self.path} is not TIMESTAMP,ContextTokens,GeneratedTokens CSV ({exc})"
-            ) from None
+        except (IndexError, ValueError):  # parsed whole for speed; now find the line
+            raise AutotuneError(_bad_row(self.path, rows, columns)) from None
         except OverflowError:  # numpy's int64 cannot hold it; nor can any max_model_len
             raise AutotuneError(f"trace {self.path} has a token count above {MAX_TOKENS:,}") from None
         if not table:
@@ -118,6 +123,22 @@ class TraceSource:
             return f"{label} lengths"
         start = f" from {self.start:g}s" if self.start else ""
         return f"{label} x{self.time_scale:g}{start}"
+
+
+def _bad_row(path: Path, rows: list[list[str]], columns: list[int]) -> str:
+    """The first data row that is short of the header's columns or whose token counts are not whole
+    numbers, named by its line (a CSV row is a line: no field of a trace spans two)."""
+    for number, row in enumerate(rows[1:], start=2):
+        if not row:
+            continue
+        if len(row) <= max(columns):
+            return f"trace {path} line {number}: {len(row)} fields, fewer than the header's {len(rows[0])}"
+        for name, index in zip(COLUMNS[1:], columns[1:], strict=True):
+            try:
+                int(row[index])
+            except ValueError:
+                return f"trace {path} line {number}: {name} {row[index]!r} is not a whole number"
+    return f"trace {path} is not {','.join(COLUMNS)} CSV"
 
 
 def _seconds(path: Path, texts: list[str], rows: list[list[str]]) -> np.ndarray:
