@@ -45,10 +45,13 @@ def swallowed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[BaseException]]:
     seen: list[BaseException] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: seen.append(unraisable.exc_value))
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    # SIGHUP at its default, as in a terminal: under `nohup` it is ignored, and a run leaves it so
+    hangup = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
         yield seen
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGHUP, hangup)
 
 
 def _stop_inside_a_weakref_callback(sig: signal.Signals) -> None:
@@ -58,9 +61,7 @@ def _stop_inside_a_weakref_callback(sig: signal.Signals) -> None:
         pass
 
     doomed = Doomed()
-    # raise_signal sends it to this thread, whose handler runs before the callback returns; os.kill to
-    # the process could land on another thread (pytest-xdist has some) and be handled after it
-    weakref.finalize(doomed, signal.raise_signal, sig)
+    weakref.finalize(doomed, signal.raise_signal, sig)  # to this thread: handled before the callback returns
     del doomed
 
 
