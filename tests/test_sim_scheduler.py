@@ -153,10 +153,10 @@ def test_a_run_never_short_of_blocks_runs_the_same_on_any_pool_its_blocks_fit() 
     same = simulate(config(fitting), "H100", requests)
     assert same.memory.num_gpu_blocks - same.min_free_blocks == held  # the same blocks at its fullest
     assert not same.waited_for_blocks and same.stats.num_preemptions == 0
-    assert [(r.ttft, r.itl) for r in same.records] == [(r.ttft, r.itl) for r in roomy.records]
+    assert [(r.ttft, list(r.itl)) for r in same.records] == [(r.ttft, list(r.itl)) for r in roomy.records]
     short = simulate(config(fitting - 0.001), "H100", requests)
     assert short.waited_for_blocks or short.stats.num_preemptions > 0
-    assert [(r.ttft, r.itl) for r in short.records] != [(r.ttft, r.itl) for r in roomy.records]
+    assert [(r.ttft, list(r.itl)) for r in short.records] != [(r.ttft, list(r.itl)) for r in roomy.records]
 
 
 def test_chunked_prefill_off_runs_whole_prompts() -> None:

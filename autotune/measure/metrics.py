@@ -19,7 +19,7 @@ LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # the ones `vllm bench serve --goodput` accepts
 
 
-@dataclass
+@dataclass(eq=False)  # __eq__ below: `itl` may be a numpy array, whose == is elementwise
 class RequestRecord:
     """One request as the client saw it. Times are seconds; `start_time` is on the run's clock."""
 
@@ -31,6 +31,13 @@ class RequestRecord:
     latency: float = 0.0  # E2EL: last token chunk - send time
     success: bool = True
     error: str = ""
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RequestRecord):
+            return NotImplemented
+        fields = [f.name for f in dataclasses.fields(self) if f.name != "itl"]
+        same = all(getattr(self, name) == getattr(other, name) for name in fields)
+        return same and np.array_equal(np.asarray(self.itl, dtype=float), np.asarray(other.itl, dtype=float))
 
     @property
     def tpot(self) -> float:
