@@ -303,3 +303,20 @@ def test_a_small_simulated_run_does_not_start_ray(tmp_path: Path) -> None:
     assert where in done.stderr
     assert "Ray" not in done.stderr.replace("(no Ray)", ""), done.stderr  # no token-auth notice either
     assert (tmp_path / "small" / "trials.csv").stat().st_size > 0
+
+
+def test_a_local_cluster_runs_trials_at_the_drivers_priority() -> None:
+    """Ray runs its workers at nice 15; a trial's load generator and the server it launches ran there,
+    behind every other process on the host (docs/gpus.md: they keep normal priority)."""
+    script = (
+        "import os, ray; from autotune.dispatch.ray_cluster import start_ray; "
+        "session = start_ray(None, 1); "
+        "print(os.nice(0), ray.get(ray.remote(lambda: os.nice(0)).remote())); session.close()"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_worker_niceness"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    driver, worker = done.stdout.split()[-2:]
+    assert worker == driver

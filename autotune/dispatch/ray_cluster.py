@@ -34,6 +34,7 @@ _TOKEN_REFUSED = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError", 
 # address, so its GCS, raylets and workers listen on 127.0.0.1, not on every interface (Ray's
 # ray_constants.ENABLE_RAY_CLUSTER). A local cluster autotune starts has no other node to reach it.
 SINGLE_MACHINE_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+WORKER_NICENESS_VAR = "RAY_worker_niceness"  # Ray's RayConfig worker_niceness (default 15), read at start
 _NODE_DIED = re.compile(r"Node IP: (?P<ip>[^,\s]+), node ID: (?P<id>[0-9a-f]+)")
 
 
@@ -170,6 +171,9 @@ def start_ray(
         return RaySession()
     # Ray's notice that it enabled token authentication (its default) would land in the run's output.
     logging.getLogger(AUTH_LOGGER).setLevel(logging.ERROR)
+    # Ray runs its workers at nice 15: the load generator and the servers it launches would yield the CPU
+    # to every other process; they keep this process's priority (the guide's predictors run at nice 19)
+    os.environ.setdefault(WORKER_NICENESS_VAR, "0")
     session = RaySession(start_reaper())
     try:
         with _visible_devices(device_ids):
