@@ -138,6 +138,8 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes]]] = [
     ("gpus-comma", ["run", "--gpus", ","], {}),
     ("gpus-negative", ["run", "--gpus", "-1"], {}),
     ("gpus-dup", ["run", "--gpus", "0,0"], {}),
+    # a fixed load is not guided, which the run says before it starts: not before a bad --gpus' line
+    ("gpus-dup-fixed-load", ["run", "--backend", "vllm", "--gpus", "0,0", "--load", "fixed"], {}),
     ("timeout-negative", ["run", "--timeout", "-5"], {}),
     ("timeout-nan", ["run", "--timeout", "nan"], {}),
     ("trial-timeout-negative", ["run", "--trial-timeout", "-1"], {}),

@@ -77,6 +77,8 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.workloads.spec import check_fits
 
     check_runs_dir(Path(args.runs_dir))
+    check_gpus_text(args.gpus)  # before any notice: a bad value is the one line said
+    gpu_ids = parse_gpus(args.gpus)
     calibration = calibration_option(args.sim_calibration)
     space = load_space(args.space).with_overrides(model=args.model, gpu=args.gpu)
     objectives = load_objectives(args.objectives)
@@ -98,9 +100,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     check_model_len(space, None if _long_len_allowed(args) else max_pos)
     check_rules(space, max_pos)
     check_fits(workload, args.seed, space.largest("max_model_len") or max_pos)
-    check_gpus_text(args.gpus)
     check_tensor_parallel(space, calibration)
-    gpu_ids = parse_gpus(args.gpus)
     gpus_note = check_gpu_count(space, len(gpu_ids)) if gpu_ids else None
     backend = make_backend(
         args.backend,
