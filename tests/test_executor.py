@@ -320,3 +320,37 @@ def test_a_local_cluster_runs_trials_at_the_drivers_priority() -> None:
     assert done.returncode == 0, done.stderr
     driver, worker = done.stdout.split()[-2:]
     assert worker == driver
+
+
+@pytest.mark.parametrize(
+    ("visible", "ids", "seen"),
+    [
+        (None, [0, 1], "0,1"),
+        ("2,3", [0, 1], "2,3"),  # it was 0,1: the devices the user had left out
+        ("2,3", [1], "3"),
+        ("GPU-aa, GPU-bb ,GPU-cc", [2, 0], "GPU-cc,GPU-aa"),
+    ],
+)
+def test_gpus_count_among_the_users_visible_devices(
+    monkeypatch: pytest.MonkeyPatch, visible: str | None, ids: list[int], seen: str
+) -> None:
+    from autotune.dispatch.ray_cluster import _visible_devices
+
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    with _visible_devices(ids):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == seen  # what Ray's raylet and workers inherit
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == visible  # then as before
+
+
+def test_gpus_past_the_users_visible_devices_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.core.errors import AutotuneError
+    from autotune.dispatch.ray_cluster import _visible_devices
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    said = r"--gpus names device 2, but CUDA_VISIBLE_DEVICES=2,3 leaves 2"
+    with pytest.raises(AutotuneError, match=said), _visible_devices([0, 1, 2]):
+        pass
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"

@@ -277,12 +277,14 @@ def _token_fix(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def _visible_devices(device_ids: Sequence[int] | None) -> Iterator[None]:
-    """CUDA_VISIBLE_DEVICES=ids while Ray starts (its raylet and workers inherit it), then as before."""
+    """CUDA_VISIBLE_DEVICES=ids while Ray starts (its raylet and workers inherit it), then as before.
+    Under a CUDA_VISIBLE_DEVICES of the user's the ids count among its devices, as CUDA numbers them
+    (`--gpus 2` under 2,3 is devices 2 and 3, not 0 and 1, which the user left out)."""
     if device_ids is None:
         yield
         return
     previous = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in device_ids)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(_among_visible(device_ids, previous))
     try:
         yield
     finally:
@@ -290,6 +292,21 @@ def _visible_devices(device_ids: Sequence[int] | None) -> Iterator[None]:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         else:
             os.environ["CUDA_VISIBLE_DEVICES"] = previous
+
+
+def _among_visible(device_ids: Sequence[int], visible: str | None) -> list[str]:
+    """The devices `device_ids` name: those ids themselves, or the entries at those places of the
+    user's CUDA_VISIBLE_DEVICES (ids or UUIDs); AutotuneError for an id past its end."""
+    entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
+    if not entries:
+        return [str(d) for d in device_ids]
+    past = [d for d in device_ids if d >= len(entries)]
+    if past:
+        raise AutotuneError(
+            f"--gpus names device {past[0]}, but CUDA_VISIBLE_DEVICES={visible} leaves {len(entries)} "
+            f"(--gpus counts among them: 0 to {len(entries) - 1})"
+        )
+    return [entries[d] for d in device_ids]
 
 
 def check_reachable(address: str) -> None:
