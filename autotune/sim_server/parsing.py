@@ -170,9 +170,9 @@ class RequestParser:
                 "environment variable."
             )
         if not chat:
-            # vLLM's completions default, as OpenAI's
             prompts = [self._parse_prompt(p) for p in _batch(body.get("prompt"))]
-            return [self._request(body, False, n, *prompt, body.get("max_tokens", 16)) for prompt in prompts]
+            max_tokens = body.get("max_tokens", 16)  # vLLM's completions default, as OpenAI's
+            return [self._request(body, False, n, *prompt, max_tokens) for prompt in prompts]
         try:
             text, template = _chat_text(body.get("messages"))
         except ValueError as exc:

@@ -20,7 +20,7 @@ from autotune.sim_server.http_messages import HttpRequest
 from autotune.sim_server.httpd import HttpConnection
 from autotune.sim_server.parsing import BadRequest, error_body
 from autotune.sim_server.service import SimService
-from autotune.sim_server.sse import ChunkWriter, NothingPending, PlainAnswer, SseStream
+from autotune.sim_server.sse import ChunkWriter, NothingPending, PlainAnswer, SseStream, response_id_of
 
 VLLM_VERSION = f"{VLLM_RELEASE}+autotune.sim"  # the vLLM version whose behaviour the simulator follows
 SSE = "text/event-stream; charset=utf-8"
@@ -117,7 +117,7 @@ class SimRoutes:
             own = rid if rid is None or len(batch) == 1 else f"{rid}-{i}"
             states += service.submit_choices(parsed, own, request.read_at)
         first, parsed = states[0], batch[0]
-        response_id = None if rid is None or len(batch) == 1 else ("chatcmpl-" if chat else "cmpl-") + rid
+        response_id = None if rid is None or len(batch) == 1 else response_id_of(chat, rid)
         writers = [ChunkWriter(service.model_name, chat, first, response_id=response_id)]
         for index, state in enumerate(states[1:], start=1):  # choices share the id and time
             writers.append(

@@ -78,7 +78,6 @@ class Pending:
     prompt_tokens: int
     max_tokens: int
     finish_reason: str
-    further_choice: bool = False  # a further choice (n > 1) of its prompt: the usage counts the prompt once
     choices: list[Pending] | None = None  # every choice of its request (shared), when n > 1
     read: float = 0.0  # perf_counter when the server read the request's first bytes off the socket
     received: float = 0.0  # perf_counter when its HTTP handler started (the whole request was read)
@@ -93,6 +92,11 @@ class Pending:
     done_at: float | None = None
     # Called by the engine loop after a step that gave this request tokens or finished it (once per step).
     listener: Callable[[Pending], None] | None = None
+
+    @property
+    def further_choice(self) -> bool:
+        """A further choice (n > 1) of its prompt, not the first: the usage counts the prompt once."""
+        return self.choices is not None and self.choices[0] is not self
 
 
 class SimService:
@@ -184,7 +188,6 @@ class SimService:
             prompt_tokens=parsed.prompt_tokens,
             max_tokens=parsed.max_tokens,
             finish_reason=parsed.finish_reason,
-            further_choice=choice,
         )
         self.pending[key] = state
         self._wake.set()

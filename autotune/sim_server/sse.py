@@ -43,7 +43,7 @@ class ChunkWriter:
         self.index = index
         self.created = int(time.time()) if created is None else created
         kind = "chat.completion.chunk" if chat else "text_completion"
-        self.id = response_id or ("chatcmpl-" if chat else "cmpl-") + state.rid
+        self.id = response_id or response_id_of(chat, state.rid)
         self.head = json.dumps(
             {"id": self.id, "object": kind, "created": self.created, "model": model}, separators=(",", ":")
         )[:-1]
@@ -91,6 +91,11 @@ class ChunkWriter:
     def usage_chunk(self, usage: dict[str, int]) -> str:
         """The `include_usage` chunk: no choices, the token counts."""
         return f'data: {self.head},"choices":[],"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n'
+
+
+def response_id_of(chat: bool, rid: str) -> str:
+    """The id of a response to request `rid`, prefixed as vLLM prefixes it (serving_completion.py)."""
+    return ("chatcmpl-" if chat else "cmpl-") + rid
 
 
 def usage_of(states: Sequence[Pending]) -> dict[str, int]:
