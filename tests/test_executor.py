@@ -193,6 +193,8 @@ def test_parallel_caps_the_trials_in_flight_on_gpus_too() -> None:
     drain(executor, 1)
     assert executor.can_start(one) and free_slots(executor, one) == 1
 
+    # --parallel 8 on 2 GPUs: the GPUs bind first, so the first line does not promise 8 at a time.
+    assert "at most" not in gpu_run_executor(parallel=8).describe()
     executor = gpu_run_executor(parallel=None)
     assert busy_gpus(executor) == 2 and "at most" not in executor.describe()
     executor.submit(1, one, 0, None)

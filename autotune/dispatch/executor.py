@@ -114,8 +114,10 @@ class Executor:
         return min(total, self._cap) if self._cap is not None else total
 
     def describe(self) -> str:
-        """Where trials run, for the run's first line."""
-        at_most = f", at most {counted(self.max_trials, 'trial')} at a time" if self.max_trials else ""
+        """Where trials run, for the run's first line. A --parallel cap is named only where it binds:
+        trials take at least one GPU each, so the GPUs cap them already."""
+        capped = self.max_trials is not None and self.max_trials < self.capacity
+        at_most = f", at most {counted(self.max_trials, 'trial')} at a time" if capped else ""
         if not self.uses_gpus:
             return f"{self.capacity} CPU slot(s) on Ray{at_most}"
         return f"{self.capacity} GPU(s) on {len(self._inventory.nodes)} Ray node(s), placed by Ray{at_most}"
