@@ -3,9 +3,11 @@ interrupt leaves (tests/test_calibration.py has the fit's recovery over HTTP).""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from autotune.calibrate.measure import measure_points, probe_server
 from autotune.calibrate.points import load_points
 from autotune.cli import main
+from autotune.core.errors import RunFailure
 from autotune.sim_server.server import start_sim_server
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
@@ -61,25 +64,47 @@ def _calibrate_until(url: str, out: Path, start: str) -> subprocess.Popen:
     raise AssertionError(f"no line {start!r}; exit {proc.wait()}")
 
 
-@pytest.mark.parametrize("stop", ["server dies", "ctrl-c"])
+@pytest.mark.parametrize("stop", ["server dies", "ctrl-c", "sigterm"])
 def test_the_runs_measured_before_a_failure_or_ctrl_c_are_kept(tmp_path: Path, stop: str) -> None:
-    """They were thrown away; now the points file has them and the last line says how to refit."""
+    """They were thrown away; now the points file has them and the last line says how to refit. SIGTERM
+    (a scheduler's stop) is a Ctrl-C: it lost them all."""
     out = tmp_path / "cal.yaml"
     with start_sim_server([LLAMA_8B, "--max-model-len", "4096", "--time-scale", "4"]) as server:
         proc = _calibrate_until(server.base_url, out, "calibrate: [2/")
-        if stop == "ctrl-c":
-            proc.send_signal(signal.SIGINT)
+        if stop != "server dies":
+            proc.send_signal(signal.SIGINT if stop == "ctrl-c" else signal.SIGTERM)
         else:
             server.process.kill()
         _, err = proc.communicate(timeout=60)
     last = err.strip().splitlines()[-1]
     points = tmp_path / "cal-points.yaml"
-    assert proc.returncode == (130 if stop == "ctrl-c" else 1), err
+    assert proc.returncode == (1 if stop == "server dies" else 130), err
     assert f"measured points are in {points}: refit them with autotune calibrate --points {points}" in last
-    assert ("interrupted while measuring" in last) == (stop == "ctrl-c"), last
+    assert ("interrupted while measuring" in last) == (stop != "server dies"), last
     measured = load_points(points)
     assert [p["run"] for p in measured if p["kind"] == "serve"][:2] == ["light-c1", "light-c4"]
     assert not out.exists()
+
+
+def test_a_server_that_stops_answering_fails_its_run_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frozen server (SIGSTOP) kept a run waiting for its 600 s request timeout, silently, with the
+    run's other requests behind it; now the run fails once the server has been silent STALL_S."""
+    monkeypatch.setattr("autotune.calibrate.measure.STALL_S", 2.0)
+    point = {"id": "p", "kind": "serve", "model": LLAMA_8B, "gpu": "H100", "flags": {"max_model_len": 4096}}
+    point.update(requests=200, prompt=512, output=400, concurrency=8, measured={"mean_ttft_ms": 0.0})
+    with start_sim_server([LLAMA_8B, "--max-model-len", "4096"]) as server:
+        info = probe_server(server.base_url)
+        freeze = threading.Timer(1.0, os.kill, (server.process.pid, signal.SIGSTOP))
+        freeze.start()
+        try:
+            with pytest.raises(RunFailure) as failed:
+                measure_points(info, [point])
+        finally:
+            freeze.cancel()
+            os.kill(server.process.pid, signal.SIGCONT)
+    said = str(failed.value)
+    assert said.startswith("run p failed: the server sent nothing for 2 s with 8 requests in flight: it hung")
+    assert said.endswith(" of 200 requests answered)"), said
 
 
 def test_ctrl_c_in_the_fit_says_how_to_refit_and_the_refit_may_take_that_output(

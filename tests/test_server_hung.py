@@ -10,9 +10,10 @@ import threading
 import time
 
 from autotune.backends.remote import _Attached
-from autotune.backends.server_load import ServerWatch, TrialLimits, benchmark
+from autotune.backends.server_load import TrialLimits, benchmark
 from autotune.core.errors import FailureKind
 from autotune.measure.early_abort import InFlight
+from autotune.measure.stall import StallWatch
 from autotune.sim_server.process import start_sim_server
 from autotune.workloads.spec import LengthDist, WorkloadSpec
 
@@ -48,7 +49,7 @@ def test_a_frozen_server_is_a_hung_benchmark_once_it_has_been_silent_for_the_sta
 def test_a_request_sent_after_a_long_idle_gap_is_not_silence() -> None:
     """At a low rate the server may have said nothing for minutes because nothing was asked: silence
     counts from the oldest request it owes an answer, not from its last byte."""
-    watch = ServerWatch(_Attached("http://127.0.0.1:9"), None, stall_s=300.0)
+    watch = StallWatch(stall_s=300.0)
     now = time.perf_counter()
     watch._finished = now - 1000.0  # the last request finished long ago
     assert watch.check([InFlight(start=now - 1.0)], now) is None

@@ -21,12 +21,12 @@ from autotune.backends.failures import BENCHMARK, classify
 from autotune.backends.server_metrics import KvSampler, scrape_metrics, server_figures
 from autotune.core.api_keys import client_api_key
 from autotune.core.errors import FailureKind
-from autotune.core.values import counted
 from autotune.measure.early_abort import InFlight, LoadGuard, SloGuard, abort_savings
 from autotune.measure.load_report import LoadReport
 from autotune.measure.metrics import BenchmarkResult, RequestRecord
 from autotune.measure.result import requests_failed_message
 from autotune.measure.slo import Slo
+from autotune.measure.stall import StallWatch, is_hung
 from autotune.measure.steady_state import load_kind, measure_window
 from autotune.workloads.spec import Request
 
@@ -36,9 +36,6 @@ if TYPE_CHECKING:
 EXIT_SETTLE_S = 1.0  # after failed requests, how long to wait for the server to finish dying
 EXIT_POLL_S = 0.5  # after a failed request, how often a load asks whether the server process is alive
 SERVER_EXITED = "the server exited during the load"
-# A server that sent nothing for so long with requests in flight hung (vLLM streams a token every engine
-# step while it holds any; a frozen one kept `bench --url` silent until its 30-minute limit)
-SERVER_HUNG = "the server sent nothing for {seconds:g} s with {requests} in flight: it hung"
 WARMUP_PROMPT_LEN = 16
 WARMUP_OUTPUT_LEN = 4
 WARMUP_REQUEST_ID = 2**31 - 1  # with its own salt too, its prompt shares nothing with any load's
@@ -73,7 +70,7 @@ class TrialLimits:
     # (vLLM aborts a request whose client left; a server that never gets idle counts as hung).
     idle_timeout_s: float = 300.0
     early_abort: bool = True  # off: every request is measured even once an SLO cannot be met any more
-    stall_timeout_s: float = 300.0  # no byte from the server this long, requests in flight: SERVER_HUNG
+    stall_timeout_s: float = 300.0  # no byte from the server this long, requests in flight: hung
 
 
 @dataclass
@@ -162,7 +159,7 @@ def _judge(
         return ServerFailure(
             FailureKind.REQUESTS_FAILED, requests_failed_message(failed, len(load.records)), metrics
         )
-    if load.aborted and load.aborted.startswith(SERVER_HUNG.partition("{")[0]):
+    if is_hung(load.aborted):
         return ServerFailure(FailureKind.BENCHMARK_TIMEOUT, load.aborted, metrics)
     if load.aborted:
         unfinished = load.cancelled + load.not_sent
@@ -174,17 +171,16 @@ def _judge(
 class ServerWatch:
     """The load's guard: the SLO guard's verdict, and a server process that exited ends the load at once
     (its remaining requests would only be refused, one arrival at a time), as does one that sent nothing
-    for `stall_s` with measured requests in flight (SERVER_HUNG). The process is asked only once a request
+    for `stall_s` with measured requests in flight (measure.stall). The process is asked only once a request
     (warm-up or measured) failed: asking a container's state is a Docker API call, kept off a healthy
     load's event loop."""
 
     def __init__(self, handle: ServerHandle, slos: SloGuard | None, stall_s: float = math.inf) -> None:
         self.handle = handle
         self.slos = slos
-        self.stall_s = stall_s
+        self.stall = StallWatch(stall_s)
         self._failed = False
         self._polled = 0.0
-        self._finished = time.perf_counter()  # when a request last finished (the in-flight views' clock)
 
     def add(self, record: RequestRecord) -> None:
         """A measured request finished."""
@@ -196,7 +192,7 @@ class ServerWatch:
         """A warm-up request finished: a failed one may mean the server is gone, too (a warm-up can be
         long: a server dead at its start would otherwise be found only once measuring begins)."""
         self._failed |= not record.success
-        self._finished = time.perf_counter()
+        self.stall.warmup(record)
 
     def check(self, in_flight: Iterable[InFlight] = (), now: float = 0.0) -> str | None:
         """Why the load must stop now, or None."""
@@ -205,10 +201,9 @@ class ServerWatch:
             if self.handle.exit_code() is not None:
                 return SERVER_EXITED
         views = list(in_flight)
-        if views:  # silent since the later of: its last byte, and the oldest request it owes an answer
-            heard = max([self._finished, *(v.last_token or v.first_token or 0.0 for v in views)])
-            if now - max(heard, min(v.start for v in views)) > self.stall_s:
-                return SERVER_HUNG.format(seconds=self.stall_s, requests=counted(len(views), "request"))
+        hung = self.stall.check(views, now)
+        if hung is not None:
+            return hung
         return self.slos.check(views, now) if self.slos is not None else None
 
 

@@ -31,10 +31,14 @@ from autotune.core.config import gpus_per_replica
 from autotune.core.errors import AutotuneError, RunFailure
 from autotune.measure.loadgen import CHAT, COMPLETIONS, LoadResult, run_load
 from autotune.measure.metrics import RequestRecord, compute_metrics
+from autotune.measure.stall import StallWatch
 from autotune.workloads.spec import Request, salt_base
 
 Progress = Callable[[str], None]
 REQUEST_TIMEOUT_S = 600.0
+# A designed run's requests hear from the server at every engine step (under a second at its lengths):
+# a minute of silence with requests in flight is a hung server, not a slow one.
+STALL_S = 60.0
 # What vllm:cache_config_info says, as the engine flags it maps to.
 _CACHE_FLAGS = {
     "block_size": ("block_size", int),
@@ -159,6 +163,9 @@ def measure_serve(
     requests = [dataclasses.replace(r, arrival_time=r.arrival_time / scale) for r in point_requests(point)]
     load = asyncio.run(_load(info, point, requests, salt, sampler))
     failed = [r for r in load.records if not r.success]
+    if load.aborted:
+        answered = f"{len(load.records) - len(failed)} of {len(requests)} requests answered"
+        raise RunFailure(f"run {point['id']} failed: {load.aborted} ({answered})")
     if failed or len(load.records) < len(requests):
         error = failed[0].error if failed else "requests went unanswered"
         raise RunFailure(f"run {point['id']} failed ({len(failed)} of {len(requests)} requests): {error}")
@@ -189,6 +196,7 @@ async def _load(
             max_concurrency=point.get("concurrency"),
             endpoint=CHAT if point.get("api") == "chat" else COMPLETIONS,
             request_timeout_s=REQUEST_TIMEOUT_S,
+            guard=StallWatch(STALL_S),
             salt=salt,
             api_key=client_api_key(),
         )
@@ -217,10 +225,13 @@ def _warm_up(info: ServerInfo) -> None:
     probe = [Request(request_id=2**31 - 1, prompt_len=16, output_len=4)]
     key = client_api_key()
     load = asyncio.run(
-        run_load(info.url, info.model, probe, request_timeout_s=REQUEST_TIMEOUT_S, salt=10**6, api_key=key)
-    )
+        run_load(
+            info.url, info.model, probe, request_timeout_s=REQUEST_TIMEOUT_S, guard=StallWatch(STALL_S),
+            salt=10**6, api_key=key,
+        )
+    )  # fmt: skip
     if not load.records or not load.records[0].success:
-        error = load.records[0].error if load.records else "no answer"
+        error = load.records[0].error if load.records else load.aborted or "no answer"
         raise AutotuneError(f"{info.url}: the warm-up request failed: {error}")
 
 

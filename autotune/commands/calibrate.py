@@ -153,10 +153,13 @@ def run(args: argparse.Namespace) -> int:
         header += "A file for --sim-calibration may name only some keys; the others keep these values."
         print(calibration_yaml(DEFAULT_CALIBRATION, header), end="")
         return 0
+    from autotune.core.interrupts import stops_as_sigint
+
     prior = calibration_option(args.sim_calibration)
     job = _prepare(args)
     say = (lambda line: None) if args.quiet else (lambda line: print(f"calibrate: {line}", file=sys.stderr))
-    return _fit_and_write(args, job, prior, say)
+    with stops_as_sigint():  # SIGTERM keeps the measured points as Ctrl-C does
+        return _fit_and_write(args, job, prior, say)
 
 
 def _prepare(args: argparse.Namespace) -> dict[str, Any]:
