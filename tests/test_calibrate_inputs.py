@@ -92,6 +92,32 @@ def test_points_no_constant_depends_on_are_nothing_to_fit(
             "point 1 (s): cached: rest must be a whole number",
             id="cached-negative",
         ),
+        # an unhashable id crashed with a traceback
+        pytest.param([{**SERVE, "id": [1, 2]}], "id must be a name or a number, got [1, 2]", id="id-list"),
+        pytest.param(
+            [{**SERVE, "rate": 2.0, "concurrency": 4}],
+            "point 1 (s): give a rate or a concurrency, not both",
+            id="rate-and-concurrency",
+        ),
+        pytest.param(  # 200 million requests took 7 GB in 45 s before anything was said
+            [{**SERVE, "requests": 200_000_000}],
+            "point 1 (s): requests must be at most 1,000,000, got 200,000,000",
+            id="requests-huge",
+        ),
+        pytest.param(
+            [
+                {
+                    "id": "z",
+                    "kind": "step",
+                    "model": LLAMA_8B,
+                    "gpu": "H100",
+                    "measured": {"step_ms": 5.0},
+                    "batch": {"prefill": 0, "decode": 0, "context": 100},
+                }
+            ],
+            "point 1 (z): batch has no token",
+            id="step-empty",
+        ),  # fmt: skip
     ],
 )
 def test_a_points_file_key_that_would_be_ignored_or_misread_is_refused(
@@ -99,6 +125,28 @@ def test_a_points_file_key_that_would_be_ignored_or_misread_is_refused(
 ) -> None:
     path = _points_file(tmp_path, *points)
     err = _refused(tmp_path, capsys, ["--points", path])
+    assert needle in err and f"points file {path}" in err, err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        pytest.param({"ranking": []}, "unknown key 'ranking' (points, sources, rankings)", id="top-key"),
+        # a list of sources crashed with a traceback
+        pytest.param({"sources": [1, 2]}, "sources must map source names to descriptions", id="sources-list"),
+        pytest.param(
+            {"sources": {"lab": {"fitted": "nope"}}},
+            "source lab: fitted must be true or false, got 'nope'",
+            id="fitted-text",
+        ),
+    ],
+)
+def test_a_points_file_part_beside_the_points_that_would_be_misread_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: dict[str, Any], needle: str
+) -> None:
+    path = tmp_path / "points.yaml"
+    path.write_text(yaml.safe_dump({"points": [SERVE], **extra}))
+    err = _refused(tmp_path, capsys, ["--points", str(path)])
     assert needle in err and f"points file {path}" in err, err
 
 

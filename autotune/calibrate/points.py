@@ -41,7 +41,7 @@ from autotune.sim.calibration import DEFAULT_CALIBRATION, Calibration
 from autotune.sim.costs import CostModel
 from autotune.sim.memory import plan_memory
 from autotune.sim.replay import simulate
-from autotune.workloads.spec import Request
+from autotune.workloads.spec import MAX_REQUESTS, Request
 
 THROUGHPUT = ("request_throughput", "output_throughput", "total_token_throughput")
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
@@ -60,6 +60,7 @@ KEYS = {
     "serve": ("requests", "prompt", "output", "concurrency", "rate", "api", "cached", "sent"),
 }
 SPLITS = ("train", "validation")
+FILE_KEYS = ("points", "sources", "rankings")
 LENGTH_KEYS = ("mean", "sigma", "max")
 
 
@@ -107,6 +108,10 @@ def load_points(path: str | Path) -> list[dict[str, Any]]:
     points = data.get("points") if isinstance(data, dict) else None
     if not isinstance(points, list) or not points:
         raise AutotuneError(f"points file {path}: expected a non-empty list under 'points:'")
+    unknown = next((k for k in data if k not in FILE_KEYS), None)
+    if unknown is not None:  # a misspelt `ranking:` or `source:` would be dropped without a word
+        raise AutotuneError(f"points file {path}: unknown key {unknown!r} ({', '.join(FILE_KEYS)})")
+    _check_sources(data.get("sources"), f"points file {path}")
     first: dict[Any, int] = {}
     for i, point in enumerate(points):
         where = f"points file {path}, point {i + 1}"
@@ -127,6 +132,8 @@ def check_point(point: Any, where: str) -> None:
     for key in ("id", "kind", "model", "gpu", "measured"):
         if key not in point:
             raise AutotuneError(f"{where}: missing {key!r}")
+    if isinstance(point["id"], bool) or not isinstance(point["id"], (str, int)):
+        raise AutotuneError(f"{where}: id must be a name or a number, got {point['id']!r}")
     kind = point["kind"]
     if kind not in METRICS:
         raise AutotuneError(f"{where}: kind must be one of {', '.join(METRICS)}, got {kind!r}")
@@ -149,6 +156,8 @@ def check_point(point: Any, where: str) -> None:
     _check_measured(point, kind, where)
     if kind == "step":
         _check_ints(point.get("batch"), ("prefill", "decode", "context"), f"{where}: batch")
+        if not point["batch"]["prefill"] + point["batch"]["decode"]:
+            raise AutotuneError(f"{where}: batch has no token: a step needs prefill or decode tokens")
     if kind == "serve":
         _check_serve(point, where)
 
@@ -165,8 +174,25 @@ def _check_measured(point: dict[str, Any], kind: str, where: str) -> None:
             raise AutotuneError(f"{where}: measured {metric} must be a positive number, got {value!r}")
 
 
+def _check_sources(sources: Any, where: str) -> None:
+    """`sources:` maps each source's name to its description (free text, or a mapping whose `fitted`,
+    when given, is true or false)."""
+    if sources is None:
+        return
+    if not isinstance(sources, dict):
+        raise AutotuneError(f"{where}: sources must map source names to descriptions")
+    for name, source in sources.items():
+        fitted = source.get("fitted", True) if isinstance(source, dict) else True
+        if not isinstance(fitted, bool):
+            raise AutotuneError(f"{where}: source {name}: fitted must be true or false, got {fitted!r}")
+
+
 def _check_serve(point: dict[str, Any], where: str) -> None:
     _check_ints(point, ("requests",), where)
+    if point["requests"] > MAX_REQUESTS:
+        raise AutotuneError(f"{where}: requests must be at most {MAX_REQUESTS:,}, got {point['requests']:,}")
+    if "rate" in point and "concurrency" in point:
+        raise AutotuneError(f"{where}: give a rate or a concurrency, not both")
     for key in ("prompt", "output"):
         spec = point.get(key)
         if isinstance(spec, dict):
