@@ -4,13 +4,14 @@ happens, an error raised at once, background workers at the lowest CPU priority.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from autotune.core.procs import BACKGROUND_NICE, map_in_workers, usable_cpus
+from autotune.core.procs import BACKGROUND_NICE, end_workers, map_in_workers, usable_cpus, worker_pool
 
 
 def slow_square(x: int, wait_s: float) -> int:
@@ -56,3 +57,18 @@ def test_usable_cpus_are_the_cores_the_affinity_mask_allows_not_the_machine_s() 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "1"
     assert usable_cpus() == len(os.sched_getaffinity(0))
+
+
+def test_a_ctrl_c_that_reaches_a_worker_while_it_starts_does_not_kill_it() -> None:
+    """A terminal's Ctrl-C goes to the whole process group: one that hit a worker before it could ignore
+    it killed it ("Fatal Python error: init_import_site") and broke the pool, and the trials in flight
+    were told as failed configs, vLLM's defaults among them."""
+    pool = worker_pool(1)
+    try:
+        future = pool.submit(os.getpid)  # starts the worker: its interpreter takes ~100 ms to come up
+        (worker,) = pool._processes.values()
+        os.kill(worker.pid, signal.SIGINT)
+        assert future.result(timeout=60) == worker.pid
+    finally:
+        end_workers(pool)
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()  # the driver's own mask is as it was

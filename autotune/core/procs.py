@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -52,14 +52,32 @@ def usable_cpus() -> int:
 BACKGROUND_NICE = 19
 
 
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+class WorkerPool(ProcessPoolExecutor):
+    """A ProcessPoolExecutor whose workers are started with the stop signals blocked (a submit starts
+    them): a Ctrl-C that reaches a worker while its interpreter starts, before it can ignore it, would
+    kill it and break the pool ("Fatal Python error: init_import_site"). A child inherits the mask
+    across exec; the worker unblocks them once ignored, and the driver gets its own at once."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """As ProcessPoolExecutor.submit, any worker it starts holding the stop signals."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            return super().submit(fn, *args, **kwargs)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def worker_pool(processes: int, background: bool = False) -> ProcessPoolExecutor:
     """Worker processes for CPU-bound work (simulations). Spawned, not forked: the driver has threads
     (a study's lease) whose locks a fork would copy. They ignore Ctrl-C, SIGTERM and SIGHUP, which a
-    terminal, `timeout` or a service manager sends the whole process group: the driver takes them and
-    ends its workers (`end_workers`), so a trial they cut is interrupted, not a failed config; a driver
-    killed outright (SIGKILL, the OOM killer) cannot, so each worker
-    exits by itself once its parent is gone. `background` workers run at the lowest CPU priority."""
-    return ProcessPoolExecutor(
+    terminal, `timeout` or a service manager sends the whole process group, from their start
+    (WorkerPool): the driver takes them and ends its workers (`end_workers`), so a trial they cut is
+    interrupted, not a failed config; a driver killed outright (SIGKILL, the OOM killer) cannot, so each
+    worker exits by itself once its parent is gone. `background` workers run at the lowest CPU priority."""
+    return WorkerPool(
         max(1, processes),
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_init_worker,
@@ -117,8 +135,9 @@ PARENT_CHECK_S = 1.0  # how often a worker looks whether its driver still runs
 
 
 def _init_worker(parent: int, nice: int) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held since its start: now ignored
     if nice:
         os.nice(nice)
     threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="parent-watch").start()
