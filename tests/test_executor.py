@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -266,6 +267,46 @@ def test_worker_processes_run_trials_at_once_and_hand_them_back_in_submission_or
         assert first.met and second.met and second.end < first.end
         assert first.pid != second.pid and os.getpid() not in (first.pid, second.pid)
         assert executor.can_start()
+    finally:
+        executor.close()
+
+
+def _kill_a_worker(executor: ProcessExecutor) -> None:
+    """SIGKILL one worker process of the executor's pool once its trials run (as the OOM killer would)."""
+    deadline = time.monotonic() + 60
+    while executor._pool is None or not executor._pool._processes:
+        assert time.monotonic() < deadline, "no worker started"
+        time.sleep(0.05)
+    time.sleep(0.5)  # the trials have started
+    os.kill(next(iter(executor._pool._processes)), signal.SIGKILL)
+
+
+def _results(executor: ProcessExecutor, count: int) -> list[tuple[int, TrialResult]]:
+    done: list[tuple[int, TrialResult]] = []
+    deadline = time.monotonic() + 120
+    while len(done) < count and time.monotonic() < deadline:
+        done += executor.wait(0.2)
+    return done
+
+
+def test_a_worker_killed_mid_trial_runs_the_trials_it_broke_again_and_twice_fails_them() -> None:
+    """A dead worker breaks the pool under every trial in flight: both were told as failed configs
+    ("error"), vLLM's defaults among them, though the configs did nothing wrong."""
+    executor = ProcessExecutor(SizedSleep(), FIXED_LOAD, [], in_flight=2, processes=2)
+    try:
+        executor.submit(1, EngineConfig(model="m", max_num_seqs=200), 0, None)
+        executor.submit(2, EngineConfig(model="m", max_num_seqs=250), 0, None)
+        _kill_a_worker(executor)
+        done = _results(executor, 2)
+        assert [n for n, _ in done] == [1, 2]
+        assert all(isinstance(r, SleptResult) and r.failure is None for _, r in done), done
+        executor.submit(3, EngineConfig(model="m", max_num_seqs=200), 0, None)
+        _kill_a_worker(executor)
+        assert executor.wait(5.0) == []  # run again on new workers ...
+        _kill_a_worker(executor)
+        ((number, result),) = _results(executor, 1)  # ... and a second death fails it
+        assert number == 3 and result.failure == FailureKind.ERROR
+        assert result.message.startswith("the worker process running the trial died twice")
     finally:
         executor.close()
 

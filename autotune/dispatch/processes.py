@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import wait as wait_futures
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,21 @@ from autotune.measure.slo import Slo
 from autotune.trial.task import SearchPlan, evaluate_trial
 
 
+@dataclass
+class _Job:
+    """A submitted trial: what its worker was asked (to ask again), and whether it was asked again."""
+
+    config: EngineConfig
+    args: tuple[Any, ...]
+    future: Future[TrialResult]
+    retried: bool = False
+
+
 class ProcessExecutor(LocalExecutor):
     """`in_flight` simulated trials at once on up to `processes` worker processes (default: the
-    cores, at most `in_flight`), each trial's result told in the order the trials were submitted."""
+    cores, at most `in_flight`), each trial's result told in the order the trials were submitted.
+    A worker that dies (killed, out of memory) breaks the pool under every trial in flight, whose
+    configs did nothing wrong: they run again once on new workers, and fail only if that dies too."""
 
     def __init__(
         self,
@@ -45,7 +58,7 @@ class ProcessExecutor(LocalExecutor):
         self.max_trials = self.capacity
         self.processes = max(1, min(self.capacity, processes or usable_cpus()))
         self._pool: ProcessPoolExecutor | None = None
-        self._jobs: dict[int, tuple[EngineConfig, Future[TrialResult]]] = {}  # in submission order
+        self._jobs: dict[int, _Job] = {}  # in submission order
 
     def describe(self) -> str:
         """Where trials run, for the run's first line."""
@@ -60,7 +73,7 @@ class ProcessExecutor(LocalExecutor):
 
     def in_flight(self) -> list[tuple[int, EngineConfig]]:
         """The submitted trials not yet handed back, oldest first."""
-        return [(number, config) for number, (config, _) in self._jobs.items()]
+        return [(number, job.config) for number, job in self._jobs.items()]
 
     def submit(
         self,
@@ -74,24 +87,38 @@ class ProcessExecutor(LocalExecutor):
         if not self.can_start():
             raise RuntimeError("submit() without a free slot: call can_start() first")
         args = (evaluate_trial, self.backend, config, self.workload, self.slos, seed, (), None, plan)
-        try:
-            future = self._workers().submit(*args)
-        except BrokenProcessPool:  # a worker died (e.g. killed for memory): its trials were told; start anew
-            self._pool = None
-            future = self._workers().submit(*args)
-        self._jobs[number] = (config, future)
+        self._jobs[number] = _Job(config, args, self._submit(args))
 
     def wait(self, timeout: float) -> list[tuple[int, TrialResult]]:
         """Up to `timeout` s for the oldest trial: its result alone, so that the tuner asks its next
         trial with the same ones in flight whichever finished first (two at once would not be)."""
         if not self._jobs:
             return []
-        number, (config, future) = next(iter(self._jobs.items()))
-        wait_futures([future], timeout=timeout)
-        if not future.done():
+        number, job = next(iter(self._jobs.items()))
+        wait_futures([job.future], timeout=timeout)
+        if not job.future.done():
+            return []
+        if _broken(job.future) and not job.retried:
+            self._restart()
             return []
         del self._jobs[number]
-        return [(number, _outcome(config, future))]
+        return [(number, _outcome(job))]
+
+    def _submit(self, args: tuple[Any, ...]) -> Future[TrialResult]:
+        try:
+            return self._workers().submit(*args)
+        except BrokenProcessPool:  # a worker died since the last trial ended: start anew
+            self._pool = None
+            return self._workers().submit(*args)
+
+    def _restart(self) -> None:
+        """New workers for a broken pool; the trials it broke run again on them, once."""
+        broken, self._pool = self._pool, None
+        if broken is not None:
+            end_workers(broken)
+        for job in self._jobs.values():
+            if _broken(job.future):
+                job.future, job.retried = self._submit(job.args), True
 
     def placements(self) -> dict[int, Placement]:
         """None: a trial here runs in a worker process of this host, on no Ray node."""
@@ -123,11 +150,16 @@ class ProcessExecutor(LocalExecutor):
         return self._pool
 
 
-def _outcome(config: EngineConfig, future: Future[TrialResult]) -> TrialResult:
-    """The trial's result; a worker that died under it is an `error` failure (evaluate_trial already
-    turns any exception of the trial itself into one)."""
+def _broken(future: Future[TrialResult]) -> bool:
+    """Whether a finished future's worker died under it."""
+    return not future.cancelled() and isinstance(future.exception(), BrokenProcessPool)
+
+
+def _outcome(job: _Job) -> TrialResult:
+    """The trial's result; workers that died under it twice are an `error` failure (evaluate_trial
+    already turns any exception of the trial itself into one)."""
     try:
-        return future.result()
+        return job.future.result()
     except BrokenProcessPool as exc:
-        message = f"the worker process running the trial died: {exc}"
-        return TrialResult(config=config, failure=FailureKind.ERROR, message=message)
+        message = f"the worker process running the trial died twice (killed, or out of memory): {exc}"
+        return TrialResult(config=job.config, failure=FailureKind.ERROR, message=message)
