@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import time
@@ -50,6 +51,21 @@ def _check_one_driver(url: str) -> None:
 
 def test_one_driver_on_sqlite(tmp_path: Path) -> None:
     _check_one_driver(f"sqlite:///{tmp_path / 'study.db'}")
+
+
+def test_a_dead_drivers_trial_found_after_its_heartbeat_went_stale_is_interrupted(tmp_path: Path) -> None:
+    """A driver killed outright (kill -9): resumed past the heartbeats' grace period, Optuna's own stale
+    check failed its trial with no reason, and the report called it "violates SLO"."""
+    db = tmp_path / "study.db"
+    url = f"sqlite:///{db}"
+    study = open_study("s", url, SETTINGS, optuna.samplers.RandomSampler(seed=0), resume=False)
+    trial = study.ask()
+    connect_storage(url).record_heartbeat(trial._trial_id)
+    with sqlite3.connect(db) as con:  # the heartbeat an hour old: the driver died long ago
+        con.execute("UPDATE trial_heartbeats SET heartbeat = datetime('now', '-1 hour')")
+    again = open_study("s", url, SETTINGS, optuna.samplers.RandomSampler(seed=0), resume=True)
+    (failed,) = again.trials
+    assert failed.state == TrialState.FAIL and failed.user_attrs.get("failure") == "interrupted"
 
 
 def test_a_dead_drivers_lease_does_not_block(tmp_path: Path) -> None:

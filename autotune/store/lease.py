@@ -142,19 +142,20 @@ def fail_stale(study: optuna.Study) -> int:
     """Fail the RUNNING trials nobody runs any more; call only once no driver is alive
     (`refuse_live_driver`). Returns how many.
 
-    Optuna's heartbeat-stale trials first (`fail_stale_trials`); then the other RUNNING ones: with no
-    live driver their heartbeats are not renewed any more (a driver known dead, its pid gone on this
+    Each is marked "interrupted" first (a finished trial takes no attr). Then Optuna's heartbeat-stale
+    trials (`fail_stale_trials`, which runs its failed-trial callbacks); then the other RUNNING ones: with
+    no live driver their heartbeats are not renewed any more (a driver known dead, its pid gone on this
     host, or one from before heartbeats), so they are failed now rather than after the grace period.
-    A trial failed without a `failure` attr reads as "interrupted" (autotune.tune.study.records).
     """
-    before = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for trial in running:
+        study._storage.set_trial_user_attr(trial._trial_id, "failure", "interrupted")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)  # heartbeat older than the grace period
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study._storage.set_trial_user_attr(trial._trial_id, "failure", "interrupted")
+    for trial in running:
         study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
-    return before
+    return len(running)
 
 
 def new_driver() -> Driver:
