@@ -186,12 +186,15 @@ def _execute(args: argparse.Namespace, s: _Setup) -> int:
         print(f"autotune: {note}", file=sys.stderr)
     sampler = make_sampler(args.sampler, s.space.grid(), args.seed, args.n_trials)
 
+    # Imported before the study opens: a Ctrl-C that cut that import short left a half-made module
+    # that an `except` evaluated afterwards failed on (AttributeError instead of "interrupted").
+    storage_errors = STORAGE_ERRORS()
     executor, session = open_executor(args, s)  # Ray's start (if any) first: it has its SIGTERM handler
     try:
         with sigterm_as_ctrl_c() as stops:
             try:
                 return _tune(args, s, sampler, executor, stops)
-            except STORAGE_ERRORS() as exc:  # opening the study, taking its lease: before any trial
+            except storage_errors as exc:  # opening the study, taking its lease: before any trial
                 raise RunFailure(
                     f"the storage failed: {storage_error(exc)}; once fixed, {run_end.RESUME_HINT}"
                 ) from None
