@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -202,6 +203,28 @@ def test_a_stop_a_finalizer_swallowed_during_the_estimate_still_stops_the_run(
     assert code == 130, err
     assert "autotune run: 0 finished trials kept in" in err and err.endswith("autotune run: interrupted\n")
     assert counted_trials(tmp_path / "lost" / "study.db", "lost") == (0, 0)
+
+
+def test_ctrl_c_while_the_last_results_are_written_says_where_the_trials_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Ctrl-C once every trial had ended, as the results were written, said only "interrupted"."""
+    from autotune.outputs import report
+
+    write_all = report.write_all
+
+    def interrupted_once(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(report, "write_all", write_all)
+        signal.raise_signal(signal.SIGINT)  # held until the results are written (deferred_ctrl_c)
+        return write_all(*args, **kwargs)
+
+    monkeypatch.setattr(report, "write_all", interrupted_once)
+    argv = ["run", "--space", "small", "--slo", "ttft_p99=2s", "--load", "fixed", "--n-trials", "2"]
+    code = main([*argv, "--runs-dir", str(tmp_path), "--study", "late", "--quiet", "--parallel", "1"])
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert "autotune run: 2 finished trials kept in " in err and err.endswith("autotune run: interrupted\n")
+    assert (tmp_path / "late" / "trials.csv").exists()
 
 
 def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> None:

@@ -314,10 +314,14 @@ def _tune(args: argparse.Namespace, s: _Setup, sampler: Any, executor: Any, stop
         if isinstance(exc, KeyboardInterrupt):
             run_end.interrupted(study, s.run_dir, s.storage)
         raise
-    written, problem = run_end.write_results(study, s, args, context, note, lease, dashboard)
-    if problem:
-        raise RunFailure(problem)
-    run_end.print_summary(written, summary, s.run_dir)
+    try:
+        written, problem = run_end.write_results(study, s, args, context, note, lease, dashboard)
+        if problem:
+            raise RunFailure(problem)
+        run_end.print_summary(written, summary, s.run_dir)
+    except KeyboardInterrupt:  # after the last trial: where the trials are, as for any other stop
+        run_end.interrupted(study, s.run_dir, s.storage)
+        raise
     if summary.halted:
         raise RunFailure(f"halted: {summary.halted}")
     return 0
