@@ -51,7 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `autotune` console script."""
-    args, unknown = build_parser().parse_known_args(argv)
+    try:
+        parser = build_parser()  # imports every command module: a Ctrl-C may come meanwhile
+    except KeyboardInterrupt:
+        print("autotune: interrupted", file=sys.stderr)
+        return 130
+    args, unknown = parser.parse_known_args(argv)
     if unknown:  # said by the subcommand, whose --help lists its flags (the top level names none)
         args.usage_error(f"unrecognized arguments: {' '.join(unknown)}")
     try:

@@ -27,6 +27,24 @@ def test_sigterm_raises_what_ctrl_c_raises() -> None:
     assert signal.getsignal(signal.SIGTERM) is not signal.getsignal(signal.SIGINT)  # restored
 
 
+def test_ctrl_c_while_the_commands_are_imported_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Ctrl-C just after `autotune run` started landed in an import: a KeyboardInterrupt traceback."""
+    import importlib
+
+    imported = importlib.import_module
+
+    def cut(name: str, *args: object) -> object:
+        if name == "autotune.commands.calibrate":
+            raise KeyboardInterrupt
+        return imported(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", cut)
+    assert main(["run", "--space", "small"]) == 130
+    assert capsys.readouterr().err == "autotune: interrupted\n"
+
+
 def test_ctrl_c_while_writing_finishes_the_block_then_raises() -> None:
     written = []
     with pytest.raises(KeyboardInterrupt), deferred_ctrl_c():
