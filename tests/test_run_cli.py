@@ -227,6 +227,25 @@ def test_ctrl_c_while_the_last_results_are_written_says_where_the_trials_are(
     assert (tmp_path / "late" / "trials.csv").exists()
 
 
+def test_a_resume_without_the_storage_the_run_used_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run on --storage resumed without it was asked whether its study.db was deleted or moved."""
+    shared = tmp_path / "shared.db"
+    argv = ["run", "--space", "small", "--slo", "ttft_p99=2s", "--load", "fixed", "--n-trials", "1"]
+    argv += ["--runs-dir", str(tmp_path / "runs"), "--study", "s", "--quiet", "--parallel", "1"]
+    assert main([*argv, "--storage", f"sqlite:///{shared}"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"autotune run: error: {tmp_path / 'runs' / 's'} keeps its study in another storage (run.json: "
+        f"sqlite:///{shared}): pass --storage with it (its password too, which run.json does not keep); "
+        "nothing was changed\n"
+    )
+    assert not (tmp_path / "runs" / "s" / "study.db").exists()
+
+
 def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--slo", "ttft_p99=2s"]
     # At a fixed load (short trials): this is about Ctrl-C, not about what a trial measures.

@@ -60,7 +60,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     from autotune.catalog.gpus import get_gpu
     from autotune.catalog.models import known_max_model_len
     from autotune.commands.run_guide import check_guide_options, shared_calibration
-    from autotune.commands.run_study import storage_of, study_name, study_settings
+    from autotune.commands.run_study import check_same_storage, storage_of, study_name, study_settings
     from autotune.core.errors import AutotuneError
     from autotune.core.inputs import check_gpus_text, check_runs_dir
     from autotune.dispatch.gpus import parse_gpus
@@ -121,6 +121,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     name = args.study or study_name(args, space, workload, settings)
     run_dir = Path(args.runs_dir) / name
     storage = storage_of(args, name)
+    check_same_storage(args, run_dir)
     if args.resume:
         check_sqlite_file(storage, resume=True)
         check_not_driven(name, storage)

@@ -74,6 +74,27 @@ def storage_of(args: argparse.Namespace, name: str) -> str:
     return absolute(args.storage) if args.storage else sqlite_url(Path(args.runs_dir) / name)
 
 
+def check_same_storage(args: argparse.Namespace, run_dir: Path) -> None:
+    """Refuse (one line) a run without --storage whose folder's run.json says its study is in another
+    storage: it would find no study there and ask whether study.db was lost, or start a second one."""
+    from autotune.core.errors import AutotuneError
+    from autotune.core.secrets import masked
+    from autotune.outputs.run_info import load_run
+    from autotune.store.urls import resolve
+
+    if args.storage or not (run_dir / "run.json").is_file():
+        return
+    try:
+        recorded = resolve(load_run(run_dir).storage, run_dir)
+    except AutotuneError:
+        return  # a damaged run.json: the checks after this one judge the folder by its study
+    if recorded != storage_of(args, run_dir.name):
+        raise AutotuneError(
+            f"{run_dir} keeps its study in another storage (run.json: {masked(recorded)}): pass "
+            "--storage with it (its password too, which run.json does not keep); nothing was changed"
+        )
+
+
 def study_name(
     args: argparse.Namespace, space: SearchSpace, workload: WorkloadSpec, settings: StudySettings
 ) -> str:
