@@ -166,6 +166,11 @@ def test_resume_in_a_runs_folder_names_its_run_folders(tmp_path: Path) -> None:
     with pytest.raises(AutotuneError, match=r"in .*/runs/ \(it holds llama-a100-chat, llama-h100-chat\)"):
         check_resumable("llama-a100-80gb-chat", missing, runs)
     assert not (runs / "llama-a100-80gb-chat").exists()
+    # a run stopped as it made its study.db left the file without the study: it said the folder held it
+    (runs / "cut").mkdir()
+    connect_storage(sqlite_url(runs / "cut"))  # Optuna's tables, no study
+    with pytest.raises(AutotuneError, match=r"^nothing to resume: .*/cut/study.db holds no study 'cut' \("):
+        check_resumable("cut", sqlite_url(runs / "cut"), runs)
 
 
 def test_a_resumed_sampler_continues_rather_than_replays_its_draws(tmp_path: Path) -> None:

@@ -56,6 +56,11 @@ def check_resumable(name: str, storage: str, runs_dir: Path | None) -> None:
     if runs_dir is None:
         where, names = masked(storage), _study_names(storage)
     else:
+        if (runs_dir / name / "study.db").is_file():  # a run stopped as it created its study
+            raise AutotuneError(
+                f"nothing to resume: {runs_dir / name / 'study.db'} holds no study {name!r} (the run "
+                "stopped before it began); drop --resume to start it"
+            )
         where, names = f"{runs_dir}/", sorted(p.parent.name for p in runs_dir.glob("*/study.db"))
     held = ", ".join(names) if len(names) <= MAX_LISTED else f"{len(names)} studies"
     raise AutotuneError(
