@@ -246,6 +246,20 @@ def test_a_resume_without_the_storage_the_run_used_names_it(
     assert not (tmp_path / "runs" / "s" / "study.db").exists()
 
 
+def test_a_resume_of_a_study_past_its_n_trials_says_no_trial_will_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "1 trial, 2 finished before this resume" and printed the whole summary again, as if it ran."""
+    argv = ["run", "--space", "small", "--slo", "ttft_p99=2s", "--load", "fixed", "--runs-dir", str(tmp_path)]
+    argv += ["--study", "done", "--parallel", "1"]
+    assert main([*argv, "--n-trials", "2", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--n-trials", "1", "--resume"]) == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.endswith("; --n-trials 1 reached already: no new trial (raise it for more))"), first
+    assert counted_trials(tmp_path / "done" / "study.db", "done") == (2, 0)
+
+
 def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "autotune.cli", "run", "--space", "small", "--slo", "ttft_p99=2s"]
     # At a fixed load (short trials): this is about Ctrl-C, not about what a trial measures.

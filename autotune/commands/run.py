@@ -333,6 +333,8 @@ def _announce(args: argparse.Namespace, s: _Setup, where: str, study: Any) -> No
     # in the words of the line Ctrl-C left (run_end.going_on): --n-trials counts the measured and unstarted
     before = run_end.told(study) if args.resume and study.trials else None
     resumed = f", {before.finished} finished before this resume: {before.kinds_text()}" if before else ""
+    if before and before.done >= args.n_trials:  # said before the estimate, the guide and the results
+        resumed += f"; --n-trials {args.n_trials} reached already: no new trial (raise it for more)"
     trials = counted(args.n_trials, "trial")
     print(
         f"autotune: study {s.study_name} ({args.backend}: {s.space.model} on {s.space.gpu}, workload "
