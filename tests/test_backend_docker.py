@@ -247,6 +247,31 @@ def test_reap_orphans_removes_only_containers_of_dead_owners(docker, sim_image: 
             orphan.remove(force=True)
 
 
+def test_reap_orphans_tolerates_containers_removed_while_it_lists_them(docker, sim_image: str) -> None:
+    """Concurrent trials create and remove their containers while one reaps: a container gone between
+    the engine's list and the reaper's look at it failed the reaping trial (NotFound: 404)."""
+    labels = {LABEL_OWNER_PID: str(os.getpid()), LABEL_TRIAL: "churn"}  # a live owner's: never reaped
+    pool = [docker.containers.create(sim_image, labels=labels) for _ in range(8)]
+    stop = threading.Event()
+
+    def churn() -> None:
+        # Remove the oldest and create another, as trials end and start, until the reaper is done.
+        while not stop.is_set():
+            pool.pop(0).remove(force=True)
+            pool.append(docker.containers.create(sim_image, labels=labels))
+
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        for _ in range(60):
+            assert reap_orphans(docker) == 0
+    finally:
+        stop.set()
+        churner.join()
+        for container in pool:
+            container.remove(force=True)
+
+
 def test_missing_image_is_one_clear_error(docker) -> None:
     with pytest.raises(AutotuneError, match="not available locally"):
         _backend("autotune-no-such-image:0").evaluate(CONFIG, WORKLOAD)

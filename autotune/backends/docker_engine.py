@@ -73,22 +73,31 @@ def reap_orphans(client: Any = None) -> int:
     client = client or docker_client()
     removed = 0
     host = socket.gethostname()
-    for container in client.containers.list(all=True, filters={"label": LABEL_OWNER_PID}):
-        labels = container.labels
+    for container in _labelled_containers(client):
+        labels = container.attrs.get("Labels") or {}
         if labels.get(LABEL_OWNER_HOST, host) != host:
             continue
         owner = labels.get(LABEL_OWNER_PID, "")
         # This process's own containers are running trials unless they already exited: one whose
         # stop failed (the engine was lost mid-trial) is left over.
-        mine_and_done = owner == str(os.getpid()) and container.status in REAPED_STATES
+        mine_and_done = owner == str(os.getpid()) and container.attrs.get("State") in REAPED_STATES
         if pid_alive(owner) and not mine_and_done:
             continue
         try:
             container.remove(force=True)
             removed += 1
         except docker.errors.APIError:
-            pass  # removed concurrently
+            pass  # removed concurrently (NotFound), or its removal is under way (409)
     return removed
+
+
+def _labelled_containers(client: Any) -> list[Any]:
+    """The containers with autotune's owner label, as the engine's list gives them.
+
+    Sparse: the SDK would otherwise inspect each one, and one that a concurrent trial removed between
+    the list and its inspection would raise NotFound (labels and state are in the list's answer).
+    """
+    return client.containers.list(all=True, filters={"label": LABEL_OWNER_PID}, sparse=True)
 
 
 def check_engine(client: Any) -> None:
