@@ -4,6 +4,8 @@ noise, and nothing re-measured when nothing was measured."""
 
 from __future__ import annotations
 
+import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,3 +112,74 @@ def test_a_run_that_measured_nothing_says_so_and_re_measures_nothing(
     )
     assert remeasure(study, None, OBJECTIVES, TunerOptions(n_trials=1, repeats=2), budget_s=36.0) == 0  # type: ignore[arg-type]
     assert "re-measuring" not in capsys.readouterr().err
+
+
+# A `--serve-cmd` wrapper: the sim-server, except that the launch numbered FAIL_AT exits before serving
+# (as a container the engine lost, or a server that crashed, does): that repeat measures nothing.
+FAILING_SERVER = """
+import pathlib, sys
+from autotune.cli import main
+counter = pathlib.Path(sys.argv.pop(1))
+launch = int(counter.read_text() or 0) + 1 if counter.exists() else 1
+counter.write_text(str(launch))
+if launch == int(sys.argv.pop(1)):
+    sys.exit("NotFound: 404 Client Error: the server went away")
+sys.exit(main(["sim-server", *sys.argv[1:]]))
+"""
+
+
+def test_a_failed_repeat_is_left_out_of_the_means_and_the_report_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The defaults' second repeat fails (its server exits at start): it was read as a 0 run, so their
+    mean fell and the paired gain read "+inf %". Now it is kept out of the means and the pairs, a
+    resumed run does not run it again, and the summary names it with its reason."""
+    from test_backend_process import WORKLOAD
+    from test_study import SLOS, ok
+
+    from autotune.backends.process import ProcessBackend
+    from autotune.dispatch.local import LocalExecutor
+    from autotune.outputs.outcome import outcome
+    from autotune.outputs.report import summary_text
+    from autotune.tune.remeasure import StoredRepeats, remeasure
+    from autotune.tune.run_records import TunerOptions
+
+    # First runs near what the repeats measure (about 1,190 tok/s): trial 1 is the pick by its mean.
+    outcomes = [
+        ({"max_num_seqs": 1024, "max_model_len": 4096, "baseline": True}, ok(1190, 1500, 20)),
+        ({"max_num_seqs": 256, "max_model_len": 4096}, ok(1300, 1500, 20)),
+    ]
+    study = build_run(tmp_path, outcomes)
+    # Launch order: trial 1's repeat 1, the defaults' 1, trial 1's 2, the defaults' 2 (remeasure.plan).
+    serve = (sys.executable, "-c", FAILING_SERVER, str(tmp_path / "launches"), "4")
+    backend = ProcessBackend("H100", serve_cmd=serve, startup_timeout_s=60, benchmark_timeout_s=60)
+    executor = LocalExecutor(backend, WORKLOAD, SLOS)
+    options = TunerOptions(n_trials=2, repeats=2)
+    assert remeasure(study, executor, OBJECTIVES, options) == 4  # type: ignore[arg-type]
+    assert "a repeat of trial #0 failed (" in capsys.readouterr().err
+
+    stored = StoredRepeats.of(study)
+    assert sorted(stored.values["1"]) == ["1", "2"] and sorted(stored.values["0"]) == ["1"]
+    assert list(stored.failed) == ["0"] and "the server went away" in stored.failed["0"]["2"]
+    assert remeasure(study, executor, OBJECTIVES, options) == 0  # type: ignore[arg-type]
+    out = outcome(records(study), OBJECTIVES.names, MAXIMIZE, ["ttft_p99=2s"], repeats=stored)
+    gain = out.decision.gain
+    assert gain is not None and gain.how == "2 paired runs" and math.isfinite(gain.high)
+    assert [len(runs) for _, runs in out.remeasured()] in ([3, 2], [2, 3])
+    summary = summary_text(out)
+    assert "inf" not in summary
+    assert "Re-measurement failed: trial #0 (the defaults) repeat 2 (" in summary
+
+
+def test_a_run_of_the_defaults_stored_as_0_gives_no_infinite_gain(tmp_path: Path) -> None:
+    """A study re-measured by an older autotune kept a failed repeat as 0: that pair has no ratio (it
+    read "+inf %"), the others still give the gain its interval."""
+    outcomes = [
+        ({"max_num_seqs": 1024, "baseline": True}, capacity(4000, 0.03)),
+        ({"max_num_seqs": 256}, capacity(4400, 0.03)),
+    ]
+    recs = records(build_run(tmp_path, outcomes))
+    runs = {"1": {"1": 4450.0, "2": 4380.0}, "0": {"1": 4020.0, "2": 0.0}}
+    gain = decide(recs, MAXIMIZE, OBJECTIVES.names, runs).gain
+    assert gain is not None and gain.how == "2 paired runs"
+    assert gain.high == pytest.approx(4450 / 4020) and math.isfinite(gain.ratio)

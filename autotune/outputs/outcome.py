@@ -248,6 +248,19 @@ class Outcome:
             "it on the deployment (autotune bench --url ... --capacity) before you switch."
         )
 
+    def failed_repeats_note(self) -> str:
+        """One sentence naming the re-measurements that failed, with why: they measured nothing, so the
+        means and the paired gain are without them ("" when none failed)."""
+        base = self.baseline.number if self.baseline is not None else None
+        parts = [
+            f"trial #{number}{' (the defaults)' if number == str(base) else ''} repeat {index} ({why})"
+            for number, runs in self.repeats.failed.items()
+            for index, why in runs.items()
+        ]
+        if not parts:
+            return ""
+        return f"Re-measurement failed: {'; '.join(parts)}: left out of the means and the paired gain."
+
     def unjudged_note(self) -> str:
         """One sentence when a fixed open-loop load was too short to judge whether the recommended config
         keeps up: it is feasible on its SLOs alone, which an overload that a short run hides meets too
@@ -265,8 +278,8 @@ class Outcome:
 
     def measurement_notes(self) -> list[str]:
         """What the measurement leaves open about the recommendation (`spread_note`, `once_note`,
-        `unjudged_note`), for the summary, the flags and the dashboard's note alike."""
-        notes = (self.spread_note(), self.once_note(), self.unjudged_note())
+        `failed_repeats_note`, `unjudged_note`), for the summary, the flags and the dashboard's note alike."""
+        notes = (self.spread_note(), self.once_note(), self.failed_repeats_note(), self.unjudged_note())
         return [note for note in notes if note]
 
     def remeasured(self) -> list[tuple[TrialRecord, list[float]]]:

@@ -25,6 +25,7 @@ latencies are clearly lower (`_latencies_won`) is then recommended over the defa
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -337,9 +338,9 @@ def measure_gain(
     # Paired by seed: the first measurements (the run's seed), then each repeat both have.
     cand_runs = remeasured.get(str(candidate.number), {})
     base_runs = remeasured.get(str(base.number), {})
-    pairs = [first] + [
-        _improvement(cand_runs[k], base_runs[k], maximize) for k in sorted(cand_runs) if k in base_runs
-    ]
+    repeats = [_improvement(cand_runs[k], base_runs[k], maximize) for k in cand_runs if k in base_runs]
+    # A run that measured nothing (0: a failed repeat kept by an older autotune) gives no ratio, not inf.
+    pairs = [first] + [ratio for ratio in repeats if math.isfinite(ratio)]
     if len(pairs) > 1:
         # Minimized: the harmonic mean of old / new is the mean reduction, the figure the gain is shown as.
         mean = statistics.fmean(pairs) if maximize else statistics.harmonic_mean(pairs)

@@ -22,8 +22,11 @@ from dataclasses import dataclass, field
 import optuna
 
 from autotune.core.config import gpus_per_replica
+from autotune.core.errors import FailureKind
+from autotune.core.values import brief
 from autotune.dispatch.executor import Executor
 from autotune.dispatch.protocol import free_slots
+from autotune.measure.result import TrialResult
 from autotune.trial.task import SearchPlan
 from autotune.tune.front import baseline, contenders, recommend
 from autotune.tune.guide_budget import share_s
@@ -36,6 +39,7 @@ TOP_CANDIDATES = 3
 ATTR = "remeasured"
 GPU_ATTR = "remeasured_gpu_seconds"  # what the repeats cost, all of their GPUs (the run's GPU time spent)
 TARGETS_ATTR = "remeasure_targets"  # the trials the run meant to re-measure, whether the budget let it or not
+FAILED_ATTR = "remeasure_failed"  # trial number -> {repeat index -> "failure: message"}: not in the means
 # Repeats on a real backend still running: job number -> [launch, time.time(); GPUs]. A driver killed
 # outright (SIGKILL) charges nothing itself; the next one charges these (charge_dead_repeats).
 IN_FLIGHT_ATTR = "remeasuring"
@@ -129,6 +133,9 @@ class StoredRepeats:
     # The trials the run meant to re-measure, whether the budget let it or not: outputs/outcome.py says
     # when the recommendation rests on one run of one.
     planned: tuple[int, ...] = ()
+    # The repeats that failed (trial -> {index: "failure: message"}): they measured nothing, so they are
+    # left out of their config's mean and of the paired gain, and the report says why.
+    failed: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, study: optuna.Study) -> StoredRepeats:
@@ -138,7 +145,13 @@ class StoredRepeats:
             attrs.get(ATTR) or {},
             float(attrs.get(GPU_ATTR) or 0.0),
             tuple(int(n) for n in attrs.get(TARGETS_ATTR) or []),
+            attrs.get(FAILED_ATTR) or {},
         )
+
+    def ended(self, repeat: Repeat) -> bool:
+        """Whether `repeat` ran to a value or to a failure (a resumed run runs neither again)."""
+        number, index = str(repeat.trial.number), str(repeat.index)
+        return index in self.values.get(number, {}) or index in self.failed.get(number, {})
 
 
 def announce(repeats: int, budget_s: float | None) -> bool:
@@ -181,8 +194,9 @@ def remeasure(
     if not chosen or not announce(options.repeats, budget_s):  # nothing measured: nothing to repeat
         return 0
     repeats, seed, run_dir, real_time = options.repeats, options.seed, options.run_dir, options.real_time
-    done: dict[str, dict[str, float]] = {k: dict(v) for k, v in StoredRepeats.of(study).values.items()}
-    todo = [r for r in plan(chosen, repeats) if str(r.index) not in done.get(str(r.trial.number), {})]
+    stored = StoredRepeats.of(study)
+    done: dict[str, dict[str, float]] = {k: dict(v) for k, v in stored.values.items()}
+    todo = [r for r in plan(chosen, repeats) if not stored.ended(r)]
     budget = RepeatBudget.of(todo, budget_s)
     running: dict[int, Repeat] = {}
     caps: dict[int, float] = {}  # job number -> its cap (all its GPUs), while it runs
@@ -223,16 +237,7 @@ def remeasure(
         for number, result in executor.wait(POLL_S):
             repeat = running.pop(number)
             caps.pop(number, None)
-            if result.cut_by_budget:  # a lower bound, or no verdict: the mean of its config takes neither
-                print(
-                    f"autotune: a repeat of trial #{repeat.trial.number} stopped at its share of the budget "
-                    "(not counted)",
-                    file=sys.stderr,
-                )
-            else:
-                value = objectives.objectives[0].value(result)
-                done.setdefault(str(repeat.trial.number), {})[str(repeat.index)] = value
-                study.set_user_attr(ATTR, done)
+            _keep(study, repeat, result, objectives, done)
             gpu_s = result.gpu_seconds * gpus_per_replica(repeat.trial.config)
             _add_gpu_s(study, gpu_s)
             if in_flight.pop(str(number), None) is not None:
@@ -240,6 +245,32 @@ def remeasure(
             budget.charge(gpu_s)
             ran += 1
     return ran
+
+
+def _keep(
+    study: optuna.Study,
+    repeat: Repeat,
+    result: TrialResult,
+    objectives: ObjectiveSet,
+    done: dict[str, dict[str, float]],
+) -> None:
+    """Store a finished repeat's primary objective in `done` (the study's ATTR), unless it has none to
+    give: one the budget cut short, or one that failed (FAILED_ATTR: its 0 would read as a measurement)."""
+    number = repeat.trial.number
+    if result.cut_by_budget:  # a lower bound, or no verdict: the mean of its config takes neither
+        print(
+            f"autotune: a repeat of trial #{number} stopped at its share of the budget (not counted)",
+            file=sys.stderr,
+        )
+    elif result.failure not in (None, FailureKind.EARLY_ABORT):  # an early abort keeps its metrics
+        why = f"{result.failure}: {brief(result.message)}" if result.message else str(result.failure)
+        print(f"autotune: a repeat of trial #{number} failed ({why}): not counted", file=sys.stderr)
+        failed = {k: dict(v) for k, v in StoredRepeats.of(study).failed.items()}
+        failed.setdefault(str(number), {})[str(repeat.index)] = why
+        study.set_user_attr(FAILED_ATTR, failed)
+    else:
+        done.setdefault(str(number), {})[str(repeat.index)] = objectives.objectives[0].value(result)
+        study.set_user_attr(ATTR, done)
 
 
 def _plan(repeat: Repeat, cap_s: float | None, caps: dict[int, float]) -> SearchPlan:
