@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,6 +91,26 @@ def test_more_gpus_than_the_cluster_has(
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "autotune run: error: --gpus asks for 4 GPU(s) but the Ray cluster has 2"
     assert not list(tmp_path.rglob("study.db")), "the refused run left a study that would need --resume"
+
+
+@pytest.mark.parametrize("gpus", [["--gpus", "64"], []], ids=["more-than-there-are", "none-asked"])
+def test_gpus_missing_on_the_local_cluster_are_this_machines(tmp_path: Path, gpus: list[str]) -> None:
+    """Without --ray-address the run starts its own local Ray cluster: the refusal names this machine,
+    not a Ray cluster the user never started ("... but the Ray cluster has 0")."""
+    if not gpus and shutil.which("nvidia-smi"):
+        pytest.skip("this machine has GPUs: the run would start")
+    cmd = [sys.executable, "-m", "autotune.cli", "run", "--runs-dir", str(tmp_path), "--backend", "vllm"]
+    # A real command that is not the simulator: the run needs real GPUs, as the docker backend's does.
+    done = subprocess.run(
+        [*cmd, "--serve-cmd", f"{sys.executable} -m http.server", *gpus],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    found = r"(this machine has \d+ GPU\(s\)|no GPU was found on this machine)"
+    asked = "--gpus asks for 64 GPU\\(s\\)" if gpus else "the vllm backend needs GPUs"
+    assert re.fullmatch(f"autotune run: error: {asked} but {found}", done.stderr.strip()), done.stderr
 
 
 def test_sim_server_as_serve_command_needs_no_gpu(tmp_path: Path) -> None:

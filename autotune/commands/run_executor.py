@@ -22,7 +22,7 @@ def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, Any]:
     from autotune.dispatch.executor import Executor
     from autotune.dispatch.local import LocalExecutor
     from autotune.dispatch.processes import ProcessExecutor
-    from autotune.dispatch.ray_cluster import start_ray
+    from autotune.dispatch.ray_cluster import gpus_found, start_ray
 
     sim = args.backend == "sim"
     parallel = args.parallel or DEFAULT_PARALLEL
@@ -37,6 +37,7 @@ def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, Any]:
     # A local cluster sees only the --gpus devices (a count N: devices 0..N-1), so Ray assigns those.
     devices = (s.gpu_ids or None) if uses_gpus else None
     session = start_ray(args.ray_address, parallel, fake_gpus, devices)
+    local = session is not None and not args.ray_address  # a cluster it started: this machine's GPUs
     timeout = args.trial_timeout or (SIM_TRIAL_TIMEOUT_S if sim else REAL_TRIAL_TIMEOUT_S)
     if s.workload.load == "capacity":
         from autotune.trial.capacity import MAX_PROBES, MAX_WINDOWS
@@ -53,9 +54,10 @@ def open_executor(args: argparse.Namespace, s: Any) -> tuple[Any, Any]:
             cpu_slots=parallel,
             max_trials=args.parallel if uses_gpus else None,
             trial_timeout_s=timeout,
+            local_cluster=local,
         )
         if uses_gpus and executor.capacity == 0:
-            raise AutotuneError(f"the {args.backend} backend needs GPUs and the Ray cluster has none")
+            raise AutotuneError(f"the {args.backend} backend needs GPUs but {gpus_found(0, local)}")
     except BaseException:
         if session is not None:
             session.close()

@@ -33,7 +33,7 @@ from autotune.core.config import EngineConfig, gpus_per_replica, parallel_text
 from autotune.core.errors import AutotuneError, FailureKind, SetupLost
 from autotune.core.values import counted
 from autotune.dispatch.head_watch import HEAD_GONE, NO_GPU_LEFT, HeadWatch
-from autotune.dispatch.ray_cluster import ClusterLost, Inventory, LostNode, lost_node
+from autotune.dispatch.ray_cluster import ClusterLost, Inventory, LostNode, gpus_found, lost_node
 from autotune.measure.placement import Placement
 from autotune.measure.result import TrialResult
 from autotune.measure.slo import Slo
@@ -66,7 +66,8 @@ class Job:
 
 class Executor:
     """Runs trials on Ray: on the cluster's GPUs (`uses_gpus`, at most `gpu_cap` at once), or on
-    `cpu_slots` simulator slots; never more than `max_trials` trials at once (None: no such cap)."""
+    `cpu_slots` simulator slots; never more than `max_trials` trials at once (None: no such cap).
+    `local_cluster`: the run started that cluster on this machine (its refusals name the machine)."""
 
     def __init__(
         self,
@@ -79,6 +80,7 @@ class Executor:
         cpu_slots: int = 1,
         max_trials: int | None = None,
         trial_timeout_s: float | None = None,
+        local_cluster: bool = False,
     ) -> None:
         import ray
 
@@ -101,9 +103,8 @@ class Executor:
         if uses_gpus:
             self._inventory.refresh()
             if gpu_cap is not None and gpu_cap > self._inventory.total:
-                raise AutotuneError(
-                    f"--gpus asks for {gpu_cap} GPU(s) but the Ray cluster has {self._inventory.total}"
-                )
+                found = gpus_found(self._inventory.total, local_cluster)
+                raise AutotuneError(f"--gpus asks for {gpu_cap} GPU(s) but {found}")
 
     @property
     def capacity(self) -> int:

@@ -112,6 +112,14 @@ class Inventory:
         self.nodes.pop(node_id, None)
 
 
+def gpus_found(total: int, local: bool) -> str:
+    """How many GPUs the run found, for a refusal ("... but <this>"): on a local cluster the run started
+    itself (no --ray-address) they are this machine's, and the user started no Ray cluster to blame."""
+    if local:
+        return f"this machine has {total} GPU(s)" if total else "no GPU was found on this machine"
+    return f"the Ray cluster has {total}" if total else "the Ray cluster has none"
+
+
 def lost_node(exc: BaseException) -> LostNode | None:
     """The node a task's failure says died, or None when the failure is something else.
 
