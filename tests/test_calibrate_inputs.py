@@ -214,3 +214,15 @@ def test_the_output_help_names_the_default_and_the_files_written_next_to_it(
     text = " ".join(capsys.readouterr().out.split())
     assert "default runs/calibration-<--model or server>-<gpu>/calibration.yaml" in text
     assert "<stem>-report.txt and <stem>-points.yaml" in text
+
+
+def test_an_empty_output_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-o ""` silently wrote the default runs/calibration-points/calibration.yaml."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["calibrate", "--points", _points_file(tmp_path, SERVE), "-o", "", "--max-evaluations", "2"]
+    assert main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "autotune calibrate: error: -o: an empty path: give a file, or leave -o out for the default"
+    assert not (tmp_path / "runs").exists()

@@ -238,9 +238,11 @@ def _backend(args: argparse.Namespace) -> tuple[Any, list[int]]:
 def _output(args: argparse.Namespace, name: str) -> Path:
     """Where the calibration goes (-o, else runs/calibration-NAME/), refused in one line before anything
     is measured when it or a file written next to it exists, or its folder cannot take a file."""
+    if args.output == "":  # argparse takes `-o ""`: it silently wrote the default path
+        raise AutotuneError("-o: an empty path: give a file, or leave -o out for the default")
     path = (
         Path(args.output)
-        if args.output
+        if args.output is not None
         else Path("runs") / f"calibration-{re.sub(r'[^a-z0-9.]+', '-', name)}" / "calibration.yaml"
     )
     # --points writes no points file: the one it refits may be this output's companion
