@@ -1,7 +1,13 @@
 """`autotune calibrate --url` against a server started with scheduler flags /metrics does not show:
-the fewer requests it ran at once are noticed, and the report names unstated flags as a cause."""
+the fewer requests it ran at once are noticed, and the report names unstated flags as a cause (with
+--points: the points' `flags`, not --set)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
 
 from autotune.backends.server_metrics import KvSampler
 from autotune.calibrate.campaign import Measured, Target, fewer_running, on_url
@@ -9,6 +15,7 @@ from autotune.calibrate.fit import FitResult
 from autotune.calibrate.measure import probe_server
 from autotune.calibrate.points import Error
 from autotune.calibrate.report import UNSTATED_FLAGS, warnings
+from autotune.cli import main
 from autotune.sim.calibration import DEFAULT_CALIBRATION
 from autotune.sim_server.server import start_sim_server
 
@@ -56,3 +63,18 @@ def test_a_constant_at_its_bound_with_a_class_still_off_names_unstated_flags() -
     result.at_bound.append("gemm_eff")
     assert UNSTATED_FLAGS in warnings(result)
     assert "max_num_seqs" in UNSTATED_FLAGS and "--set" in UNSTATED_FLAGS
+
+
+def test_with_points_the_unstated_flags_advice_names_the_points_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--points refuses --set, yet the advice said to pass the flags with --set. A KV cache a tenth of
+    the simulated one: a memory term ends at its bound, the class still off."""
+    point = {"id": "m", "kind": "memory", "model": "meta-llama/Llama-3.1-8B-Instruct", "gpu": "H100"}
+    path = tmp_path / "points.yaml"
+    path.write_text(yaml.safe_dump({"points": [{**point, "measured": {"kv_gib": 5.0}}]}))
+    argv = ["calibrate", "--points", str(path), "-o", str(tmp_path / "cal.yaml"), "--max-evaluations", "10"]
+    assert main([*argv, "--quiet"]) == 0
+    report = capsys.readouterr().out
+    assert "warning: a likely cause: the measured servers ran flags the points do not say" in report, report
+    assert "to the points' `flags`" in report and "--set" not in report, report

@@ -17,6 +17,12 @@ UNSTATED_FLAGS = (
     "block size, memory utilization, KV dtype and prefix caching): pass max_num_seqs, "
     "max_num_batched_tokens, enable_chunked_prefill and the like with --set when not vLLM's defaults"
 )
+# The same with --points, which refuses --set: the flags are the points' own.
+UNSTATED_POINT_FLAGS = (
+    "a likely cause: the measured servers ran flags the points do not say: add max_num_seqs, "
+    "max_num_batched_tokens, enable_chunked_prefill and the like to the points' `flags` when not "
+    "vLLM's defaults"
+)
 
 
 def class_medians(errors: Iterable[Error]) -> dict[str, float]:
@@ -28,8 +34,9 @@ def class_medians(errors: Iterable[Error]) -> dict[str, float]:
     return {c: statistics.median(groups[c]) for c in CLASS_ORDER if c in groups}
 
 
-def warnings(result: FitResult) -> list[str]:
-    """What a user should know before trusting the fitted constants."""
+def warnings(result: FitResult, points_file: bool = False) -> list[str]:
+    """What a user should know before trusting the fitted constants (`points_file`: fitted to --points,
+    whose flags the advice points to instead of --set)."""
     out = []
     for name in result.at_bound:
         out.append(f"{name} ended at a bound of its range: the model cannot reach the data there")
@@ -50,7 +57,7 @@ def warnings(result: FitResult) -> list[str]:
                 f"{cls} points keep a {value:.0%} median error after the fit (above {CLASS_BOUND:.0%})"
             )
     if off and result.at_bound:
-        out.append(UNSTATED_FLAGS)
+        out.append(UNSTATED_POINT_FLAGS if points_file else UNSTATED_FLAGS)
     out += result.notes
     return list(dict.fromkeys(out))  # a group can be reached from more than one of its pairs
 
@@ -90,8 +97,9 @@ def points_table(before: Sequence[Error], after: Sequence[Error]) -> list[str]:
     return lines
 
 
-def fit_report(result: FitResult, header: Sequence[str] = ()) -> str:
-    """The whole report as text (what `autotune calibrate` prints and writes next to the calibration)."""
+def fit_report(result: FitResult, header: Sequence[str] = (), points_file: bool = False) -> str:
+    """The whole report as text (what `autotune calibrate` prints and writes next to the calibration;
+    `points_file`: fitted to --points)."""
     before, after = class_medians(result.before), class_medians(result.after)
     lines = [*header, ""]
     lines.append(
@@ -104,7 +112,7 @@ def fit_report(result: FitResult, header: Sequence[str] = ()) -> str:
     )
     unseen = ", ".join(result.unseen)
     lines.append(f"stayed at their prior (no point depends on them): {unseen or 'none'}")
-    found = warnings(result)
+    found = warnings(result, points_file)
     if found:
         lines.append("")
         lines += [f"warning: {w}" for w in found]

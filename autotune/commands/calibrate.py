@@ -303,7 +303,7 @@ def _fit_and_write(args: argparse.Namespace, job: dict[str, Any], prior: Any, sa
             raise
         return _stopped(exc, "during the fit", _kept(len(points), files["points"], output))
     result.notes += notes
-    report = fit_report(result, header)
+    report = fit_report(result, header, job["source"] == "points")
     output.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(files["report"], report)
     atomic_write_text(
