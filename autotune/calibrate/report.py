@@ -11,6 +11,9 @@ from autotune.sim.calibration import calibration_fields
 
 CLASS_BOUND = 0.20  # a class of metrics above this median |error| after the fit is worth a warning
 CLASS_ORDER = ("throughput", "ttft", "tpot/itl", "latency", "memory")
+# A class's median |error| up by this much after the fit is worth a warning: the report's one-decimal
+# percentages show it, where rounding the constants to four digits moves a median by less.
+WORSE_BY = 0.005
 # A constant at its bound with a class still off: the replays likely ran another config than the server.
 UNSTATED_FLAGS = (
     "a likely cause: the server runs flags the points do not say (/metrics shows only max_model_len, "
@@ -58,8 +61,20 @@ def warnings(result: FitResult, points_file: bool = False) -> list[str]:
             )
     if off and result.at_bound:
         out.append(UNSTATED_POINT_FLAGS if points_file else UNSTATED_FLAGS)
+    out += worse_classes(result)
     out += result.notes
     return list(dict.fromkeys(out))  # a group can be reached from more than one of its pairs
+
+
+def worse_classes(result: FitResult) -> list[str]:
+    """A warning per class of points the fit made worse: least squares may trade one class for others."""
+    before = class_medians(result.before)
+    return [
+        f"the fit made {cls} points worse: median |error| {before[cls]:.1%} -> {value:.1%} (traded for "
+        "the other classes: check them before trusting these predictions)"
+        for cls, value in class_medians(result.after).items()
+        if value > before.get(cls, value) + WORSE_BY
+    ]
 
 
 def confounded_groups(pairs: Sequence[tuple[str, str]]) -> list[list[str]]:
