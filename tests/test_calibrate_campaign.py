@@ -52,6 +52,27 @@ def test_a_campaign_nothing_could_be_fitted_to_is_refused_before_measuring(
     assert not out.exists()
 
 
+def test_a_set_the_server_contradicts_is_refused_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--set block_size=32 on a server reporting 16: the server's value won, silently. One equal to the
+    server's (block_size=16) is fine."""
+    out = tmp_path / "out"
+    with start_sim_server([LLAMA_8B, "--max-model-len", "4096", "--time-scale", "4"]) as server:
+        argv = ["calibrate", "--url", server.base_url, "--gpu", "H100", "-o", str(out / "cal.yaml")]
+        assert main([*argv, "--set", "block_size=16", "--set", "max_model_len=2048"]) == 2
+        said = [capsys.readouterr().err.strip()]
+        assert main([*argv, "--set", "block_size=32"]) == 2
+        said.append(capsys.readouterr().err.strip())
+    where = f"autotune calibrate: error: --set {{}}: the server at {server.base_url} reports {{}} (drop the "
+    where += "--set, or restart the server with it; nothing was measured)"
+    assert said == [
+        where.format("max_model_len=2048", "max_model_len 4096"),
+        where.format("block_size=32", "block_size 16"),
+    ]
+    assert not out.exists()
+
+
 def _calibrate_until(url: str, out: Path, start: str) -> subprocess.Popen:
     """`autotune calibrate --url` in a subprocess, returned once it printed a line starting `start`."""
     cmd = [sys.executable, "-m", "autotune.cli", "calibrate", "--url", url, "--gpu", "H100"]

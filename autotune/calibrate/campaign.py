@@ -83,6 +83,18 @@ def catalog_model(target: Target, info: ServerInfo) -> str:
     return name
 
 
+def check_settings(settings: dict[str, Any], info: ServerInfo) -> None:
+    """A --set the server's own report contradicts is refused in one line: the replays ran the server's
+    value instead, silently (one equal to it is fine)."""
+    reported = info.flags()
+    for name, value in settings.items():
+        if name in reported and reported[name] != value:
+            raise AutotuneError(
+                f"--set {name}={value}: the server at {info.url} reports {name} {reported[name]} (drop "
+                "the --set, or restart the server with it; nothing was measured)"
+            )
+
+
 def on_url(
     info: ServerInfo, target: Target, gpu_minutes: float, prior: Calibration, say: Progress, out: Measured
 ) -> None:

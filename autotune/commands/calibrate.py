@@ -204,9 +204,11 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
         job["target"] = Target(model, args.gpu, parse_settings(args.settings))
         job["name"] = f"{(model or 'server').split('/')[-1]}-{args.gpu}".lower()
     if args.url:
+        from autotune.calibrate.campaign import check_settings
         from autotune.calibrate.measure import probe_server
 
         job["info"] = probe_server(args.url)
+        check_settings(job["target"].settings, job["info"])
     if args.backend:
         job["backend"], job["gpu_ids"] = _backend(args)
     job["output"] = _output(args, job["name"])
