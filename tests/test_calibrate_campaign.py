@@ -73,6 +73,23 @@ def test_a_set_the_server_contradicts_is_refused_before_measuring(
     assert not out.exists()
 
 
+def test_a_password_in_the_url_is_masked_wherever_the_url_is_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--url http://user:secretpw@host: the password was in the progress line, the points file's header,
+    the report and the calibration's header."""
+    out = tmp_path / "cal.yaml"
+    with start_sim_server([LLAMA_8B, "--max-model-len", "4096", "--time-scale", "4"]) as server:
+        url = server.base_url.replace("http://", "http://user:secretpw@")
+        argv = ["calibrate", "--url", url, "--gpu", "H100", "--gpu-minutes", "0.5", "-o", str(out)]
+        assert main([*argv, "--max-evaluations", "2"]) == 0
+    said = capsys.readouterr()
+    shown = server.base_url.replace("http://", "http://user:***@")
+    written = [f.read_text() for f in (out, tmp_path / "cal-report.txt", tmp_path / "cal-points.yaml")]
+    for text in (said.out, said.err, *written):
+        assert "secretpw" not in text and shown in text, text[:2000]
+
+
 def _calibrate_until(url: str, out: Path, start: str) -> subprocess.Popen:
     """`autotune calibrate --url` in a subprocess, returned once it printed a line starting `start`."""
     cmd = [sys.executable, "-m", "autotune.cli", "calibrate", "--url", url, "--gpu", "H100"]

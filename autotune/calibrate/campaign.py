@@ -69,7 +69,7 @@ def catalog_model(target: Target, info: ServerInfo) -> str:
     served, given = catalog_id(info.model), catalog_id(target.model or info.model)
     if served and given and served != given:
         raise AutotuneError(
-            f"--model {target.model}: the server at {info.url} serves {info.model}, another model (drop "
+            f"--model {target.model}: the server at {info.shown} serves {info.model}, another model (drop "
             "--model to calibrate the served one)"
         )
     name = target.model or info.model
@@ -90,7 +90,7 @@ def check_settings(settings: dict[str, Any], info: ServerInfo) -> None:
     for name, value in settings.items():
         if name in reported and reported[name] != value:
             raise AutotuneError(
-                f"--set {name}={value}: the server at {info.url} reports {name} {reported[name]} (drop "
+                f"--set {name}={value}: the server at {info.shown} reports {name} {reported[name]} (drop "
                 "the --set, or restart the server with it; nothing was measured)"
             )
 
@@ -104,8 +104,8 @@ def on_url(
     flags = {**target.settings, **info.flags()}
     max_len = info.max_model_len or get_model(model).max_position_embeddings
     say(
-        f"server {info.url}: {info.model} on {target.gpu}; flags {_flags(flags)} (from /v1/models, /metrics "
-        "and --set; the rest: vLLM's defaults for the GPU)"
+        f"server {info.shown}: {info.model} on {target.gpu}; flags {_flags(flags)} (from /v1/models, "
+        "/metrics and --set; the rest: vLLM's defaults for the GPU)"
     )
     if info.time_scale != 1.0:
         say(

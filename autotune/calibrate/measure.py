@@ -29,6 +29,7 @@ from autotune.calibrate.points import point_requests
 from autotune.core.api_keys import client_api_key
 from autotune.core.config import gpus_per_replica
 from autotune.core.errors import AutotuneError, RunFailure
+from autotune.core.secrets import masked
 from autotune.measure.loadgen import CHAT, COMPLETIONS, LoadResult, run_load
 from autotune.measure.metrics import RequestRecord, compute_metrics
 from autotune.measure.stall import StallWatch
@@ -57,6 +58,11 @@ class ServerInfo:
     max_model_len: int | None
     cache: dict[str, str]  # the labels of vllm:cache_config_info ({} when not exposed)
     time_scale: float = 1.0  # simulated seconds per wall-clock second (a sim-server with --time-scale)
+
+    @property
+    def shown(self) -> str:
+        """The URL as messages and files show it: a password in it masked (user:***@host)."""
+        return masked(self.url)
 
     def flags(self) -> dict[str, Any]:
         """The engine flags the server reports (the rest is vLLM's defaults or what --set says)."""
@@ -87,15 +93,15 @@ def probe_server(url: str) -> ServerInfo:
     try:
         response = get_models(url)
     except httpx.HTTPError as exc:
-        raise AutotuneError(f"cannot reach {url}: {exc or type(exc).__name__}") from None
+        raise AutotuneError(masked(f"cannot reach {url}: {exc or type(exc).__name__}")) from None
     try:
         models = response.json().get("data") if response.status_code == 200 else None
     except (ValueError, AttributeError):
         models = None
     if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
         raise AutotuneError(
-            f"{url} is not an OpenAI-compatible server: GET /v1/models answered {response.status_code} "
-            "without a model list"
+            f"{masked(url)} is not an OpenAI-compatible server: GET /v1/models answered "
+            f"{response.status_code} without a model list"
         )
     card = models[0]
     cache, scale = _metrics(base)
@@ -165,10 +171,13 @@ def measure_serve(
     failed = [r for r in load.records if not r.success]
     if load.aborted:
         answered = f"{len(load.records) - len(failed)} of {len(requests)} requests answered"
-        raise RunFailure(f"run {point['id']} failed: {load.aborted} ({answered})")
+        raise RunFailure(masked(f"run {point['id']} failed: {load.aborted} ({answered})"))
     if failed or len(load.records) < len(requests):
         error = failed[0].error if failed else "requests went unanswered"
-        raise RunFailure(f"run {point['id']} failed ({len(failed)} of {len(requests)} requests): {error}")
+        # a client error's text may quote the URL, password and all
+        raise RunFailure(
+            masked(f"run {point['id']} failed ({len(failed)} of {len(requests)} requests): {error}")
+        )
     records = [rescaled(r, scale) for r in load.records]
     result = compute_metrics(records, load.duration * scale).to_dict()
     out = {**point, "measured": {m: float(f"{result[m]:.5g}") for m in point["measured"]}}
@@ -232,7 +241,7 @@ def _warm_up(info: ServerInfo) -> None:
     )  # fmt: skip
     if not load.records or not load.records[0].success:
         error = load.records[0].error if load.records else load.aborted or "no answer"
-        raise AutotuneError(f"{info.url}: the warm-up request failed: {error}")
+        raise AutotuneError(masked(f"{info.url}: the warm-up request failed: {error}"))
 
 
 def _brief(values: dict[str, float]) -> str:

@@ -374,7 +374,7 @@ def _what(args: argparse.Namespace, job: dict[str, Any]) -> str:
     if job["source"] == "points":
         return f"fitted to {args.points}" + (f" (split {args.split})" if args.split else "")
     target = job["target"]
-    where = args.url if args.url else f"configs launched by the {args.backend} backend"
+    where = job["info"].shown if args.url else f"configs launched by the {args.backend} backend"
     return (
         f"fitted to the designed set on {where}; model {target.model or job['info'].model}, GPU {target.gpu}"
     )
