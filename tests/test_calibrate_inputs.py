@@ -55,6 +55,27 @@ def test_points_no_constant_depends_on_are_nothing_to_fit(
     assert needle in _refused(tmp_path, capsys, ["--points", points])
 
 
+def test_points_vllm_would_refuse_are_named_and_left_out_of_the_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A token budget below max_num_seqs, a prompt past max_model_len: beside a point that replays, they
+    showed nan% and -100 % in the report, exit 0, no word of why."""
+    budget = {**SERVE, "id": "budget", "flags": {"max_num_seqs": 512, "max_num_batched_tokens": 256}}
+    long = {**SERVE, "id": "long", "prompt": 200000, "measured": {"output_throughput": 100.0}}
+    argv = ["calibrate", "--points", _points_file(tmp_path, SERVE, budget, long), "--max-evaluations", "2"]
+    assert main([*argv, "-o", str(tmp_path / "cal.yaml"), "--quiet"]) == 0
+    report = capsys.readouterr().out
+    assert (
+        "warning: point budget is left out of the fit: vLLM refuses its flags: max_num_batched_tokens (256) "
+        "must be greater than or equal to max_num_seqs (512)." in report
+    ), report
+    assert (
+        "warning: point long is left out of the fit: vLLM refuses its request 0: This model's maximum "
+        "context length is 131072 tokens. However, your request has 200000 input tokens." in report
+    ), report
+    assert "nan%" not in report and "-100.0%" not in report, report
+
+
 @pytest.mark.parametrize(
     ("points", "needle"),
     [

@@ -6,6 +6,7 @@ by the fields' ranges. Residuals: every measured metric's log(simulated / measur
 a constant the data says nothing about stays at its prior instead of wandering, and one the data
 pins moves as the data says (at weight 0.1, a 10 % error on one metric weighs as much as a 2.7x move).
 
+Points vLLM would refuse whatever the constants (replayable.py) are left out, each named in the notes.
 Only constants the points can see are free: memory points see the memory terms; step points the step
 costs; serve points the step costs and the API server. A constant no simulated value moves with (a
 probe step, then a factor 10 up and down) is left at its prior and reported so. The fit starts at the
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from autotune.calibrate.points import Error, Replay
+from autotune.calibrate.replayable import unreplayable
 from autotune.core.errors import AutotuneError
 from autotune.sim.calibration import (
     DEFAULT_CALIBRATION,
@@ -214,6 +216,7 @@ def fit_calibration(
 
     started = time.monotonic()
     say = progress or (lambda line: None)
+    points, notes = _replayable(points)
     replay = Replay(points)
     before = replay.errors(prior)
     names = [i.name for i in candidates(points, prior)]
@@ -255,7 +258,20 @@ def fit_calibration(
         confounded=_confounded(free, jac),
         evaluations=problem.evaluations,
         seconds=time.monotonic() - started,
+        notes=notes,
     )
+
+
+def _replayable(points: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The points a calibration can replay, and a note naming each one left out with its reason."""
+    left_out = unreplayable(points)
+    if len(left_out) == len(points):
+        pid, why = next(iter(left_out.items()))
+        raise AutotuneError(
+            f"nothing to fit: the simulator predicts that vLLM refuses every point ({pid}: {why})"
+        )
+    notes = [f"point {pid} is left out of the fit: {why}" for pid, why in left_out.items()]
+    return [p for p in points if p["id"] not in left_out], notes
 
 
 def _why_nothing(probe: _Problem, before: Sequence[Error]) -> str:
@@ -265,7 +281,7 @@ def _why_nothing(probe: _Problem, before: Sequence[Error]) -> str:
     if all(e.simulated == 0 or not math.isfinite(e.simulated) for e in before):
         return (
             "the simulator predicts that none of the points' configs starts or serves their requests "
-            "(a model too large for the GPU, a prompt longer than max_model_len?): check their model, "
+            "(a model too large for the GPU, a KV cache too small for max_model_len?): check their model, "
             "gpu, flags and lengths"
         )
     return "no constant moves any measured metric of these points"
