@@ -3,6 +3,7 @@ from the built-in prior)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from autotune.calibrate.design import ConfigUnderTest, designed_points
@@ -29,9 +30,16 @@ def test_a_prior_on_its_range_bounds_is_fitted() -> None:
     on a bound), every error stayed at up to 48x."""
     points = _measured(("light-c1", "prefill-c1"))
     prior = DEFAULT_CALIBRATION.replace(gemm_eff=0.01, per_seq_s=0.001)
-    result = fit_calibration(points, prior)
+    said: list[str] = []
+    result = fit_calibration(points, prior, progress=said.append)
     assert min(abs(e.signed) for e in result.before) > 5
     assert max(abs(e.signed) for e in result.after) < 0.05
+    # each evaluation is said (a fit of many points took minutes in silence), its error falling
+    steps = [
+        re.fullmatch(r"evaluation (\d+) of at most 30: median error ([\d.]+)% \(\d+ s\)", s) for s in said
+    ]
+    errors = [float(m[2]) for m in steps if m]
+    assert len(errors) >= 2 and errors[0] > 500 and errors[-1] < 5, said
 
 
 def test_a_constant_flat_at_its_prior_is_still_one_the_points_depend_on() -> None:

@@ -231,7 +231,7 @@ def fit_calibration(
     problem.evaluations = probe.evaluations
     say(f"fitting {len(free)} constants: {', '.join(free)}")
     solution = least_squares(
-        problem.residuals,
+        _told(problem, say, started),
         problem.start(),
         jac=problem.jacobian,
         bounds=([problem.lower(n) for n in free], [problem.upper(n) for n in free]),
@@ -260,6 +260,23 @@ def fit_calibration(
         seconds=time.monotonic() - started,
         notes=notes,
     )
+
+
+def _told(problem: _Problem, say: Progress, started: float) -> Callable[[np.ndarray], np.ndarray]:
+    """`problem.residuals`, saying each evaluation's median error: a fit of many points takes minutes."""
+    count = 0
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        nonlocal count
+        out = problem.residuals(x)
+        count += 1
+        errors = np.abs(out[: len(problem.rows)] / problem.weights)
+        median = math.expm1(float(np.median(errors))) if len(errors) else 0.0
+        limit, seconds = problem.options.max_evaluations, time.monotonic() - started
+        say(f"evaluation {count} of at most {limit}: median error {median:.1%} ({seconds:.0f} s)")
+        return out
+
+    return residuals
 
 
 def _replayable(points: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
