@@ -200,11 +200,10 @@ class ServerWatch:
             self._polled = time.monotonic()
             if self.handle.exit_code() is not None:
                 return SERVER_EXITED
+        if self.slos is None:
+            return self.stall.check(in_flight, now)
         views = list(in_flight)
-        hung = self.stall.check(views, now)
-        if hung is not None:
-            return hung
-        return self.slos.check(views, now) if self.slos is not None else None
+        return self.stall.check(views, now) or self.slos.check(views, now)
 
 
 def settled_exit_code(handle: ServerHandle, settle_s: float = EXIT_SETTLE_S) -> int | None:
