@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, NoReturn
 
 
@@ -65,6 +66,26 @@ def rate(text: str) -> float:
     if not value > 0:  # NaN too
         raise argparse.ArgumentTypeError(f"must be a number above 0, got {text!r}")
     return value
+
+
+def noise(text: str) -> float:
+    """argparse type: a run-to-run noise (coefficient of variation) in [0, 1), as the simulator takes it."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text!r}")
+    return value
+
+
+def folder(text: str) -> Path:
+    """argparse type: a folder to write into (made if missing); an existing file is refused before the
+    work whose results would have gone there."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder")
+    return path
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from arguments import Parser, positive, user_errors
+from arguments import Parser, folder, positive, user_errors
 
 from autotune.calibrate.measure import rescaled
 from autotune.catalog.gpus import get_gpu
@@ -273,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=arg(values.finite_number, 1.0, 1000.0), default=Setup.scale)
     parser.add_argument("--gpu-minutes", type=positive, default=2.0)
     parser.add_argument("--only", choices=sorted(PERTURBATIONS))
-    parser.add_argument("--keep", type=Path, help="keep the calibrations, points and reports in this folder")
+    parser.add_argument(
+        "--keep", type=folder, help="keep the calibrations, points and reports in this folder"
+    )
     args = parser.parse_args(argv)
     with user_errors(parser):  # before a server starts
         get_model(args.model)

@@ -47,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from arguments import Parser, add_names, positive, whole  # noqa: E402
+from arguments import Parser, add_names, noise, positive, whole  # noqa: E402
 from capacity_runs import (  # noqa: E402
     LONG_RUN_FACTORS,
     TARGET,
@@ -299,7 +299,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=whole(1), default=2)
     parser.add_argument("--search-seeds", type=whole(1), default=4, help="default searches per config")
     add_names(parser, "--scenarios", [c.name for c in CASES], "default: all")
-    parser.add_argument("--noise", type=float, default=0.0, help="simulator run-to-run noise (cv)")
+    parser.add_argument("--noise", type=noise, default=0.0, help="simulator run-to-run noise (cv)")
     parser.add_argument(
         "--band", type=whole(0), default=0, help="4,000-request checks per config at 0.95 x its reference"
     )

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from arguments import Parser, add_names, whole  # noqa: E402
+from arguments import Parser, add_names, folder, whole  # noqa: E402
 from scenarios import Scenario, get_scenarios  # noqa: E402
 
 from autotune.backends.sim import SimBackend, SimSession  # noqa: E402
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--sample", type=whole(1), default=60, help="configs the full search runs per case")
     parser.add_argument("--processes", type=whole(1), default=2)
     parser.add_argument("--seed", type=int, default=0, help="of the sample")
-    parser.add_argument("--detail", type=Path, help="write per-config CSVs here")
+    parser.add_argument("--detail", type=folder, help="write per-config CSVs here")
     args = parser.parse_args()
     known = cases()
     chosen = [known[n] for n in args.cases] if args.cases else list(known.values())

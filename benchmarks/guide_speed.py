@@ -21,9 +21,11 @@ import tempfile
 import time
 from dataclasses import asdict
 
-from arguments import Parser, whole
+from arguments import Parser, user_errors, whole
 from revisions import checkout, commit, environment
 
+from autotune.catalog.gpus import get_gpu
+from autotune.catalog.models import get_model
 from autotune.measure.slo import parse_slos
 from autotune.tune.guide import predict_space
 from autotune.tune.space import load_space
@@ -62,6 +64,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON line (the child's output)")
     args = parser.parse_args()
     args.slo = args.slo or ["ttft_p99=2s"]
+    with user_errors(parser):  # an unknown space, model, GPU, workload or SLO: one line, before anything
+        load_workload(args.workload)
+        space = load_space(args.space).with_overrides(args.model, args.gpu)
+        get_model(space.model)
+        get_gpu(space.gpu)
+        parse_slos(args.slo)
     if args.processes is None:  # resolved here, passed on: a --before child runs older code
         from autotune.core.procs import usable_cpus
 

@@ -46,7 +46,7 @@ import numpy as np
 import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from arguments import Parser, add_names, positive, whole  # noqa: E402
+from arguments import Parser, add_names, noise, positive, whole  # noqa: E402
 from guide_accuracy import Case, cases  # noqa: E402
 from guided_search_end import finish  # noqa: E402
 from guided_search_realities import QUICK, REALITIES, Reality, realities  # noqa: E402
@@ -305,7 +305,7 @@ def main() -> None:
     parser.add_argument("--truth-seeds", type=whole(1), default=1, help="seeds the ground truth averages")
     parser.add_argument(
         "--truth-noise",
-        type=float,
+        type=noise,
         default=0.0,
         help=f"the truth's searches with this noise (trials: {NOISE:g})",
     )

@@ -44,7 +44,7 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scenarios.py and the parts next to this file
 
-from arguments import Parser, add_names, whole  # noqa: E402
+from arguments import Parser, add_names, folder, whole  # noqa: E402
 from sample_efficiency_grid import Oracle, build_oracle, oracle_summary  # noqa: E402
 from sample_efficiency_runs import NO_SCREEN, candidate_samplers, run_auto_tune_sh, run_optuna  # noqa: E402
 from sample_efficiency_scores import (  # noqa: E402
@@ -128,7 +128,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=whole(1), default=10, help="seeds per strategy and scenario")
     parser.add_argument("--trials", type=whole(1), default=60, help="trial budget per run")
     parser.add_argument("--jobs", type=whole(1), default=os.cpu_count() or 1, help="worker processes")
-    parser.add_argument("--out", type=Path, default=OUT_DIR)
+    parser.add_argument("--out", type=folder, default=OUT_DIR)
     args = parser.parse_args(argv)
     if args.quick:
         args.scenarios = args.scenarios or ["8b-h100-chat", "8b-h100-prefill-tight", "70b-a100-tp2-chat"]

@@ -39,6 +39,13 @@ CASES: list[tuple[str, list[str], str]] = [
     ("calibration_recovery.py", ["--gpu", "nosuch"], "unknown GPU 'nosuch'"),
     ("estimate_accuracy.py", ["--only", "nosuchword"], "no scenario name contains 'nosuchword'"),
     ("fixed_load_verdicts.py", ["--seeds", "0"], "--seeds: must be at least 1"),
+    # each was a traceback once the work was done (or the pool started)
+    ("guide_speed.py", ["--gpu", "nosuch"], "unknown GPU 'nosuch'"),
+    ("guided_search.py", ["--truth-noise", "-1"], "--truth-noise: must be in [0, 1), got '-1'"),
+    ("capacity_accuracy.py", ["--noise", "nan"], "--noise: must be in [0, 1), got 'nan'"),
+    ("sample_efficiency.py", ["--out", "README.md"], "--out: 'README.md' is a file, not a folder"),
+    ("guide_accuracy.py", ["--detail", "README.md"], "--detail: 'README.md' is a file, not a folder"),
+    ("calibration_recovery.py", ["--keep", "README.md"], "--keep: 'README.md' is a file, not a folder"),
 ]
 if importlib.util.find_spec("torch") is None:
     CASES.append(("gpu_step_check.py", ["--measure", "out.json"], "--measure needs PyTorch"))
