@@ -291,4 +291,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from autotune.core.interrupts import stops_as_sigint
+
+    with stops_as_sigint():  # SIGTERM (`timeout`, kill) stops its servers as Ctrl-C does: they outlived it
+        sys.exit(main())

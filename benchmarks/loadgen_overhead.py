@@ -315,4 +315,7 @@ async def _serve_reference(port: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from autotune.core.interrupts import stops_as_sigint
+
+    with stops_as_sigint():  # SIGTERM (`timeout`, kill) stops its servers as Ctrl-C does: they outlived it
+        main()
