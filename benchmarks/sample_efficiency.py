@@ -169,6 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Slow samplers first so the pool's tail is short.
         jobs.sort(key=lambda j: j.strategy != "gp")
         scores = [score for batch in pool.map(run_job, jobs) for score in batch]
+    if not strategies:  # only the grids: an earlier run's results stay as they are
+        print(f"\ngrids built and cached in {cache_dir}/ ({time.monotonic() - start:.0f} s); no strategy run")
+        return 0
     rows = summarize(scores, args.trials)
     print_table(rows, f"Per strategy: medians over scenarios x seeds ({args.trials}-trial budget)")
     by_scenario = per_scenario(scores)
