@@ -6,7 +6,7 @@ judged". Each case's capacity is the rate a 3,000-request all-at-once overload s
 the cases' runs are then simulated, noise-free, at fixed shares of it with 100, 300 and 1,000 requests
 and several seeds, and their verdicts are counted by load class: at most 90 % of capacity (right: "yes";
 wrong: "NO"), 1.1x or more (right: "NO"; wrong: "yes"; 1.2x for the decode-heavy mix, whose 1.1x a
-4,000-request run still finds within its noise), and the edge between (either is fair). The classes are
+4,000-request run still finds within its noise), and between them ("between": either is fair). The classes are
 checked first: a 4,000-request run at 0.95, 1.05, 1.1 and 1.2x each capacity, judged over its last three
 quarters of sends as a capacity probe's window is (`steadiness`). Two trace cases replay stretches of
 Azure's traces (their own bursts and length drift; the seed picks the stretch, TRACE_STEP_S apart) at
@@ -103,7 +103,7 @@ def load_class(case: str, share: float) -> str:
     if share <= 0.9:
         return "<= 0.9x"
     overload = 1.2 if "decode" in case else 1.1
-    return ">= 1.1x" if share >= overload else "edge"
+    return ">= 1.1x" if share >= overload else "between"
 
 
 def main() -> None:
