@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import subprocess
 import sys
@@ -281,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         get_model(args.model)
         get_gpu(args.gpu)
     setup = Setup(args.model, args.gpu, args.time_scale)
+    # the servers run in real time (x --time-scale): a busy machine delays their steps and skews the figures
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work skews every figure)")
     with tempfile.TemporaryDirectory(prefix="calibration-recovery-") as tmp:
         workdir = args.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
