@@ -121,7 +121,7 @@ def _prepare(args: argparse.Namespace) -> _Setup:
     name = args.study or study_name(args, space, workload, settings)
     run_dir = Path(args.runs_dir) / name
     storage = storage_of(args, name)
-    check_same_storage(args, run_dir)
+    check_same_storage(args, run_dir, storage)
     if args.resume:
         check_sqlite_file(storage, resume=True)
         check_not_driven(name, storage)

@@ -74,9 +74,10 @@ def storage_of(args: argparse.Namespace, name: str) -> str:
     return absolute(args.storage) if args.storage else sqlite_url(Path(args.runs_dir) / name)
 
 
-def check_same_storage(args: argparse.Namespace, run_dir: Path) -> None:
+def check_same_storage(args: argparse.Namespace, run_dir: Path, storage: str) -> None:
     """Refuse (one line) a run without --storage whose folder's run.json says its study is in another
-    storage: it would find no study there and ask whether study.db was lost, or start a second one."""
+    storage than `storage` (storage_of's): it would find no study there and ask whether study.db was
+    lost, or start a second one."""
     from autotune.core.errors import AutotuneError
     from autotune.core.secrets import masked
     from autotune.outputs.run_info import load_run
@@ -88,7 +89,7 @@ def check_same_storage(args: argparse.Namespace, run_dir: Path) -> None:
         recorded = resolve(load_run(run_dir).storage, run_dir)
     except AutotuneError:
         return  # a damaged run.json: the checks after this one judge the folder by its study
-    if recorded != storage_of(args, run_dir.name):
+    if recorded != storage:
         raise AutotuneError(
             f"{run_dir} keeps its study in another storage (run.json: {masked(recorded)}): pass "
             "--storage with it (its password too, which run.json does not keep); nothing was changed"

@@ -196,6 +196,7 @@ def remeasure(
     repeats, seed, run_dir, real_time = options.repeats, options.seed, options.run_dir, options.real_time
     stored = StoredRepeats.of(study)
     done: dict[str, dict[str, float]] = {k: dict(v) for k, v in stored.values.items()}
+    failed: dict[str, dict[str, str]] = {k: dict(v) for k, v in stored.failed.items()}
     todo = [r for r in plan(chosen, repeats) if not stored.ended(r)]
     budget = RepeatBudget.of(todo, budget_s)
     running: dict[int, Repeat] = {}
@@ -237,7 +238,7 @@ def remeasure(
         for number, result in executor.wait(POLL_S):
             repeat = running.pop(number)
             caps.pop(number, None)
-            _keep(study, repeat, result, objectives, done)
+            _keep(study, repeat, result, objectives, done, failed)
             gpu_s = result.gpu_seconds * gpus_per_replica(repeat.trial.config)
             _add_gpu_s(study, gpu_s)
             if in_flight.pop(str(number), None) is not None:
@@ -253,9 +254,11 @@ def _keep(
     result: TrialResult,
     objectives: ObjectiveSet,
     done: dict[str, dict[str, float]],
+    failed: dict[str, dict[str, str]],
 ) -> None:
     """Store a finished repeat's primary objective in `done` (the study's ATTR), unless it has none to
-    give: one the budget cut short, or one that failed (FAILED_ATTR: its 0 would read as a measurement)."""
+    give: one the budget cut short, or one that failed (in `failed`, the study's FAILED_ATTR: its 0 would
+    read as a measurement)."""
     number = repeat.trial.number
     if result.cut_by_budget:  # a lower bound, or no verdict: the mean of its config takes neither
         print(
@@ -265,7 +268,6 @@ def _keep(
     elif result.failure not in (None, FailureKind.EARLY_ABORT):  # an early abort keeps its metrics
         why = f"{result.failure}: {brief(result.message)}" if result.message else str(result.failure)
         print(f"autotune: a repeat of trial #{number} failed ({why}): not counted", file=sys.stderr)
-        failed = {k: dict(v) for k, v in StoredRepeats.of(study).failed.items()}
         failed.setdefault(str(number), {})[str(repeat.index)] = why
         study.set_user_attr(FAILED_ATTR, failed)
     else:
